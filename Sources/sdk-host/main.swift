@@ -1,0 +1,30 @@
+// sdk-host: the command-line entry point (shared/DESIGN.md "CLI"). Each subcommand lives in its own file.
+#if canImport(Glibc)
+import Glibc
+#endif
+
+let usage = """
+    usage: sdk-host <command> [options]
+      demo                      show what sdk-host does today
+      plist encode              XML plist on stdin -> bplist00 on stdout
+      plist decode              bplist00 on stdin -> XML plist on stdout
+      bench codec [--json]      codec micro-benchmark next to Foundation (build with -c release)
+    """
+
+/// Prints one line to stderr and exits with `status`: the CLI's error convention.
+func fail(_ message: String, status: Int32 = 1) -> Never {
+    var line = "sdk-host: " + message + "\n"
+    line.withUTF8 { _ = write(2, $0.baseAddress, $0.count) }
+    exit(status)
+}
+
+var arguments = Array(CommandLine.arguments.dropFirst())
+guard let command = arguments.first else { fail("missing command\n" + usage, status: 2) }
+arguments.removeFirst()
+switch command {
+case "plist": PlistCommand.run(arguments)
+case "bench": BenchCommand.run(arguments)
+case "demo": DemoCommand.run(arguments)
+case "help", "--help", "-h": print(usage)
+default: fail("unknown command '\(command)'\n" + usage, status: 2)
+}

@@ -1,0 +1,90 @@
+// Framing: chunked delivery (down to one byte at a time), several frames per chunk, and the frame limit.
+import Testing
+import SDKWire
+
+@Suite struct FrameReaderTests {
+    static let messages: [PlistValue] = [
+        ["type": "ping"], ["type": "begin", "id": "A", "items": [["title": "t"]]], .data(Array(repeating: 1, count: 5000)),
+    ]
+
+    static var stream: [UInt8] {
+        messages.flatMap { try! Frame.encode($0) }
+    }
+
+    func readAll(chunkSizes: (Int) -> Int) throws -> [PlistValue] {
+        var reader = FrameReader()
+        var out: [PlistValue] = []
+        let bytes = Self.stream
+        var i = 0
+        var n = 0
+        while i < bytes.count {
+            let size = min(chunkSizes(n), bytes.count - i)
+            reader.append(contentsOf: bytes[i..<i + size])
+            i += size
+            n += 1
+            while let value = try reader.nextValue() { out.append(value) }
+        }
+        #expect(reader.bufferedByteCount == 0)
+        return out
+    }
+
+    @Test func oneByteAtATime() throws {
+        #expect(try readAll { _ in 1 } == Self.messages)
+    }
+
+    @Test func wholeStreamAtOnce() throws {
+        #expect(try readAll { _ in 1 << 20 } == Self.messages)
+    }
+
+    @Test func randomChunks() throws {
+        var g = SeededGenerator(seed: testSeed(default: 7))
+        for _ in 0..<50 {
+            #expect(try readAll { _ in Int.random(in: 1...700, using: &g) } == Self.messages)
+        }
+    }
+
+    @Test func headerIsBigEndianLength() throws {
+        let frame = try Frame.encode(["type": "ping"])
+        let length = Int(frame[0]) << 24 | Int(frame[1]) << 16 | Int(frame[2]) << 8 | Int(frame[3])
+        #expect(length == frame.count - 4)
+    }
+
+    @Test func oversizedDeclaredLengthIsRejectedBeforeBuffering() {
+        var reader = FrameReader(limits: WireLimits(maxFrameBytes: 1024))
+        reader.append(contentsOf: [0x7F, 0xFF, 0xFF, 0xFF])  // claims 2 GiB
+        #expect(throws: WireError.self) { try reader.nextValue() }
+        do {
+            _ = try reader.nextValue()
+        } catch {
+            #expect(error.code == .frameTooLarge)
+        }
+        #expect(reader.bufferedByteCount == 4, "no bytes beyond those received")
+        // The stream cannot be resynchronised, so later frames keep failing.
+        reader.append(contentsOf: try! Frame.encode("ok"))
+        #expect(throws: WireError.self) { try reader.nextValue() }
+    }
+
+    @Test func frameAtExactlyTheLimitIsAccepted() throws {
+        let payload = BinaryPlistEncoder.encode(.data(Array(repeating: 0, count: 100)))
+        var reader = FrameReader(limits: WireLimits(maxFrameBytes: payload.count))
+        reader.append(contentsOf: try Frame.encode(.data(Array(repeating: 0, count: 100))))
+        #expect(try reader.nextValue() == .data(Array(repeating: 0, count: 100)))
+    }
+
+    @Test func encodingOverTheLimitThrowsAndLeavesBufferIntact() {
+        var encoder = BinaryPlistEncoder()
+        var out: [UInt8] = [1, 2, 3]
+        #expect(throws: WireError.self) {
+            try Frame.encode(.data(Array(repeating: 0, count: 2000)), with: &encoder, appendingTo: &out, limits: WireLimits(maxFrameBytes: 1000))
+        }
+        #expect(out == [1, 2, 3])
+    }
+
+    @Test func undecodablePayloadIsConsumedAndTheNextFrameStillReads() throws {
+        var reader = FrameReader()
+        reader.append(contentsOf: [0, 0, 0, 3, 0x41, 0x42, 0x43])  // framed, but not a bplist
+        reader.append(contentsOf: try Frame.encode("next"))
+        #expect(throws: WireError.self) { try reader.nextValue() }
+        #expect(try reader.nextValue() == "next")
+    }
+}
