@@ -12,14 +12,24 @@ let package = Package(
     targets: [
         // Wire codec: property-list values, bplist00, frames. Depends on nothing but the stdlib.
         .target(name: "SDKWire"),
+        // Linux calls Swift cannot make directly: posix_spawn setup, variadic prctl/syscall, packed epoll_event.
+        .target(name: "CSDKShim"),
+        // POSIX layer: owned descriptors, sockets, spawn/reap via pidfd, the epoll event loop.
+        .target(name: "SDKPosix", dependencies: ["CSDKShim"]),
         // Bridge to Foundation property lists, for the CLI's XML conversion and the interop tests only.
         .target(name: "SDKWireFoundation", dependencies: ["SDKWire"]),
         // Public host API (embedded mode for now).
-        .target(name: "SDKHost", dependencies: ["SDKWire"]),
+        .target(name: "SDKHost", dependencies: ["SDKWire", "SDKPosix"]),
         // Worker-side runtime that extension executables link.
-        .target(name: "SDKExtension", dependencies: ["SDKWire"]),
+        .target(name: "SDKExtension", dependencies: ["SDKWire", "SDKPosix"]),
+        // Bundled extensions: one executable target per Extensions/<Name>, each with an Info.plist manifest.
+        .executableTarget(name: "Echo", dependencies: ["SDKExtension"], path: "Extensions/Echo", exclude: ["Info.plist"]),
+        .executableTarget(name: "Crasher", dependencies: ["SDKExtension"], path: "Extensions/Crasher", exclude: ["Info.plist"]),
         // The CLI and daemon. Foundation is allowed here, off the hot path (XML plist conversion).
-        .executableTarget(name: "sdk-host", dependencies: ["SDKWire", "SDKWireFoundation", "SDKHost"]),
+        .executableTarget(
+            name: "sdk-host",
+            // Depending on the extensions makes `swift run sdk-host demo` build them next to it.
+            dependencies: ["SDKWire", "SDKWireFoundation", "SDKHost", "Echo", "Crasher"]),
         .testTarget(
             name: "SDKWireTests",
             dependencies: ["SDKWire", "SDKWireFoundation"],

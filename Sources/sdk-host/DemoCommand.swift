@@ -1,19 +1,145 @@
-// `sdk-host demo`: the first thing a newcomer runs. Until the embedded host lands (issue 3) it shows the one
-// layer that exists, the wire codec, on a real request message, and says so.
-import SDKWire
+// `sdk-host demo`: the first thing a newcomer runs. An embedded host with the bundled extensions runs echo,
+// every Crasher fault, a host-side cancel, and echo again, then prints what happened to each request and checks
+// that every request got exactly one terminal callback.
+import Dispatch
+import SDKHost
+import Synchronization
+
+#if canImport(Glibc)
+import Glibc
+#endif
 
 enum DemoCommand {
+    struct Step {
+        let label: String
+        let extensionID: String
+        let input: String
+        var deadline: Double? = nil
+        var cancelAfterMs: Int? = nil
+        var isFault = false
+    }
+
+    static let steps: [Step] = [
+        Step(label: "echo", extensionID: "com.example.echo", input: "hello"),
+        Step(label: "crasher echo", extensionID: "com.example.crasher", input: "echo"),
+    ] + ["segv", "abort", "range", "exit", "kill", "garbage", "oversize", "cancel", "double"].map {
+        Step(label: "crasher \($0)", extensionID: "com.example.crasher", input: $0, isFault: true)
+    } + [
+        Step(label: "crasher hang (1 s deadline)", extensionID: "com.example.crasher", input: "hang", deadline: 1, isFault: true),
+        Step(label: "crasher slow:50", extensionID: "com.example.crasher", input: "slow:50"),
+        Step(label: "host cancel of slow:5000", extensionID: "com.example.crasher", input: "slow:5000", cancelAfterMs: 50),
+        Step(label: "echo again", extensionID: "com.example.echo", input: "still here"),
+    ]
+
+    final class Tally: Sendable {
+        let callbacks = Mutex<[RequestID: Int]>([:])
+        func count(_ id: RequestID) { callbacks.withLock { $0[id, default: 0] += 1 } }
+    }
+
     static func run(_ arguments: [String]) {
-        let message = SampleMessages.begin
-        let payload = BinaryPlistEncoder.encode(message)
-        print("sdk-host demo: only the wire codec exists so far; the embedded host and workers come next.")
-        print("A 'begin' request message encodes to \(payload.count) bytes of bplist00:")
-        print("  " + message.description)
-        do {
-            let back = try BinaryPlistDecoder.decode(payload)
-            print("Decoded back: \(back == message ? "identical" : "DIFFERENT")")
-        } catch {
-            fail("demo: decoding our own message failed: \(error)")
+        // The table reports every outcome; the host's own log lines would only interleave with it.
+        let host = EmbeddedHost.make { $0.logHandler = { _, _ in } }
+        let tally = Tally()
+        var extensions: [String: Extension] = [:]
+        print("sdk-host demo: an embedded host runs the bundled extensions in real worker processes.")
+        print("Extensions found: \(host.extensionIdentifiers.joined(separator: ", "))\n")
+        print(row("#", "request", "outcome", "detail", "pid", "ms"))
+        var ids: [RequestID] = []
+        for (n, step) in steps.enumerated() {
+            let ext: Extension
+            if let cached = extensions[step.extensionID] {
+                ext = cached
+            } else {
+                do {
+                    ext = try host.extension(identifier: step.extensionID)
+                } catch {
+                    fail("demo: \(error) (build the extensions with `swift build`)", status: 2)
+                }
+                extensions[step.extensionID] = ext
+            }
+            let done = DispatchSemaphore(value: 0)
+            let result = Mutex<(String, String)>(("", ""))
+            ext.requestCompletionHandler = { id, items in
+                tally.count(id)
+                result.withLock { $0 = ("completed", items.map { $0.title ?? "-" }.joined(separator: ", ")) }
+                done.signal()
+            }
+            ext.requestCancellationHandler = { id, error in
+                tally.count(id)
+                result.withLock { $0 = ("cancelled", error.description) }
+                done.signal()
+            }
+            ext.requestInterruptionHandler = { id, reason in
+                tally.count(id)
+                result.withLock { $0 = ("interrupted", reason.description) }
+                done.signal()
+            }
+            let pid = Mutex<pid_t?>(nil)
+            let assigned = DispatchSemaphore(value: 0)
+            let start = monotonicMs()
+            let id = ext.beginRequest(
+                withInputItems: [ExtensionItem(title: step.input)], deadline: step.deadline,
+                onWorkerAssigned: { p in
+                    pid.withLock { $0 = p }
+                    assigned.signal()
+                })
+            ids.append(id)
+            if let delay = step.cancelAfterMs {
+                _ = assigned.wait(timeout: .now() + 10)
+                usleep(UInt32(delay) * 1000)
+                ext.cancelRequest(id)
+            }
+            if done.wait(timeout: .now() + 30) == .timedOut {
+                fail("demo: request \(n + 1) (\(step.label)) got no callback within 30 s")
+            }
+            let elapsed = monotonicMs() - start
+            let (outcome, detail) = result.withLock { $0 }
+            let pidText = pid.withLock { $0 }.map(String.init) ?? "-"
+            print(row("\(n + 1)", step.label, outcome, detail, pidText, String(format1(elapsed))))
+        }
+        // Give stray duplicate callbacks (there must be none) time to show up before counting.
+        usleep(300_000)
+        let counts = tally.callbacks.withLock { $0 }
+        let exactlyOnce = ids.allSatisfy { counts[$0] == 1 } && counts.count == ids.count
+        let stats = Mutex<(HostStatistics, [CrashReport])?>(nil)
+        let inspected = DispatchSemaphore(value: 0)
+        host.inspect { s, crashes, _ in
+            stats.withLock { $0 = (s, crashes) }
+            inspected.signal()
+        }
+        inspected.wait()
+        let (statistics, crashes) = stats.withLock { $0 }!
+        let faults = steps.filter(\.isFault).count
+        print("")
+        print("Workers spawned: \(statistics.spawns); crash reports recorded: \(crashes.count).")
+        if let range = crashes.first(where: { $0.stderrTail.contains("Index out of range") }) {
+            print("  e.g. pid \(range.pid) (\(range.reason)): \"\(range.stderrTail.split(separator: "\n").first ?? "")\"")
+        }
+        let shutdown = DispatchSemaphore(value: 0)
+        host.shutdown { shutdown.signal() }
+        shutdown.wait()
+        if exactlyOnce {
+            print("The host survived \(faults) faults; every one of \(ids.count) requests ended exactly once.")
+        } else {
+            let wrong = ids.filter { counts[$0] != 1 }.map { "\($0): \(counts[$0] ?? 0) callbacks" }
+            fail("demo: exactly-once violated: \(wrong.joined(separator: "; "))")
         }
     }
+
+    static func row(_ n: String, _ label: String, _ outcome: String, _ detail: String, _ pid: String, _ ms: String) -> String {
+        let clipped = detail.count > 56 ? String(detail.prefix(55)) + "…" : detail
+        return pad(n, 3) + pad(label, 28) + pad(outcome, 13) + pad(clipped, 58) + pad(pid, 8) + ms
+    }
+
+    static func pad(_ s: String, _ width: Int) -> String { s + String(repeating: " ", count: max(1, width - s.count)) }
+    static func format1(_ v: Double) -> String {
+        let tenths = Int((v * 10).rounded())
+        return "\(tenths / 10).\(tenths % 10)"
+    }
+}
+
+func monotonicMs() -> Double {
+    var ts = timespec()
+    clock_gettime(CLOCK_MONOTONIC, &ts)
+    return Double(ts.tv_sec) * 1000 + Double(ts.tv_nsec) / 1e6
 }

@@ -5,7 +5,9 @@ import Glibc
 
 let usage = """
     usage: sdk-host <command> [options]
-      demo                      show what sdk-host does today
+      demo                      run echo, every crash fault and a cancel through an embedded host
+      request <ext-id> [--text S]... [--embedded] [--timeout S]
+                                one request; exit 0 completed, 3 cancelled, 4 interrupted, 2 usage error
       plist encode              XML plist on stdin -> bplist00 on stdout
       plist decode              bplist00 on stdin -> XML plist on stdout
       bench codec [--json]      codec micro-benchmark next to Foundation (build with -c release)
@@ -25,6 +27,7 @@ switch command {
 case "plist": PlistCommand.run(arguments)
 case "bench": BenchCommand.run(arguments)
 case "demo": DemoCommand.run(arguments)
+case "request": RequestCommand.run(arguments)
 case "help", "--help", "-h": print(usage)
 default: fail("unknown command '\(command)'\n" + usage, status: 2)
 }

@@ -1,0 +1,72 @@
+// Crasher (com.example.crasher): the crash-injection extension. The first input item's title (or its first
+// string attachment) picks the fault; every fault is real: a real signal, a real exit, real garbage on the wire.
+#if canImport(Glibc)
+import Glibc
+#endif
+import SDKExtension
+
+@main
+struct Crasher: RequestHandler {
+    func beginRequest(with context: ExtensionContext) {
+        let command = context.inputItems.first.flatMap { $0.title ?? $0.attachments.first?.stringValue } ?? "echo"
+        switch command {
+        case "segv":
+            UnsafeMutablePointer<Int>(bitPattern: 0x8)!.pointee = 1
+        case "abort":
+            abort()
+        case "range":
+            // The Swift analogue of NSRangeException: an index past the end traps.
+            let values = [Int](repeating: 0, count: Int(getpid() % 2) + 1)
+            _ = values[values.count + 1]
+        case "exit":
+            exit(7)
+        case "kill":
+            kill(getpid(), SIGKILL)
+        case "hang":
+            // Ignores cancellation on purpose: the host must kill us.
+            while true { sleep(60) }
+        case "garbage":
+            // Bypasses the runtime and writes bytes that are not a frame to the host connection (fd 3).
+            let junk: [UInt8] = [0, 0, 0, 12] + Array("not a bplist".utf8)
+            _ = junk.withUnsafeBytes { write(3, $0.baseAddress, $0.count) }
+            while true { sleep(60) }
+        case "oversize":
+            // A frame header claiming 1 GiB: the host must reject it before reading or allocating the payload.
+            let header: [UInt8] = [0x40, 0, 0, 0]
+            _ = header.withUnsafeBytes { write(3, $0.baseAddress, $0.count) }
+            while true { sleep(60) }
+        case "cancel":
+            context.cancelRequest(withError: ExtensionError(
+                domain: "com.example.crasher", code: 42, message: "cancelled by the extension on request"))
+        case "double":
+            context.completeRequest(returningItems: [ExtensionItem(title: "first")])
+            context.completeRequest(returningItems: [ExtensionItem(title: "second")])  // runtime: logged no-op
+            // A buggy runtime would send it anyway: send a raw duplicate to prove the host drops it.
+            var encoder = BinaryPlistEncoder()
+            var frame: [UInt8] = []
+            try? Frame.encode(
+                Message.complete(id: context.requestID, items: [ExtensionItem(title: "duplicate")]).plist,
+                with: &encoder, appendingTo: &frame)
+            _ = frame.withUnsafeBytes { write(3, $0.baseAddress, $0.count) }
+        case let slow where slow.hasPrefix("slow:"):
+            let ms = Int(slow.dropFirst(5)) ?? 100
+            var waited = 0
+            while waited < ms {
+                if context.isCancelled {
+                    context.cancelRequest(withError: .cancelledByHost)
+                    return
+                }
+                usleep(10_000)
+                waited += 10
+            }
+            context.completeRequest(returningItems: context.inputItems)
+        case "stderr":
+            // Writes to stderr, then crashes: the crash report must carry the text.
+            let text = "crasher: about to abort on request\n"
+            _ = text.withCString { write(2, $0, strlen($0)) }
+            abort()
+        default:  // "echo" and anything unknown
+            context.completeRequest(returningItems: context.inputItems)
+        }
+    }
+}

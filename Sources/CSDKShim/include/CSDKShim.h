@@ -1,0 +1,40 @@
+// CSDKShim: the few Linux calls Swift cannot make directly or safely: variadic syscalls (prctl, syscall),
+// the packed epoll_event, and posix_spawn with its file actions and attributes (no Swift runs in the child).
+#ifndef CSDKSHIM_H
+#define CSDKSHIM_H
+
+#include <stdint.h>
+#include <sys/types.h>
+
+/// Spawns `path` with exactly these descriptors in the child: /dev/null on 0, `stdout_fd` on 1, `stderr_fd`
+/// on 2, `ipc_fd` on 3. Every other descriptor is close-on-exec in the parent. The child gets an empty signal
+/// mask, default dispositions for every signal, and its own process group (terminal signals aimed at the app
+/// do not hit its workers). Returns 0 and sets *pid, or an errno value.
+int sdk_spawn(const char *path, char *const argv[], char *const envp[], int ipc_fd, int stdout_fd,
+              int stderr_fd, pid_t *pid);
+
+/// pidfd_open(2); returns the descriptor (close-on-exec by kernel contract) or -1 with errno.
+int sdk_pidfd_open(pid_t pid);
+/// pidfd_send_signal(2); returns 0 or -1 with errno.
+int sdk_pidfd_send_signal(int pidfd, int sig);
+
+/// prctl(PR_SET_PDEATHSIG, sig); returns 0 or -1 with errno.
+int sdk_set_parent_death_signal(int sig);
+
+/// epoll_create1(EPOLL_CLOEXEC).
+int sdk_epoll_create(void);
+/// eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK).
+int sdk_eventfd(void);
+/// pipe2(fds, O_CLOEXEC).
+int sdk_pipe_cloexec(int fds[2]);
+
+/// epoll event bits and control operations, which Swift's Glibc module does not export.
+extern const uint32_t SDK_EPOLLIN, SDK_EPOLLOUT, SDK_EPOLLRDHUP, SDK_EPOLLHUP, SDK_EPOLLERR;
+extern const int SDK_EPOLL_CTL_ADD, SDK_EPOLL_CTL_MOD, SDK_EPOLL_CTL_DEL;
+
+/// epoll_ctl with the fd stored as the event's data. op: EPOLL_CTL_ADD/MOD/DEL.
+int sdk_epoll_ctl(int epfd, int op, int fd, uint32_t events);
+/// epoll_wait that unpacks events into parallel arrays; returns the count or -1 with errno.
+int sdk_epoll_wait(int epfd, int32_t *fds, uint32_t *events, int max_events, int timeout_ms);
+
+#endif

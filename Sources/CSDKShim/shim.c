@@ -1,0 +1,81 @@
+// See CSDKShim.h. Kept minimal: everything here is a thin call with errno left for the Swift caller.
+#define _GNU_SOURCE
+#include "CSDKShim.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
+#include <sys/prctl.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+int sdk_spawn(const char *path, char *const argv[], char *const envp[], int ipc_fd, int stdout_fd,
+              int stderr_fd, pid_t *pid) {
+    posix_spawn_file_actions_t actions;
+    posix_spawnattr_t attr;
+    int rc = posix_spawn_file_actions_init(&actions);
+    if (rc != 0) return rc;
+    rc = posix_spawnattr_init(&attr);
+    if (rc != 0) {
+        posix_spawn_file_actions_destroy(&actions);
+        return rc;
+    }
+    // Sources are >= 4 (the Swift side guarantees it), so dup2 never aliases a target and always clears
+    // close-on-exec on the copy.
+    if (rc == 0) rc = posix_spawn_file_actions_addopen(&actions, 0, "/dev/null", O_RDONLY, 0);
+    if (rc == 0) rc = posix_spawn_file_actions_adddup2(&actions, stdout_fd, 1);
+    if (rc == 0) rc = posix_spawn_file_actions_adddup2(&actions, stderr_fd, 2);
+    if (rc == 0) rc = posix_spawn_file_actions_adddup2(&actions, ipc_fd, 3);
+    // Belt and braces: anything above 3 that is not close-on-exec (a library's leak) does not reach the child.
+    if (rc == 0) rc = posix_spawn_file_actions_addclosefrom_np(&actions, 4);
+
+    sigset_t none, all;
+    sigemptyset(&none);
+    sigfillset(&all);
+    if (rc == 0) rc = posix_spawnattr_setsigmask(&attr, &none);
+    if (rc == 0) rc = posix_spawnattr_setsigdefault(&attr, &all);
+    if (rc == 0) rc = posix_spawnattr_setpgroup(&attr, 0);
+    if (rc == 0)
+        rc = posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF | POSIX_SPAWN_SETPGROUP);
+    if (rc == 0) rc = posix_spawn(pid, path, &actions, &attr, argv, envp);
+
+    posix_spawn_file_actions_destroy(&actions);
+    posix_spawnattr_destroy(&attr);
+    return rc;
+}
+
+int sdk_pidfd_open(pid_t pid) { return (int)syscall(SYS_pidfd_open, pid, 0); }
+
+int sdk_pidfd_send_signal(int pidfd, int sig) { return (int)syscall(SYS_pidfd_send_signal, pidfd, sig, NULL, 0); }
+
+int sdk_set_parent_death_signal(int sig) { return prctl(PR_SET_PDEATHSIG, (unsigned long)sig, 0, 0, 0); }
+
+int sdk_epoll_ctl(int epfd, int op, int fd, uint32_t events) {
+    struct epoll_event ev;
+    ev.events = events;
+    ev.data.u64 = 0;
+    ev.data.fd = fd;
+    return epoll_ctl(epfd, op, fd, &ev);
+}
+
+int sdk_epoll_wait(int epfd, int32_t *fds, uint32_t *events, int max_events, int timeout_ms) {
+    struct epoll_event buf[64];
+    if (max_events > 64) max_events = 64;
+    int n = epoll_wait(epfd, buf, max_events, timeout_ms);
+    for (int i = 0; i < n; i++) {
+        fds[i] = buf[i].data.fd;
+        events[i] = buf[i].events;
+    }
+    return n;
+}
+
+int sdk_epoll_create(void) { return epoll_create1(EPOLL_CLOEXEC); }
+int sdk_eventfd(void) { return eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK); }
+int sdk_pipe_cloexec(int fds[2]) { return pipe2(fds, O_CLOEXEC); }
+
+const uint32_t SDK_EPOLLIN = EPOLLIN, SDK_EPOLLOUT = EPOLLOUT, SDK_EPOLLRDHUP = EPOLLRDHUP, SDK_EPOLLHUP = EPOLLHUP,
+               SDK_EPOLLERR = EPOLLERR;
+const int SDK_EPOLL_CTL_ADD = EPOLL_CTL_ADD, SDK_EPOLL_CTL_MOD = EPOLL_CTL_MOD, SDK_EPOLL_CTL_DEL = EPOLL_CTL_DEL;

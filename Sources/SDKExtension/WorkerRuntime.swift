@@ -1,0 +1,187 @@
+// WorkerRuntime: the worker's main loop. The main thread owns the socket (fd 3, set up by the host's spawn):
+// it reads frames, answers pings itself (so a busy handler never looks hung), dispatches `begin` to the
+// handler and `cancel` to the request's context. Handlers finish requests from any thread; frames go out
+// under one lock. The process exits on EOF (host gone), on parent death, on a protocol error from the host,
+// or after a long idle period (a backstop: the host normally retires idle workers itself by closing the socket).
+
+#if canImport(Glibc)
+import Glibc
+#endif
+import Dispatch
+import SDKPosix
+import Synchronization
+
+enum WorkerLog {
+    static let pid = getpid()
+    static func write(_ message: String) {
+        var line = "sdk-extension[\(pid)]: \(message)\n"
+        line.withUTF8 { _ = Glibc.write(2, $0.baseAddress, $0.count) }
+    }
+}
+
+/// The connection to the host, shared by the main loop and the handler threads.
+final class HostConnection: Sendable {
+    let fd: Int32
+    private let writer = Mutex<(encoder: BinaryPlistEncoder, buffer: [UInt8])>((BinaryPlistEncoder(), []))
+    private let contexts = Mutex<[RequestID: ExtensionContext]>([:])
+
+    init(fd: Int32) { self.fd = fd }
+
+    /// Sends one message; a host that has gone away ends the process.
+    func send(_ message: Message) {
+        let failed = writer.withLock { w -> String? in
+            w.buffer.removeAll(keepingCapacity: true)
+            do {
+                try Frame.encode(message.plist, with: &w.encoder, appendingTo: &w.buffer)
+                // A typed-throws closure here crashes the 6.3 compiler (IRGen thunk); carry the error in a Result.
+                let sent = w.buffer.withUnsafeBytes { raw in Result { () throws(SystemError) in try sendAll(fd, raw) } }
+                try sent.get()
+                return nil
+            } catch let error as WireError {
+                return "cannot encode \(message): \(error)"
+            } catch {
+                return "host connection lost: \(error)"
+            }
+        }
+        if let failed {
+            WorkerLog.write(failed)
+            exit(0)
+        }
+    }
+
+    func register(_ context: ExtensionContext) { contexts.withLock { $0[context.requestID] = context } }
+    func context(for id: RequestID) -> ExtensionContext? { contexts.withLock { $0[id] } }
+    func remove(_ id: RequestID) { _ = contexts.withLock { $0.removeValue(forKey: id) } }
+    var activeCount: Int { contexts.withLock { $0.count } }
+}
+
+enum WorkerRuntime {
+    typealias SyncBody = @Sendable (ExtensionContext) -> Void
+    typealias AsyncBody = @Sendable (ExtensionContext) async -> Void
+
+    static func run(_ sync: SyncBody?, async asyncBody: AsyncBody?) -> Never {
+        let env = Environment()
+        signal(SIGPIPE, SIG_IGN)
+        // Die with the host: the kernel signals us when the spawning thread exits. Check the parent afterwards,
+        // in case it was already gone before the prctl took effect.
+        try? setParentDeathSignal(SIGKILL)
+        if let hostPid = env.hostPid, getppid() != hostPid {
+            WorkerLog.write("host \(hostPid) is gone before start; exiting")
+            exit(0)
+        }
+        if let mb = env.memoryLimitMB {
+            var limit = rlimit(rlim_cur: rlim_t(mb) << 20, rlim_max: rlim_t(mb) << 20)
+            if setrlimit(__rlimit_resource_t(RLIMIT_DATA.rawValue), &limit) != 0 {
+                WorkerLog.write("cannot apply memory limit of \(mb) MB")
+            }
+        }
+        let connection = HostConnection(fd: env.ipcFD)
+        var reader = FrameReader()
+        var buffer = [UInt8](repeating: 0, count: 64 * 1024)
+        var idleTimeoutMs = env.idleTimeoutMs
+        var lastBegin = monotonicNanoseconds()
+
+        while true {
+            // The idle backstop is twice the host's idle timeout: the host retires us first in normal operation.
+            var pfd = pollfd(fd: connection.fd, events: Int16(POLLIN), revents: 0)
+            let timeout: Int32 = idleTimeoutMs > 0 ? Int32(min(idleTimeoutMs, 1000)) : 1000
+            let ready = poll(&pfd, 1, timeout)
+            if ready < 0 {
+                if errno == EINTR { continue }
+                WorkerLog.write("poll failed: \(String(cString: strerror(errno)))")
+                exit(1)
+            }
+            if ready == 0 {
+                if idleTimeoutMs > 0, connection.activeCount == 0,
+                    monotonicNanoseconds() - lastBegin > UInt64(idleTimeoutMs) * 2_000_000
+                {
+                    exit(0)
+                }
+                continue
+            }
+            let n = buffer.withUnsafeMutableBytes { read(connection.fd, $0.baseAddress, $0.count) }
+            if n == 0 { exit(0) }  // the host closed the connection
+            if n < 0 {
+                if errno == EINTR || errno == EAGAIN { continue }
+                exit(0)
+            }
+            buffer.withUnsafeBytes { reader.append(UnsafeRawBufferPointer(rebasing: $0[0..<n])) }
+            while true {
+                let message: Message
+                do {
+                    guard let value = try reader.nextValue() else { break }
+                    message = try Message(plist: value)
+                } catch {
+                    WorkerLog.write("protocol error from host: \(error); exiting")
+                    exit(2)
+                }
+                switch message {
+                case .hello(let version, _, _, let idle):
+                    if version != protocolVersion {
+                        WorkerLog.write("host speaks protocol \(version), we speak \(protocolVersion); exiting")
+                        exit(2)
+                    }
+                    idleTimeoutMs = idle
+                    connection.send(.welcome(version: protocolVersion, identifier: env.identifier, pid: getpid()))
+                case .begin(let id, let items):
+                    lastBegin = monotonicNanoseconds()
+                    let context = ExtensionContext(requestID: id, inputItems: items) { [connection] message in
+                        connection.remove(id)
+                        connection.send(message)
+                    }
+                    connection.register(context)
+                    if let sync {
+                        DispatchQueue.global().async { sync(context) }
+                    } else if let asyncBody {
+                        context.attach(Task.detached {
+                            await asyncBody(context)
+                            if !context.isFinished {
+                                if context.isCancelled {
+                                    context.cancelRequest(withError: .cancelledByHost)
+                                } else {
+                                    WorkerLog.write("handler returned without finishing request \(id)")
+                                    context.cancelRequest(withError: ExtensionError(
+                                        domain: "SDKExtension", code: 2,
+                                        message: "the handler returned without completing the request"))
+                                }
+                            }
+                        })
+                    }
+                case .cancel(let id):
+                    connection.context(for: id)?.markCancelledByHost()
+                case .ping(let seq):
+                    connection.send(.pong(seq: seq))
+                case .pong, .welcome, .complete, .cancelled:
+                    WorkerLog.write("unexpected '\(message)' from host; ignored")
+                case .error(let text, _):
+                    WorkerLog.write("host reported: \(text)")
+                case .unknown(let type):
+                    WorkerLog.write("unknown message type '\(type)' from host; ignored")
+                }
+            }
+        }
+    }
+}
+
+/// What the host passes in the environment (see the host's WorkerProcess).
+struct Environment {
+    let ipcFD: Int32
+    let hostPid: pid_t?
+    let identifier: String
+    var idleTimeoutMs: Int64
+    let memoryLimitMB: Int?
+
+    init() {
+        func value(_ name: String) -> String? { getenv(name).map { String(cString: $0) } }
+        ipcFD = value("SDKHOST_IPC_FD").flatMap { Int32($0) } ?? 3
+        hostPid = value("SDKHOST_HOST_PID").flatMap { pid_t($0) }
+        identifier = value("SDKHOST_EXTENSION_ID") ?? "unknown"
+        idleTimeoutMs = value("SDKHOST_IDLE_TIMEOUT_MS").flatMap { Int64($0) } ?? 0
+        memoryLimitMB = value("SDKHOST_MEMORY_LIMIT_MB").flatMap { Int($0) }
+        var st = stat()
+        if fstat(ipcFD, &st) != 0 {
+            WorkerLog.write("no host connection on fd \(ipcFD): this program is an sdk-host extension; run it through sdk-host")
+            exit(64)
+        }
+    }
+}

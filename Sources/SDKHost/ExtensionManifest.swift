@@ -1,0 +1,134 @@
+// ExtensionManifest: an extension's Info.plist, read and validated, with its executable resolved.
+//
+//   CFBundleIdentifier            string, required
+//   NSExtension                   dictionary, required
+//     NSExtensionPointIdentifier  string, required
+//     NSExtensionExecutable       string, required: the executable's file name
+//     SDKHostPolicy               dictionary, optional; unknown keys are errors
+//       MaxConcurrentRequests     integer 1...1024
+//       MaxWorkers                integer 1...64
+//       IdleTimeoutSeconds        number >= 0.1
+//       RequestDeadlineSeconds    number >= 0.01 (omit for the host default)
+//       MemoryLimitMB             integer 16...65536
+//       NetworkAllowed            boolean
+// Other top-level and NSExtension keys are allowed, as in Apple's Info.plist files.
+
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// A validated extension manifest.
+struct ExtensionManifest: Sendable {
+    let identifier: String
+    let extensionPoint: String
+    let executableName: String
+    /// The resolved executable path, or nil if it was not found (reported when the extension is requested).
+    let executablePath: String?
+    let searchedPaths: [String]
+    let policy: ExtensionPolicy
+    let manifestPath: String
+
+    static let policyKeys: Set<String> = [
+        "MaxConcurrentRequests", "MaxWorkers", "IdleTimeoutSeconds", "RequestDeadlineSeconds", "MemoryLimitMB",
+        "NetworkAllowed",
+    ]
+
+    init(contentsOf path: String, defaults: ExtensionPolicy, executableSearchPaths: [String]) throws(HostError) {
+        let bytes: [UInt8]
+        do {
+            bytes = try readFile(path)
+        } catch {
+            throw HostError(.invalidManifest, "\(path): cannot read: \(error)")
+        }
+        let value: PlistValue
+        do {
+            value = try XMLPropertyList.parse(bytes)
+        } catch {
+            throw HostError(.invalidManifest, "\(path): \(error)")
+        }
+        let top = try PlistFields(value, file: path, errorCode: .invalidManifest)
+        identifier = try top.requiredString("CFBundleIdentifier")
+        guard let ext = try top.fields("NSExtension") else {
+            throw top.fail("NSExtension", "missing (required)")
+        }
+        extensionPoint = try ext.requiredString("NSExtensionPointIdentifier")
+        executableName = try ext.requiredString("NSExtensionExecutable")
+        guard !executableName.contains("/") else {
+            throw ext.fail("NSExtensionExecutable", "must be a file name, not a path")
+        }
+        var policy = defaults
+        if let p = try ext.fields("SDKHostPolicy") {
+            try p.rejectUnknownKeys(Self.policyKeys)
+            policy.maxConcurrentRequests = try p.integer("MaxConcurrentRequests", in: 1...1024) ?? policy.maxConcurrentRequests
+            policy.maxWorkers = try p.integer("MaxWorkers", in: 1...64) ?? policy.maxWorkers
+            policy.idleTimeout = try p.seconds("IdleTimeoutSeconds", minimum: 0.1) ?? policy.idleTimeout
+            policy.requestDeadline = try p.seconds("RequestDeadlineSeconds", minimum: 0.01) ?? policy.requestDeadline
+            policy.memoryLimitMB = try p.integer("MemoryLimitMB", in: 16...65536) ?? policy.memoryLimitMB
+            policy.networkAllowed = try p.bool("NetworkAllowed") ?? policy.networkAllowed
+        }
+        self.policy = policy
+        manifestPath = path
+        let manifestDirectory = String(path[..<(path.lastIndex(of: "/") ?? path.startIndex)])
+        let searched = executableSearchPaths + [manifestDirectory]
+        let name = executableName
+        searchedPaths = searched
+        executablePath = searched.lazy.map { "\($0)/\(name)" }.first { access($0, X_OK) == 0 }
+    }
+
+    /// Reads every `<dir>/<Name>/Info.plist` under the search paths. Later duplicates of an identifier are errors.
+    static func discover(in configuration: HostConfiguration) throws(HostError) -> [String: ExtensionManifest] {
+        var found: [String: ExtensionManifest] = [:]
+        for directory in configuration.extensionSearchPaths {
+            guard let entries = listDirectory(directory) else {
+                throw HostError(.invalidConfiguration, "extension search path \(directory) is not a readable directory")
+            }
+            for entry in entries.sorted() {
+                let manifestPath = "\(directory)/\(entry)/Info.plist"
+                guard access(manifestPath, R_OK) == 0 else { continue }
+                let manifest = try ExtensionManifest(
+                    contentsOf: manifestPath, defaults: configuration.defaultPolicy,
+                    executableSearchPaths: configuration.executableSearchPaths)
+                if let existing = found[manifest.identifier] {
+                    throw HostError(.invalidManifest,
+                        "\(manifestPath): identifier \(manifest.identifier) is already used by \(existing.manifestPath)")
+                }
+                found[manifest.identifier] = manifest
+            }
+        }
+        return found
+    }
+}
+
+/// The names in a directory, or nil if it cannot be read.
+func listDirectory(_ path: String) -> [String]? {
+    guard let dir = opendir(path) else { return nil }
+    defer { closedir(dir) }
+    var names: [String] = []
+    while let entry = readdir(dir) {
+        let name = withUnsafeBytes(of: entry.pointee.d_name) { raw in
+            String(decoding: raw.prefix { $0 != 0 }, as: UTF8.self)
+        }
+        if name != "." && name != ".." { names.append(name) }
+    }
+    return names
+}
+
+/// Reads a whole (small) file.
+func readFile(_ path: String) throws(SystemError) -> [UInt8] {
+    let fd = open(path, O_RDONLY | O_CLOEXEC)
+    guard fd >= 0 else { throw SystemError("open", errno: errno, detail: path) }
+    defer { close(fd) }
+    var out: [UInt8] = []
+    var chunk = [UInt8](repeating: 0, count: 65536)
+    while true {
+        let n = chunk.withUnsafeMutableBytes { read(fd, $0.baseAddress, $0.count) }
+        if n < 0 {
+            if errno == EINTR { continue }
+            throw SystemError("read", errno: errno, detail: path)
+        }
+        if n == 0 { return out }
+        out.append(contentsOf: chunk[0..<n])
+    }
+}
+
+import SDKPosix

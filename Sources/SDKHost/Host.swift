@@ -1,0 +1,252 @@
+// Host and Extension: the public API (shared/DESIGN.md "Host API"). Every call returns at once: work is queued
+// to the engine's event loop, and outcomes come back on the caller's queue.
+
+#if canImport(Glibc)
+import Glibc
+#endif
+import Dispatch
+import SDKPosix
+import Synchronization
+
+/// An extension host. Create one embedded (it spawns and supervises the workers itself), look extensions up by
+/// identifier, and send them requests.
+public final class Host: Sendable {
+    let engine: HostEngine
+
+    /// Creates an embedded host: discovers extension manifests and starts the host's event loop.
+    ///
+    /// - Parameter configuration: Where extensions and their executables are, and the host's policies.
+    /// - Throws: `HostError` for an invalid manifest (naming the file and key), an unreadable search path, or a
+    ///   failure to start the event loop.
+    public init(configuration: HostConfiguration) throws(HostError) {
+        engine = try HostEngine(configuration: configuration)
+    }
+
+    deinit {
+        let engine = self.engine
+        engine.loop.execute { engine.shutdown(completion: nil) }
+    }
+
+    /// Identifiers of every discovered extension, sorted.
+    public var extensionIdentifiers: [String] { engine.manifests.keys.sorted() }
+
+    /// Looks up an extension.
+    ///
+    /// - Parameter identifier: The manifest's `CFBundleIdentifier`, e.g. "com.example.echo".
+    /// - Returns: A new `Extension` with no handlers set.
+    /// - Throws: `HostError.Code.unknownExtension` if no manifest has that identifier, or
+    ///   `.executableNotFound` if its executable is not in any executable search path.
+    public func `extension`(identifier: String) throws(HostError) -> Extension {
+        guard let manifest = engine.manifests[identifier] else {
+            let known = engine.manifests.keys.sorted().joined(separator: ", ")
+            throw HostError(.unknownExtension, "unknown extension '\(identifier)' (known: \(known.isEmpty ? "none" : known))")
+        }
+        guard manifest.executablePath != nil else {
+            throw HostError(.executableNotFound, "\(identifier): executable '\(manifest.executableName)' not found in "
+                + manifest.searchedPaths.joined(separator: ", "))
+        }
+        return Extension(identifier: identifier, host: self)
+    }
+
+    /// Stops the host: in-flight requests are interrupted (`hostShutdown`), workers are killed and reaped, and
+    /// the event loop ends. Returns when all of that is done. Later requests are interrupted at once.
+    public func shutdown() async {
+        await withCheckedContinuation { (continuation: CheckedContinuation<Void, Never>) in
+            shutdown { continuation.resume() }
+        }
+    }
+
+    /// Stops the host, calling `completion` (on an internal thread) when done. See `shutdown()`.
+    public func shutdown(completion: @escaping @Sendable () -> Void) {
+        let engine = self.engine
+        if !engine.loop.execute({ engine.shutdown(completion: completion) }) { completion() }
+    }
+
+    /// Counters and the crash reports kept in memory, read on the loop and delivered to `body`.
+    package func inspect(_ body: @escaping @Sendable (HostStatistics, [CrashReport], [WorkerSnapshot]) -> Void) {
+        let engine = self.engine
+        let accepted = engine.loop.execute {
+            let now = monotonicNanoseconds()
+            let workers = engine.workers.values.joined().map {
+                WorkerSnapshot(extensionIdentifier: $0.extensionID, pid: $0.pid,
+                               uptimeSeconds: Double(now - $0.startedAt) / 1e9, inFlight: $0.inFlight.count)
+            }
+            body(engine.statistics, engine.crashReports, workers)
+        }
+        if !accepted { body(HostStatistics(), [], []) }
+    }
+
+    /// Async form of `inspect`.
+    package func inspect() async -> (HostStatistics, [CrashReport], [WorkerSnapshot]) {
+        await withCheckedContinuation { continuation in
+            inspect { stats, crashes, workers in continuation.resume(returning: (stats, crashes, workers)) }
+        }
+    }
+}
+
+/// The handlers an `Extension` calls; read at delivery time, so they may be set after a request begins.
+final class HandlerBox: Sendable {
+    struct Handlers {
+        var completion: (@Sendable (RequestID, [ExtensionItem]) -> Void)?
+        var cancellation: (@Sendable (RequestID, ExtensionError) -> Void)?
+        var interruption: (@Sendable (RequestID, InterruptionReason) -> Void)?
+        var queue: DispatchQueue
+    }
+
+    let state: Mutex<Handlers>
+
+    init(queue: DispatchQueue) { state = Mutex(Handlers(queue: queue)) }
+
+    /// Calls the handler for `outcome` with no lock held.
+    func invoke(_ id: RequestID, _ outcome: RequestOutcome) {
+        let handlers = state.withLock { $0 }
+        switch outcome {
+        case .completed(let items): handlers.completion?(id, items)
+        case .cancelled(let error): handlers.cancellation?(id, error)
+        case .interrupted(let reason): handlers.interruption?(id, reason)
+        }
+    }
+}
+
+/// One extension, as the app uses it: begin and cancel requests, and receive exactly one terminal callback per
+/// request on `callbackQueue`.
+public final class Extension: Sendable {
+    /// The extension's identifier.
+    public let identifier: String
+    let host: Host
+    private let handlers: HandlerBox
+
+    init(identifier: String, host: Host) {
+        self.identifier = identifier
+        self.host = host
+        handlers = HandlerBox(queue: DispatchQueue(label: "sdk-host.callbacks.\(identifier)"))
+    }
+
+    /// Called when the worker completed a request, with the items it returned.
+    public var requestCompletionHandler: (@Sendable (RequestID, [ExtensionItem]) -> Void)? {
+        get { handlers.state.withLock { $0.completion } }
+        set { handlers.state.withLock { $0.completion = newValue } }
+    }
+
+    /// Called when a request was cancelled: by the host (`ExtensionError.cancelledByHost`) or by the extension
+    /// (its own error).
+    public var requestCancellationHandler: (@Sendable (RequestID, ExtensionError) -> Void)? {
+        get { handlers.state.withLock { $0.cancellation } }
+        set { handlers.state.withLock { $0.cancellation = newValue } }
+    }
+
+    /// Called when a request was interrupted: the worker crashed, hung, broke the protocol, or could not start,
+    /// or the host shut down.
+    public var requestInterruptionHandler: (@Sendable (RequestID, InterruptionReason) -> Void)? {
+        get { handlers.state.withLock { $0.interruption } }
+        set { handlers.state.withLock { $0.interruption = newValue } }
+    }
+
+    /// The queue the handlers run on. Defaults to a serial queue owned by this `Extension`.
+    public var callbackQueue: DispatchQueue {
+        get { handlers.state.withLock { $0.queue } }
+        set { handlers.state.withLock { $0.queue = newValue } }
+    }
+
+    /// Starts a request. Never blocks: the request is queued to the host's event loop, a worker is launched if
+    /// none has room, and exactly one of the three handlers is called later with the returned id.
+    ///
+    /// - Parameters:
+    ///   - items: The input items.
+    ///   - deadline: Seconds before the request counts as hung (its worker is killed and the request
+    ///     interrupted with `.hang`); nil for the manifest's `RequestDeadlineSeconds`.
+    /// - Returns: The request's identifier.
+    @discardableResult
+    public func beginRequest(withInputItems items: [ExtensionItem], deadline: Double? = nil) -> RequestID {
+        beginRequest(withInputItems: items, deadline: deadline, onWorkerAssigned: nil)
+    }
+
+    /// `beginRequest`, also telling `onWorkerAssigned` (on the host's loop thread; keep it trivial) the pid of
+    /// the worker the request is sent to. For tools that report pids after the request has ended.
+    @discardableResult
+    package func beginRequest(
+        withInputItems items: [ExtensionItem], deadline: Double?, onWorkerAssigned: (@Sendable (pid_t) -> Void)?
+    ) -> RequestID {
+        let id = RequestID()
+        let box = handlers
+        let queue = callbackQueue
+        submit(id: id, items: items, deadline: deadline, onWorkerAssigned: onWorkerAssigned) { outcome in
+            queue.async { box.invoke(id, outcome) }
+        }
+        return id
+    }
+
+    /// Cancels a request. The cancellation handler runs (with `ExtensionError.cancelledByHost`) unless the
+    /// request has already ended; the worker is told, and killed if it ignores the cancel past the grace period.
+    public func cancelRequest(_ id: RequestID) {
+        let engine = host.engine
+        engine.loop.execute { engine.cancel(id) }
+    }
+
+    /// The pid of the worker running the request, or nil if it has not been sent to a worker or has ended.
+    public func pid(for id: RequestID) -> pid_t? {
+        host.engine.pids.withLock { $0[id] }
+    }
+
+    /// Runs one request and returns the items it completed with. Its outcome goes only to this call, not to the
+    /// handlers.
+    ///
+    /// - Parameters:
+    ///   - items: The input items.
+    ///   - deadline: As for `beginRequest`.
+    /// - Returns: The completed items.
+    /// - Throws: `CancellationError` when the calling Task is cancelled (the request is cancelled at the
+    ///   worker); `RequestFailure.cancelled` when the extension cancels; `RequestFailure.interrupted` when the
+    ///   request is interrupted.
+    public func perform(_ items: [ExtensionItem], deadline: Double? = nil) async throws -> [ExtensionItem] {
+        let id = RequestID()
+        let gate = Mutex<PerformGate>(.notStarted)
+        let engine = host.engine
+        return try await withTaskCancellationHandler {
+            let outcome = await withCheckedContinuation { (continuation: CheckedContinuation<RequestOutcome, Never>) in
+                submit(id: id, items: items, deadline: deadline, onWorkerAssigned: nil) { outcome in
+                    continuation.resume(returning: outcome)
+                }
+                let cancelNow = gate.withLock { g -> Bool in
+                    defer { g = .started }
+                    return g == .cancelledBeforeStart
+                }
+                if cancelNow { engine.loop.execute { engine.cancel(id) } }
+            }
+            switch outcome {
+            case .completed(let result):
+                return result
+            case .cancelled(let error):
+                if error == .cancelledByHost, Task.isCancelled { throw CancellationError() }
+                throw RequestFailure.cancelled(error)
+            case .interrupted(let reason):
+                throw RequestFailure.interrupted(reason)
+            }
+        } onCancel: {
+            let started = gate.withLock { g -> Bool in
+                if g == .started { return true }
+                g = .cancelledBeforeStart
+                return false
+            }
+            if started { engine.loop.execute { engine.cancel(id) } }
+        }
+    }
+
+    private enum PerformGate { case notStarted, cancelledBeforeStart, started }
+
+    private func submit(id: RequestID, items: [ExtensionItem], deadline: Double?,
+                        onWorkerAssigned: (@Sendable (pid_t) -> Void)?,
+                        deliver: @escaping @Sendable (RequestOutcome) -> Void)
+    {
+        let engine = host.engine
+        let extensionID = identifier
+        let policyDeadline = engine.manifests[identifier]?.policy.requestDeadline
+        let accepted = engine.loop.execute {
+            let record = RequestRecord(id: id, extensionID: extensionID, items: items,
+                                       deadline: deadline ?? policyDeadline, deliver: deliver)
+            record.onWorkerAssigned = onWorkerAssigned
+            engine.start(record)
+        }
+        if !accepted { deliver(.interrupted(.hostShutdown)) }
+    }
+}

@@ -1,0 +1,73 @@
+// HostConfiguration: where extensions are and how the host treats them. Embedded mode builds one in code;
+// the daemon reads config/sdk-host.plist into the same struct.
+import Dispatch
+
+/// Limits and policy for one extension. Manifests override the configuration's defaults key by key.
+public struct ExtensionPolicy: Sendable, Equatable {
+    /// Requests one worker runs at once.
+    public var maxConcurrentRequests = 8
+    /// Workers the host runs for the extension at once.
+    public var maxWorkers = 2
+    /// Seconds an idle worker lives before the host retires it.
+    public var idleTimeout: Double = 30
+    /// Seconds a request may run before the host kills its worker (interruption "hang"); nil for no deadline.
+    public var requestDeadline: Double? = 30
+    /// Data-segment limit (RLIMIT_DATA) for the worker, in MiB; nil for none.
+    public var memoryLimitMB: Int? = nil
+    /// Whether the extension may use the network. Recorded now; enforced by the sandbox launcher (later).
+    public var networkAllowed = false
+
+    /// Creates the default policy.
+    public init() {}
+}
+
+/// Everything an embedded host needs to know.
+public struct HostConfiguration: Sendable {
+    /// Folders searched for `<Name>/Info.plist` manifests.
+    public var extensionSearchPaths: [String]
+    /// Folders searched for extension executables. The manifest's own folder is searched after these.
+    public var executableSearchPaths: [String]
+    /// Policy for extensions whose manifests leave a key out.
+    public var defaultPolicy = ExtensionPolicy()
+    /// How often the host pings each worker, in seconds.
+    public var heartbeatInterval: Double = 1
+    /// A worker that has not answered a ping for this long is killed (interruption "hang"), in seconds.
+    public var heartbeatTimeout: Double = 10
+    /// How long a worker may take to honour a cancel before it is killed, in seconds.
+    public var cancelGracePeriod: Double = 2
+    /// Frame and decoding limits for worker traffic.
+    public var wireLimits = WireLimits()
+    /// Messages below this level are not logged.
+    public var logLevel: LogLevel = .warning
+    /// Where log lines go; the default writes "sdk-host: level: message" to stderr.
+    public var logHandler: (@Sendable (LogLevel, String) -> Void)?
+    /// Extra environment variables for workers ("KEY=value"). Workers do not inherit the host's environment.
+    public var workerEnvironment: [String] = []
+    /// Crash reports kept in memory (the newest win).
+    public var crashReportLimit = 64
+
+    /// Creates a configuration.
+    ///
+    /// - Parameters:
+    ///   - extensionSearchPaths: Folders holding one sub-folder per extension, each with an Info.plist.
+    ///   - executableSearchPaths: Folders holding the extension executables; by default the folder of the
+    ///     running executable, which is where `swift build` puts every product.
+    public init(extensionSearchPaths: [String], executableSearchPaths: [String]? = nil) {
+        self.extensionSearchPaths = extensionSearchPaths
+        self.executableSearchPaths = executableSearchPaths ?? [currentExecutableDirectory()].compactMap { $0 }
+    }
+}
+
+/// The folder of the running executable (/proc/self/exe), or nil.
+public func currentExecutableDirectory() -> String? {
+    var buffer = [CChar](repeating: 0, count: 4096)
+    let n = readlink("/proc/self/exe", &buffer, buffer.count - 1)
+    guard n > 0 else { return nil }
+    let path = String(decoding: buffer[0..<n].map { UInt8(bitPattern: $0) }, as: UTF8.self)
+    guard let slash = path.lastIndex(of: "/") else { return nil }
+    return String(path[..<slash])
+}
+
+#if canImport(Glibc)
+import Glibc
+#endif

@@ -1,0 +1,239 @@
+// HostEngine: requests, workers and their failures, all on one event-loop thread.
+//
+// Exactly-once: a request ends only through `finish`, which removes it from `requests` before delivering its
+// outcome. Every event (a reply, a worker exit, a deadline, a cancel, shutdown) runs on the loop thread, so
+// whichever comes first wins and the others find no record: a late reply is dropped and logged.
+// Delivery hops to the caller's queue, so no user code runs on the loop thread or under a lock.
+
+#if canImport(Glibc)
+import Glibc
+#endif
+import SDKPosix
+import Synchronization
+
+/// One request from `beginRequest` until its terminal outcome. Loop-confined.
+final class RequestRecord {
+    let id: RequestID
+    let extensionID: String
+    var items: [ExtensionItem]
+    let deliver: @Sendable (RequestOutcome) -> Void
+    let deadline: Double?
+    var worker: WorkerProcess?
+    var deadlineTimer: TimerID?
+    /// Told the worker's pid when the request is sent to one (demo and tools; called on the loop thread).
+    var onWorkerAssigned: (@Sendable (pid_t) -> Void)?
+
+    init(id: RequestID, extensionID: String, items: [ExtensionItem], deadline: Double?,
+         deliver: @escaping @Sendable (RequestOutcome) -> Void)
+    {
+        self.id = id
+        self.extensionID = extensionID
+        self.items = items
+        self.deadline = deadline
+        self.deliver = deliver
+    }
+}
+
+/// Counters since the host started.
+public struct HostStatistics: Sendable, Equatable {
+    public var completions = 0
+    public var cancellations = 0
+    public var interruptions = 0
+    public var crashes = 0
+    public var hangs = 0
+    public var protocolViolations = 0
+    public var spawns = 0
+}
+
+/// A snapshot of one live worker.
+public struct WorkerSnapshot: Sendable, Equatable {
+    public var extensionIdentifier: String
+    public var pid: Int32
+    public var uptimeSeconds: Double
+    public var inFlight: Int
+}
+
+/// The engine. `@unchecked Sendable`: all mutable state is confined to `loop`'s thread (entry points hop there
+/// with `loop.execute`), except `pids`, which sits behind a Mutex for `pid(for:)`.
+final class HostEngine: @unchecked Sendable {
+    let loop: EventLoop
+    let configuration: HostConfiguration
+    let manifests: [String: ExtensionManifest]
+    let pids = Mutex<[RequestID: pid_t]>([:])
+    private let hostPid = getpid()
+
+    // Loop-confined state.
+    var workers: [String: [WorkerProcess]] = [:]
+    var requests: [RequestID: RequestRecord] = [:]
+    var waiting: [String: [RequestRecord]] = [:]
+    var crashReports: [CrashReport] = []
+    var statistics = HostStatistics()
+    var encoder = BinaryPlistEncoder()
+    var readBuffer = [UInt8](repeating: 0, count: 64 * 1024)
+    var heartbeatTimer: TimerID?
+    var shuttingDown = false
+    var shutdownCompletions: [@Sendable () -> Void] = []
+
+    init(configuration: HostConfiguration) throws(HostError) {
+        self.configuration = configuration
+        manifests = try ExtensionManifest.discover(in: configuration)
+        do {
+            loop = try EventLoop(name: "sdk-host")
+        } catch {
+            throw HostError(.system, "cannot start the host event loop: \(error)")
+        }
+    }
+
+    func log(_ level: LogLevel, _ message: @autoclosure () -> String) {
+        guard level >= configuration.logLevel else { return }
+        if let handler = configuration.logHandler {
+            handler(level, message())
+        } else {
+            var line = "sdk-host: \(level): \(message())\n"
+            line.withUTF8 { _ = write(2, $0.baseAddress, $0.count) }
+        }
+    }
+
+    // MARK: Requests (loop thread)
+
+    func start(_ record: RequestRecord) {
+        loop.preconditionInLoop()
+        if shuttingDown {
+            record.deliver(.interrupted(.hostShutdown))
+            return
+        }
+        requests[record.id] = record
+        if let deadline = record.deadline {
+            let id = record.id
+            record.deadlineTimer = loop.schedule(afterNanoseconds: nanoseconds(deadline)) { [unowned self] in
+                self.deadlinePassed(id)
+            }
+        }
+        dispatch(record)
+    }
+
+    /// Sends `record` to a worker with room, spawning one if allowed, or queues it.
+    func dispatch(_ record: RequestRecord) {
+        guard let manifest = manifests[record.extensionID] else {
+            finish(record.id, .interrupted(.launchFailed("unknown extension \(record.extensionID)")))
+            return
+        }
+        let pool = workers[record.extensionID] ?? []
+        if let worker = pool.first(where: { $0.acceptsRequests }) {
+            send(record, to: worker)
+        } else if pool.filter({ $0.state != .retiring }).count < manifest.policy.maxWorkers {
+            do {
+                let worker = try spawnWorker(manifest)
+                send(record, to: worker)
+            } catch {
+                log(.error, "\(record.extensionID): cannot launch worker: \(error)")
+                finish(record.id, .interrupted(.launchFailed(error.description)))
+            }
+        } else {
+            waiting[record.extensionID, default: []].append(record)
+        }
+    }
+
+    func send(_ record: RequestRecord, to worker: WorkerProcess) {
+        record.worker = worker
+        worker.inFlight.insert(record.id)
+        if let timer = worker.idleTimer {
+            loop.cancelTimer(timer)
+            worker.idleTimer = nil
+        }
+        pids.withLock { $0[record.id] = worker.pid }
+        record.onWorkerAssigned?(worker.pid)
+        let items = record.items
+        record.items = []  // the worker has them now; the host keeps no copy
+        send(.begin(id: record.id, items: items), to: worker)
+    }
+
+    /// Ends a request: removes it, then delivers. Returns false if it had already ended.
+    @discardableResult
+    func finish(_ id: RequestID, _ outcome: RequestOutcome) -> Bool {
+        guard let record = requests.removeValue(forKey: id) else { return false }
+        if let timer = record.deadlineTimer { loop.cancelTimer(timer) }
+        pids.withLock { _ = $0.removeValue(forKey: id) }
+        record.worker = nil
+        record.onWorkerAssigned = nil
+        switch outcome {
+        case .completed: statistics.completions += 1
+        case .cancelled: statistics.cancellations += 1
+        case .interrupted: statistics.interruptions += 1
+        }
+        record.deliver(outcome)
+        return true
+    }
+
+    func cancel(_ id: RequestID) {
+        loop.preconditionInLoop()
+        guard let record = requests[id] else {
+            log(.debug, "cancel for \(id), which has already ended; ignored")
+            return
+        }
+        let worker = record.worker
+        finish(id, .cancelled(.cancelledByHost))
+        guard let worker, worker.inFlight.contains(id), worker.state != .dead else { return }
+        send(.cancel(id: id), to: worker)
+        // The worker keeps the slot until it acknowledges; one that ignores the cancel is killed.
+        loop.schedule(afterNanoseconds: nanoseconds(configuration.cancelGracePeriod)) { [unowned self] in
+            if worker.inFlight.contains(id), worker.state != .dead {
+                self.log(.warning, "\(worker.extensionID) pid \(worker.pid) ignored cancel of \(id); killing it")
+                self.kill(worker, .hang)
+            }
+        }
+    }
+
+    func deadlinePassed(_ id: RequestID) {
+        guard let record = requests[id] else { return }
+        record.deadlineTimer = nil
+        let worker = record.worker
+        log(.warning, "\(record.extensionID): request \(id) passed its deadline of \(record.deadline ?? 0) s")
+        finish(id, .interrupted(.hang))
+        if let worker, worker.state != .dead { kill(worker, .hang) }
+    }
+
+    /// Hands queued requests to workers that have room.
+    func drainWaiting(_ extensionID: String) {
+        guard var queue = waiting[extensionID], !queue.isEmpty else { return }
+        waiting[extensionID] = nil
+        while !queue.isEmpty {
+            let record = queue.removeFirst()
+            guard requests[record.id] != nil else { continue }  // cancelled or timed out while waiting
+            dispatch(record)
+            if let parked = waiting[extensionID], parked.last === record {
+                // No room yet: keep the rest in order behind it.
+                waiting[extensionID] = parked + queue
+                return
+            }
+        }
+    }
+
+    // MARK: Shutdown
+
+    func shutdown(completion: (@Sendable () -> Void)?) {
+        loop.preconditionInLoop()
+        if let completion { shutdownCompletions.append(completion) }
+        if shuttingDown { return }
+        shuttingDown = true
+        for id in Array(requests.keys) { finish(id, .interrupted(.hostShutdown)) }
+        waiting.removeAll()
+        for worker in workers.values.joined() {
+            worker.state = .retiring
+            unregisterSocket(worker)
+            worker.kill(reason: .hostShutdown)
+        }
+        stopIfIdle()
+    }
+
+    /// Once shutting down and every worker is reaped, stops the loop.
+    func stopIfIdle() {
+        guard shuttingDown, workers.values.allSatisfy(\.isEmpty) else { return }
+        if let timer = heartbeatTimer { loop.cancelTimer(timer) }
+        let completions = shutdownCompletions
+        shutdownCompletions = []
+        loop.stop { for completion in completions { completion() } }
+    }
+}
+
+func nanoseconds(_ seconds: Double) -> UInt64 { UInt64(max(0, seconds) * 1e9) }

@@ -1,0 +1,142 @@
+// SDKHost: the app-facing client library (shared/DESIGN.md "Host API"): Host, Extension, and the values
+// their callbacks carry. This file holds those values: why a request was interrupted, the errors `perform`
+// throws, host errors, crash reports and log levels.
+@_exported import SDKWire
+
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// Why a request was interrupted: its worker died or misbehaved, or the host went away.
+public enum InterruptionReason: Sendable, Equatable, CustomStringConvertible {
+    /// The worker was killed by this signal (it crashed, or something outside sdk-host killed it).
+    case signal(Int32)
+    /// The worker exited with this status while the request was in flight.
+    case exited(Int32)
+    /// The request passed its deadline, the worker stopped answering heartbeats, or it ignored a cancel.
+    case hang
+    /// The worker broke the protocol (garbage, an oversized frame, a reply to an unknown request); `detail` says how.
+    case protocolViolation(String)
+    /// The connection to the daemon was lost.
+    case disconnected
+    /// The worker could not be started; `detail` names the executable and the error.
+    case launchFailed(String)
+    /// The host shut down with the request in flight.
+    case hostShutdown
+
+    public var description: String {
+        switch self {
+        case .signal(let s): "signal \(s) (\(signalDisplayName(s)))"
+        case .exited(let code): "exit \(code)"
+        case .hang: "hang"
+        case .protocolViolation(let detail): "protocol: \(detail)"
+        case .disconnected: "disconnected"
+        case .launchFailed(let detail): "launch failed: \(detail)"
+        case .hostShutdown: "host shut down"
+        }
+    }
+}
+
+func signalDisplayName(_ s: Int32) -> String {
+    switch s {
+    case SIGSEGV: "SIGSEGV"
+    case SIGABRT: "SIGABRT"
+    case SIGILL: "SIGILL"
+    case SIGTRAP: "SIGTRAP"
+    case SIGKILL: "SIGKILL"
+    case SIGBUS: "SIGBUS"
+    case SIGFPE: "SIGFPE"
+    case SIGTERM: "SIGTERM"
+    default: "SIG\(s)"
+    }
+}
+
+/// How a request ended. Exactly one per request.
+public enum RequestOutcome: Sendable, Equatable {
+    /// The extension completed it.
+    case completed([ExtensionItem])
+    /// The host or the extension cancelled it.
+    case cancelled(ExtensionError)
+    /// It was interrupted.
+    case interrupted(InterruptionReason)
+}
+
+/// What `Extension.perform` throws when a request does not complete. Task cancellation throws
+/// `CancellationError` instead.
+public enum RequestFailure: Error, Sendable, Equatable, CustomStringConvertible {
+    /// The extension (or a host-side `cancelRequest`) cancelled the request.
+    case cancelled(ExtensionError)
+    /// The request was interrupted.
+    case interrupted(InterruptionReason)
+
+    public var description: String {
+        switch self {
+        case .cancelled(let e): "cancelled: \(e)"
+        case .interrupted(let r): "interrupted: \(r)"
+        }
+    }
+}
+
+/// A host-level error: an unknown extension, a bad manifest or configuration, a host that cannot start.
+public struct HostError: Error, Hashable, Sendable, CustomStringConvertible {
+    /// What kind of failure.
+    public struct Code: Hashable, Sendable, CustomStringConvertible {
+        private enum Raw: String, Hashable, Sendable {
+            case unknownExtension, invalidManifest, executableNotFound, invalidConfiguration, system
+        }
+        private let raw: Raw
+        private init(_ raw: Raw) { self.raw = raw }
+        /// No extension has this identifier.
+        public static let unknownExtension = Code(.unknownExtension)
+        /// A manifest (Info.plist) is missing keys, has ill-typed or unknown keys, or is not a plist.
+        public static let invalidManifest = Code(.invalidManifest)
+        /// The manifest names an executable that is not in any executable search path.
+        public static let executableNotFound = Code(.executableNotFound)
+        /// The host configuration is invalid.
+        public static let invalidConfiguration = Code(.invalidConfiguration)
+        /// A system call failed (creating the event loop, say).
+        public static let system = Code(.system)
+        public var description: String { raw.rawValue }
+    }
+
+    /// What kind of failure.
+    public let code: Code
+    /// What failed and where: the identifier, file and key.
+    public let detail: String
+
+    /// Creates an error.
+    public init(_ code: Code, _ detail: String) {
+        self.code = code
+        self.detail = detail
+    }
+
+    public var description: String { detail }
+}
+
+/// What the host recorded about a worker that died other than by being retired.
+public struct CrashReport: Sendable, Equatable {
+    /// The extension's identifier.
+    public var extensionIdentifier: String
+    /// The worker's pid.
+    public var pid: Int32
+    /// How it ended, or why the host killed it.
+    public var reason: InterruptionReason
+    /// Seconds since the Unix epoch.
+    public var time: Double
+    /// Requests that were in flight on it.
+    public var inFlightRequests: [RequestID]
+    /// The last bytes (up to 64 KiB) the worker wrote to stderr.
+    public var stderrTail: String
+}
+
+/// Log severity, lowest first.
+public enum LogLevel: Int, Sendable, Comparable, CaseIterable, CustomStringConvertible {
+    case debug, info, warning, error
+    public static func < (a: LogLevel, b: LogLevel) -> Bool { a.rawValue < b.rawValue }
+    public var description: String { ["debug", "info", "warning", "error"][rawValue] }
+    /// Parses "debug", "info", "warning" or "error".
+    public init?(name: String) {
+        guard let level = LogLevel.allCases.first(where: { $0.description == name }) else { return nil }
+        self = level
+    }
+}

@@ -1,0 +1,90 @@
+// Thin wrappers over the raw libc calls the rest of the package uses. Each reads errno at once, retries EINTR
+// where that is safe, and returns a typed error. EBADF and EFAULT are programming errors and trap.
+
+#if canImport(Glibc)
+import Glibc
+#endif
+import CSDKShim
+
+@inline(__always)
+func checkBadDescriptor(_ e: Int32, _ operation: String) {
+    if e == EBADF || e == EFAULT { fatalError("\(operation): \(String(cString: strerror(e))) — a descriptor bug") }
+}
+
+/// Runs `body` until it does not fail with EINTR; throws a `SystemError` for any other failure.
+@inline(__always)
+@discardableResult
+func retryingEINTR<T: BinaryInteger>(_ operation: String, detail: @autoclosure () -> String = "", _ body: () -> T)
+    throws(SystemError) -> T
+{
+    while true {
+        let r = body()
+        if r != -1 { return r }
+        let e = errno
+        if e == EINTR { continue }
+        checkBadDescriptor(e, operation)
+        throw SystemError(operation, errno: e, detail: detail())
+    }
+}
+
+/// Monotonic time in nanoseconds.
+@inline(__always)
+public func monotonicNanoseconds() -> UInt64 {
+    var ts = timespec()
+    clock_gettime(CLOCK_MONOTONIC, &ts)
+    return UInt64(ts.tv_sec) * 1_000_000_000 + UInt64(ts.tv_nsec)
+}
+
+/// Puts a descriptor in non-blocking mode (a status flag of the open file, not a descriptor flag).
+public func setNonBlocking(_ fd: Int32) throws(SystemError) {
+    let flags = try retryingEINTR("fcntl(F_GETFL)") { fcntl(fd, F_GETFL) }
+    try retryingEINTR("fcntl(F_SETFL)") { fcntl(fd, F_SETFL, flags | O_NONBLOCK) }
+}
+
+/// Outcome of a non-blocking read or write.
+public enum IOResult: Equatable, Sendable {
+    /// This many bytes were transferred (never 0 for a read; see `.endOfFile`).
+    case bytes(Int)
+    /// The call would block.
+    case wouldBlock
+    /// The peer closed (read only).
+    case endOfFile
+}
+
+/// read(2) on a non-blocking descriptor.
+public func readNonBlocking(_ fd: Int32, into buffer: UnsafeMutableRawBufferPointer) throws(SystemError) -> IOResult {
+    while true {
+        let n = read(fd, buffer.baseAddress, buffer.count)
+        if n > 0 { return .bytes(n) }
+        if n == 0 { return .endOfFile }
+        let e = errno
+        if e == EINTR { continue }
+        if e == EAGAIN || e == EWOULDBLOCK { return .wouldBlock }
+        checkBadDescriptor(e, "read")
+        throw SystemError("read", errno: e, detail: "fd \(fd)")
+    }
+}
+
+/// send(2) with MSG_NOSIGNAL on a non-blocking socket (a closed peer is an error, never SIGPIPE).
+public func sendNonBlocking(_ fd: Int32, _ buffer: UnsafeRawBufferPointer) throws(SystemError) -> IOResult {
+    while true {
+        let n = send(fd, buffer.baseAddress, buffer.count, Int32(MSG_NOSIGNAL))
+        if n >= 0 { return .bytes(n) }
+        let e = errno
+        if e == EINTR { continue }
+        if e == EAGAIN || e == EWOULDBLOCK { return .wouldBlock }
+        checkBadDescriptor(e, "send")
+        throw SystemError("send", errno: e, detail: "fd \(fd)")
+    }
+}
+
+/// Writes all of `buffer` to a blocking descriptor with MSG_NOSIGNAL.
+public func sendAll(_ fd: Int32, _ buffer: UnsafeRawBufferPointer) throws(SystemError) {
+    var offset = 0
+    while offset < buffer.count {
+        let n = try retryingEINTR("send", detail: "fd \(fd)") {
+            send(fd, buffer.baseAddress! + offset, buffer.count - offset, Int32(MSG_NOSIGNAL))
+        }
+        offset += n
+    }
+}

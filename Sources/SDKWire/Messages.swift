@@ -1,0 +1,268 @@
+// The protocol spoken between host and worker (and later client and daemon): every frame's payload is a
+// dictionary with a `type` key. This file is the reference for how each message is encoded.
+//
+//   host -> worker   hello     {type, version, identifier, hostPid, idleTimeoutMs}
+//   worker -> host   welcome   {type, version, identifier, pid}
+//   host -> worker   begin     {type, id, items: [item]}
+//   worker -> host   complete  {type, id, items: [item]}
+//   host -> worker   cancel    {type, id}
+//   worker -> host   cancelled {type, id, error: {domain, code, message}}
+//   either way       ping      {type, seq}   and   pong {type, seq}
+//   either way       error     {type, message, id?}
+//
+//   item  = {title?: string, attachments: [value], userInfo: {string: value}}
+//   id    = UUID string, 8-4-4-4-12 upper-case hex
+//
+// A message with an unknown `type` decodes as `.unknown` so that later versions can add types; the receiver
+// logs and ignores it. A payload that is not a dictionary, lacks `type`, or has a known type with missing or
+// ill-typed fields is a protocol error.
+
+/// The protocol version sent in `hello` and `welcome`.
+public let protocolVersion: Int64 = 1
+
+/// Identifies one request. Random 128 bits, written as a UUID string on the wire.
+public struct RequestID: Hashable, Sendable, CustomStringConvertible {
+    /// The high and low 64 bits.
+    public let high: UInt64, low: UInt64
+
+    /// A new random (version 4) identifier.
+    public init() {
+        var g = SystemRandomNumberGenerator()
+        self.init(high: g.next(), low: g.next())
+    }
+
+    init(high: UInt64, low: UInt64) {
+        // Version 4, RFC 4122 variant.
+        self.high = (high & ~0xF000) | 0x4000
+        self.low = (low & ~(UInt64(0xC) << 60)) | (UInt64(0x8) << 60)
+    }
+
+    /// Parses the 36-character UUID form; nil for anything else.
+    public init?(uuidString s: String) {
+        var s = s
+        let parsed: (UInt64, UInt64)? = s.withUTF8 { u in
+            guard u.count == 36 else { return nil }
+            var high: UInt64 = 0, low: UInt64 = 0, digits = 0
+            for (i, c) in u.enumerated() {
+                if i == 8 || i == 13 || i == 18 || i == 23 {
+                    if c != UInt8(ascii: "-") { return nil }
+                    continue
+                }
+                let v: UInt8
+                switch c {
+                case UInt8(ascii: "0")...UInt8(ascii: "9"): v = c - UInt8(ascii: "0")
+                case UInt8(ascii: "a")...UInt8(ascii: "f"): v = c - UInt8(ascii: "a") + 10
+                case UInt8(ascii: "A")...UInt8(ascii: "F"): v = c - UInt8(ascii: "A") + 10
+                default: return nil
+                }
+                if digits < 16 { high = high << 4 | UInt64(v) } else { low = low << 4 | UInt64(v) }
+                digits += 1
+            }
+            return (high, low)
+        }
+        guard let (high, low) = parsed else { return nil }
+        self.high = high
+        self.low = low
+    }
+
+    /// The UUID string, e.g. "6F9619FF-8B86-4011-B42D-00C04FC964FF".
+    public var uuidString: String {
+        let hex: [UInt8] = Array("0123456789ABCDEF".utf8)
+        return String(unsafeUninitializedCapacity: 36) { buffer in
+            var j = 0
+            for i in 0..<32 {
+                if i == 8 || i == 12 || i == 16 || i == 20 {
+                    buffer[j] = UInt8(ascii: "-")
+                    j += 1
+                }
+                let word = i < 16 ? high : low
+                let nibble = (word >> UInt64(60 - (i % 16) * 4)) & 0xF
+                buffer[j] = hex[Int(nibble)]
+                j += 1
+            }
+            return 36
+        }
+    }
+
+    public var description: String { uuidString }
+}
+
+/// One unit of input or output, modelled on NSExtensionItem.
+public struct ExtensionItem: Equatable, Sendable {
+    /// A short title.
+    public var title: String?
+    /// The payloads.
+    public var attachments: [PlistValue]
+    /// Anything else the two sides agree on.
+    public var userInfo: [String: PlistValue]
+
+    /// Creates an item.
+    public init(title: String? = nil, attachments: [PlistValue] = [], userInfo: [String: PlistValue] = [:]) {
+        self.title = title
+        self.attachments = attachments
+        self.userInfo = userInfo
+    }
+
+    /// The wire form.
+    public var plist: PlistValue {
+        var d: [String: PlistValue] = ["attachments": .array(attachments), "userInfo": .dictionary(userInfo)]
+        if let title { d["title"] = .string(title) }
+        return .dictionary(d)
+    }
+
+    /// Parses the wire form; missing `attachments`/`userInfo` mean empty.
+    public init(plist: PlistValue) throws(MessageError) {
+        guard case .dictionary(let d) = plist else { throw MessageError("item is a \(plist.kindName), not a dictionary") }
+        switch d["title"] {
+        case nil: title = nil
+        case .string(let s)?: title = s
+        case let other?: throw MessageError("item title is a \(other.kindName), not a string")
+        }
+        switch d["attachments"] {
+        case nil: attachments = []
+        case .array(let a)?: attachments = a
+        case let other?: throw MessageError("item attachments is a \(other.kindName), not an array")
+        }
+        switch d["userInfo"] {
+        case nil: userInfo = [:]
+        case .dictionary(let u)?: userInfo = u
+        case let other?: throw MessageError("item userInfo is a \(other.kindName), not a dictionary")
+        }
+    }
+}
+
+/// An error an extension reports when it cancels a request, or the host's own reason for a cancellation.
+public struct ExtensionError: Error, Hashable, Sendable, CustomStringConvertible {
+    /// Who defined the code, e.g. "com.example.crasher" or "SDKHost".
+    public var domain: String
+    /// A code within the domain.
+    public var code: Int64
+    /// A human-readable explanation.
+    public var message: String
+
+    /// Creates an error.
+    public init(domain: String, code: Int64, message: String) {
+        self.domain = domain
+        self.code = code
+        self.message = message
+    }
+
+    /// The error the host reports when it cancelled a request itself (API call or Task cancellation).
+    public static let cancelledByHost = ExtensionError(domain: "SDKHost", code: 1, message: "cancelled by the host")
+
+    public var description: String { "\(domain) \(code): \(message)" }
+
+    var plist: PlistValue { ["domain": .string(domain), "code": .integer(code), "message": .string(message)] }
+
+    init(plist: PlistValue) throws(MessageError) {
+        guard case .dictionary(let d) = plist, let domain = d["domain"]?.stringValue,
+            let code = d["code"]?.integerValue, let message = d["message"]?.stringValue
+        else { throw MessageError("error must be {domain: string, code: integer, message: string}") }
+        self.init(domain: domain, code: code, message: message)
+    }
+}
+
+/// A payload that decoded as a property list but is not a valid message.
+public struct MessageError: Error, Hashable, Sendable, CustomStringConvertible {
+    /// What is wrong with it.
+    public let detail: String
+    /// Creates an error.
+    public init(_ detail: String) { self.detail = detail }
+    public var description: String { detail }
+}
+
+/// A protocol message. See the file header for the encoding of each.
+public enum Message: Sendable, Equatable {
+    case hello(version: Int64, identifier: String, hostPid: Int32, idleTimeoutMs: Int64)
+    case welcome(version: Int64, identifier: String, pid: Int32)
+    case begin(id: RequestID, items: [ExtensionItem])
+    case complete(id: RequestID, items: [ExtensionItem])
+    case cancel(id: RequestID)
+    case cancelled(id: RequestID, error: ExtensionError)
+    case ping(seq: Int64)
+    case pong(seq: Int64)
+    case error(message: String, id: RequestID?)
+    /// A type this version does not know; ignored by receivers.
+    case unknown(type: String)
+
+    /// The wire form.
+    public var plist: PlistValue {
+        switch self {
+        case let .hello(version, identifier, hostPid, idle):
+            return ["type": "hello", "version": .integer(version), "identifier": .string(identifier),
+                    "hostPid": .integer(Int64(hostPid)), "idleTimeoutMs": .integer(idle)]
+        case let .welcome(version, identifier, pid):
+            return ["type": "welcome", "version": .integer(version), "identifier": .string(identifier),
+                    "pid": .integer(Int64(pid))]
+        case let .begin(id, items):
+            return ["type": "begin", "id": .string(id.uuidString), "items": .array(items.map(\.plist))]
+        case let .complete(id, items):
+            return ["type": "complete", "id": .string(id.uuidString), "items": .array(items.map(\.plist))]
+        case let .cancel(id):
+            return ["type": "cancel", "id": .string(id.uuidString)]
+        case let .cancelled(id, error):
+            return ["type": "cancelled", "id": .string(id.uuidString), "error": error.plist]
+        case let .ping(seq):
+            return ["type": "ping", "seq": .integer(seq)]
+        case let .pong(seq):
+            return ["type": "pong", "seq": .integer(seq)]
+        case let .error(message, id):
+            var d: [String: PlistValue] = ["type": "error", "message": .string(message)]
+            if let id { d["id"] = .string(id.uuidString) }
+            return .dictionary(d)
+        case let .unknown(type):
+            return ["type": .string(type)]
+        }
+    }
+
+    /// Parses a decoded payload.
+    ///
+    /// - Throws: `MessageError` naming the message type and the field that is missing or ill-typed.
+    public init(plist: PlistValue) throws(MessageError) {
+        guard case .dictionary(let d) = plist else {
+            throw MessageError("message is a \(plist.kindName), not a dictionary")
+        }
+        guard let type = d["type"]?.stringValue else { throw MessageError("message has no string 'type'") }
+        func string(_ key: String) throws(MessageError) -> String {
+            guard let v = d[key]?.stringValue else { throw MessageError("'\(type)' needs a string '\(key)'") }
+            return v
+        }
+        func integer(_ key: String) throws(MessageError) -> Int64 {
+            guard let v = d[key]?.integerValue else { throw MessageError("'\(type)' needs an integer '\(key)'") }
+            return v
+        }
+        func id() throws(MessageError) -> RequestID {
+            let raw = try string("id")
+            guard let id = RequestID(uuidString: raw) else { throw MessageError("'\(type)' id '\(raw)' is not a UUID") }
+            return id
+        }
+        func items() throws(MessageError) -> [ExtensionItem] {
+            guard case .array(let raw)? = d["items"] else { throw MessageError("'\(type)' needs an array 'items'") }
+            var out: [ExtensionItem] = []
+            out.reserveCapacity(raw.count)
+            for item in raw { out.append(try ExtensionItem(plist: item)) }
+            return out
+        }
+        switch type {
+        case "hello":
+            let pid = try integer("hostPid")
+            self = .hello(version: try integer("version"), identifier: try string("identifier"),
+                          hostPid: Int32(truncatingIfNeeded: pid), idleTimeoutMs: try integer("idleTimeoutMs"))
+        case "welcome":
+            let pid = try integer("pid")
+            guard let pid32 = Int32(exactly: pid) else { throw MessageError("'welcome' pid \(pid) is out of range") }
+            self = .welcome(version: try integer("version"), identifier: try string("identifier"), pid: pid32)
+        case "begin": self = .begin(id: try id(), items: try items())
+        case "complete": self = .complete(id: try id(), items: try items())
+        case "cancel": self = .cancel(id: try id())
+        case "cancelled":
+            guard let e = d["error"] else { throw MessageError("'cancelled' needs an 'error'") }
+            self = .cancelled(id: try id(), error: try ExtensionError(plist: e))
+        case "ping": self = .ping(seq: try integer("seq"))
+        case "pong": self = .pong(seq: try integer("seq"))
+        case "error":
+            self = .error(message: try string("message"), id: d["id"] == nil ? nil : try id())
+        default: self = .unknown(type: type)
+        }
+    }
+}

@@ -1,0 +1,295 @@
+// A strict reader for XML property lists (Apple's plist DTD), for manifests and configuration files: small
+// files, read once, so clarity beats speed. Stdlib only, so the host engine and daemon need no Foundation.
+// Errors carry the line number. Accepts what plistlib and Foundation write: a prolog, a DOCTYPE, comments,
+// <plist> around one value, the empty-element forms, base64 <data> and ISO 8601 UTC <date>.
+
+/// A malformed XML property list; `line` is 1-based.
+public struct XMLPlistError: Error, Hashable, Sendable, CustomStringConvertible {
+    /// The line where the problem was found.
+    public let line: Int
+    /// What is wrong.
+    public let detail: String
+    public var description: String { "line \(line): \(detail)" }
+}
+
+/// Parses XML property lists into `PlistValue`s.
+public enum XMLPropertyList {
+    /// Parses a complete XML property list.
+    ///
+    /// - Throws: `XMLPlistError` naming the line and the problem.
+    public static func parse(_ text: String) throws(XMLPlistError) -> PlistValue {
+        var parser = XMLParser(Array(text.utf8))
+        return try parser.document()
+    }
+
+    /// Parses a complete XML property list from bytes (UTF-8).
+    public static func parse(_ bytes: [UInt8]) throws(XMLPlistError) -> PlistValue {
+        var parser = XMLParser(bytes)
+        return try parser.document()
+    }
+}
+
+private struct XMLParser {
+    let s: [UInt8]
+    var i = 0
+    var depth = 0
+
+    init(_ s: [UInt8]) { self.s = s }
+
+    var line: Int { 1 + s[0..<min(i, s.count)].reduce(0) { $0 + ($1 == 10 ? 1 : 0) } }
+
+    func fail(_ detail: String) -> XMLPlistError { XMLPlistError(line: line, detail: detail) }
+
+    mutating func document() throws(XMLPlistError) -> PlistValue {
+        if s.starts(with: [0xEF, 0xBB, 0xBF]) { i = 3 }  // UTF-8 byte order mark
+        try skipMisc()
+        var wrapped = false
+        if peek("<plist") {
+            _ = try tag()
+            wrapped = true
+            try skipMisc()
+        }
+        let value = try self.value()
+        try skipMisc()
+        if wrapped {
+            guard try tag() == (name: "plist", closing: true, empty: false) else { throw fail("expected </plist>") }
+            try skipMisc()
+        }
+        guard i == s.count else { throw fail("unexpected content after the top-level value") }
+        return value
+    }
+
+    func peek(_ text: String) -> Bool {
+        let t = Array(text.utf8)
+        return s.count - i >= t.count && Array(s[i..<i + t.count]) == t
+    }
+
+    /// Skips whitespace, <?...?>, <!DOCTYPE ...> and comments.
+    mutating func skipMisc() throws(XMLPlistError) {
+        while i < s.count {
+            if s[i] == 32 || s[i] == 9 || s[i] == 10 || s[i] == 13 {
+                i += 1
+            } else if peek("<?") {
+                try skip(past: "?>")
+            } else if peek("<!--") {
+                try skip(past: "-->")
+            } else if peek("<!") {
+                try skip(past: ">")
+            } else {
+                return
+            }
+        }
+    }
+
+    mutating func skip(past terminator: String) throws(XMLPlistError) {
+        let t = Array(terminator.utf8)
+        while i < s.count {
+            if s.count - i >= t.count && Array(s[i..<i + t.count]) == t {
+                i += t.count
+                return
+            }
+            i += 1
+        }
+        throw fail("unterminated markup, expected '\(terminator)'")
+    }
+
+    /// Reads one tag: its name, whether it is a closing tag, whether it is empty (`<x/>`). Attributes are skipped.
+    mutating func tag() throws(XMLPlistError) -> (name: String, closing: Bool, empty: Bool) {
+        guard i < s.count, s[i] == UInt8(ascii: "<") else { throw fail("expected a tag") }
+        i += 1
+        var closing = false
+        if i < s.count, s[i] == UInt8(ascii: "/") {
+            closing = true
+            i += 1
+        }
+        let start = i
+        while i < s.count, s[i] != UInt8(ascii: ">"), s[i] != UInt8(ascii: "/"), s[i] != 32, s[i] != 9, s[i] != 10 {
+            i += 1
+        }
+        let name = String(decoding: s[start..<i], as: UTF8.self)
+        var empty = false
+        while i < s.count, s[i] != UInt8(ascii: ">") {
+            if s[i] == UInt8(ascii: "/") { empty = true }
+            i += 1
+        }
+        guard i < s.count else { throw fail("unterminated tag <\(name)") }
+        i += 1
+        return (name, closing, empty)
+    }
+
+    /// Reads character data up to the next '<', decoding entities.
+    mutating func text() throws(XMLPlistError) -> String {
+        var out: [UInt8] = []
+        while i < s.count, s[i] != UInt8(ascii: "<") {
+            if s[i] == UInt8(ascii: "&") {
+                guard let semi = s[i...].firstIndex(of: UInt8(ascii: ";")), semi - i <= 10 else {
+                    throw fail("unterminated entity")
+                }
+                let entity = String(decoding: s[(i + 1)..<semi], as: UTF8.self)
+                switch entity {
+                case "amp": out.append(UInt8(ascii: "&"))
+                case "lt": out.append(UInt8(ascii: "<"))
+                case "gt": out.append(UInt8(ascii: ">"))
+                case "quot": out.append(UInt8(ascii: "\""))
+                case "apos": out.append(UInt8(ascii: "'"))
+                default:
+                    let scalar: UInt32?
+                    if entity.hasPrefix("#x") {
+                        scalar = UInt32(entity.dropFirst(2), radix: 16)
+                    } else if entity.hasPrefix("#") {
+                        scalar = UInt32(entity.dropFirst(1))
+                    } else {
+                        scalar = nil
+                    }
+                    guard let scalar, let u = Unicode.Scalar(scalar) else { throw fail("unknown entity &\(entity);") }
+                    out.append(contentsOf: Array(String(Character(u)).utf8))
+                }
+                i = semi + 1
+            } else {
+                out.append(s[i])
+                i += 1
+            }
+        }
+        return String(decoding: out, as: UTF8.self)
+    }
+
+    /// Reads the text of a simple element whose opening tag was just read, and its closing tag.
+    mutating func content(of name: String, empty: Bool) throws(XMLPlistError) -> String {
+        if empty { return "" }
+        let t = try text()
+        let close = try tag()
+        guard close.closing, close.name == name else { throw fail("expected </\(name)>, found <\(close.name)>") }
+        return t
+    }
+
+    mutating func value() throws(XMLPlistError) -> PlistValue {
+        try skipMisc()
+        let open = try tag()
+        guard !open.closing else { throw fail("unexpected </\(open.name)>") }
+        switch open.name {
+        case "string":
+            return .string(try content(of: "string", empty: open.empty))
+        case "integer":
+            let t = try content(of: "integer", empty: open.empty).trimmingWhitespace
+            guard let v = Int64(t.hasPrefix("+") ? String(t.dropFirst()) : t) else {
+                throw fail("'\(t)' is not a 64-bit integer")
+            }
+            return .integer(v)
+        case "real":
+            let t = try content(of: "real", empty: open.empty).trimmingWhitespace
+            guard let v = Double(t) else { throw fail("'\(t)' is not a real number") }
+            return .real(v)
+        case "true", "false":
+            _ = try content(of: open.name, empty: open.empty)
+            return .bool(open.name == "true")
+        case "data":
+            let t = try content(of: "data", empty: open.empty)
+            guard let bytes = Base64.decode(t) else { throw fail("<data> is not valid base64") }
+            return .data(bytes)
+        case "date":
+            let t = try content(of: "date", empty: open.empty).trimmingWhitespace
+            guard let d = ISO8601.parse(t) else { throw fail("'\(t)' is not a date of the form 2001-01-01T00:00:00Z") }
+            return .date(d)
+        case "array":
+            if open.empty { return .array([]) }
+            depth += 1
+            defer { depth -= 1 }
+            guard depth <= 512 else { throw fail("nesting deeper than 512") }
+            var elements: [PlistValue] = []
+            while true {
+                try skipMisc()
+                if peek("</") {
+                    let close = try tag()
+                    guard close.name == "array" else { throw fail("expected </array>, found </\(close.name)>") }
+                    return .array(elements)
+                }
+                elements.append(try value())
+            }
+        case "dict":
+            if open.empty { return .dictionary([:]) }
+            depth += 1
+            defer { depth -= 1 }
+            guard depth <= 512 else { throw fail("nesting deeper than 512") }
+            var entries: [String: PlistValue] = [:]
+            while true {
+                try skipMisc()
+                if peek("</") {
+                    let close = try tag()
+                    guard close.name == "dict" else { throw fail("expected </dict>, found </\(close.name)>") }
+                    return .dictionary(entries)
+                }
+                let keyTag = try tag()
+                guard keyTag.name == "key", !keyTag.closing else { throw fail("expected <key> in <dict>, found <\(keyTag.name)>") }
+                let key = try content(of: "key", empty: keyTag.empty)
+                guard entries[key] == nil else { throw fail("duplicate key '\(key)'") }
+                entries[key] = try value()
+            }
+        default:
+            throw fail("unknown element <\(open.name)>")
+        }
+    }
+}
+
+extension String {
+    var trimmingWhitespace: String {
+        let scalars = unicodeScalars.drop { $0.properties.isWhitespace }.reversed().drop { $0.properties.isWhitespace }
+        return String(String.UnicodeScalarView(scalars.reversed()))
+    }
+}
+
+enum Base64 {
+    static func decode(_ text: String) -> [UInt8]? {
+        var out: [UInt8] = []
+        var accumulator: UInt32 = 0
+        var bits = 0
+        for c in text.utf8 {
+            let v: UInt32
+            switch c {
+            case UInt8(ascii: "A")...UInt8(ascii: "Z"): v = UInt32(c - UInt8(ascii: "A"))
+            case UInt8(ascii: "a")...UInt8(ascii: "z"): v = UInt32(c - UInt8(ascii: "a") + 26)
+            case UInt8(ascii: "0")...UInt8(ascii: "9"): v = UInt32(c - UInt8(ascii: "0") + 52)
+            case UInt8(ascii: "+"): v = 62
+            case UInt8(ascii: "/"): v = 63
+            case UInt8(ascii: "="), 32, 9, 10, 13: continue
+            default: return nil
+            }
+            accumulator = accumulator << 6 | v
+            bits += 6
+            if bits >= 8 {
+                bits -= 8
+                out.append(UInt8(truncatingIfNeeded: accumulator >> UInt32(bits)))
+            }
+        }
+        return out
+    }
+}
+
+enum ISO8601 {
+    /// Parses "YYYY-MM-DDTHH:MM:SSZ" (UTC, as plist writers emit it).
+    static func parse(_ t: String) -> PlistDate? {
+        let u = Array(t.utf8)
+        guard u.count == 20, u[4] == UInt8(ascii: "-"), u[7] == UInt8(ascii: "-"), u[10] == UInt8(ascii: "T"),
+            u[13] == UInt8(ascii: ":"), u[16] == UInt8(ascii: ":"), u[19] == UInt8(ascii: "Z")
+        else { return nil }
+        func number(_ r: Range<Int>) -> Int? {
+            var v = 0
+            for k in r {
+                guard (UInt8(ascii: "0")...UInt8(ascii: "9")).contains(u[k]) else { return nil }
+                v = v * 10 + Int(u[k] - UInt8(ascii: "0"))
+            }
+            return v
+        }
+        guard let y = number(0..<4), let mo = number(5..<7), let d = number(8..<10), let h = number(11..<13),
+            let mi = number(14..<16), let sec = number(17..<19), (1...12).contains(mo), (1...31).contains(d),
+            h < 24, mi < 60, sec < 61
+        else { return nil }
+        // Days from civil (Howard Hinnant's algorithm), relative to 1970-01-01.
+        let yy = mo <= 2 ? y - 1 : y
+        let era = (yy >= 0 ? yy : yy - 399) / 400
+        let yoe = yy - era * 400
+        let doy = (153 * (mo + (mo > 2 ? -3 : 9)) + 2) / 5 + d - 1
+        let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy
+        let days = era * 146_097 + doe - 719_468
+        return PlistDate(secondsSince1970: Double(days * 86_400 + h * 3600 + mi * 60 + sec))
+    }
+}
