@@ -35,6 +35,13 @@ let package = Package(
             dependencies: ["SDKWire", "SDKWireFoundation"],
             exclude: ["Fixtures"]
         ),
+        // Helpers shared by the host and fault tests (hosts, recorders, leak snapshots).
+        .target(name: "HostTestSupport", dependencies: ["SDKHost", "SDKPosix"], path: "Tests/HostTestSupport"),
+        .testTarget(name: "SDKPosixTests", dependencies: ["SDKPosix"]),
+        .testTarget(name: "SDKExtensionTests", dependencies: ["SDKExtension"]),
+        .testTarget(name: "SDKHostTests", dependencies: ["SDKHost", "SDKPosix", "HostTestSupport"]),
+        // Crash and fault injection, in its own target so it can run alone: swift test --filter FaultTests
+        .testTarget(name: "FaultTests", dependencies: ["SDKHost", "HostTestSupport"]),
     ],
     swiftLanguageModes: [.v6]
 )

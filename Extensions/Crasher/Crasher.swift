@@ -7,6 +7,11 @@ import SDKExtension
 
 @main
 struct Crasher: RequestHandler {
+    /// CRASHER_FAULT_AT_START=abort makes the worker die before the handshake (tests of a crash at launch).
+    init() {
+        if let fault = getenv("CRASHER_FAULT_AT_START"), String(cString: fault) == "abort" { abort() }
+    }
+
     func beginRequest(with context: ExtensionContext) {
         let command = context.inputItems.first.flatMap { $0.title ?? $0.attachments.first?.stringValue } ?? "echo"
         switch command {

@@ -6,6 +6,7 @@
 #include <fcntl.h>
 #include <signal.h>
 #include <spawn.h>
+#include <pthread.h>
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
 #include <sys/prctl.h>
@@ -79,3 +80,5 @@ int sdk_pipe_cloexec(int fds[2]) { return pipe2(fds, O_CLOEXEC); }
 const uint32_t SDK_EPOLLIN = EPOLLIN, SDK_EPOLLOUT = EPOLLOUT, SDK_EPOLLRDHUP = EPOLLRDHUP, SDK_EPOLLHUP = EPOLLHUP,
                SDK_EPOLLERR = EPOLLERR;
 const int SDK_EPOLL_CTL_ADD = EPOLL_CTL_ADD, SDK_EPOLL_CTL_MOD = EPOLL_CTL_MOD, SDK_EPOLL_CTL_DEL = EPOLL_CTL_DEL;
+
+int sdk_set_thread_name(const char *name) { return pthread_setname_np(pthread_self(), name); }

@@ -35,22 +35,23 @@ final class RequestRecord {
 }
 
 /// Counters since the host started.
-public struct HostStatistics: Sendable, Equatable {
-    public var completions = 0
-    public var cancellations = 0
-    public var interruptions = 0
-    public var crashes = 0
-    public var hangs = 0
-    public var protocolViolations = 0
-    public var spawns = 0
+package struct HostStatistics: Sendable, Equatable {
+    package var completions = 0
+    package var cancellations = 0
+    package var interruptions = 0
+    package var crashes = 0
+    package var hangs = 0
+    package var protocolViolations = 0
+    package var spawns = 0
+    package init() {}
 }
 
 /// A snapshot of one live worker.
-public struct WorkerSnapshot: Sendable, Equatable {
-    public var extensionIdentifier: String
-    public var pid: Int32
-    public var uptimeSeconds: Double
-    public var inFlight: Int
+package struct WorkerSnapshot: Sendable, Equatable {
+    package var extensionIdentifier: String
+    package var pid: Int32
+    package var uptimeSeconds: Double
+    package var inFlight: Int
 }
 
 /// The engine. `@unchecked Sendable`: all mutable state is confined to `loop`'s thread (entry points hop there

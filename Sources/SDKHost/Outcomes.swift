@@ -114,19 +114,19 @@ public struct HostError: Error, Hashable, Sendable, CustomStringConvertible {
 }
 
 /// What the host recorded about a worker that died other than by being retired.
-public struct CrashReport: Sendable, Equatable {
+package struct CrashReport: Sendable, Equatable {
     /// The extension's identifier.
-    public var extensionIdentifier: String
+    package var extensionIdentifier: String
     /// The worker's pid.
-    public var pid: Int32
+    package var pid: Int32
     /// How it ended, or why the host killed it.
-    public var reason: InterruptionReason
+    package var reason: InterruptionReason
     /// Seconds since the Unix epoch.
-    public var time: Double
+    package var time: Double
     /// Requests that were in flight on it.
-    public var inFlightRequests: [RequestID]
+    package var inFlightRequests: [RequestID]
     /// The last bytes (up to 64 KiB) the worker wrote to stderr.
-    public var stderrTail: String
+    package var stderrTail: String
 }
 
 /// Log severity, lowest first.

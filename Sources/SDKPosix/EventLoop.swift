@@ -140,8 +140,12 @@ public final class EventLoop: @unchecked Sendable {
 
     // MARK: The loop
 
+    /// The name every loop thread carries (visible in /proc/<pid>/task/*/comm), for leak checks and debuggers.
+    public static let threadName = "sdk-host-loop"
+
     private func run() {
         loopThread.store(UInt(pthread_self()), ordering: .releasing)
+        _ = sdk_set_thread_name(Self.threadName)
         var fds = [Int32](repeating: 0, count: 64)
         var events = [UInt32](repeating: 0, count: 64)
         while true {

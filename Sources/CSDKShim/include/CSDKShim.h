@@ -28,6 +28,9 @@ int sdk_eventfd(void);
 /// pipe2(fds, O_CLOEXEC).
 int sdk_pipe_cloexec(int fds[2]);
 
+/// pthread_setname_np(pthread_self(), name): names the calling thread (15 characters at most).
+int sdk_set_thread_name(const char *name);
+
 /// epoll event bits and control operations, which Swift's Glibc module does not export.
 extern const uint32_t SDK_EPOLLIN, SDK_EPOLLOUT, SDK_EPOLLRDHUP, SDK_EPOLLHUP, SDK_EPOLLERR;
 extern const int SDK_EPOLL_CTL_ADD, SDK_EPOLL_CTL_MOD, SDK_EPOLL_CTL_DEL;

@@ -1,0 +1,95 @@
+// Crash injection, one test per Crasher fault: each kills, hangs or corrupts a real worker process and checks
+// the single outcome DESIGN.md's failure model gives it, the crash report, and that the next request is served.
+import HostTestSupport
+import SDKHost
+import Testing
+
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// Every fault test in one serialized suite: the leak checks count process-wide resources.
+@Suite(.serialized) struct FaultTests {}
+
+extension FaultTests {
+    @Suite(.serialized) struct CrasherFaults {
+        struct Case: CustomTestStringConvertible, Sendable {
+            let fault: String
+            let expected: @Sendable (RequestOutcome) -> Bool
+            let crash: Bool
+            var testDescription: String { fault }
+        }
+
+        static let cases: [Case] = [
+            Case(fault: "segv", expected: { $0 == .interrupted(.signal(SIGSEGV)) }, crash: true),
+            Case(fault: "abort", expected: { $0 == .interrupted(.signal(SIGABRT)) }, crash: true),
+            // A Swift runtime trap is SIGILL (ud2) on x86-64 and SIGTRAP (brk) on arm64.
+            Case(fault: "range", expected: { $0 == .interrupted(.signal(SIGILL)) || $0 == .interrupted(.signal(SIGTRAP)) }, crash: true),
+            Case(fault: "exit", expected: { $0 == .interrupted(.exited(7)) }, crash: true),
+            Case(fault: "kill", expected: { $0 == .interrupted(.signal(SIGKILL)) }, crash: true),
+            Case(fault: "garbage", expected: {
+                if case .interrupted(.protocolViolation(let d)) = $0 { return d.contains("badMagic") }
+                return false
+            }, crash: true),
+            Case(fault: "oversize", expected: {
+                if case .interrupted(.protocolViolation(let d)) = $0 { return d.contains("frameTooLarge") }
+                return false
+            }, crash: true),
+            Case(fault: "hang", expected: { $0 == .interrupted(.hang) }, crash: true),
+            Case(fault: "cancel", expected: {
+                if case .cancelled(let e) = $0 { return e.domain == "com.example.crasher" && e.code == 42 }
+                return false
+            }, crash: false),
+            Case(fault: "double", expected: { $0 == .completed([ExtensionItem(title: "first")]) }, crash: false),
+            Case(fault: "slow:100", expected: { $0 == .completed([ExtensionItem(title: "slow:100")]) }, crash: false),
+            Case(fault: "echo", expected: { $0 == .completed([ExtensionItem(title: "echo")]) }, crash: false),
+        ]
+
+        @Test(arguments: cases)
+        func faultHasItsOutcome(_ c: Case) async throws {
+            try await withHost { host, log in
+                let ext = try host.extension(identifier: "com.example.crasher")
+                let recorder = Recorder()
+                recorder.attach(to: ext)
+                let id = ext.beginRequest(withInputItems: [ExtensionItem(title: c.fault)], deadline: 2)
+                let outcome = await recorder.wait(for: id)
+                #expect(outcome.map(c.expected) == true, "\(c.fault): \(String(describing: outcome))")
+
+                // The host is still serving: a new request on the same extension completes.
+                let next = ext.beginRequest(withInputItems: [ExtensionItem(title: "echo")])
+                #expect(await recorder.wait(for: next) == .completed([ExtensionItem(title: "echo")]))
+
+                // Exactly one callback each, even after stragglers had time to arrive.
+                try await Task.sleep(nanoseconds: 200_000_000)
+                #expect(recorder.callbacks(id).count == 1)
+                #expect(recorder.callbacks(next).count == 1)
+
+                let (stats, crashes, _) = await host.inspect()
+                if c.crash {
+                    #expect(crashes.count == 1)
+                    #expect(crashes.first?.inFlightRequests == [id])
+                    #expect(stats.spawns == 2, "the crashed worker is replaced on the next request")
+                } else {
+                    #expect(crashes.isEmpty)
+                    #expect(stats.spawns == 1)
+                }
+                if c.fault == "double" {
+                    #expect(log.contains("second reply for \(id)"), "the duplicate completion is dropped and logged")
+                }
+            }
+        }
+
+        @Test func crashReportCarriesStderrTail() async throws {
+            try await withHost { host, _ in
+                let ext = try host.extension(identifier: "com.example.crasher")
+                let recorder = Recorder()
+                recorder.attach(to: ext)
+                let id = ext.beginRequest(withInputItems: [ExtensionItem(title: "stderr")])
+                #expect(await recorder.wait(for: id) == .interrupted(.signal(SIGABRT)))
+                let (_, crashes, _) = await host.inspect()
+                #expect(crashes.first?.stderrTail.contains("crasher: about to abort on request") == true)
+                #expect(crashes.first?.extensionIdentifier == "com.example.crasher")
+            }
+        }
+    }
+}

@@ -1,0 +1,266 @@
+// Shared by the host and fault tests: hosts wired to the bundled extensions, a recorder of callbacks, temporary
+// extension folders, and resource snapshots for leak checks (descriptors, worker children, loop threads).
+import Dispatch
+import SDKHost
+import SDKPosix
+import Synchronization
+
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// The package root, from this file's path.
+public let packageRoot: String = {
+    var parts = "\(#filePath)".split(separator: "/", omittingEmptySubsequences: false)
+    parts.removeLast(3)  // Tests/HostTestSupport/HostTestSupport.swift
+    return parts.joined(separator: "/")
+}()
+
+/// Collects log lines so tests can assert that something was logged.
+public final class LogCapture: Sendable {
+    private let lines = Mutex<[String]>([])
+    public init() {}
+    public var handler: @Sendable (LogLevel, String) -> Void { { _, line in self.lines.withLock { $0.append(line) } } }
+    public var all: [String] { lines.withLock { $0 } }
+    public func contains(_ text: String) -> Bool { all.contains { $0.contains(text) } }
+}
+
+/// A host over the bundled extensions (plus `extraSearchPaths`), logging into a capture.
+public func makeHost(
+    extraSearchPaths: [String] = [], _ tweak: (inout HostConfiguration) -> Void = { _ in }
+) throws -> (Host, LogCapture) {
+    let log = LogCapture()
+    var configuration = HostConfiguration(extensionSearchPaths: ["\(packageRoot)/Extensions"] + extraSearchPaths)
+    configuration.logLevel = .debug
+    configuration.logHandler = log.handler
+    tweak(&configuration)
+    return (try Host(configuration: configuration), log)
+}
+
+/// Records every terminal callback of the extensions it is attached to.
+public final class Recorder: Sendable {
+    private let outcomes = Mutex<[RequestID: [RequestOutcome]]>([:])
+    public init() {}
+
+    /// Installs all three handlers on `ext`.
+    public func attach(to ext: Extension) {
+        ext.requestCompletionHandler = { id, items in self.record(id, .completed(items)) }
+        ext.requestCancellationHandler = { id, error in self.record(id, .cancelled(error)) }
+        ext.requestInterruptionHandler = { id, reason in self.record(id, .interrupted(reason)) }
+    }
+
+    func record(_ id: RequestID, _ outcome: RequestOutcome) { outcomes.withLock { $0[id, default: []].append(outcome) } }
+
+    /// Every callback received for `id`.
+    public func callbacks(_ id: RequestID) -> [RequestOutcome] { outcomes.withLock { $0[id] ?? [] } }
+
+    /// Total callbacks received.
+    public var total: Int { outcomes.withLock { $0.values.reduce(0) { $0 + $1.count } } }
+
+    /// Waits until each id has at least one callback; returns the first of each, or nil after `timeout` seconds.
+    public func wait(for ids: [RequestID], timeout: Double = 60) async -> [RequestID: RequestOutcome]? {
+        let deadline = monotonicNanoseconds() + UInt64(timeout * 1e9)
+        while monotonicNanoseconds() < deadline {
+            let snapshot = outcomes.withLock { $0 }
+            if ids.allSatisfy({ snapshot[$0]?.isEmpty == false }) {
+                return Dictionary(uniqueKeysWithValues: ids.map { ($0, snapshot[$0]![0]) })
+            }
+            try? await Task.sleep(nanoseconds: 2_000_000)
+        }
+        return nil
+    }
+
+    /// Waits for one id.
+    public func wait(for id: RequestID, timeout: Double = 60) async -> RequestOutcome? {
+        await wait(for: [id], timeout: timeout)?[id]
+    }
+}
+
+/// "completed", "cancelled" or "interrupted".
+public func kind(_ outcome: RequestOutcome) -> String {
+    switch outcome {
+    case .completed: "completed"
+    case .cancelled: "cancelled"
+    case .interrupted: "interrupted"
+    }
+}
+
+/// Polls `condition` every 5 ms until it holds or `timeout` seconds pass.
+public func eventually(timeout: Double = 30, _ condition: () -> Bool) async -> Bool {
+    let deadline = monotonicNanoseconds() + UInt64(timeout * 1e9)
+    while monotonicNanoseconds() < deadline {
+        if condition() { return true }
+        try? await Task.sleep(nanoseconds: 5_000_000)
+    }
+    return condition()
+}
+
+// MARK: Temporary extensions
+
+/// A temporary extension folder holding one manifest that points at a bundled executable.
+public struct TemporaryExtension {
+    public let root: String
+    public let identifier: String
+
+    /// Writes `<root>/<name>/Info.plist`. `policy` holds raw XML for the SDKHostPolicy dictionary's body.
+    public init(identifier: String, executable: String, policy: String = "", raw: String? = nil) {
+        var template = "/tmp/sdkhost-test-XXXXXX".utf8CString
+        let dir = template.withUnsafeMutableBufferPointer { String(cString: mkdtemp($0.baseAddress!)!) }
+        root = dir
+        self.identifier = identifier
+        mkdir("\(dir)/Ext", 0o755)
+        let xml = raw ?? """
+            <?xml version="1.0" encoding="UTF-8"?>
+            <plist version="1.0"><dict>
+              <key>CFBundleIdentifier</key><string>\(identifier)</string>
+              <key>NSExtension</key><dict>
+                <key>NSExtensionPointIdentifier</key><string>com.sdk-host.service</string>
+                <key>NSExtensionExecutable</key><string>\(executable)</string>
+                <key>SDKHostPolicy</key><dict>\(policy)</dict>
+              </dict>
+            </dict></plist>
+            """
+        writeFile("\(dir)/Ext/Info.plist", xml)
+    }
+
+    public func remove() {
+        _ = unlink("\(root)/Ext/Info.plist")
+        rmdir("\(root)/Ext")
+        rmdir(root)
+    }
+}
+
+public func writeFile(_ path: String, _ text: String) {
+    let fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0o644)
+    precondition(fd >= 0, "cannot write \(path)")
+    var text = text
+    text.withUTF8 { _ = write(fd, $0.baseAddress, $0.count) }
+    close(fd)
+}
+
+// MARK: Resources
+
+/// What the test process holds: open descriptors, live worker children, running event-loop threads.
+public struct ResourceSnapshot: Equatable, CustomStringConvertible {
+    public var descriptors: Int
+    public var workerChildren: [pid_t]
+    public var loopThreads: Int
+
+    public static func take() -> ResourceSnapshot {
+        ResourceSnapshot(
+            descriptors: (listNames("/proc/self/fd")?.count ?? 1) - 1,  // minus the one listing itself
+            workerChildren: childProcesses().filter { pid in
+                let exe = readLink("/proc/\(pid)/exe") ?? ""
+                return exe.hasSuffix("Echo") || exe.hasSuffix("/Crasher")
+            },
+            loopThreads: (listNames("/proc/self/task") ?? []).filter {
+                (readSmallFile("/proc/self/task/\($0)/comm") ?? "").hasPrefix(EventLoop.threadName)
+            }.count)
+    }
+
+    public var description: String {
+        "descriptors \(descriptors), worker children \(workerChildren), loop threads \(loopThreads)"
+    }
+}
+
+/// Waits until the process holds no more descriptors, worker children or loop threads than `baseline`.
+/// Returns nil when clean, or a description of what is left.
+public func leaksSince(_ baseline: ResourceSnapshot, timeout: Double = 20) async -> String? {
+    var now = ResourceSnapshot.take()
+    let clean = await eventually(timeout: timeout) {
+        now = ResourceSnapshot.take()
+        return now.descriptors <= baseline.descriptors && now.workerChildren.isEmpty
+            && now.loopThreads <= baseline.loopThreads
+    }
+    return clean ? nil : "before: \(baseline); after: \(now); open: \(openDescriptorTargets())"
+}
+
+/// Pids whose parent is this process.
+public func childProcesses() -> [pid_t] {
+    let me = getpid()
+    return (listNames("/proc") ?? []).compactMap { name -> pid_t? in
+        guard let pid = pid_t(name), let stat = readSmallFile("/proc/\(name)/stat"),
+            let close = stat.lastIndex(of: ")")
+        else { return nil }
+        let fields = stat[stat.index(after: close)...].split(separator: " ")
+        guard fields.count > 2, let ppid = pid_t(fields[1]), ppid == me else { return nil }
+        return pid
+    }
+}
+
+/// True while /proc/<pid> exists and is not a zombie.
+public func processIsAlive(_ pid: pid_t) -> Bool {
+    guard let stat = readSmallFile("/proc/\(pid)/stat"), let close = stat.lastIndex(of: ")") else { return false }
+    let state = stat[stat.index(after: close)...].split(separator: " ").first
+    return state != "Z"
+}
+
+public func openDescriptorTargets() -> [String] {
+    (listNames("/proc/self/fd") ?? []).compactMap { readLink("/proc/self/fd/\($0)") }
+}
+
+public func listNames(_ path: String) -> [String]? {
+    guard let dir = opendir(path) else { return nil }
+    defer { closedir(dir) }
+    var names: [String] = []
+    while let entry = readdir(dir) {
+        let name = withUnsafeBytes(of: entry.pointee.d_name) { String(decoding: $0.prefix { $0 != 0 }, as: UTF8.self) }
+        if name != "." && name != ".." { names.append(name) }
+    }
+    return names
+}
+
+public func readLink(_ path: String) -> String? {
+    var buffer = [CChar](repeating: 0, count: 4096)
+    let n = readlink(path, &buffer, 4095)
+    guard n > 0 else { return nil }
+    return String(decoding: buffer[0..<n].map { UInt8(bitPattern: $0) }, as: UTF8.self)
+}
+
+public func readSmallFile(_ path: String) -> String? {
+    let fd = open(path, O_RDONLY | O_CLOEXEC)
+    guard fd >= 0 else { return nil }
+    defer { close(fd) }
+    var buffer = [UInt8](repeating: 0, count: 4096)
+    let n = read(fd, &buffer, 4096)
+    guard n >= 0 else { return nil }
+    return String(decoding: buffer[0..<n], as: UTF8.self)
+}
+
+import Testing
+
+/// Runs `body` with a fresh host, then shuts it down and expects no leaked descriptors, worker children or
+/// loop threads, and the Host itself released (XCTAssertNoLeak style).
+public func withHost(
+    extraSearchPaths: [String] = [], sourceLocation: SourceLocation = #_sourceLocation,
+    _ tweak: (inout HostConfiguration) -> Void = { _ in },
+    _ body: (Host, LogCapture) async throws -> Void
+) async throws {
+    await warmUpOnce()
+    let baseline = ResourceSnapshot.take()
+    weak var weakHost: Host?
+    do {
+        let (host, log) = try makeHost(extraSearchPaths: extraSearchPaths, tweak)
+        weakHost = host
+        try await body(host, log)
+        await host.shutdown()
+    }
+    let leak = await leaksSince(baseline)
+    #expect(leak == nil, "resources left behind: \(leak ?? "")", sourceLocation: sourceLocation)
+    let released = await eventually(timeout: 10) { weakHost == nil }
+    #expect(released, "the Host is still referenced after shutdown", sourceLocation: sourceLocation)
+}
+
+private let warmedUp = Mutex(false)
+
+/// Runs one full host cycle the first time it is called. libdispatch creates its own descriptors (a timerfd,
+/// a pipe) on first use and keeps them for the life of the process; that one-time setup is not a leak, so
+/// baselines are taken after it.
+func warmUpOnce() async {
+    guard warmedUp.withLock({ w in defer { w = true }; return !w }) else { return }
+    guard let (host, _) = try? makeHost(), let ext = try? host.extension(identifier: "com.example.echo") else { return }
+    let recorder = Recorder()
+    recorder.attach(to: ext)
+    _ = await recorder.wait(for: ext.beginRequest(withInputItems: [ExtensionItem(title: "warm-up")]))
+    await host.shutdown()
+}

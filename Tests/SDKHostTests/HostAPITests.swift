@@ -1,0 +1,194 @@
+// The public API in embedded mode: lookups and their errors, handlers and their queue, pid(for:), perform with
+// Task cancellation, per-request deadlines, worker reuse and idle retirement. Real workers throughout.
+import Dispatch
+import HostTestSupport
+@testable import SDKHost
+import SDKPosix
+import Synchronization
+import Testing
+
+#if canImport(Glibc)
+import Glibc
+#endif
+
+@Suite(.serialized) struct HostAPITests {
+    @Test func unknownExtensionIsAClearError() async throws {
+        try await withHost { host, _ in
+            #expect(host.extensionIdentifiers == ["com.example.crasher", "com.example.echo"])
+            #expect {
+                _ = try host.extension(identifier: "com.example.missing")
+            } throws: { error in
+                let e = error as? HostError
+                return e?.code == .unknownExtension && e?.detail.contains("com.example.missing") == true
+                    && e?.detail.contains("com.example.echo") == true
+            }
+        }
+    }
+
+    @Test func handlersRunOnTheChosenQueueWithNoHostLockHeld() async throws {
+        try await withHost { host, _ in
+            let ext = try host.extension(identifier: "com.example.echo")
+            let key = DispatchSpecificKey<String>()
+            let queue = DispatchQueue(label: "app.callbacks")
+            queue.setSpecific(key: key, value: "app")
+            ext.callbackQueue = queue
+            let seen = Mutex<(String?, [ExtensionItem])?>(nil)
+            ext.requestCompletionHandler = { [weak ext] id, items in
+                // Calling back into the host from a handler must not deadlock.
+                _ = ext?.pid(for: id)
+                ext?.cancelRequest(id)
+                seen.withLock { $0 = (DispatchQueue.getSpecific(key: key), items) }
+            }
+            let input = [ExtensionItem(title: "t", attachments: ["a", .data([1, 2])], userInfo: ["n": 1, "f": 0.5])]
+            ext.beginRequest(withInputItems: input)
+            #expect(await eventually { seen.withLock { $0 } != nil })
+            #expect(seen.withLock { $0?.0 } == "app")
+            #expect(seen.withLock { $0?.1 } == input)
+        }
+    }
+
+    @Test func pidIsTheLiveWorkerWhileInFlightAndNilAfter() async throws {
+        try await withHost { host, _ in
+            let ext = try host.extension(identifier: "com.example.crasher")
+            let recorder = Recorder()
+            recorder.attach(to: ext)
+            let id = ext.beginRequest(withInputItems: [ExtensionItem(title: "slow:300")])
+            #expect(await eventually { ext.pid(for: id) != nil })
+            let pid = try #require(ext.pid(for: id))
+            #expect(readLink("/proc/\(pid)/exe")?.hasSuffix("/Crasher") == true)
+            #expect(await recorder.wait(for: id) == .completed([ExtensionItem(title: "slow:300")]))
+            #expect(ext.pid(for: id) == nil)
+            #expect(ext.pid(for: RequestID()) == nil)
+        }
+    }
+
+    @Test func liveWorkerIsReusedAndRequestsRunConcurrently() async throws {
+        try await withHost { host, _ in
+            let ext = try host.extension(identifier: "com.example.crasher")
+            let recorder = Recorder()
+            recorder.attach(to: ext)
+            let start = monotonicMs()
+            let ids = (0..<8).map { _ in ext.beginRequest(withInputItems: [ExtensionItem(title: "slow:500")]) }
+            let outcomes = await recorder.wait(for: ids)
+            #expect(ids.allSatisfy { outcomes?[$0] == .completed([ExtensionItem(title: "slow:500")]) })
+            // Eight 500 ms requests on one worker that runs eight at once: well under 8 × 500 ms.
+            #expect(monotonicMs() - start < 3500)
+            let (stats, _, workers) = await host.inspect()
+            #expect(stats.spawns == 1)
+            #expect(workers.count == 1)
+        }
+    }
+
+    @Test func requestsBeyondCapacityQueueAndAllComplete() async throws {
+        let temp = TemporaryExtension(identifier: "com.example.narrow", executable: "Crasher",
+                                      policy: "<key>MaxConcurrentRequests</key><integer>1</integer><key>MaxWorkers</key><integer>2</integer>")
+        defer { temp.remove() }
+        try await withHost(extraSearchPaths: [temp.root]) { host, _ in
+            let ext = try host.extension(identifier: temp.identifier)
+            let recorder = Recorder()
+            recorder.attach(to: ext)
+            let ids = (0..<10).map { i in ext.beginRequest(withInputItems: [ExtensionItem(title: "slow:\(i * 3)")]) }
+            let outcomes = await recorder.wait(for: ids)
+            #expect(ids.allSatisfy { if case .completed = outcomes?[$0] { true } else { false } })
+            let (stats, _, workers) = await host.inspect()
+            #expect(stats.spawns == 2, "never more workers than MaxWorkers")
+            #expect(workers.count <= 2)
+        }
+    }
+
+    @Test func perRequestDeadlineOverridesTheManifest() async throws {
+        try await withHost { host, _ in
+            let ext = try host.extension(identifier: "com.example.crasher")
+            let recorder = Recorder()
+            recorder.attach(to: ext)
+            let id = ext.beginRequest(withInputItems: [ExtensionItem(title: "slow:5000")], deadline: 0.2)
+            #expect(await recorder.wait(for: id) == .interrupted(.hang))
+        }
+    }
+
+    @Test func idleWorkerIsRetiredWithoutACrashReport() async throws {
+        let temp = TemporaryExtension(identifier: "com.example.brief", executable: "Echo",
+                                      policy: "<key>IdleTimeoutSeconds</key><real>0.3</real>")
+        defer { temp.remove() }
+        try await withHost(extraSearchPaths: [temp.root]) { host, _ in
+            let ext = try host.extension(identifier: temp.identifier)
+            let recorder = Recorder()
+            recorder.attach(to: ext)
+            let pidBox = Mutex<pid_t?>(nil)
+            let id = ext.beginRequest(withInputItems: [ExtensionItem(title: "x")], deadline: nil,
+                                      onWorkerAssigned: { p in pidBox.withLock { $0 = p } })
+            #expect(await recorder.wait(for: id) == .completed([ExtensionItem(title: "x")]))
+            let pid = try #require(pidBox.withLock { $0 })
+            #expect(await eventually(timeout: 20) { !processIsAlive(pid) }, "idle worker exits after its timeout")
+            #expect(await eventually(timeout: 20) { childProcesses().isEmpty })
+            let (_, crashes, workers) = await host.inspect()
+            #expect(crashes.isEmpty)
+            #expect(workers.isEmpty)
+            // And a later request starts a new worker.
+            let again = ext.beginRequest(withInputItems: [ExtensionItem(title: "y")])
+            #expect(await recorder.wait(for: again) == .completed([ExtensionItem(title: "y")]))
+        }
+    }
+
+    @Test func performReturnsItemsAndThrowsTypedFailures() async throws {
+        try await withHost { host, _ in
+            let ext = try host.extension(identifier: "com.example.crasher")
+            #expect(try await ext.perform([ExtensionItem(title: "echo")]) == [ExtensionItem(title: "echo")])
+            await #expect(throws: RequestFailure.interrupted(.signal(SIGSEGV))) {
+                try await ext.perform([ExtensionItem(title: "segv")])
+            }
+            await #expect {
+                try await ext.perform([ExtensionItem(title: "cancel")])
+            } throws: { error in
+                if case .cancelled(let e) = error as? RequestFailure { return e.code == 42 }
+                return false
+            }
+        }
+    }
+
+    @Test func cancellingThePerformingTaskCancelsAtTheWorker() async throws {
+        try await withHost { host, _ in
+            let ext = try host.extension(identifier: "com.example.crasher")
+            let task = Task { try await ext.perform([ExtensionItem(title: "slow:20000")]) }
+            try await Task.sleep(nanoseconds: 300_000_000)
+            task.cancel()
+            let start = monotonicMs()
+            await #expect(throws: CancellationError.self) { try await task.value }
+            #expect(monotonicMs() - start < 5000, "cancellation does not wait for the 20 s request")
+            // The worker honoured the cancel (slow:N checks isCancelled), so it was not killed.
+            try await Task.sleep(nanoseconds: 500_000_000)
+            let (stats, crashes, workers) = await host.inspect()
+            #expect(crashes.isEmpty)
+            #expect(workers.first?.inFlight == 0, "the worker acknowledged the cancel and freed its slot")
+            #expect(stats.cancellations == 1)
+        }
+    }
+
+    @Test func alreadyCancelledTaskNeverLeavesARequestRunning() async throws {
+        try await withHost { host, _ in
+            let ext = try host.extension(identifier: "com.example.crasher")
+            let task = Task {
+                withUnsafeCurrentTask { $0?.cancel() }
+                return try await ext.perform([ExtensionItem(title: "slow:20000")])
+            }
+            await #expect(throws: CancellationError.self) { try await task.value }
+            try await Task.sleep(nanoseconds: 300_000_000)
+            let (_, _, workers) = await host.inspect()
+            #expect(workers.allSatisfy { $0.inFlight == 0 })
+        }
+    }
+
+    @Test func extensionAndHostAreReleased() async throws {
+        weak var weakExtension: Extension?
+        weak var weakEngine: HostEngine?
+        try await withHost { host, _ in
+            let ext = try host.extension(identifier: "com.example.echo")
+            weakExtension = ext
+            weakEngine = host.engine
+            #expect(try await ext.perform([ExtensionItem(title: "x")]).count == 1)
+        }
+        #expect(await eventually(timeout: 10) { weakExtension == nil && weakEngine == nil })
+    }
+}
+
+func monotonicMs() -> Double { Double(monotonicNanoseconds()) / 1e6 }

@@ -1,0 +1,137 @@
+// posix_spawn through the shim: the child gets exactly fds 0-3, statuses and signals are decoded, and no
+// descriptor is left open in the parent whatever happens.
+import SDKPosix
+import Synchronization
+import Testing
+
+#if canImport(Glibc)
+import Glibc
+#endif
+
+func descriptorCount() -> Int {
+    var count = 0
+    if let dir = opendir("/proc/self/fd") {
+        while readdir(dir) != nil { count += 1 }
+        closedir(dir)
+    }
+    return count
+}
+
+func links(of pid: pid_t) -> [Int: String] {
+    var out: [Int: String] = [:]
+    guard let dir = opendir("/proc/\(pid)/fd") else { return out }
+    defer { closedir(dir) }
+    while let entry = readdir(dir) {
+        let name = withUnsafeBytes(of: entry.pointee.d_name) { String(decoding: $0.prefix { $0 != 0 }, as: UTF8.self) }
+        guard let fd = Int(name) else { continue }
+        var buffer = [CChar](repeating: 0, count: 512)
+        let n = readlink("/proc/\(pid)/fd/\(fd)", &buffer, 511)
+        out[fd] = n > 0 ? String(decoding: buffer[0..<n].map { UInt8(bitPattern: $0) }, as: UTF8.self) : "?"
+    }
+    return out
+}
+
+func waitForExit(_ process: borrowing SpawnedProcess) throws -> SDKPosix.ExitStatus {
+    for _ in 0..<2000 {
+        if let status = try process.reap() { return status }
+        usleep(5000)
+    }
+    throw SystemError("reap", errno: ETIMEDOUT)
+}
+
+@Suite(.serialized) struct SpawnTests {
+    @Test func childGetsExactlyItsFourDescriptors() throws {
+        let before = descriptorCount()
+        let channels = try spawnWithChannels(SpawnRequest(path: "/bin/sleep", arguments: ["sleep", "5"], environment: []))
+        let fds = links(of: channels.process.pid)
+        #expect(Set(fds.keys) == [0, 1, 2, 3], "child descriptors: \(fds)")
+        #expect(fds[0] == "/dev/null")
+        #expect(fds[1]?.hasPrefix("pipe:") == true)
+        #expect(fds[2]?.hasPrefix("pipe:") == true)
+        #expect(fds[3]?.hasPrefix("socket:") == true)
+        channels.process.signal(SIGKILL)
+        #expect(try waitForExit(channels.process) == .signaled(SIGKILL))
+        channels.process.close()
+        channels.socket.close()
+        channels.stdout.close()
+        channels.stderr.close()
+        #expect(descriptorCount() == before)
+    }
+
+    @Test func exitStatusAndOutputArrive() throws {
+        let channels = try spawnWithChannels(SpawnRequest(
+            path: "/bin/sh", arguments: ["sh", "-c", "echo out; echo err >&2; exit 3"], environment: []))
+        #expect(try waitForExit(channels.process) == .exited(3))
+        var buffer = [UInt8](repeating: 0, count: 64)
+        let out = try buffer.withUnsafeMutableBytes { try readNonBlocking(channels.stdout.rawValue, into: $0) }
+        #expect(out == .bytes(4))
+        #expect(String(decoding: buffer[0..<4], as: UTF8.self) == "out\n")
+        let err = try buffer.withUnsafeMutableBytes { try readNonBlocking(channels.stderr.rawValue, into: $0) }
+        #expect(err == .bytes(4))
+        channels.process.close()
+        channels.socket.close()
+        channels.stdout.close()
+        channels.stderr.close()
+    }
+
+    @Test func childSeesTheSocketOnDescriptorThree() throws {
+        let channels = try spawnWithChannels(SpawnRequest(
+            path: "/bin/sh", arguments: ["sh", "-c", "printf ping >&3"], environment: []))
+        #expect(try waitForExit(channels.process) == .exited(0))
+        var buffer = [UInt8](repeating: 0, count: 16)
+        let got = try buffer.withUnsafeMutableBytes { try readNonBlocking(channels.socket.rawValue, into: $0) }
+        #expect(got == .bytes(4))
+        #expect(String(decoding: buffer[0..<4], as: UTF8.self) == "ping")
+        channels.process.close()
+        channels.socket.close()
+        channels.stdout.close()
+        channels.stderr.close()
+    }
+
+    @Test func missingExecutableFailsWithENOENTAndLeaksNothing() {
+        let before = descriptorCount()
+        #expect {
+            _ = try spawnWithChannels(SpawnRequest(path: "/nonexistent/worker", arguments: ["w"], environment: []))
+        } throws: { error in
+            (error as? SystemError)?.errno == ENOENT && (error as? SystemError)?.detail == "/nonexistent/worker"
+        }
+        #expect(descriptorCount() == before)
+    }
+
+    @Test func exitStatusDecoding() {
+        #expect(SDKPosix.ExitStatus(waitStatus: 3 << 8) == .exited(3))
+        #expect(SDKPosix.ExitStatus(waitStatus: SIGSEGV) == .signaled(SIGSEGV))
+        #expect(SDKPosix.ExitStatus(waitStatus: SIGABRT | 0x80) == .signaled(SIGABRT))  // core dumped bit
+        #expect(signalName(SIGKILL) == "SIGKILL")
+    }
+}
+
+@Suite struct EventLoopTests {
+    @Test func executeRunsOnTheLoopInOrderAndTimersFireInDeadlineOrder() async throws {
+        let loop = try EventLoop(name: "test")
+        let log = Mutex<[String]>([])
+        let done = Mutex(false)
+        for i in 0..<100 { loop.execute { log.withLock { $0.append("task\(i)") } } }
+        loop.execute {
+            precondition(loop.inLoop)
+            loop.schedule(afterNanoseconds: 30_000_000) { log.withLock { $0.append("t30") } }
+            let cancelled = loop.schedule(afterNanoseconds: 10_000_000) { log.withLock { $0.append("cancelled") } }
+            loop.schedule(afterNanoseconds: 5_000_000) {
+                log.withLock { $0.append("t5") }
+                loop.cancelTimer(cancelled)
+                loop.schedule(afterNanoseconds: 1_000_000) { log.withLock { $0.append("t5+1") } }
+            }
+            loop.schedule(afterNanoseconds: 60_000_000) { done.withLock { $0 = true } }
+        }
+        #expect(!loop.inLoop)
+        for _ in 0..<2000 where !done.withLock({ $0 }) { try await Task.sleep(nanoseconds: 1_000_000) }
+        let events = log.withLock { $0 }
+        #expect(Array(events.prefix(100)) == (0..<100).map { "task\($0)" })
+        #expect(Array(events.dropFirst(100)) == ["t5", "t5+1", "t30"])
+        let stopped = Mutex(false)
+        loop.stop { stopped.withLock { $0 = true } }
+        for _ in 0..<2000 where !stopped.withLock({ $0 }) { try await Task.sleep(nanoseconds: 1_000_000) }
+        #expect(stopped.withLock { $0 })
+        #expect(loop.execute {} == false, "a stopped loop refuses work")
+    }
+}

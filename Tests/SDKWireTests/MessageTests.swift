@@ -1,0 +1,50 @@
+// Protocol messages: every type round-trips through bplist, request ids parse and print as UUIDs, and
+// malformed messages say which field is wrong.
+import SDKWire
+import Testing
+
+@Suite struct MessageTests {
+    static let id = RequestID(uuidString: "6F9619FF-8B86-4011-B42D-00C04FC964FF")!
+    static let messages: [Message] = [
+        .hello(version: 1, identifier: "com.example.echo", hostPid: 42, idleTimeoutMs: 30_000),
+        .welcome(version: 1, identifier: "com.example.echo", pid: 43),
+        .begin(id: id, items: [ExtensionItem(title: "t", attachments: ["a", .data([1])], userInfo: ["k": 1])]),
+        .complete(id: id, items: [ExtensionItem(), ExtensionItem(title: "ü")]),
+        .cancel(id: id),
+        .cancelled(id: id, error: ExtensionError(domain: "d", code: -3, message: "m")),
+        .ping(seq: 7), .pong(seq: 7), .error(message: "bad", id: id), .error(message: "bad", id: nil),
+        .unknown(type: "stream-event"),
+    ]
+
+    @Test(arguments: messages)
+    func roundTrip(_ message: Message) throws {
+        let bytes = BinaryPlistEncoder.encode(message.plist)
+        #expect(try Message(plist: BinaryPlistDecoder.decode(bytes)) == message)
+    }
+
+    @Test func requestIDFormatAndParse() {
+        #expect(Self.id.uuidString == "6F9619FF-8B86-4011-B42D-00C04FC964FF")
+        #expect(RequestID(uuidString: "6f9619ff-8b86-4011-b42d-00c04fc964ff") == Self.id)
+        #expect(RequestID(uuidString: "6F9619FF8B864011B42D00C04FC964FF") == nil)
+        #expect(RequestID(uuidString: "6F9619FF-8B86-4011-B42D-00C04FC964FG") == nil)
+        let fresh = RequestID()
+        #expect(RequestID(uuidString: fresh.uuidString) == fresh)
+        #expect(fresh.uuidString[fresh.uuidString.index(fresh.uuidString.startIndex, offsetBy: 14)] == "4")
+        #expect(Set((0..<1000).map { _ in RequestID() }).count == 1000)
+    }
+
+    @Test func malformedMessagesNameTheProblem() {
+        func error(_ v: PlistValue) -> String? {
+            do { _ = try Message(plist: v); return nil } catch { return error.detail }
+        }
+        #expect(error("text") == "message is a string, not a dictionary")
+        #expect(error(["id": "x"]) == "message has no string 'type'")
+        #expect(error(["type": "begin", "items": []]) == "'begin' needs a string 'id'")
+        #expect(error(["type": "begin", "id": "nope", "items": []]) == "'begin' id 'nope' is not a UUID")
+        #expect(error(["type": "complete", "id": .string(Self.id.uuidString)]) == "'complete' needs an array 'items'")
+        #expect(error(["type": "complete", "id": .string(Self.id.uuidString), "items": [["title": 3]]])
+            == "item title is a integer, not a string")
+        #expect(error(["type": "cancelled", "id": .string(Self.id.uuidString), "error": "x"])
+            == "error must be {domain: string, code: integer, message: string}")
+    }
+}
