@@ -2,6 +2,9 @@
 // sdk-host: an out-of-process extension host for Linux. No package dependencies by design (shared/DESIGN.md).
 import PackageDescription
 
+/// Extension executables link the Swift stdlib statically (shared/DESIGN.md: spawn cost is a target).
+let extensionLinkerSettings: [LinkerSetting] = [.unsafeFlags(["-static-stdlib"])]
+
 let package = Package(
     name: "sdk-host",
     products: [
@@ -23,13 +26,18 @@ let package = Package(
         // Worker-side runtime that extension executables link.
         .target(name: "SDKExtension", dependencies: ["SDKWire", "SDKPosix"]),
         // Bundled extensions: one executable target per Extensions/<Name>, each with an Info.plist manifest.
-        .executableTarget(name: "Echo", dependencies: ["SDKExtension"], path: "Extensions/Echo", exclude: ["Info.plist"]),
-        .executableTarget(name: "Crasher", dependencies: ["SDKExtension"], path: "Extensions/Crasher", exclude: ["Info.plist"]),
+        // They link the Swift stdlib statically: fewer shared objects to map and relocate at every spawn.
+        .executableTarget(
+            name: "Echo", dependencies: ["SDKExtension"], path: "Extensions/Echo", exclude: ["Info.plist"],
+            linkerSettings: extensionLinkerSettings),
+        .executableTarget(
+            name: "Crasher", dependencies: ["SDKExtension"], path: "Extensions/Crasher", exclude: ["Info.plist"],
+            linkerSettings: extensionLinkerSettings),
         // The CLI and daemon. Foundation is allowed here, off the hot path (XML plist conversion).
         .executableTarget(
             name: "sdk-host",
             // Depending on the extensions makes `swift run sdk-host demo` build them next to it.
-            dependencies: ["SDKWire", "SDKWireFoundation", "SDKHost", "Echo", "Crasher"]),
+            dependencies: ["SDKWire", "SDKWireFoundation", "SDKPosix", "SDKHost", "Echo", "Crasher"]),
         .testTarget(
             name: "SDKWireTests",
             dependencies: ["SDKWire", "SDKWireFoundation"],

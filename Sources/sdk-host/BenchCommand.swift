@@ -1,32 +1,225 @@
-// `sdk-host bench codec`: encode/decode cost of a typical message next to Foundation's
-// PropertyListSerialization in the same run. Meaningful only in a release build.
+// `sdk-host bench [--json] [--quick]`: every performance figure of shared/DESIGN.md measured in one run, each
+// next to its ratio to the raw socketpair round trip between two processes on this machine (the physical limit),
+// or to Foundation for the codec. `sdk-host bench codec` runs the codec part alone. Build with -c release.
+import Dispatch
 import Foundation
+import SDKHost
+import SDKPosix
 import SDKWire
 import SDKWireFoundation
+import Synchronization
 
 enum BenchCommand {
     static func run(_ arguments: [String]) {
-        guard arguments.first == "codec" else { fail("usage: sdk-host bench codec [--json]", status: 2) }
         let json = arguments.contains("--json")
-        let r = codec()
-        if json {
-            print(
-                "{\"message_bytes\":\(r.bytes),\"codec_encode_us\":\(fmt(r.encode)),\"codec_decode_us\":\(fmt(r.decode)),"
-                    + "\"foundation_encode_us\":\(fmt(r.foundationEncode)),\"foundation_decode_us\":\(fmt(r.foundationDecode))}")
+        let quick = arguments.contains("--quick")
+        var results = Results()
+        if arguments.first == "codec" {
+            results.codec(CodecBench.measure(quick: quick))
         } else {
-            print("codec, \(r.bytes)-byte begin message (median of 7 runs)")
-            print("            ours µs   Foundation µs   ratio")
-            print("  encode  \(pad(fmt(r.encode), 9))  \(pad(fmt(r.foundationEncode), 14))   \(fmt(r.encode / r.foundationEncode))")
-            print("  decode  \(pad(fmt(r.decode), 9))  \(pad(fmt(r.foundationDecode), 14))   \(fmt(r.decode / r.foundationDecode))")
+            let scale = quick ? 1 : 5
+            results.raw = RawBench.measure(roundTrips: 4000 * scale)
+            let host = EmbeddedHost.make { $0.logHandler = { _, _ in } }
+            results.warm = EmbeddedBench.warmRoundTrips(host, count: 4000 * scale)
+            for depth in [1, 8, 64] {
+                results.rps[depth] = EmbeddedBench.pipelined(host, inFlight: depth, total: 4000 * scale)
+            }
+            results.echoWorkerRSSKB = EmbeddedBench.echoWorkerRSS(host)
+            results.kill = EmbeddedBench.killToInterruption(host, samples: 20 * scale)
+            shutdown(host)
+            results.cold = EmbeddedBench.coldStarts(samples: 10 * scale)
+            results.codec(CodecBench.measure(quick: quick))
+        }
+        print(json ? results.json : results.table)
+    }
+
+    static func shutdown(_ host: ExtensionHost) {
+        let done = DispatchSemaphore(value: 0)
+        host.shutdown { done.signal() }
+        done.wait()
+    }
+}
+
+/// Latency samples in µs.
+struct Samples {
+    var values: [Double] = []
+    mutating func add(_ v: Double) { values.append(v) }
+    func percentile(_ p: Double) -> Double {
+        guard !values.isEmpty else { return .nan }
+        let sorted = values.sorted()
+        return sorted[min(sorted.count - 1, Int(Double(sorted.count - 1) * p))]
+    }
+}
+
+func nowMicros() -> Double { Double(monotonicNanoseconds()) / 1000 }
+
+/// The raw baseline: a 310-byte message (the typical begin frame) ping-ponged over a socketpair with a second
+/// process that echoes bytes back (this binary, `sdk-host bench-peer`), with plain blocking read/write.
+enum RawBench {
+    static let messageSize = 310
+
+    static func measure(roundTrips: Int) -> Samples {
+        let exe = "/proc/self/exe"
+        var samples = Samples()
+        guard let channels = try? spawnWithChannels(SpawnRequest(path: exe, arguments: ["sdk-host", "bench-peer"], environment: [])) else {
+            fail("bench: cannot spawn the raw echo peer")
+        }
+        let fd = channels.socket.rawValue
+        // Back to blocking for the ping-pong: the baseline is the simplest possible loop.
+        _ = fcntl(fd, F_SETFL, 0)
+        var message = [UInt8](repeating: 0x5A, count: messageSize)
+        var reply = [UInt8](repeating: 0, count: messageSize)
+        for i in 0..<(roundTrips + roundTrips / 10) {
+            let start = nowMicros()
+            message.withUnsafeBytes { _ = try? sendAll(fd, $0) }
+            var got = 0
+            while got < messageSize {
+                let n = reply.withUnsafeMutableBytes { read(fd, $0.baseAddress! + got, messageSize - got) }
+                if n <= 0 { fail("bench: raw peer closed") }
+                got += n
+            }
+            if i >= roundTrips / 10 { samples.add(nowMicros() - start) }  // the first tenth warms up
+            message[0] = UInt8(truncatingIfNeeded: i)
+        }
+        channels.process.signal(SIGKILL)
+        while (try? channels.process.reap()) == nil { usleep(1000) }
+        channels.process.close()
+        channels.socket.close()
+        channels.stdout.close()
+        channels.stderr.close()
+        return samples
+    }
+
+    /// The peer: echo whatever arrives on fd 3 until EOF.
+    static func peer() -> Never {
+        var buffer = [UInt8](repeating: 0, count: 65536)
+        while true {
+            let n = buffer.withUnsafeMutableBytes { read(3, $0.baseAddress, $0.count) }
+            if n <= 0 { exit(0) }
+            buffer.withUnsafeBytes { _ = try? sendAll(3, UnsafeRawBufferPointer(rebasing: $0[0..<n])) }
+        }
+    }
+}
+
+enum EmbeddedBench {
+    /// One item shaped like SampleMessages.begin, so the begin frame is the same ~310 bytes as the raw message.
+    static let item: ExtensionItem = {
+        let message = SampleMessages.begin
+        return try! ExtensionItem(plist: message["items"]![0]!)
+    }()
+
+    static func echo(_ host: ExtensionHost) -> Extension {
+        do {
+            return try host.extension(identifier: "com.example.echo")
+        } catch {
+            fail("bench: \(error)")
         }
     }
 
-    struct CodecResult {
+    static func warmRoundTrips(_ host: ExtensionHost, count: Int) -> Samples {
+        let ext = echo(host)
+        let done = DispatchSemaphore(value: 0)
+        ext.requestCompletionHandler = { _, _ in done.signal() }
+        ext.requestInterruptionHandler = { _, reason in fail("bench: echo interrupted: \(reason)") }
+        var samples = Samples()
+        for i in 0..<(count + count / 10) {
+            let start = nowMicros()
+            ext.beginRequest(withInputItems: [item])
+            done.wait()
+            if i >= count / 10 { samples.add(nowMicros() - start) }
+        }
+        return samples
+    }
+
+    /// Requests per second with `inFlight` outstanding at all times.
+    static func pipelined(_ host: ExtensionHost, inFlight: Int, total: Int) -> Double {
+        let ext = echo(host)
+        let slots = DispatchSemaphore(value: inFlight)
+        let finished = DispatchSemaphore(value: 0)
+        let remaining = Atomic<Int>(total)
+        ext.requestCompletionHandler = { _, _ in
+            slots.signal()
+            if remaining.subtract(1, ordering: .relaxed).newValue == 0 { finished.signal() }
+        }
+        let start = nowMicros()
+        for _ in 0..<total {
+            slots.wait()
+            ext.beginRequest(withInputItems: [item])
+        }
+        finished.wait()
+        return Double(total) / ((nowMicros() - start) / 1e6)
+    }
+
+    static func echoWorkerRSS(_ host: ExtensionHost) -> Int {
+        let ext = echo(host)
+        let pid = Mutex<pid_t?>(nil)
+        let done = DispatchSemaphore(value: 0)
+        ext.requestCompletionHandler = { _, _ in done.signal() }
+        ext.beginRequest(withInputItems: [item], deadline: nil, onWorkerAssigned: { p in pid.withLock { $0 = p } })
+        done.wait()
+        guard let p = pid.withLock({ $0 }) else { return -1 }
+        return rssKB(of: p)
+    }
+
+    /// SIGKILL of a worker running a request → that request's interruption callback, in µs.
+    static func killToInterruption(_ host: ExtensionHost, samples count: Int) -> Samples {
+        guard let ext = try? host.extension(identifier: "com.example.crasher") else { fail("bench: no crasher") }
+        let interrupted = DispatchSemaphore(value: 0)
+        let at = Mutex<Double>(0)
+        ext.requestInterruptionHandler = { _, _ in
+            at.withLock { $0 = nowMicros() }
+            interrupted.signal()
+        }
+        var samples = Samples()
+        for _ in 0..<count {
+            let assigned = DispatchSemaphore(value: 0)
+            let pid = Mutex<pid_t?>(nil)
+            ext.beginRequest(withInputItems: [ExtensionItem(title: "slow:60000")], deadline: 120, onWorkerAssigned: { p in
+                pid.withLock { $0 = p }
+                assigned.signal()
+            })
+            assigned.wait()
+            usleep(20_000)  // let the worker start running the request
+            let start = nowMicros()
+            kill(pid.withLock { $0 }!, SIGKILL)
+            interrupted.wait()
+            samples.add(at.withLock { $0 } - start)
+        }
+        return samples
+    }
+
+    /// A fresh host with no worker: beginRequest → completion, in µs.
+    static func coldStarts(samples count: Int) -> Samples {
+        var samples = Samples()
+        for _ in 0..<count {
+            let host = EmbeddedHost.make { $0.logHandler = { _, _ in } }
+            let ext = echo(host)
+            let done = DispatchSemaphore(value: 0)
+            ext.requestCompletionHandler = { _, _ in done.signal() }
+            let start = nowMicros()
+            ext.beginRequest(withInputItems: [item])
+            done.wait()
+            samples.add(nowMicros() - start)
+            BenchCommand.shutdown(host)
+        }
+        return samples
+    }
+}
+
+func rssKB(of pid: pid_t) -> Int {
+    guard let status = try? String(contentsOfFile: "/proc/\(pid)/status", encoding: .utf8),
+        let line = status.split(separator: "\n").first(where: { $0.hasPrefix("VmRSS:") })
+    else { return -1 }
+    return Int(line.split(separator: " ")[1]) ?? -1
+}
+
+enum CodecBench {
+    struct Result {
         var bytes = 0
         var encode = 0.0, decode = 0.0, foundationEncode = 0.0, foundationDecode = 0.0
     }
 
-    static func codec() -> CodecResult {
+    static func measure(quick: Bool) -> Result {
         let message = SampleMessages.begin
         var encoder = BinaryPlistEncoder()
         var buffer: [UInt8] = []
@@ -34,18 +227,17 @@ enum BenchCommand {
         let foundationObject = PlistFoundation.foundationObject(message)
         let foundationPayload = try! PropertyListSerialization.data(
             fromPropertyList: foundationObject, format: .binary, options: 0)
-        var r = CodecResult(bytes: payload.count)
-        r.encode = perCall(20_000) {
+        let n = quick ? 5_000 : 20_000
+        var r = Result(bytes: payload.count)
+        r.encode = perCall(n) {
             buffer.removeAll(keepingCapacity: true)
             encoder.encode(message, appendingTo: &buffer)
         }
-        r.decode = perCall(20_000) {
-            blackHole(try! BinaryPlistDecoder.decode(payload))
-        }
-        r.foundationEncode = perCall(2_000) {
+        r.decode = perCall(n) { blackHole(try! BinaryPlistDecoder.decode(payload)) }
+        r.foundationEncode = perCall(n / 10) {
             blackHole(try! PropertyListSerialization.data(fromPropertyList: foundationObject, format: .binary, options: 0))
         }
-        r.foundationDecode = perCall(2_000) {
+        r.foundationDecode = perCall(n / 10) {
             blackHole(try! PropertyListSerialization.propertyList(from: foundationPayload, options: [], format: nil))
         }
         return r
@@ -54,18 +246,76 @@ enum BenchCommand {
     /// Median over 7 runs of the mean time per call, in µs.
     static func perCall(_ iterations: Int, _ body: () -> Void) -> Double {
         for _ in 0..<(iterations / 10) { body() }
-        var samples: [Double] = []
+        var runs: [Double] = []
         for _ in 0..<7 {
-            let start = ContinuousClock.now
+            let start = nowMicros()
             for _ in 0..<iterations { body() }
-            let elapsed = ContinuousClock.now - start
-            let (s, atto) = elapsed.components
-            samples.append((Double(s) * 1e6 + Double(atto) / 1e12) / Double(iterations))
+            runs.append((nowMicros() - start) / Double(iterations))
         }
-        return samples.sorted()[samples.count / 2]
+        return runs.sorted()[3]
     }
 
     @inline(never) static func blackHole<T>(_ value: T) { withExtendedLifetime(value) {} }
-    static func fmt(_ v: Double) -> String { String(format: "%.2f", v) }
-    static func pad(_ s: String, _ width: Int) -> String { String(repeating: " ", count: max(0, width - s.count)) + s }
+}
+
+/// Everything measured, printed as a table or one JSON object with stable keys.
+struct Results {
+    var raw: Samples?
+    var warm: Samples?
+    var rps: [Int: Double] = [:]
+    var cold: Samples?
+    var kill: Samples?
+    var echoWorkerRSSKB: Int?
+    var codecResult: CodecBench.Result?
+
+    mutating func codec(_ r: CodecBench.Result) { codecResult = r }
+
+    var fields: [(key: String, value: Double, ratio: String, label: String)] {
+        var out: [(String, Double, String, String)] = []
+        let rawP50 = raw?.percentile(0.5) ?? .nan
+        let rawRPS = 1e6 / rawP50
+        func ratio(_ v: Double, _ base: Double) -> String { base.isNaN ? "" : String(format: "%.2f×", v / base) }
+        if let raw {
+            out.append(("raw_rtt_p50_us", rawP50, "1.00×", "raw socketpair round trip p50 (µs)"))
+            out.append(("raw_rtt_p99_us", raw.percentile(0.99), ratio(raw.percentile(0.99), rawP50), "raw socketpair round trip p99 (µs)"))
+            out.append(("raw_rps", rawRPS, "1.00×", "raw round trips/s (1/p50)"))
+        }
+        if let warm {
+            out.append(("embedded_rtt_p50_us", warm.percentile(0.5), ratio(warm.percentile(0.5), rawP50), "embedded warm echo p50 (µs)"))
+            out.append(("embedded_rtt_p99_us", warm.percentile(0.99), ratio(warm.percentile(0.99), rawP50), "embedded warm echo p99 (µs)"))
+        }
+        for depth in rps.keys.sorted() {
+            out.append(("embedded_rps_\(depth)", rps[depth]!, ratio(rps[depth]!, rawRPS), "embedded requests/s, \(depth) in flight"))
+        }
+        if let cold {
+            out.append(("cold_start_p50_ms", cold.percentile(0.5) / 1000, ratio(cold.percentile(0.5), rawP50), "cold start to first reply p50 (ms)"))
+            out.append(("cold_start_p90_ms", cold.percentile(0.9) / 1000, ratio(cold.percentile(0.9), rawP50), "cold start to first reply p90 (ms)"))
+        }
+        if let kill {
+            out.append(("kill_to_interrupt_p50_us", kill.percentile(0.5), ratio(kill.percentile(0.5), rawP50), "SIGKILL → interruption callback p50 (µs)"))
+            out.append(("kill_to_interrupt_p99_us", kill.percentile(0.99), ratio(kill.percentile(0.99), rawP50), "SIGKILL → interruption callback p99 (µs)"))
+        }
+        if let rss = echoWorkerRSSKB { out.append(("echo_worker_rss_kb", Double(rss), "", "idle Echo worker RSS (KiB)")) }
+        if let c = codecResult {
+            out.append(("codec_message_bytes", Double(c.bytes), "", "typical message size (bytes)"))
+            out.append(("codec_encode_us", c.encode, ratio(c.encode, c.foundationEncode) + " of Foundation", "codec encode (µs)"))
+            out.append(("codec_decode_us", c.decode, ratio(c.decode, c.foundationDecode) + " of Foundation", "codec decode (µs)"))
+            out.append(("foundation_encode_us", c.foundationEncode, "", "Foundation encode (µs)"))
+            out.append(("foundation_decode_us", c.foundationDecode, "", "Foundation decode (µs)"))
+        }
+        return out
+    }
+
+    var table: String {
+        var lines = ["figure                                       value        vs raw p50 (or Foundation)"]
+        for f in fields {
+            let v = f.value >= 1000 ? String(format: "%.0f", f.value) : String(format: "%.2f", f.value)
+            lines.append(f.label.padding(toLength: 44, withPad: " ", startingAt: 0) + " " + v.padding(toLength: 12, withPad: " ", startingAt: 0) + f.ratio)
+        }
+        return lines.joined(separator: "\n")
+    }
+
+    var json: String {
+        "{" + fields.map { "\"\($0.key)\":\($0.value.isFinite ? String(format: "%.3f", $0.value) : "null")" }.joined(separator: ",") + "}"
+    }
 }

@@ -17,12 +17,12 @@ enum EmbeddedHost {
         return candidates.first { access("\($0)/Echo/Info.plist", R_OK) == 0 }.map { [$0] } ?? ["Extensions"]
     }
 
-    static func make(logLevel: LogLevel = .warning, tweak: (inout HostConfiguration) -> Void = { _ in }) -> Host {
+    static func make(logLevel: LogLevel = .warning, tweak: (inout HostConfiguration) -> Void = { _ in }) -> ExtensionHost {
         var configuration = HostConfiguration(extensionSearchPaths: extensionSearchPaths())
         configuration.logLevel = logLevel
         tweak(&configuration)
         do {
-            return try Host(configuration: configuration)
+            return try ExtensionHost(configuration: configuration)
         } catch {
             fail("cannot start the embedded host: \(error)", status: 2)
         }

@@ -10,7 +10,8 @@ let usage = """
                                 one request; exit 0 completed, 3 cancelled, 4 interrupted, 2 usage error
       plist encode              XML plist on stdin -> bplist00 on stdout
       plist decode              bplist00 on stdin -> XML plist on stdout
-      bench codec [--json]      codec micro-benchmark next to Foundation (build with -c release)
+      bench [codec] [--json] [--quick]
+                                performance figures next to the raw socketpair round trip (use -c release)
     """
 
 /// Prints one line to stderr and exits with `status`: the CLI's error convention.
@@ -26,6 +27,7 @@ arguments.removeFirst()
 switch command {
 case "plist": PlistCommand.run(arguments)
 case "bench": BenchCommand.run(arguments)
+case "bench-peer": RawBench.peer()  // internal: the far end of the raw baseline
 case "demo": DemoCommand.run(arguments)
 case "request": RequestCommand.run(arguments)
 case "help", "--help", "-h": print(usage)

@@ -28,13 +28,13 @@ public final class LogCapture: Sendable {
 /// A host over the bundled extensions (plus `extraSearchPaths`), logging into a capture.
 public func makeHost(
     extraSearchPaths: [String] = [], _ tweak: (inout HostConfiguration) -> Void = { _ in }
-) throws -> (Host, LogCapture) {
+) throws -> (ExtensionHost, LogCapture) {
     let log = LogCapture()
     var configuration = HostConfiguration(extensionSearchPaths: ["\(packageRoot)/Extensions"] + extraSearchPaths)
     configuration.logLevel = .debug
     configuration.logHandler = log.handler
     tweak(&configuration)
-    return (try Host(configuration: configuration), log)
+    return (try ExtensionHost(configuration: configuration), log)
 }
 
 /// Records every terminal callback of the extensions it is attached to.
@@ -230,15 +230,15 @@ public func readSmallFile(_ path: String) -> String? {
 import Testing
 
 /// Runs `body` with a fresh host, then shuts it down and expects no leaked descriptors, worker children or
-/// loop threads, and the Host itself released (XCTAssertNoLeak style).
+/// loop threads, and the ExtensionHost itself released (XCTAssertNoLeak style).
 public func withHost(
     extraSearchPaths: [String] = [], sourceLocation: SourceLocation = #_sourceLocation,
     _ tweak: (inout HostConfiguration) -> Void = { _ in },
-    _ body: (Host, LogCapture) async throws -> Void
+    _ body: (ExtensionHost, LogCapture) async throws -> Void
 ) async throws {
     await warmUpOnce()
     let baseline = ResourceSnapshot.take()
-    weak var weakHost: Host?
+    weak var weakHost: ExtensionHost?
     do {
         let (host, log) = try makeHost(extraSearchPaths: extraSearchPaths, tweak)
         weakHost = host
@@ -248,7 +248,7 @@ public func withHost(
     let leak = await leaksSince(baseline)
     #expect(leak == nil, "resources left behind: \(leak ?? "")", sourceLocation: sourceLocation)
     let released = await eventually(timeout: 10) { weakHost == nil }
-    #expect(released, "the Host is still referenced after shutdown", sourceLocation: sourceLocation)
+    #expect(released, "the ExtensionHost is still referenced after shutdown", sourceLocation: sourceLocation)
 }
 
 private let warmedUp = Mutex(false)

@@ -56,7 +56,7 @@ import Testing
                                       policy: "<key>NetworkAllowed</key><integer>1</integer>")
         defer { temp.remove() }
         #expect {
-            _ = try Host(configuration: HostConfiguration(extensionSearchPaths: [temp.root]))
+            _ = try ExtensionHost(configuration: HostConfiguration(extensionSearchPaths: [temp.root]))
         } throws: { error in
             (error as? HostError)?.detail.contains("NetworkAllowed: expected a boolean, found integer") == true
         }

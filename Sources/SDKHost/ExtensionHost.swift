@@ -10,7 +10,7 @@ import Synchronization
 
 /// An extension host. Create one embedded (it spawns and supervises the workers itself), look extensions up by
 /// identifier, and send them requests.
-public final class Host: Sendable {
+public final class ExtensionHost: Sendable {
     let engine: HostEngine
 
     /// Creates an embedded host: discovers extension manifests and starts the host's event loop.
@@ -113,10 +113,10 @@ final class HandlerBox: Sendable {
 public final class Extension: Sendable {
     /// The extension's identifier.
     public let identifier: String
-    let host: Host
+    let host: ExtensionHost
     private let handlers: HandlerBox
 
-    init(identifier: String, host: Host) {
+    init(identifier: String, host: ExtensionHost) {
         self.identifier = identifier
         self.host = host
         handlers = HandlerBox(queue: DispatchQueue(label: "sdk-host.callbacks.\(identifier)"))
