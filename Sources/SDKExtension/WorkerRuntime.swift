@@ -123,7 +123,7 @@ enum WorkerRuntime {
                     }
                     idleTimeoutMs = idle
                     connection.send(.welcome(version: protocolVersion, identifier: env.identifier, pid: getpid()))
-                case .begin(let id, let items):
+                case .begin(let id, let items, _, _):
                     lastBegin = monotonicNanoseconds()
                     let context = ExtensionContext(requestID: id, inputItems: items) { [connection] message in
                         connection.remove(id)
@@ -151,7 +151,8 @@ enum WorkerRuntime {
                     connection.context(for: id)?.markCancelledByHost()
                 case .ping(let seq):
                     connection.send(.pong(seq: seq))
-                case .pong, .welcome, .complete, .cancelled:
+                case .pong, .welcome, .complete, .cancelled, .connect, .connected, .assigned, .interrupted, .status,
+                    .statusReport:
                     WorkerLog.write("unexpected '\(message)' from host; ignored")
                 case .error(let text, _):
                     WorkerLog.write("host reported: \(text)")

@@ -11,7 +11,10 @@ import Synchronization
 /// An extension host. Create one embedded (it spawns and supervises the workers itself), look extensions up by
 /// identifier, and send them requests.
 public final class ExtensionHost: Sendable {
-    let engine: HostEngine
+    let backend: any HostBackend
+
+    /// The embedded engine, when this host is embedded.
+    var engine: HostEngine { backend as! HostEngine }
 
     /// Creates an embedded host: discovers extension manifests and starts the host's event loop.
     ///
@@ -19,16 +22,17 @@ public final class ExtensionHost: Sendable {
     /// - Throws: `HostError` for an invalid manifest (naming the file and key), an unreadable search path, or a
     ///   failure to start the event loop.
     public init(configuration: HostConfiguration) throws(HostError) {
-        engine = try HostEngine(configuration: configuration)
+        backend = try HostEngine(configuration: configuration)
     }
+
+    init(backend: any HostBackend) { self.backend = backend }
 
     deinit {
-        let engine = self.engine
-        engine.loop.execute { engine.shutdown(completion: nil) }
+        backend.shutdown {}
     }
 
-    /// Identifiers of every discovered extension, sorted.
-    public var extensionIdentifiers: [String] { engine.manifests.keys.sorted() }
+    /// Identifiers of every extension this host serves, sorted.
+    public var extensionIdentifiers: [String] { backend.extensionIdentifiers }
 
     /// Looks up an extension.
     ///
@@ -37,14 +41,7 @@ public final class ExtensionHost: Sendable {
     /// - Throws: `HostError.Code.unknownExtension` if no manifest has that identifier, or
     ///   `.executableNotFound` if its executable is not in any executable search path.
     public func `extension`(identifier: String) throws(HostError) -> Extension {
-        guard let manifest = engine.manifests[identifier] else {
-            let known = engine.manifests.keys.sorted().joined(separator: ", ")
-            throw HostError(.unknownExtension, "unknown extension '\(identifier)' (known: \(known.isEmpty ? "none" : known))")
-        }
-        guard manifest.executablePath != nil else {
-            throw HostError(.executableNotFound, "\(identifier): executable '\(manifest.executableName)' not found in "
-                + manifest.searchedPaths.joined(separator: ", "))
-        }
+        if let problem = backend.lookupProblem(identifier) { throw problem }
         return Extension(identifier: identifier, host: self)
     }
 
@@ -58,22 +55,12 @@ public final class ExtensionHost: Sendable {
 
     /// Stops the host, calling `completion` (on an internal thread) when done. See `shutdown()`.
     public func shutdown(completion: @escaping @Sendable () -> Void) {
-        let engine = self.engine
-        if !engine.loop.execute({ engine.shutdown(completion: completion) }) { completion() }
+        backend.shutdown(completion: completion)
     }
 
-    /// Counters and the crash reports kept in memory, read on the loop and delivered to `body`.
+    /// Counters, crash reports kept in memory and live workers of an embedded host, read on its loop.
     package func inspect(_ body: @escaping @Sendable (HostStatistics, [CrashReport], [WorkerSnapshot]) -> Void) {
-        let engine = self.engine
-        let accepted = engine.loop.execute {
-            let now = monotonicNanoseconds()
-            let workers = engine.workers.values.joined().map {
-                WorkerSnapshot(extensionIdentifier: $0.extensionID, pid: $0.pid,
-                               uptimeSeconds: Double(now - $0.startedAt) / 1e9, inFlight: $0.inFlight.count)
-            }
-            body(engine.statistics, engine.crashReports, workers)
-        }
-        if !accepted { body(HostStatistics(), [], []) }
+        engine.snapshot { snapshot in body(snapshot.totals, snapshot.crashReports, snapshot.workers) }
     }
 
     /// Async form of `inspect`.
@@ -179,13 +166,12 @@ public final class Extension: Sendable {
     /// Cancels a request. The cancellation handler runs (with `ExtensionError.cancelledByHost`) unless the
     /// request has already ended; the worker is told, and killed if it ignores the cancel past the grace period.
     public func cancelRequest(_ id: RequestID) {
-        let engine = host.engine
-        engine.loop.execute { engine.cancel(id) }
+        host.backend.cancel(id)
     }
 
     /// The pid of the worker running the request, or nil if it has not been sent to a worker or has ended.
     public func pid(for id: RequestID) -> pid_t? {
-        host.engine.pids.withLock { $0[id] }
+        host.backend.pid(for: id)
     }
 
     /// Runs one request and returns the items it completed with. Its outcome goes only to this call, not to the
@@ -201,7 +187,7 @@ public final class Extension: Sendable {
     public func perform(_ items: [ExtensionItem], deadline: Double? = nil) async throws -> [ExtensionItem] {
         let id = RequestID()
         let gate = Mutex<PerformGate>(.notStarted)
-        let engine = host.engine
+        let backend = host.backend
         return try await withTaskCancellationHandler {
             let outcome = await withCheckedContinuation { (continuation: CheckedContinuation<RequestOutcome, Never>) in
                 submit(id: id, items: items, deadline: deadline, onWorkerAssigned: nil) { outcome in
@@ -211,7 +197,7 @@ public final class Extension: Sendable {
                     defer { g = .started }
                     return g == .cancelledBeforeStart
                 }
-                if cancelNow { engine.loop.execute { engine.cancel(id) } }
+                if cancelNow { backend.cancel(id) }
             }
             switch outcome {
             case .completed(let result):
@@ -228,7 +214,7 @@ public final class Extension: Sendable {
                 g = .cancelledBeforeStart
                 return false
             }
-            if started { engine.loop.execute { engine.cancel(id) } }
+            if started { backend.cancel(id) }
         }
     }
 
@@ -238,15 +224,8 @@ public final class Extension: Sendable {
                         onWorkerAssigned: (@Sendable (pid_t) -> Void)?,
                         deliver: @escaping @Sendable (RequestOutcome) -> Void)
     {
-        let engine = host.engine
-        let extensionID = identifier
-        let policyDeadline = engine.manifests[identifier]?.policy.requestDeadline
-        let accepted = engine.loop.execute {
-            let record = RequestRecord(id: id, extensionID: extensionID, items: items,
-                                       deadline: deadline ?? policyDeadline, deliver: deliver)
-            record.onWorkerAssigned = onWorkerAssigned
-            engine.start(record)
-        }
-        if !accepted { deliver(.interrupted(.hostShutdown)) }
+        host.backend.submit(SubmittedRequest(
+            id: id, extensionID: identifier, items: items, deadline: deadline, onWorkerAssigned: onWorkerAssigned,
+            deliver: deliver))
     }
 }

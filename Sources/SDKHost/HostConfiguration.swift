@@ -43,8 +43,10 @@ public struct HostConfiguration: Sendable {
     public var logHandler: (@Sendable (LogLevel, String) -> Void)?
     /// Extra environment variables for workers ("KEY=value"). Workers do not inherit the host's environment.
     public var workerEnvironment: [String] = []
-    /// Crash reports kept in memory (the newest win).
+    /// Crash reports kept in memory, and on disk when `crashReportDirectory` is set (the newest win).
     public var crashReportLimit = 64
+    /// A folder to write each crash report to, as a binary plist; nil keeps them in memory only.
+    public var crashReportDirectory: String?
 
     /// Creates a configuration.
     ///

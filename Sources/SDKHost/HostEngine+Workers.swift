@@ -33,13 +33,19 @@ extension HostEngine {
         let worker = WorkerProcess(
             extensionID: manifest.identifier, policy: manifest.policy, process: channels.process,
             socket: channels.socket, stdout: channels.stdout, stderr: channels.stderr,
-            wireLimits: configuration.wireLimits)
-        statistics.spawns += 1
+            loop: loop, wireLimits: configuration.wireLimits)
+        count(manifest.identifier, \.spawns)
         workers[manifest.identifier, default: []].append(worker)
         do throws(SystemError) {
-            try loop.register(worker.socketFD, events: EventLoop.readable) { [unowned self] events in
-                self.socketEvent(worker, events)
-            }
+            try worker.connection.start(
+                onMessage: { [unowned self] message in self.handle(message, from: worker) },
+                onEnd: { [unowned self] end in
+                    if case .badInput(let detail) = end {
+                        self.protocolViolation(worker, detail)
+                    } else {
+                        self.socketBroken(worker)
+                    }
+                })
             try loop.register(worker.stdoutFD, events: EventLoop.readable) { [unowned self] _ in
                 self.drainPipe(worker, stderr: false)
             }
@@ -64,74 +70,15 @@ extension HostEngine {
     // MARK: I/O
 
     func send(_ message: Message, to worker: WorkerProcess) {
-        guard worker.socketOpen else { return }
         do {
-            try worker.enqueue(message, encoder: &encoder)
+            try worker.connection.send(message)
         } catch {
             // Only an over-limit frame can fail; the request cannot be sent, so it is interrupted.
             log(.error, "\(worker.extensionID): cannot send \(message): \(error)")
-            if case .begin(let id, _) = message {
+            if case .begin(let id, _, _, _) = message {
                 worker.inFlight.remove(id)
                 finish(id, .interrupted(.protocolViolation("request too large to send: \(error.detail)")))
             }
-            return
-        }
-        guard !worker.wantsWritable else { return }
-        if !worker.flush() {
-            socketBroken(worker)
-        } else if worker.hasPendingOutput {
-            worker.wantsWritable = true
-            try? loop.modify(worker.socketFD, events: EventLoop.readable | EventLoop.writable)
-        }
-    }
-
-    func socketEvent(_ worker: WorkerProcess, _ events: UInt32) {
-        if events & EventLoop.writable != 0, worker.socketOpen {
-            if !worker.flush() {
-                socketBroken(worker)
-                return
-            }
-            if !worker.hasPendingOutput {
-                worker.wantsWritable = false
-                try? loop.modify(worker.socketFD, events: EventLoop.readable)
-            }
-        }
-        if events & ~EventLoop.writable != 0 { readSocket(worker) }
-    }
-
-    /// Reads and handles everything available on the worker's socket.
-    func readSocket(_ worker: WorkerProcess) {
-        while worker.socketOpen {
-            let result = readBuffer.withUnsafeMutableBytes { raw in
-                Result { () throws(SystemError) in try readNonBlocking(worker.socketFD, into: raw) }
-            }
-            switch result {
-            case .success(.bytes(let n)):
-                readBuffer.withUnsafeBytes { worker.reader.append(UnsafeRawBufferPointer(rebasing: $0[0..<n])) }
-                processFrames(worker)
-            case .success(.wouldBlock):
-                return
-            case .success(.endOfFile), .failure:
-                socketBroken(worker)
-                return
-            }
-        }
-    }
-
-    func processFrames(_ worker: WorkerProcess) {
-        while worker.socketOpen {
-            let message: Message
-            do {
-                guard let value = try worker.reader.nextValue() else { return }
-                message = try Message(plist: value)
-            } catch let error as WireError {
-                protocolViolation(worker, "bad frame: \(error)")
-                return
-            } catch {
-                protocolViolation(worker, "bad message: \(error)")
-                return
-            }
-            handle(message, from: worker)
         }
     }
 
@@ -163,8 +110,8 @@ extension HostEngine {
             log(.warning, "\(worker.extensionID) pid \(worker.pid) reported an error\(id.map { " for \($0)" } ?? ""): \(text)")
         case .unknown(let type):
             log(.info, "\(worker.extensionID): unknown message type '\(type)'; ignored")
-        case .hello, .begin, .cancel:
-            protocolViolation(worker, "worker sent a host-only message")
+        case .hello, .begin, .cancel, .connect, .connected, .assigned, .interrupted, .status, .statusReport:
+            protocolViolation(worker, "worker sent a message that is not a worker's to send")
         }
     }
 
@@ -224,13 +171,13 @@ extension HostEngine {
 
     func protocolViolation(_ worker: WorkerProcess, _ detail: String) {
         log(.error, "\(worker.extensionID) pid \(worker.pid) broke the protocol: \(detail); killing it")
-        statistics.protocolViolations += 1
+        count(worker.extensionID, \.protocolViolations)
         unregisterSocket(worker)
         kill(worker, .protocolViolation(detail))
     }
 
     func kill(_ worker: WorkerProcess, _ reason: InterruptionReason) {
-        if worker.killReason == nil, reason == .hang { statistics.hangs += 1 }
+        if worker.killReason == nil, reason == .hang { count(worker.extensionID, \.hangs) }
         worker.kill(reason: reason)
     }
 
@@ -247,9 +194,7 @@ extension HostEngine {
     }
 
     func unregisterSocket(_ worker: WorkerProcess) {
-        guard worker.socketOpen else { return }
-        loop.unregister(worker.socketFD)
-        worker.closeSocket()
+        worker.connection.close()
     }
 
     /// The pidfd is readable: reap, read what is left, interrupt what was in flight, record a crash.
@@ -257,7 +202,7 @@ extension HostEngine {
         guard let status = worker.reap() else { return }
         loop.unregister(worker.pidfdRaw)
         // Replies already written before the exit still count: a completed request is completed.
-        if worker.socketOpen { readSocket(worker) }
+        worker.connection.drain()
         unregisterSocket(worker)
         drainPipe(worker, stderr: true)
         drainPipe(worker, stderr: false)
@@ -287,7 +232,7 @@ extension HostEngine {
         worker.inFlight.removeAll()
         let clean = status == .exited(0) && inFlight.isEmpty && worker.killReason == nil
         if !(clean || (wasRetiring && (worker.killReason == nil || worker.killReason == .hostShutdown))) {
-            statistics.crashes += 1
+            count(worker.extensionID, \.crashes)
             recordCrash(worker, reason: reason, inFlight: inFlight)
         } else {
             log(.info, "\(worker.extensionID): worker pid \(worker.pid) exited (\(status))")
@@ -306,6 +251,7 @@ extension HostEngine {
         log(.warning, "\(worker.extensionID): worker pid \(worker.pid) ended: \(reason); "
             + "\(inFlight.count) request(s) interrupted")
         crashReports.append(report)
+        crashStore?.save(report)
         if crashReports.count > configuration.crashReportLimit {
             crashReports.removeFirst(crashReports.count - configuration.crashReportLimit)
         }

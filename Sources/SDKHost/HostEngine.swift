@@ -54,12 +54,21 @@ package struct WorkerSnapshot: Sendable, Equatable {
     package var inFlight: Int
 }
 
+/// What `HostEngine.snapshot` reports.
+package struct EngineSnapshot: Sendable {
+    package var totals: HostStatistics
+    package var perExtension: [String: HostStatistics]
+    package var crashReports: [CrashReport]
+    package var workers: [WorkerSnapshot]
+}
+
 /// The engine. `@unchecked Sendable`: all mutable state is confined to `loop`'s thread (entry points hop there
 /// with `loop.execute`), except `pids`, which sits behind a Mutex for `pid(for:)`.
-final class HostEngine: @unchecked Sendable {
-    let loop: EventLoop
+package final class HostEngine: @unchecked Sendable {
+    package let loop: EventLoop
     let configuration: HostConfiguration
     let manifests: [String: ExtensionManifest]
+    let crashStore: CrashReportStore?
     let pids = Mutex<[RequestID: pid_t]>([:])
     private let hostPid = getpid()
 
@@ -69,15 +78,18 @@ final class HostEngine: @unchecked Sendable {
     var waiting: [String: [RequestRecord]] = [:]
     var crashReports: [CrashReport] = []
     var statistics = HostStatistics()
-    var encoder = BinaryPlistEncoder()
+    var perExtension: [String: HostStatistics] = [:]
     var readBuffer = [UInt8](repeating: 0, count: 64 * 1024)
     var heartbeatTimer: TimerID?
     var shuttingDown = false
     var shutdownCompletions: [@Sendable () -> Void] = []
 
-    init(configuration: HostConfiguration) throws(HostError) {
+    package init(configuration: HostConfiguration) throws(HostError) {
         self.configuration = configuration
         manifests = try ExtensionManifest.discover(in: configuration)
+        crashStore = try configuration.crashReportDirectory.map { directory throws(HostError) in
+            try CrashReportStore(directory: directory, limit: configuration.crashReportLimit)
+        }
         do {
             loop = try EventLoop(name: "sdk-host")
         } catch {
@@ -85,7 +97,13 @@ final class HostEngine: @unchecked Sendable {
         }
     }
 
-    func log(_ level: LogLevel, _ message: @autoclosure () -> String) {
+    /// Counts one event for `extensionID` and in the totals.
+    func count(_ extensionID: String, _ counter: WritableKeyPath<HostStatistics, Int>) {
+        statistics[keyPath: counter] += 1
+        perExtension[extensionID, default: HostStatistics()][keyPath: counter] += 1
+    }
+
+    package func log(_ level: LogLevel, _ message: @autoclosure () -> String) {
         guard level >= configuration.logLevel else { return }
         if let handler = configuration.logHandler {
             handler(level, message())
@@ -96,6 +114,16 @@ final class HostEngine: @unchecked Sendable {
     }
 
     // MARK: Requests (loop thread)
+
+    /// Starts `request` (loop thread). The daemon calls this directly; `submit` hops here from any thread.
+    package func start(_ request: SubmittedRequest) {
+        let record = RequestRecord(
+            id: request.id, extensionID: request.extensionID, items: request.items,
+            deadline: request.deadline ?? manifests[request.extensionID]?.policy.requestDeadline,
+            deliver: request.deliver)
+        record.onWorkerAssigned = request.onWorkerAssigned
+        start(record)
+    }
 
     func start(_ record: RequestRecord) {
         loop.preconditionInLoop()
@@ -158,15 +186,16 @@ final class HostEngine: @unchecked Sendable {
         record.worker = nil
         record.onWorkerAssigned = nil
         switch outcome {
-        case .completed: statistics.completions += 1
-        case .cancelled: statistics.cancellations += 1
-        case .interrupted: statistics.interruptions += 1
+        case .completed: count(record.extensionID, \.completions)
+        case .cancelled: count(record.extensionID, \.cancellations)
+        case .interrupted: count(record.extensionID, \.interruptions)
         }
         record.deliver(outcome)
         return true
     }
 
-    func cancel(_ id: RequestID) {
+    /// Cancels `id` (loop thread).
+    package func cancelOnLoop(_ id: RequestID) {
         loop.preconditionInLoop()
         guard let record = requests[id] else {
             log(.debug, "cancel for \(id), which has already ended; ignored")
@@ -212,7 +241,7 @@ final class HostEngine: @unchecked Sendable {
 
     // MARK: Shutdown
 
-    func shutdown(completion: (@Sendable () -> Void)?) {
+    package func shutdownOnLoop(completion: (@Sendable () -> Void)?) {
         loop.preconditionInLoop()
         if let completion { shutdownCompletions.append(completion) }
         if shuttingDown { return }
@@ -234,6 +263,50 @@ final class HostEngine: @unchecked Sendable {
         let completions = shutdownCompletions
         shutdownCompletions = []
         loop.stop { for completion in completions { completion() } }
+    }
+}
+
+extension HostEngine: HostBackend {
+    var extensionIdentifiers: [String] { manifests.keys.sorted() }
+
+    func lookupProblem(_ identifier: String) -> HostError? {
+        guard let manifest = manifests[identifier] else {
+            let known = manifests.keys.sorted().joined(separator: ", ")
+            return HostError(.unknownExtension, "unknown extension '\(identifier)' (known: \(known.isEmpty ? "none" : known))")
+        }
+        guard manifest.executablePath != nil else {
+            return HostError(.executableNotFound, "\(identifier): executable '\(manifest.executableName)' not found in "
+                + manifest.searchedPaths.joined(separator: ", "))
+        }
+        return nil
+    }
+
+    func submit(_ request: SubmittedRequest) {
+        if !loop.execute({ self.start(request) }) { request.deliver(.interrupted(.hostShutdown)) }
+    }
+
+    func cancel(_ id: RequestID) {
+        loop.execute { self.cancelOnLoop(id) }
+    }
+
+    func pid(for id: RequestID) -> pid_t? { pids.withLock { $0[id] } }
+
+    package func shutdown(completion: @escaping @Sendable () -> Void) {
+        if !loop.execute({ self.shutdownOnLoop(completion: completion) }) { completion() }
+    }
+
+    /// Counters, crash reports and live workers, read on the loop and handed to `body` there.
+    package func snapshot(_ body: @escaping @Sendable (EngineSnapshot) -> Void) {
+        let accepted = loop.execute {
+            let now = monotonicNanoseconds()
+            let workers = self.workers.values.joined().map {
+                WorkerSnapshot(extensionIdentifier: $0.extensionID, pid: $0.pid,
+                               uptimeSeconds: Double(now - $0.startedAt) / 1e9, inFlight: $0.inFlight.count)
+            }
+            body(EngineSnapshot(totals: self.statistics, perExtension: self.perExtension,
+                                crashReports: self.crashReports, workers: workers))
+        }
+        if !accepted { body(EngineSnapshot(totals: HostStatistics(), perExtension: [:], crashReports: [], workers: [])) }
     }
 }
 

@@ -26,19 +26,14 @@ final class WorkerProcess {
     var state = State.starting
 
     // Descriptors: the raw numbers stay valid until the matching `close…` call.
-    let socketFD: Int32
     let stdoutFD: Int32
     let stderrFD: Int32
     private var process: SpawnedProcess?
-    private var socket: FileDescriptor?
     private var stdoutPipe: FileDescriptor?
     private var stderrPipe: FileDescriptor?
     var pidfdRaw: Int32
-
-    var reader: FrameReader
-    var outbound: [UInt8] = []
-    var outboundSent = 0
-    var wantsWritable = false
+    /// The IPC socket.
+    let connection: FramedConnection
 
     /// Requests sent to this worker whose `complete`/`cancelled` has not arrived.
     var inFlight: Set<RequestID> = []
@@ -54,34 +49,31 @@ final class WorkerProcess {
 
     init(extensionID: String, policy: ExtensionPolicy, process: consuming SpawnedProcess,
          socket: consuming FileDescriptor, stdout: consuming FileDescriptor, stderr: consuming FileDescriptor,
-         wireLimits: WireLimits)
+         loop: EventLoop, wireLimits: WireLimits)
     {
         self.extensionID = extensionID
         self.policy = policy
         pid = process.pid
         pidfdRaw = process.pidfd.rawValue
-        socketFD = socket.rawValue
         stdoutFD = stdout.rawValue
         stderrFD = stderr.rawValue
         self.process = consume process
-        self.socket = consume socket
+        connection = FramedConnection(socket, loop: loop, limits: wireLimits)
         stdoutPipe = consume stdout
         stderrPipe = consume stderr
-        reader = FrameReader(limits: wireLimits)
         startedAt = monotonicNanoseconds()
     }
 
-    var socketOpen: Bool { socket != nil }
+    var socketOpen: Bool { connection.isOpen }
     var stdoutOpen: Bool { stdoutPipe != nil }
     var stderrOpen: Bool { stderrPipe != nil }
 
     /// Whether a new request may be sent to it now.
     var acceptsRequests: Bool {
-        (state == .starting || state == .ready) && socket != nil && killReason == nil
+        (state == .starting || state == .ready) && connection.isOpen && killReason == nil
             && inFlight.count < policy.maxConcurrentRequests
     }
 
-    func closeSocket() { socket.take()?.close() }
     func closeStdout() { stdoutPipe.take()?.close() }
     func closeStderr() { stderrPipe.take()?.close() }
 
@@ -111,34 +103,6 @@ final class WorkerProcess {
         }
         return status
     }
-
-    /// Appends a frame for `message` to the outbound buffer.
-    func enqueue(_ message: Message, encoder: inout BinaryPlistEncoder) throws(WireError) {
-        if outboundSent == outbound.count {
-            outbound.removeAll(keepingCapacity: true)
-            outboundSent = 0
-        }
-        try Frame.encode(message.plist, with: &encoder, appendingTo: &outbound, limits: reader.limits)
-    }
-
-    /// Writes as much of the outbound buffer as the socket takes. Returns false if the socket is broken.
-    func flush() -> Bool {
-        while outboundSent < outbound.count {
-            let result = outbound.withUnsafeBytes { raw in
-                Result { () throws(SystemError) in
-                    try sendNonBlocking(socketFD, UnsafeRawBufferPointer(rebasing: raw[outboundSent...]))
-                }
-            }
-            switch result {
-            case .success(.bytes(let n)): outboundSent += n
-            case .success(.wouldBlock): return true
-            case .success(.endOfFile), .failure: return false
-            }
-        }
-        return true
-    }
-
-    var hasPendingOutput: Bool { outboundSent < outbound.count }
 }
 
 /// A fixed-size memory of recently seen ids (oldest forgotten first).

@@ -4,11 +4,20 @@
 //   host -> worker   hello     {type, version, identifier, hostPid, idleTimeoutMs}
 //   worker -> host   welcome   {type, version, identifier, pid}
 //   host -> worker   begin     {type, id, items: [item]}
+//   client -> daemon begin     {type, id, items, extension, deadlineMs?}   (the daemon adds nothing more)
 //   worker -> host   complete  {type, id, items: [item]}
 //   host -> worker   cancel    {type, id}
 //   worker -> host   cancelled {type, id, error: {domain, code, message}}
 //   either way       ping      {type, seq}   and   pong {type, seq}
 //   either way       error     {type, message, id?}
+//
+// Between a client library and the daemon, additionally:
+//   client -> daemon connect     {type, version}
+//   daemon -> client connected   {type, version, pid, extensions: [string]}
+//   daemon -> client assigned    {type, id, pid}              the request was sent to worker `pid`
+//   daemon -> client interrupted {type, id, reason: {kind, code?, detail?}}
+//                                kind: signal|exit|hang|protocol|disconnected|launch|shutdown
+//   client -> daemon status      {type, seq}    and    daemon -> client statusReport {type, seq, report}
 //
 //   item  = {title?: string, attachments: [value], userInfo: {string: value}}
 //   id    = UUID string, 8-4-4-4-12 upper-case hex
@@ -175,13 +184,19 @@ public struct MessageError: Error, Hashable, Sendable, CustomStringConvertible {
 public enum Message: Sendable, Equatable {
     case hello(version: Int64, identifier: String, hostPid: Int32, idleTimeoutMs: Int64)
     case welcome(version: Int64, identifier: String, pid: Int32)
-    case begin(id: RequestID, items: [ExtensionItem])
+    case begin(id: RequestID, items: [ExtensionItem], extensionID: String? = nil, deadlineMs: Int64? = nil)
     case complete(id: RequestID, items: [ExtensionItem])
     case cancel(id: RequestID)
     case cancelled(id: RequestID, error: ExtensionError)
     case ping(seq: Int64)
     case pong(seq: Int64)
     case error(message: String, id: RequestID?)
+    case connect(version: Int64)
+    case connected(version: Int64, pid: Int32, extensions: [String])
+    case assigned(id: RequestID, pid: Int32)
+    case interrupted(id: RequestID, reason: PlistValue)
+    case status(seq: Int64)
+    case statusReport(seq: Int64, report: PlistValue)
     /// A type this version does not know; ignored by receivers.
     case unknown(type: String)
 
@@ -194,8 +209,11 @@ public enum Message: Sendable, Equatable {
         case let .welcome(version, identifier, pid):
             return ["type": "welcome", "version": .integer(version), "identifier": .string(identifier),
                     "pid": .integer(Int64(pid))]
-        case let .begin(id, items):
-            return ["type": "begin", "id": .string(id.uuidString), "items": .array(items.map(\.plist))]
+        case let .begin(id, items, extensionID, deadlineMs):
+            var d: [String: PlistValue] = ["type": "begin", "id": .string(id.uuidString), "items": .array(items.map(\.plist))]
+            if let extensionID { d["extension"] = .string(extensionID) }
+            if let deadlineMs { d["deadlineMs"] = .integer(deadlineMs) }
+            return .dictionary(d)
         case let .complete(id, items):
             return ["type": "complete", "id": .string(id.uuidString), "items": .array(items.map(\.plist))]
         case let .cancel(id):
@@ -210,6 +228,19 @@ public enum Message: Sendable, Equatable {
             var d: [String: PlistValue] = ["type": "error", "message": .string(message)]
             if let id { d["id"] = .string(id.uuidString) }
             return .dictionary(d)
+        case let .connect(version):
+            return ["type": "connect", "version": .integer(version)]
+        case let .connected(version, pid, extensions):
+            return ["type": "connected", "version": .integer(version), "pid": .integer(Int64(pid)),
+                    "extensions": .array(extensions.map(PlistValue.string))]
+        case let .assigned(id, pid):
+            return ["type": "assigned", "id": .string(id.uuidString), "pid": .integer(Int64(pid))]
+        case let .interrupted(id, reason):
+            return ["type": "interrupted", "id": .string(id.uuidString), "reason": reason]
+        case let .status(seq):
+            return ["type": "status", "seq": .integer(seq)]
+        case let .statusReport(seq, report):
+            return ["type": "statusReport", "seq": .integer(seq), "report": report]
         case let .unknown(type):
             return ["type": .string(type)]
         }
@@ -252,7 +283,10 @@ public enum Message: Sendable, Equatable {
             let pid = try integer("pid")
             guard let pid32 = Int32(exactly: pid) else { throw MessageError("'welcome' pid \(pid) is out of range") }
             self = .welcome(version: try integer("version"), identifier: try string("identifier"), pid: pid32)
-        case "begin": self = .begin(id: try id(), items: try items())
+        case "begin":
+            let ext: String? = d["extension"] == nil ? nil : try string("extension")
+            let deadline: Int64? = d["deadlineMs"] == nil ? nil : try integer("deadlineMs")
+            self = .begin(id: try id(), items: try items(), extensionID: ext, deadlineMs: deadline)
         case "complete": self = .complete(id: try id(), items: try items())
         case "cancel": self = .cancel(id: try id())
         case "cancelled":
@@ -262,6 +296,27 @@ public enum Message: Sendable, Equatable {
         case "pong": self = .pong(seq: try integer("seq"))
         case "error":
             self = .error(message: try string("message"), id: d["id"] == nil ? nil : try id())
+        case "connect": self = .connect(version: try integer("version"))
+        case "connected":
+            guard case .array(let raw)? = d["extensions"] else { throw MessageError("'connected' needs an array 'extensions'") }
+            var names: [String] = []
+            for v in raw {
+                guard let s = v.stringValue else { throw MessageError("'connected' extensions must be strings") }
+                names.append(s)
+            }
+            let pid = try integer("pid")
+            self = .connected(version: try integer("version"), pid: Int32(truncatingIfNeeded: pid), extensions: names)
+        case "assigned":
+            let pid = try integer("pid")
+            guard let pid32 = Int32(exactly: pid) else { throw MessageError("'assigned' pid \(pid) is out of range") }
+            self = .assigned(id: try id(), pid: pid32)
+        case "interrupted":
+            guard let reason = d["reason"] else { throw MessageError("'interrupted' needs a 'reason'") }
+            self = .interrupted(id: try id(), reason: reason)
+        case "status": self = .status(seq: try integer("seq"))
+        case "statusReport":
+            guard let report = d["report"] else { throw MessageError("'statusReport' needs a 'report'") }
+            self = .statusReport(seq: try integer("seq"), report: report)
         default: self = .unknown(type: type)
         }
     }

@@ -13,6 +13,10 @@ import Testing
         .cancel(id: id),
         .cancelled(id: id, error: ExtensionError(domain: "d", code: -3, message: "m")),
         .ping(seq: 7), .pong(seq: 7), .error(message: "bad", id: id), .error(message: "bad", id: nil),
+        .begin(id: id, items: [], extensionID: "com.example.echo", deadlineMs: 1500),
+        .connect(version: 1), .connected(version: 1, pid: 9, extensions: ["a", "b"]), .assigned(id: id, pid: 12),
+        .interrupted(id: id, reason: ["kind": "signal", "code": 11]), .status(seq: 3),
+        .statusReport(seq: 3, report: ["extensions": []]),
         .unknown(type: "stream-event"),
     ]
 

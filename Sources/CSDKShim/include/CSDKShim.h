@@ -40,4 +40,19 @@ int sdk_epoll_ctl(int epfd, int op, int fd, uint32_t events);
 /// epoll_wait that unpacks events into parallel arrays; returns the count or -1 with errno.
 int sdk_epoll_wait(int epfd, int32_t *fds, uint32_t *events, int max_events, int timeout_ms);
 
+/// A listening Unix stream socket bound to `path` (close-on-exec, non-blocking). Returns the fd or -1 with
+/// errno (ENAMETOOLONG when the path does not fit sun_path).
+int sdk_unix_listen(const char *path, int backlog);
+/// A Unix stream socket connected to `path` (close-on-exec, non-blocking). Returns the fd or -1 with errno.
+int sdk_unix_connect(const char *path);
+/// accept4 with SOCK_CLOEXEC | SOCK_NONBLOCK.
+int sdk_accept(int listen_fd);
+/// SO_PEERCRED of a connected Unix socket. Returns 0 or -1 with errno.
+int sdk_peer_credentials(int fd, pid_t *pid, uid_t *uid, gid_t *gid);
+/// Blocks SIGTERM and SIGINT in the calling thread (threads it creates inherit the mask) and returns a
+/// signalfd (close-on-exec, non-blocking) that reads them; -1 with errno on failure.
+int sdk_termination_signalfd(void);
+/// Reads one pending signal from a signalfd; returns the signal number, 0 if none, -1 with errno.
+int sdk_read_signalfd(int fd);
+
 #endif

@@ -1,0 +1,94 @@
+// CrashReportStore: crash reports on disk, one binary plist per crash, named so that name order is time order,
+// and pruned to the newest `limit`. Writes happen on a serial utility queue, never on the event loop.
+import Dispatch
+import SDKPosix
+
+#if canImport(Glibc)
+import Glibc
+#endif
+
+extension CrashReport {
+    /// The on-disk form (read it with `sdk-host plist decode` or `sdk-host crashes`).
+    package var plist: PlistValue {
+        [
+            "extension": .string(extensionIdentifier), "pid": .integer(Int64(pid)), "reason": reason.plist,
+            "reasonText": .string(reason.description), "time": .date(PlistDate(secondsSince1970: time)),
+            "inFlight": .array(inFlightRequests.map { .string($0.uuidString) }), "stderrTail": .string(stderrTail),
+        ]
+    }
+
+    package init?(plist: PlistValue) {
+        guard let ext = plist["extension"]?.stringValue, let pid = plist["pid"]?.integerValue,
+            let reason = plist["reason"], let time = plist["time"]?.dateValue
+        else { return nil }
+        self.init(
+            extensionIdentifier: ext, pid: Int32(truncatingIfNeeded: pid), reason: InterruptionReason(plist: reason),
+            time: time.secondsSince1970,
+            inFlightRequests: (plist["inFlight"]?.arrayValue ?? []).compactMap { $0.stringValue.flatMap(RequestID.init(uuidString:)) },
+            stderrTail: plist["stderrTail"]?.stringValue ?? "")
+    }
+}
+
+package final class CrashReportStore: Sendable {
+    package let directory: String
+    let limit: Int
+    private let queue = DispatchQueue(label: "sdk-host.crash-reports", qos: .utility)
+
+    package init(directory: String, limit: Int) throws(HostError) {
+        self.directory = directory
+        self.limit = max(1, limit)
+        guard makeDirectories(directory, mode: 0o700) else {
+            throw HostError(.invalidConfiguration, "crash report folder \(directory): cannot create it: "
+                + String(cString: strerror(errno)))
+        }
+    }
+
+    /// Writes `report` in the background, then removes the oldest files beyond the limit.
+    func save(_ report: CrashReport) {
+        queue.async { [directory, limit] in
+            let name = crashFileName(time: report.time, pid: report.pid, extensionID: report.extensionIdentifier)
+            let bytes = BinaryPlistEncoder.encode(report.plist)
+            let temporary = "\(directory)/.\(name).tmp"
+            let fd = open(temporary, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0o600)
+            guard fd >= 0 else { return }
+            let ok = bytes.withUnsafeBytes { raw in write(fd, raw.baseAddress, raw.count) == raw.count }
+            close(fd)
+            if ok { rename(temporary, "\(directory)/\(name)") } else { unlink(temporary) }
+            let reports = CrashReportStore.fileNames(in: directory)
+            for old in reports.dropLast(limit) { unlink("\(directory)/\(old)") }
+        }
+    }
+
+    /// Waits for pending writes (tests and tools).
+    package func flush() { queue.sync {} }
+
+    static func fileNames(in directory: String) -> [String] {
+        (listDirectory(directory) ?? []).filter { $0.hasSuffix(".crash.plist") && !$0.hasPrefix(".") }.sorted()
+    }
+
+    /// Every readable report in `directory`, oldest first; unreadable files are skipped.
+    package static func load(directory: String) -> [CrashReport] {
+        fileNames(in: directory).compactMap { name in
+            guard let bytes = try? readFile("\(directory)/\(name)"),
+                let value = try? BinaryPlistDecoder.decode(bytes)
+            else { return nil }
+            return CrashReport(plist: value)
+        }
+    }
+}
+
+/// "<17-digit microseconds since 1970>-<extension>-<pid>.crash.plist": name order is time order.
+func crashFileName(time: Double, pid: Int32, extensionID: String) -> String {
+    let micros = String(UInt64(max(0, time) * 1e6))
+    return String(repeating: "0", count: max(0, 17 - micros.count)) + micros + "-\(extensionID)-\(pid).crash.plist"
+}
+
+/// mkdir -p with `mode` for the folders it creates. True if the folder exists afterwards.
+package func makeDirectories(_ path: String, mode: mode_t) -> Bool {
+    var st = stat()
+    if stat(path, &st) == 0 { return (st.st_mode & S_IFMT) == S_IFDIR }
+    if let slash = path.lastIndex(of: "/"), slash != path.startIndex {
+        _ = makeDirectories(String(path[..<slash]), mode: mode)
+    }
+    return mkdir(path, mode) == 0 || errno == EEXIST
+}

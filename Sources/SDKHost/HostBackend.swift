@@ -1,0 +1,74 @@
+// HostBackend: what an ExtensionHost delegates to. The embedded engine is one backend; the daemon connection
+// is the other. Both take requests without blocking and deliver exactly one outcome per request.
+
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// A request as handed to a backend.
+package struct SubmittedRequest: Sendable {
+    package let id: RequestID
+    package let extensionID: String
+    package let items: [ExtensionItem]
+    /// Seconds; nil for the extension's own deadline.
+    package let deadline: Double?
+    package let onWorkerAssigned: (@Sendable (pid_t) -> Void)?
+    package let deliver: @Sendable (RequestOutcome) -> Void
+
+    package init(id: RequestID, extensionID: String, items: [ExtensionItem], deadline: Double?,
+                 onWorkerAssigned: (@Sendable (pid_t) -> Void)?, deliver: @escaping @Sendable (RequestOutcome) -> Void)
+    {
+        self.id = id
+        self.extensionID = extensionID
+        self.items = items
+        self.deadline = deadline
+        self.onWorkerAssigned = onWorkerAssigned
+        self.deliver = deliver
+    }
+}
+
+protocol HostBackend: AnyObject, Sendable {
+    /// Identifiers of the extensions this backend serves, sorted.
+    var extensionIdentifiers: [String] { get }
+    /// Why `identifier` cannot be used, or nil if it can.
+    func lookupProblem(_ identifier: String) -> HostError?
+    /// Starts a request; never blocks.
+    func submit(_ request: SubmittedRequest)
+    /// Cancels a request; never blocks.
+    func cancel(_ id: RequestID)
+    /// The worker pid of an in-flight request.
+    func pid(for id: RequestID) -> pid_t?
+    /// Stops; `completion` runs when everything is released.
+    func shutdown(completion: @escaping @Sendable () -> Void)
+}
+
+extension InterruptionReason {
+    /// The wire form used between daemon and client: {kind, code?, detail?}.
+    package var plist: PlistValue {
+        switch self {
+        case .signal(let s): ["kind": "signal", "code": .integer(Int64(s))]
+        case .exited(let c): ["kind": "exit", "code": .integer(Int64(c))]
+        case .hang: ["kind": "hang"]
+        case .protocolViolation(let d): ["kind": "protocol", "detail": .string(d)]
+        case .disconnected: ["kind": "disconnected"]
+        case .launchFailed(let d): ["kind": "launch", "detail": .string(d)]
+        case .hostShutdown: ["kind": "shutdown"]
+        }
+    }
+
+    /// Parses the wire form; an unknown kind reads as a protocol problem rather than failing.
+    package init(plist: PlistValue) {
+        let code = Int32(truncatingIfNeeded: plist["code"]?.integerValue ?? 0)
+        let detail = plist["detail"]?.stringValue ?? ""
+        switch plist["kind"]?.stringValue {
+        case "signal": self = .signal(code)
+        case "exit": self = .exited(code)
+        case "hang": self = .hang
+        case "protocol": self = .protocolViolation(detail)
+        case "disconnected": self = .disconnected
+        case "launch": self = .launchFailed(detail)
+        case "shutdown": self = .hostShutdown
+        default: self = .protocolViolation("unknown interruption reason \(plist)")
+        }
+    }
+}
