@@ -33,11 +33,13 @@ let package = Package(
         .executableTarget(
             name: "Crasher", dependencies: ["SDKExtension"], path: "Extensions/Crasher", exclude: ["Info.plist"],
             linkerSettings: extensionLinkerSettings),
+        // The daemon: the engine behind a Unix socket, its configuration file.
+        .target(name: "SDKDaemon", dependencies: ["SDKHost", "SDKPosix"]),
         // The CLI and daemon. Foundation is allowed here, off the hot path (XML plist conversion).
         .executableTarget(
             name: "sdk-host",
             // Depending on the extensions makes `swift run sdk-host demo` build them next to it.
-            dependencies: ["SDKWire", "SDKWireFoundation", "SDKPosix", "SDKHost", "Echo", "Crasher"]),
+            dependencies: ["SDKWire", "SDKWireFoundation", "SDKPosix", "SDKHost", "SDKDaemon", "Echo", "Crasher"]),
         .testTarget(
             name: "SDKWireTests",
             dependencies: ["SDKWire", "SDKWireFoundation"],
@@ -48,6 +50,7 @@ let package = Package(
         .testTarget(name: "SDKPosixTests", dependencies: ["SDKPosix"]),
         .testTarget(name: "SDKExtensionTests", dependencies: ["SDKExtension"]),
         .testTarget(name: "SDKHostTests", dependencies: ["SDKHost", "SDKPosix", "HostTestSupport"]),
+        .testTarget(name: "DaemonTests", dependencies: ["SDKDaemon", "SDKHost", "SDKPosix", "HostTestSupport"]),
         // Crash and fault injection, in its own target so it can run alone: swift test --filter FaultTests
         .testTarget(name: "FaultTests", dependencies: ["SDKHost", "HostTestSupport"]),
     ],

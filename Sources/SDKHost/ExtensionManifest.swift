@@ -28,11 +28,6 @@ struct ExtensionManifest: Sendable {
     let policy: ExtensionPolicy
     let manifestPath: String
 
-    static let policyKeys: Set<String> = [
-        "MaxConcurrentRequests", "MaxWorkers", "IdleTimeoutSeconds", "RequestDeadlineSeconds", "MemoryLimitMB",
-        "NetworkAllowed",
-    ]
-
     init(contentsOf path: String, defaults: ExtensionPolicy, executableSearchPaths: [String]) throws(HostError) {
         let bytes: [UInt8]
         do {
@@ -57,15 +52,7 @@ struct ExtensionManifest: Sendable {
             throw ext.fail("NSExtensionExecutable", "must be a file name, not a path")
         }
         var policy = defaults
-        if let p = try ext.fields("SDKHostPolicy") {
-            try p.rejectUnknownKeys(Self.policyKeys)
-            policy.maxConcurrentRequests = try p.integer("MaxConcurrentRequests", in: 1...1024) ?? policy.maxConcurrentRequests
-            policy.maxWorkers = try p.integer("MaxWorkers", in: 1...64) ?? policy.maxWorkers
-            policy.idleTimeout = try p.seconds("IdleTimeoutSeconds", minimum: 0.1) ?? policy.idleTimeout
-            policy.requestDeadline = try p.seconds("RequestDeadlineSeconds", minimum: 0.01) ?? policy.requestDeadline
-            policy.memoryLimitMB = try p.integer("MemoryLimitMB", in: 16...65536) ?? policy.memoryLimitMB
-            policy.networkAllowed = try p.bool("NetworkAllowed") ?? policy.networkAllowed
-        }
+        if let p = try ext.fields("SDKHostPolicy") { try policy.apply(p) }
         self.policy = policy
         manifestPath = path
         let manifestDirectory = String(path[..<(path.lastIndex(of: "/") ?? path.startIndex)])
@@ -99,8 +86,26 @@ struct ExtensionManifest: Sendable {
     }
 }
 
+extension ExtensionPolicy {
+    static let keys: Set<String> = [
+        "MaxConcurrentRequests", "MaxWorkers", "IdleTimeoutSeconds", "RequestDeadlineSeconds", "MemoryLimitMB",
+        "NetworkAllowed",
+    ]
+
+    /// Overrides the keys present in `p` (a manifest's SDKHostPolicy or the config's DefaultPolicy).
+    package mutating func apply(_ p: PlistFields) throws(HostError) {
+        try p.rejectUnknownKeys(Self.keys)
+        maxConcurrentRequests = try p.integer("MaxConcurrentRequests", in: 1...1024) ?? maxConcurrentRequests
+        maxWorkers = try p.integer("MaxWorkers", in: 1...64) ?? maxWorkers
+        idleTimeout = try p.seconds("IdleTimeoutSeconds", minimum: 0.1) ?? idleTimeout
+        requestDeadline = try p.seconds("RequestDeadlineSeconds", minimum: 0.01) ?? requestDeadline
+        memoryLimitMB = try p.integer("MemoryLimitMB", in: 16...65536) ?? memoryLimitMB
+        networkAllowed = try p.bool("NetworkAllowed") ?? networkAllowed
+    }
+}
+
 /// The names in a directory, or nil if it cannot be read.
-func listDirectory(_ path: String) -> [String]? {
+package func listDirectory(_ path: String) -> [String]? {
     guard let dir = opendir(path) else { return nil }
     defer { closedir(dir) }
     var names: [String] = []
@@ -114,7 +119,7 @@ func listDirectory(_ path: String) -> [String]? {
 }
 
 /// Reads a whole (small) file.
-func readFile(_ path: String) throws(SystemError) -> [UInt8] {
+package func readFile(_ path: String) throws(SystemError) -> [UInt8] {
     let fd = open(path, O_RDONLY | O_CLOEXEC)
     guard fd >= 0 else { throw SystemError("open", errno: errno, detail: path) }
     defer { close(fd) }

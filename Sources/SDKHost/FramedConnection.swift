@@ -128,8 +128,15 @@ package final class FramedConnection {
                     try? loop.modify(fd, events: EventLoop.readable | EventLoop.writable)
                 }
                 return
-            case .success(.endOfFile): end(.endOfFile)
-            case .failure(let error): end(.broken(error.description))
+            case .success(.endOfFile), .failure:
+                // A peer that hung up may have said why first (the daemon refusing a uid does): read that
+                // before reporting the end.
+                let failure = result
+                drain()
+                if isOpen {
+                    if case .failure(let error) = failure { end(.broken(error.description)) } else { end(.endOfFile) }
+                }
+                return
             }
         }
         if wantsWritable, isOpen {

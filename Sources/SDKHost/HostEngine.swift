@@ -268,6 +268,10 @@ package final class HostEngine: @unchecked Sendable {
 
 extension HostEngine: HostBackend {
     var extensionIdentifiers: [String] { manifests.keys.sorted() }
+    /// Identifiers of the discovered extensions, sorted.
+    package var manifestIdentifiers: [String] { manifests.keys.sorted() }
+    /// Requests that have begun and not ended (loop thread).
+    package var activeRequestCount: Int { requests.count }
 
     func lookupProblem(_ identifier: String) -> HostError? {
         guard let manifest = manifests[identifier] else {

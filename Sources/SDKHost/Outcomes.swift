@@ -82,7 +82,7 @@ public struct HostError: Error, Hashable, Sendable, CustomStringConvertible {
     /// What kind of failure.
     public struct Code: Hashable, Sendable, CustomStringConvertible {
         private enum Raw: String, Hashable, Sendable {
-            case unknownExtension, invalidManifest, executableNotFound, invalidConfiguration, system
+            case unknownExtension, invalidManifest, executableNotFound, invalidConfiguration, system, daemonUnavailable
         }
         private let raw: Raw
         private init(_ raw: Raw) { self.raw = raw }
@@ -96,6 +96,8 @@ public struct HostError: Error, Hashable, Sendable, CustomStringConvertible {
         public static let invalidConfiguration = Code(.invalidConfiguration)
         /// A system call failed (creating the event loop, say).
         public static let system = Code(.system)
+        /// The daemon cannot be reached, or refused this client.
+        public static let daemonUnavailable = Code(.daemonUnavailable)
         public var description: String { raw.rawValue }
     }
 

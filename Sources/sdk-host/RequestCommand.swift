@@ -1,5 +1,6 @@
 // `sdk-host request <ext-id> [--text S]… [--embedded | --socket P] [--timeout S]`: one request, its outcome
 // and items. Exit status: 0 completed, 3 cancelled, 4 interrupted, 2 usage or configuration error.
+// Without --socket or --embedded it uses the daemon when one answers on the configured socket, else embedded.
 import Dispatch
 import SDKHost
 import Synchronization
@@ -9,47 +10,44 @@ import Glibc
 #endif
 
 enum RequestCommand {
-    static let usage = "usage: sdk-host request <extension-id> [--text S]... [--embedded | --socket PATH] [--timeout SECONDS]"
+    static let usage = "usage: sdk-host request <extension-id> [--text S]... [--embedded | --socket PATH] [--timeout SECONDS] [--config PATH]"
 
-    static func run(_ arguments: [String]) {
-        var identifier: String?
-        var texts: [String] = []
+    static func run(_ arguments: [String]) -> Never {
+        let options = Options(arguments, valued: ["--text", "--timeout", "--socket", "--config"], boolean: ["--embedded"], usage: usage)
+        guard options.positionals.count == 1 else {
+            fail(options.positionals.isEmpty ? "missing extension identifier\n\(usage)" : "unexpected argument '\(options.positionals[1])'\n\(usage)", status: 2)
+        }
+        let identifier = options.positionals[0]
         var timeout: Double?
-        var socketPath: String?
-        var i = 0
-        while i < arguments.count {
-            let arg = arguments[i]
-            func value() -> String {
-                guard i + 1 < arguments.count else { fail("\(arg) needs a value\n\(usage)", status: 2) }
-                i += 1
-                return arguments[i]
-            }
-            switch arg {
-            case "--text": texts.append(value())
-            case "--timeout":
-                let raw = value()
-                guard let t = Double(raw), t > 0 else { fail("--timeout: '\(raw)' is not a positive number of seconds", status: 2) }
-                timeout = t
-            case "--embedded": socketPath = nil
-            case "--socket": socketPath = value()
-            case let flag where flag.hasPrefix("-"): fail("unknown option \(flag)\n\(usage)", status: 2)
-            default:
-                guard identifier == nil else { fail("unexpected argument '\(arg)'\n\(usage)", status: 2) }
-                identifier = arg
-            }
-            i += 1
+        if let raw = options.value("--timeout") {
+            guard let t = Double(raw), t > 0 else { fail("--timeout: '\(raw)' is not a positive number of seconds", status: 2) }
+            timeout = t
         }
-        guard let identifier else { fail("missing extension identifier\n\(usage)", status: 2) }
-        if let socketPath {
-            fail("--socket \(socketPath): daemon mode is not built yet; use --embedded", status: 2)
+        if options.has("--embedded") && options.value("--socket") != nil {
+            fail("--embedded and --socket exclude each other\n\(usage)", status: 2)
         }
-        let host = EmbeddedHost.make()
+        let host: ExtensionHost
+        if options.has("--embedded") {
+            host = EmbeddedHost.make()
+        } else {
+            let socket = loadConfiguration(options).socketPath
+            let explicit = options.value("--socket") != nil
+            let connected: Result<ExtensionHost, HostError> = runAsync {
+                do throws(HostError) { return .success(try await ExtensionHost.connect(socketPath: socket)) } catch { return .failure(error) }
+            }
+            switch connected {
+            case .success(let h): host = h
+            case .failure(let error) where explicit: fail("\(error)", status: 2)
+            case .failure: host = EmbeddedHost.make()  // no daemon: embedded, as documented
+            }
+        }
         let ext: Extension
         do {
             ext = try host.extension(identifier: identifier)
         } catch {
             fail("\(error)", status: 2)
         }
+        let texts = options.values["--text"] ?? []
         let items = texts.isEmpty ? [ExtensionItem()] : texts.map { ExtensionItem(title: $0) }
         let outcome = Mutex<RequestOutcome?>(nil)
         let done = DispatchSemaphore(value: 0)

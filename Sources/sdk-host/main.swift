@@ -6,8 +6,12 @@ import Glibc
 let usage = """
     usage: sdk-host <command> [options]
       demo                      run echo, every crash fault and a cancel through an embedded host
-      request <ext-id> [--text S]... [--embedded] [--timeout S]
+      request <ext-id> [--text S]... [--embedded | --socket P] [--timeout S]
                                 one request; exit 0 completed, 3 cancelled, 4 interrupted, 2 usage error
+      serve [--config P] [--socket P]
+                                the daemon; SIGTERM/SIGINT drain in-flight requests, then stop
+      status [--json]           the daemon's extensions, workers and counters
+      crashes [--json]          the crash reports the daemon wrote
       plist encode              XML plist on stdin -> bplist00 on stdout
       plist decode              bplist00 on stdin -> XML plist on stdout
       bench [codec] [--json] [--quick]
@@ -30,6 +34,10 @@ case "bench": BenchCommand.run(arguments)
 case "bench-peer": RawBench.peer()  // internal: the far end of the raw baseline
 case "demo": DemoCommand.run(arguments)
 case "request": RequestCommand.run(arguments)
+case "serve": ServeCommand.run(arguments)
+case "status": StatusCommand.run(arguments)
+case "crashes": CrashesCommand.run(arguments)
+case "hammer": HammerCommand.run(arguments)  // internal: load client for tests
 case "help", "--help", "-h": print(usage)
 default: fail("unknown command '\(command)'\n" + usage, status: 2)
 }

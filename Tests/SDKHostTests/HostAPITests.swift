@@ -120,7 +120,7 @@ import Glibc
             #expect(await recorder.wait(for: id) == .completed([ExtensionItem(title: "x")]))
             let pid = try #require(pidBox.withLock { $0 })
             #expect(await eventually(timeout: 20) { !processIsAlive(pid) }, "idle worker exits after its timeout")
-            #expect(await eventually(timeout: 20) { childProcesses().isEmpty })
+            #expect(await eventually(timeout: 20) { ResourceSnapshot.take().workerChildren.isEmpty })
             let (_, crashes, workers) = await host.inspect()
             #expect(crashes.isEmpty)
             #expect(workers.isEmpty)

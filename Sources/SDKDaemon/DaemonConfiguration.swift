@@ -1,0 +1,127 @@
+// SDKDaemon: `sdk-host serve` — the host engine behind a Unix socket for many client processes.
+// This file: the daemon's configuration (config/sdk-host.plist). Every key has a default; an unknown or
+// ill-typed key is a startup error naming the key and the file. Relative paths are resolved against the folder
+// holding the configuration file.
+//
+//   ExtensionSearchPaths      [string]  folders with <Name>/Info.plist        default: the bundled Extensions
+//   ExecutableSearchPaths     [string]  folders with extension executables    default: sdk-host's own folder
+//   SocketPath                string    the daemon's socket                    default: $XDG_RUNTIME_DIR/sdk-host.sock,
+//                                                                               else /tmp/sdk-host-<uid>/sdk-host.sock
+//   SocketMode                integer   permission bits of the socket file     default: 384 (0600)
+//   AllowedUIDs               [integer] uids that may connect (SO_PEERCRED)    default: the daemon's uid
+//   LogLevel                  string    debug | info | warning | error         default: info
+//   CrashReportDirectory      string    one binary plist per worker crash      default: <socket folder>/crashes
+//   MaxCrashReports           integer   reports kept (newest win)              default: 64
+//   DrainTimeoutSeconds       number    SIGTERM: time in-flight requests get   default: 10
+//   HeartbeatIntervalSeconds  number                                           default: 1
+//   HeartbeatTimeoutSeconds   number                                           default: 10
+//   CancelGraceSeconds        number    before a worker ignoring cancel dies   default: 2
+//   MaxFrameBytes             integer   largest frame accepted                 default: 16777216
+//   DefaultPolicy             dict      SDKHostPolicy keys, for manifests that leave them out
+
+import SDKHost
+import SDKPosix
+
+#if canImport(Glibc)
+import Glibc
+#endif
+
+package struct DaemonConfiguration: Sendable {
+    package var host: HostConfiguration
+    package var socketPath: String
+    package var socketMode: mode_t = 0o600
+    package var allowedUIDs: [uid_t] = [getuid()]
+    package var drainTimeout: Double = 10
+    /// The file it was read from, if any.
+    package var source: String?
+
+    static let keys: Set<String> = [
+        "ExtensionSearchPaths", "ExecutableSearchPaths", "SocketPath", "SocketMode", "AllowedUIDs", "LogLevel",
+        "CrashReportDirectory", "MaxCrashReports", "DrainTimeoutSeconds", "HeartbeatIntervalSeconds",
+        "HeartbeatTimeoutSeconds", "CancelGraceSeconds", "MaxFrameBytes", "DefaultPolicy",
+    ]
+
+    /// Defaults only (no file).
+    package init(defaultExtensionSearchPaths: [String]) {
+        host = HostConfiguration(extensionSearchPaths: defaultExtensionSearchPaths)
+        host.logLevel = .info
+        socketPath = Self.defaultRuntimeDirectory() + "/sdk-host.sock"
+        host.crashReportDirectory = Self.defaultRuntimeDirectory() + "/crashes"
+    }
+
+    /// Reads `path` over the defaults.
+    ///
+    /// - Throws: `HostError.Code.invalidConfiguration` naming the file and the key.
+    package init(contentsOf path: String, defaultExtensionSearchPaths: [String]) throws(HostError) {
+        self.init(defaultExtensionSearchPaths: defaultExtensionSearchPaths)
+        source = path
+        let value: PlistValue
+        do {
+            value = try XMLPropertyList.parse(try readFile(path))
+        } catch let error as XMLPlistError {
+            throw HostError(.invalidConfiguration, "\(path): \(error)")
+        } catch {
+            throw HostError(.invalidConfiguration, "\(path): cannot read: \(error)")
+        }
+        let f = try PlistFields(value, file: path, errorCode: .invalidConfiguration)
+        try f.rejectUnknownKeys(Self.keys)
+        let base = path.contains("/") ? String(path[..<path.lastIndex(of: "/")!]) : "."
+        func resolve(_ p: String) -> String { p.hasPrefix("/") ? p : "\(base)/\(p)" }
+
+        if let paths = try f.stringArray("ExtensionSearchPaths") { host.extensionSearchPaths = paths.map(resolve) }
+        if let paths = try f.stringArray("ExecutableSearchPaths") { host.executableSearchPaths = paths.map(resolve) }
+        let crashDirectoryGiven = try f.string("CrashReportDirectory")
+        if let socket = try f.string("SocketPath") {
+            socketPath = resolve(socket)
+            if crashDirectoryGiven == nil {
+                host.crashReportDirectory = String(socketPath[..<(socketPath.lastIndex(of: "/") ?? socketPath.startIndex)]) + "/crashes"
+            }
+        }
+        if let dir = crashDirectoryGiven { host.crashReportDirectory = resolve(dir) }
+        if let mode = try f.integer("SocketMode", in: 0...0o777) { socketMode = mode_t(mode) }
+        if let level = try f.string("LogLevel") {
+            guard let parsed = LogLevel(name: level) else {
+                throw f.fail("LogLevel", "'\(level)' is not one of debug, info, warning, error")
+            }
+            host.logLevel = parsed
+        }
+        if let raw = f.entries["AllowedUIDs"] {
+            guard case .array(let list) = raw else { throw f.mismatch("AllowedUIDs", expected: "an array of integers", found: raw) }
+            allowedUIDs = try list.enumerated().map { (i, v) throws(HostError) -> uid_t in
+                guard case .integer(let n) = v, let uid = uid_t(exactly: n) else {
+                    throw f.mismatch("AllowedUIDs[\(i)]", expected: "a uid (non-negative integer)", found: v)
+                }
+                return uid
+            }
+        }
+        host.crashReportLimit = try f.integer("MaxCrashReports", in: 1...100_000) ?? host.crashReportLimit
+        drainTimeout = try f.seconds("DrainTimeoutSeconds", minimum: 0) ?? drainTimeout
+        host.heartbeatInterval = try f.seconds("HeartbeatIntervalSeconds", minimum: 0.05) ?? host.heartbeatInterval
+        host.heartbeatTimeout = try f.seconds("HeartbeatTimeoutSeconds", minimum: 0.1) ?? host.heartbeatTimeout
+        host.cancelGracePeriod = try f.seconds("CancelGraceSeconds", minimum: 0) ?? host.cancelGracePeriod
+        if let max = try f.integer("MaxFrameBytes", in: 1024...(1 << 30)) { host.wireLimits.maxFrameBytes = max }
+        if let policy = try f.fields("DefaultPolicy") { try host.defaultPolicy.apply(policy) }
+    }
+
+    /// Where the daemon keeps its socket and crash reports by default: $XDG_RUNTIME_DIR/sdk-host if set (a
+    /// per-user 0700 folder by spec), else /tmp/sdk-host-<uid>.
+    package static func defaultRuntimeDirectory() -> String {
+        if let xdg = getenv("XDG_RUNTIME_DIR"), xdg.pointee != 0 { return String(cString: xdg) + "/sdk-host" }
+        return "/tmp/sdk-host-\(getuid())"
+    }
+
+    /// Creates the socket's folder (0700) if needed and refuses one that another user owns or others can write.
+    package func prepareSocketDirectory() throws(HostError) {
+        let dir = String(socketPath[..<(socketPath.lastIndex(of: "/") ?? socketPath.startIndex)])
+        guard !dir.isEmpty else { return }
+        guard makeDirectories(dir, mode: 0o700) else {
+            throw HostError(.invalidConfiguration, "socket folder \(dir): cannot create it: \(String(cString: strerror(errno)))")
+        }
+        var st = stat()
+        guard stat(dir, &st) == 0 else { throw HostError(.invalidConfiguration, "socket folder \(dir): cannot stat it") }
+        if dir.hasPrefix("/tmp/sdk-host-") && (st.st_uid != getuid() || st.st_mode & 0o077 != 0) {
+            throw HostError(.invalidConfiguration,
+                "socket folder \(dir) belongs to uid \(st.st_uid) or is open to others (mode \(String(st.st_mode & 0o777, radix: 8))); refusing to use it")
+        }
+    }
+}

@@ -1,0 +1,285 @@
+// DaemonServer: the host engine behind a Unix socket. The listener, every client session and the engine share
+// the engine's one event loop. Each client's request ids are mapped to fresh internal ids, so clients can
+// neither collide nor cancel each other's requests. A client that disconnects has its requests cancelled at the
+// workers. SIGTERM/SIGINT: stop accepting, let in-flight requests finish up to the drain timeout, interrupt the
+// rest, stop the workers, remove the socket.
+
+import Dispatch
+import SDKHost
+import SDKPosix
+import Synchronization
+
+#if canImport(Glibc)
+import Glibc
+#endif
+
+package final class DaemonServer: @unchecked Sendable {
+    // @unchecked Sendable: everything below `engine` is touched only on the engine's loop thread.
+    let configuration: DaemonConfiguration
+    let engine: HostEngine
+    private var listener: FileDescriptor?
+    private var signals: FileDescriptor?
+    private var sessions: [ObjectIdentifier: ClientSession] = [:]
+    private var draining = false
+    private let startedAt = monotonicNanoseconds()
+    private let finished = DispatchSemaphore(value: 0)
+
+    /// Blocks SIGTERM/SIGINT (call before any other thread starts), discovers extensions and binds the socket.
+    ///
+    /// - Throws: `HostError` for a bad manifest or configuration, or a socket that is in use or cannot be bound.
+    package init(configuration: DaemonConfiguration) throws(HostError) {
+        self.configuration = configuration
+        let signals: FileDescriptor
+        do {
+            signals = try terminationSignalDescriptor()
+        } catch {
+            throw HostError(.system, "cannot watch SIGTERM/SIGINT: \(error)")
+        }
+        do throws(HostError) {
+            engine = try HostEngine(configuration: configuration.host)
+        } catch {
+            signals.close()
+            throw error
+        }
+        self.signals = consume signals
+        do throws(HostError) {
+            try configuration.prepareSocketDirectory()
+            listener = try Self.bind(configuration.socketPath, mode: configuration.socketMode, log: engine)
+        } catch {
+            let engine = self.engine
+            let signals = self.signals.take()
+            engine.shutdown {}
+            signals?.close()
+            throw error
+        }
+    }
+
+    /// Binds `path`, replacing a stale socket left by a dead daemon but never a live one.
+    static func bind(_ path: String, mode: mode_t, log: HostEngine) throws(HostError) -> FileDescriptor {
+        var st = stat()
+        if lstat(path, &st) == 0 {
+            guard (st.st_mode & S_IFMT) == S_IFSOCK else {
+                throw HostError(.invalidConfiguration, "\(path) exists and is not a socket; refusing to replace it")
+            }
+            do {
+                let probe = try connectUnix(path: path)
+                probe.close()
+                throw HostError(.invalidConfiguration, "another sdk-host daemon is already listening on \(path)")
+            } catch let error as SystemError where error.errno == ECONNREFUSED {
+                log.log(.info, "removing stale socket \(path) left by a daemon that is gone")
+                unlink(path)
+            } catch let error as HostError {
+                throw error
+            } catch {
+                throw HostError(.invalidConfiguration, "cannot check existing socket \(path): \(error)")
+            }
+        }
+        let fd: FileDescriptor
+        do {
+            fd = try listenUnix(path: path)
+        } catch {
+            throw HostError(.system, "cannot listen on \(path): \(error)")
+        }
+        chmod(path, mode)
+        return fd
+    }
+
+    /// Serves until SIGTERM or SIGINT, then drains and stops. Blocks the calling (main) thread; returns 0.
+    package func run() -> Int32 {
+        engine.loop.execute { self.startOnLoop() }
+        finished.wait()
+        return 0
+    }
+
+    private func startOnLoop() {
+        guard let listenFD = listener?.rawValue, let signalFD = signals?.rawValue else { return }
+        do {
+            try engine.loop.register(listenFD, events: EventLoop.readable) { [unowned self] _ in self.acceptClients() }
+            try engine.loop.register(signalFD, events: EventLoop.readable) { [unowned self] _ in
+                while let signal = readSignal(signalFD) { self.beginDrain(signal) }
+            }
+        } catch {
+            engine.log(.error, "cannot watch the listening socket: \(error)")
+            beginDrain(0)
+            return
+        }
+        engine.log(.info, "serving \(engine.manifestIdentifiers.joined(separator: ", ")) on \(configuration.socketPath) "
+            + "(pid \(getpid()), uids \(configuration.allowedUIDs.map(String.init).joined(separator: ",")))")
+    }
+
+    // MARK: Clients
+
+    private func acceptClients() {
+        guard let listenFD = listener?.rawValue else { return }
+        while true {
+            let accepted: FileDescriptor?
+            do {
+                accepted = try acceptConnection(listenFD)
+            } catch {
+                engine.log(.error, "accept on \(configuration.socketPath): \(error)")
+                return
+            }
+            guard let fd = accepted else { return }
+            let credentials = try? peerCredentials(fd.rawValue)
+            let connection = FramedConnection(fd, loop: engine.loop, limits: configuration.host.wireLimits)
+            guard let credentials, configuration.allowedUIDs.contains(credentials.uid) else {
+                let who = credentials.map { "uid \($0.uid) (pid \($0.pid))" } ?? "a peer without credentials"
+                engine.log(.warning, "refused \(who): not in AllowedUIDs")
+                try? connection.send(.error(message: "\(who) is not allowed to use this daemon", id: nil))
+                connection.close()
+                continue
+            }
+            let session = ClientSession(connection: connection, credentials: credentials)
+            do {
+                try connection.start(
+                    onMessage: { [unowned self, unowned session] in self.handle($0, from: session) },
+                    onEnd: { [unowned self, unowned session] in self.sessionEnded(session, $0) })
+            } catch {
+                connection.close()
+                continue
+            }
+            sessions[ObjectIdentifier(session)] = session
+            engine.log(.debug, "client uid \(credentials.uid) pid \(credentials.pid) connected")
+        }
+    }
+
+    private func handle(_ message: Message, from session: ClientSession) {
+        switch message {
+        case .connect(let version):
+            guard version == protocolVersion else {
+                session.send(.error(message: "protocol \(version) is not supported; this daemon speaks \(protocolVersion)", id: nil))
+                return closeSession(session, reason: "protocol version \(version)")
+            }
+            session.send(.connected(version: protocolVersion, pid: getpid(), extensions: engine.manifestIdentifiers))
+        case .begin(let clientID, let items, let extensionID, let deadlineMs):
+            guard let extensionID else {
+                session.send(.error(message: "begin without 'extension'", id: clientID))
+                return closeSession(session, reason: "begin without 'extension'")
+            }
+            guard session.internalIDs[clientID] == nil else {
+                session.send(.error(message: "request id \(clientID) is already in flight", id: clientID))
+                return closeSession(session, reason: "duplicate request id")
+            }
+            if draining {
+                session.send(.interrupted(id: clientID, reason: InterruptionReason.hostShutdown.plist))
+                return
+            }
+            let internalID = RequestID()
+            session.internalIDs[clientID] = internalID
+            engine.start(SubmittedRequest(
+                id: internalID, extensionID: extensionID, items: items,
+                deadline: deadlineMs.map { Double($0) / 1000 },
+                onWorkerAssigned: { [session] pid in session.send(.assigned(id: clientID, pid: pid)) },
+                deliver: { [session] outcome in
+                    // Called on the loop thread by the engine, exactly once.
+                    session.internalIDs.removeValue(forKey: clientID)
+                    switch outcome {
+                    case .completed(let items): session.send(.complete(id: clientID, items: items))
+                    case .cancelled(let error): session.send(.cancelled(id: clientID, error: error))
+                    case .interrupted(let reason): session.send(.interrupted(id: clientID, reason: reason.plist))
+                    }
+                }))
+        case .cancel(let clientID):
+            if let internalID = session.internalIDs[clientID] { engine.cancelOnLoop(internalID) }
+        case .status(let seq):
+            engine.snapshot { [weak session, startedAt] snapshot in
+                session?.send(.statusReport(seq: seq, report: Self.report(snapshot, startedAt: startedAt)))
+            }
+        case .ping(let seq):
+            session.send(.pong(seq: seq))
+        case .pong, .unknown:
+            break
+        default:
+            session.send(.error(message: "a client may not send '\(message.plist["type"]?.stringValue ?? "?")'", id: nil))
+            closeSession(session, reason: "unexpected message")
+        }
+    }
+
+    private func sessionEnded(_ session: ClientSession, _ end: ConnectionEnd) {
+        if case .badInput(let detail) = end {
+            engine.log(.warning, "client uid \(session.credentials.uid) pid \(session.credentials.pid) sent bad input "
+                + "(\(detail)); dropped that client only")
+        }
+        closeSession(session, reason: nil)
+    }
+
+    /// Closes a client and cancels its in-flight requests at the workers.
+    private func closeSession(_ session: ClientSession, reason: String?) {
+        guard sessions.removeValue(forKey: ObjectIdentifier(session)) != nil else { return }
+        if let reason { engine.log(.warning, "closing client pid \(session.credentials.pid): \(reason)") }
+        session.connection.close()
+        let orphans = Array(session.internalIDs.values)
+        session.internalIDs.removeAll()
+        for id in orphans { engine.cancelOnLoop(id) }
+    }
+
+    // MARK: Drain and stop
+
+    private func beginDrain(_ signal: Int32) {
+        guard !draining else { return }
+        draining = true
+        engine.log(.info, "\(signal > 0 ? signalName(signal) : "stop"): no longer accepting; draining "
+            + "\(engine.activeRequestCount) request(s) for up to \(configuration.drainTimeout) s")
+        if let fd = listener.take() {
+            engine.loop.unregister(fd.rawValue)
+            fd.close()
+            unlink(configuration.socketPath)
+        }
+        let deadline = monotonicNanoseconds() + UInt64(configuration.drainTimeout * 1e9)
+        waitForDrain(until: deadline)
+    }
+
+    private func waitForDrain(until deadline: UInt64) {
+        if engine.activeRequestCount == 0 || monotonicNanoseconds() >= deadline { return stop() }
+        engine.loop.schedule(afterNanoseconds: 20_000_000) { [unowned self] in self.waitForDrain(until: deadline) }
+    }
+
+    private func stop() {
+        // Interrupts what is left (each client is told), kills and reaps workers, then ends the loop.
+        engine.shutdownOnLoop { [finished] in finished.signal() }
+        for session in Array(sessions.values) { closeSession(session, reason: nil) }
+        if let fd = signals.take() {
+            engine.loop.unregister(fd.rawValue)
+            fd.close()
+        }
+        engine.log(.info, "stopped")
+    }
+
+    static func report(_ s: EngineSnapshot, startedAt: UInt64) -> PlistValue {
+        func counters(_ c: HostStatistics) -> [String: PlistValue] {
+            ["completions": .integer(Int64(c.completions)), "cancellations": .integer(Int64(c.cancellations)),
+             "interruptions": .integer(Int64(c.interruptions)), "crashes": .integer(Int64(c.crashes)),
+             "hangs": .integer(Int64(c.hangs)), "protocolViolations": .integer(Int64(c.protocolViolations)),
+             "spawns": .integer(Int64(c.spawns))]
+        }
+        let ids = Set(s.perExtension.keys).union(s.workers.map(\.extensionIdentifier)).sorted()
+        let extensions: [PlistValue] = ids.map { id in
+            var d = counters(s.perExtension[id] ?? HostStatistics())
+            d["identifier"] = .string(id)
+            d["workers"] = .array(s.workers.filter { $0.extensionIdentifier == id }.map { w in
+                ["pid": .integer(Int64(w.pid)), "uptimeSeconds": .real(w.uptimeSeconds), "inFlight": .integer(Int64(w.inFlight))]
+            })
+            return .dictionary(d)
+        }
+        return ["pid": .integer(Int64(getpid())), "uptimeSeconds": .real(Double(monotonicNanoseconds() - startedAt) / 1e9),
+                "totals": .dictionary(counters(s.totals)), "extensions": .array(extensions)]
+    }
+}
+
+/// One connected client. `@unchecked Sendable`: used only on the engine's loop thread (the closures that
+/// capture it are called there).
+final class ClientSession: @unchecked Sendable {
+    let connection: FramedConnection
+    let credentials: PeerCredentials
+    /// The client's request id → the engine's.
+    var internalIDs: [RequestID: RequestID] = [:]
+
+    init(connection: FramedConnection, credentials: PeerCredentials) {
+        self.connection = connection
+        self.credentials = credentials
+    }
+
+    func send(_ message: Message) {
+        try? connection.send(message)
+    }
+}

@@ -1,0 +1,291 @@
+// DaemonClient: the daemon-mode backend of ExtensionHost. It speaks the same protocol to `sdk-host serve` over
+// a Unix socket, on an event loop of its own. When the daemon goes away every in-flight request is interrupted
+// (`disconnected`) exactly once; the next request reconnects, with backoff, without the app doing anything.
+
+import Dispatch
+import SDKPosix
+import Synchronization
+
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// `@unchecked Sendable`: everything but `known` and `pids` (Mutex) is confined to `loop`'s thread.
+final class DaemonClient: HostBackend, @unchecked Sendable {
+    let loop: EventLoop
+    let socketPath: String
+    let limits = WireLimits()
+    /// How long a request waits for a connection before it is interrupted (`disconnected`).
+    let reconnectTimeout: Double
+    private let known = Mutex<[String]>([])
+    private let pids = Mutex<[RequestID: pid_t]>([:])
+
+    private var connection: FramedConnection?
+    private var ready = false
+    private var refusal: String?
+    private var inFlight: [RequestID: SubmittedRequest] = [:]
+    private var queued: [(request: SubmittedRequest, since: UInt64)] = []
+    private var backoff = 0.02
+    private var retryTimer: TimerID?
+    private var readyWaiters: [(Result<Void, HostError>) -> Void] = []
+    private var statusWaiters: [Int64: (PlistValue?) -> Void] = [:]
+    private var statusSeq: Int64 = 0
+    private var shuttingDown = false
+
+    init(socketPath: String, reconnectTimeout: Double) throws(HostError) {
+        self.socketPath = socketPath
+        self.reconnectTimeout = reconnectTimeout
+        do {
+            loop = try EventLoop(name: "sdk-host-client")
+        } catch {
+            throw HostError(.system, "cannot start the client event loop: \(error)")
+        }
+    }
+
+    /// Connects (or waits for the connection in progress) and calls `done` once the daemon has answered.
+    func waitUntilReady(_ done: @escaping @Sendable (Result<Void, HostError>) -> Void) {
+        let accepted = loop.execute {
+            if self.ready { return done(.success(())) }
+            self.readyWaiters.append(done)
+            self.connectNow()
+        }
+        if !accepted { done(.failure(HostError(.daemonUnavailable, "the client was shut down"))) }
+    }
+
+    // MARK: HostBackend
+
+    var extensionIdentifiers: [String] { known.withLock { $0 } }
+
+    func lookupProblem(_ identifier: String) -> HostError? {
+        let names = known.withLock { $0 }
+        if names.contains(identifier) { return nil }
+        return HostError(.unknownExtension, "unknown extension '\(identifier)' at daemon \(socketPath) "
+            + "(known: \(names.isEmpty ? "none" : names.joined(separator: ", ")))")
+    }
+
+    func submit(_ request: SubmittedRequest) {
+        let accepted = loop.execute {
+            if self.shuttingDown { return request.deliver(.interrupted(.hostShutdown)) }
+            if self.ready {
+                self.send(request)
+            } else {
+                self.queued.append((request, monotonicNanoseconds()))
+                if self.queued.count == 1 { self.scheduleQueueExpiry() }
+                if self.connection == nil && self.retryTimer == nil { self.connectNow() }
+            }
+        }
+        if !accepted { request.deliver(.interrupted(.hostShutdown)) }
+    }
+
+    func cancel(_ id: RequestID) {
+        loop.execute {
+            if self.inFlight[id] != nil {
+                try? self.connection?.send(.cancel(id: id))  // the daemon answers with `cancelled`
+            } else if let index = self.queued.firstIndex(where: { $0.request.id == id }) {
+                let request = self.queued.remove(at: index).request
+                request.deliver(.cancelled(.cancelledByHost))
+            }
+        }
+    }
+
+    func pid(for id: RequestID) -> pid_t? { pids.withLock { $0[id] } }
+
+    func shutdown(completion: @escaping @Sendable () -> Void) {
+        let accepted = loop.execute {
+            guard !self.shuttingDown else { return completion() }
+            self.shuttingDown = true
+            self.connection?.close()
+            self.connection = nil
+            self.failAll(.hostShutdown)
+            self.loop.stop { completion() }
+        }
+        if !accepted { completion() }
+    }
+
+    /// Asks the daemon for its status report; `body` gets nil if the daemon cannot be reached.
+    func status(_ body: @escaping @Sendable (PlistValue?) -> Void) {
+        waitUntilReady { result in
+            guard case .success = result else { return body(nil) }
+            self.loop.execute {
+                self.statusSeq += 1
+                self.statusWaiters[self.statusSeq] = body
+                do {
+                    try self.connection?.send(.status(seq: self.statusSeq))
+                } catch {
+                    self.statusWaiters.removeValue(forKey: self.statusSeq)?(nil)
+                }
+            }
+        }
+    }
+
+    // MARK: Connection (loop thread)
+
+    private func connectNow() {
+        guard connection == nil, !shuttingDown else { return }
+        retryTimer = nil
+        refusal = nil
+        let fd: FileDescriptor
+        do {
+            fd = try connectUnix(path: socketPath)
+        } catch {
+            return connectFailed("cannot connect to \(socketPath): \(error)")
+        }
+        let c = FramedConnection(fd, loop: loop, limits: limits)
+        do {
+            try c.start(onMessage: { [unowned self] in self.handle($0) }, onEnd: { [unowned self] in self.disconnected($0) })
+            try c.send(.connect(version: protocolVersion))
+        } catch {
+            c.close()
+            return connectFailed("cannot talk to \(socketPath): \(error)")
+        }
+        connection = c
+    }
+
+    private func connectFailed(_ detail: String) {
+        let waiters = readyWaiters
+        readyWaiters = []
+        for waiter in waiters { waiter(.failure(HostError(.daemonUnavailable, detail))) }
+        if refusal != nil {
+            failQueued(.disconnected)  // refused, not down: retrying cannot help
+        } else if !queued.isEmpty {
+            retryTimer = loop.schedule(afterNanoseconds: nanoseconds(backoff)) { [unowned self] in self.connectNow() }
+            backoff = min(backoff * 2, 1)
+        }
+    }
+
+    private func disconnected(_ end: ConnectionEnd) {
+        connection = nil
+        let wasReady = ready
+        ready = false
+        failInFlight(.disconnected)
+        if wasReady {
+            // Lost a working connection: the next request reconnects.
+            backoff = 0.02
+            if !queued.isEmpty { connectNow() }
+        } else {
+            connectFailed(refusal.map { "the daemon refused the connection: \($0)" } ?? "the daemon closed the connection (\(end))")
+        }
+    }
+
+    private func handle(_ message: Message) {
+        switch message {
+        case .connected(_, _, let extensions):
+            ready = true
+            backoff = 0.02
+            known.withLock { $0 = extensions.sorted() }
+            let pending = queued
+            queued = []
+            for (request, _) in pending { send(request) }
+            let waiters = readyWaiters
+            readyWaiters = []
+            for waiter in waiters { waiter(.success(())) }
+        case .assigned(let id, let pid):
+            guard let request = inFlight[id] else { return }
+            pids.withLock { $0[id] = pid }
+            request.onWorkerAssigned?(pid)
+        case .complete(let id, let items):
+            finish(id, .completed(items))
+        case .cancelled(let id, let error):
+            finish(id, .cancelled(error))
+        case .interrupted(let id, let reason):
+            finish(id, .interrupted(InterruptionReason(plist: reason)))
+        case .statusReport(let seq, let report):
+            statusWaiters.removeValue(forKey: seq)?(report)
+        case .ping(let seq):
+            try? connection?.send(.pong(seq: seq))
+        case .error(let text, _):
+            if !ready { refusal = text }
+            writeLog("daemon \(socketPath): \(text)")
+        default:
+            writeLog("daemon \(socketPath): unexpected message \(message); ignored")
+        }
+    }
+
+    private func send(_ request: SubmittedRequest) {
+        inFlight[request.id] = request
+        let deadlineMs = request.deadline.map { Int64(($0 * 1000).rounded(.up)) }
+        do {
+            try connection?.send(.begin(id: request.id, items: request.items, extensionID: request.extensionID,
+                                         deadlineMs: deadlineMs))
+        } catch {
+            finish(request.id, .interrupted(.protocolViolation("request too large to send: \(error.detail)")))
+        }
+    }
+
+    private func finish(_ id: RequestID, _ outcome: RequestOutcome) {
+        guard let request = inFlight.removeValue(forKey: id) else {
+            writeLog("daemon \(socketPath): reply for unknown or finished request \(id); dropped")
+            return
+        }
+        pids.withLock { _ = $0.removeValue(forKey: id) }
+        request.deliver(outcome)
+    }
+
+    private func failInFlight(_ reason: InterruptionReason) {
+        let lost = inFlight
+        inFlight.removeAll()
+        pids.withLock { $0.removeAll() }
+        for request in lost.values { request.deliver(.interrupted(reason)) }
+        let waiters = statusWaiters
+        statusWaiters.removeAll()
+        for waiter in waiters.values { waiter(nil) }
+    }
+
+    private func failQueued(_ reason: InterruptionReason) {
+        let lost = queued
+        queued.removeAll()
+        for (request, _) in lost { request.deliver(.interrupted(reason)) }
+    }
+
+    private func failAll(_ reason: InterruptionReason) {
+        failInFlight(reason)
+        failQueued(reason)
+        let waiters = readyWaiters
+        readyWaiters = []
+        for waiter in waiters { waiter(.failure(HostError(.daemonUnavailable, "the client was shut down"))) }
+    }
+
+    /// Requests that waited `reconnectTimeout` for a connection are interrupted, so none waits forever.
+    private func scheduleQueueExpiry() {
+        loop.schedule(afterNanoseconds: nanoseconds(reconnectTimeout / 4)) { [unowned self] in
+            let now = monotonicNanoseconds()
+            let limit = nanoseconds(self.reconnectTimeout)
+            let expired = self.queued.filter { now - $0.since >= limit }
+            self.queued.removeAll { now - $0.since >= limit }
+            for (request, _) in expired { request.deliver(.interrupted(.disconnected)) }
+            if !self.queued.isEmpty { self.scheduleQueueExpiry() }
+        }
+    }
+
+    private func writeLog(_ message: String) {
+        var line = "sdk-host client: \(message)\n"
+        line.withUTF8 { _ = write(2, $0.baseAddress, $0.count) }
+    }
+}
+
+extension ExtensionHost {
+    /// Connects to an `sdk-host serve` daemon. The returned host has the same API as an embedded one; if the
+    /// daemon goes away, in-flight requests are interrupted (`disconnected`) and the next request reconnects.
+    ///
+    /// - Parameters:
+    ///   - socketPath: The daemon's socket.
+    ///   - reconnectTimeout: Seconds a request waits for a connection before it is interrupted.
+    /// - Throws: `HostError.Code.daemonUnavailable` if the daemon cannot be reached or refuses this user.
+    public static func connect(socketPath: String, reconnectTimeout: Double = 5) async throws(HostError) -> ExtensionHost {
+        let client = try DaemonClient(socketPath: socketPath, reconnectTimeout: reconnectTimeout)
+        let result = await withCheckedContinuation { (continuation: CheckedContinuation<Result<Void, HostError>, Never>) in
+            client.waitUntilReady { continuation.resume(returning: $0) }
+        }
+        if case .failure(let error) = result {
+            client.shutdown {}
+            throw error
+        }
+        return ExtensionHost(backend: client)
+    }
+
+    /// The daemon's status report (daemon mode only); nil if the daemon cannot be reached.
+    package func daemonStatus() async -> PlistValue? {
+        guard let client = backend as? DaemonClient else { return nil }
+        return await withCheckedContinuation { continuation in client.status { continuation.resume(returning: $0) } }
+    }
+}

@@ -1,0 +1,40 @@
+// `sdk-host crashes [--json] [--config P] [--dir D]`: the crash reports the daemon wrote, oldest first.
+import SDKHost
+
+#if canImport(Glibc)
+import Glibc
+#endif
+
+enum CrashesCommand {
+    static let usage = "usage: sdk-host crashes [--json] [--config PATH] [--dir FOLDER]"
+
+    static func run(_ arguments: [String]) -> Never {
+        let options = Options(arguments, valued: ["--config", "--dir"], boolean: ["--json"], usage: usage)
+        guard let directory = options.value("--dir") ?? loadConfiguration(options).host.crashReportDirectory else {
+            fail("crashes: no crash report folder configured", status: 2)
+        }
+        let reports = CrashReportStore.load(directory: directory)
+        if options.has("--json") {
+            print(JSON.render(.array(reports.map(\.plist))))
+            exit(0)
+        }
+        if reports.isEmpty {
+            print("no crash reports in \(directory)")
+            exit(0)
+        }
+        for r in reports {
+            let lastLine = r.stderrTail.split(separator: "\n").last.map(String.init) ?? ""
+            print("\(formatTime(r.time))  \(r.extensionIdentifier)  pid \(r.pid)  \(r.reason)  "
+                + "in flight: \(r.inFlightRequests.count)\(lastLine.isEmpty ? "" : "  stderr: \(lastLine.prefix(80))")")
+        }
+        exit(0)
+    }
+
+    static func formatTime(_ t: Double) -> String {
+        var seconds = time_t(t)
+        var parts = tm()
+        gmtime_r(&seconds, &parts)
+        func two(_ n: Int32) -> String { n < 10 ? "0\(n)" : String(n) }
+        return "\(parts.tm_year + 1900)-\(two(parts.tm_mon + 1))-\(two(parts.tm_mday))T\(two(parts.tm_hour)):\(two(parts.tm_min)):\(two(parts.tm_sec))Z"
+    }
+}

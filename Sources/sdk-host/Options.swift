@@ -1,0 +1,78 @@
+// Command-line options shared by the subcommands: flags with values (repeatable), boolean flags, positionals.
+// Errors are usage errors (exit 2), one line on stderr.
+import SDKDaemon
+import SDKHost
+
+#if canImport(Glibc)
+import Glibc
+#endif
+
+struct Options {
+    var values: [String: [String]] = [:]
+    var flags: Set<String> = []
+    var positionals: [String] = []
+
+    init(_ arguments: [String], valued: Set<String>, boolean: Set<String>, usage: String) {
+        var i = 0
+        while i < arguments.count {
+            let arg = arguments[i]
+            if valued.contains(arg) {
+                guard i + 1 < arguments.count else { fail("\(arg) needs a value\n\(usage)", status: 2) }
+                values[arg, default: []].append(arguments[i + 1])
+                i += 2
+                continue
+            }
+            if boolean.contains(arg) {
+                flags.insert(arg)
+            } else if arg.hasPrefix("-") {
+                fail("unknown option \(arg)\n\(usage)", status: 2)
+            } else {
+                positionals.append(arg)
+            }
+            i += 1
+        }
+    }
+
+    func value(_ flag: String) -> String? { values[flag]?.last }
+    func has(_ flag: String) -> Bool { flags.contains(flag) }
+}
+
+/// The daemon configuration: --config P, else config/sdk-host.plist when present, else $SDKHOST_CONFIG,
+/// else defaults. A bad file is a usage/config error (exit 2) naming the key and the file.
+func loadConfiguration(_ options: Options) -> DaemonConfiguration {
+    var path = options.value("--config")
+    if path == nil, access("config/sdk-host.plist", R_OK) == 0 { path = "config/sdk-host.plist" }
+    if path == nil, let env = getenv("SDKHOST_CONFIG") { path = String(cString: env) }
+    var configuration: DaemonConfiguration
+    do {
+        if let path {
+            configuration = try DaemonConfiguration(
+                contentsOf: path, defaultExtensionSearchPaths: EmbeddedHost.extensionSearchPaths())
+        } else {
+            configuration = DaemonConfiguration(defaultExtensionSearchPaths: EmbeddedHost.extensionSearchPaths())
+        }
+    } catch {
+        fail("configuration error: \(error)", status: 2)
+    }
+    if let socket = options.value("--socket") { configuration.socketPath = socket }
+    return configuration
+}
+
+/// Runs an async body from synchronous CLI code (the CLI's main thread may wait; library calls never do).
+func runAsync<T: Sendable>(_ body: @escaping @Sendable () async -> T) -> T {
+    let box = ResultBox<T>()
+    let done = DispatchSemaphore(value: 0)
+    Task {
+        box.value = await body()
+        done.signal()
+    }
+    done.wait()
+    return box.value!
+}
+
+/// `@unchecked Sendable`: written once before the semaphore is signalled, read after the wait.
+final class ResultBox<T>: @unchecked Sendable {
+    var value: T?
+}
+
+import Dispatch

@@ -1,0 +1,120 @@
+// A real `sdk-host serve` process for the daemon tests: its own folder, config, socket and log.
+import HostTestSupport
+import SDKHost
+import SDKPosix
+
+#if canImport(Glibc)
+import Glibc
+#endif
+
+let sdkHostBinary = (currentExecutableDirectory() ?? ".") + "/sdk-host"
+
+/// Runs a program with the given stdout/stderr files (or inherited), returning its pid.
+func spawnProgram(_ arguments: [String], stdout: String? = nil, stderr: String? = nil) -> pid_t {
+    var script = "exec \"$@\""
+    if let stdout { script += " >'\(stdout)'" }
+    if let stderr { script += " 2>'\(stderr)'" }
+    var pid: pid_t = 0
+    let argv = (["/bin/sh", "-c", script, "sh"] + arguments).map { strdup($0) } + [nil]
+    defer { for p in argv { free(p) } }
+    precondition(posix_spawn(&pid, "/bin/sh", nil, nil, argv, environ) == 0)
+    return pid
+}
+
+/// Waits for `pid` to exit (up to `timeout` seconds) and returns its exit status, or nil on timeout.
+func waitExit(_ pid: pid_t, timeout: Double = 60) async -> Int32? {
+    let deadline = monotonicNanoseconds() + UInt64(timeout * 1e9)
+    while monotonicNanoseconds() < deadline {
+        var status: Int32 = 0
+        let r = waitpid(pid, &status, WNOHANG)
+        if r == pid { return (status & 0x7F) == 0 ? (status >> 8) & 0xFF : 128 + (status & 0x7F) }
+        if r < 0 { return nil }
+        try? await Task.sleep(nanoseconds: 5_000_000)
+    }
+    return nil
+}
+
+final class DaemonProcess {
+    let folder: String
+    let socket: String
+    let configPath: String
+    let log: String
+    private(set) var pid: pid_t = 0
+
+    /// Writes a config (extra keys as raw XML) and starts the daemon; waits until its socket answers.
+    init(extraConfig: String = "", socketMode: Int = 0o600, folderMode: mode_t = 0o700) async throws {
+        var template = "/tmp/sdkhost-daemon-XXXXXX".utf8CString
+        folder = template.withUnsafeMutableBufferPointer { String(cString: mkdtemp($0.baseAddress!)!) }
+        chmod(folder, folderMode)
+        socket = "\(folder)/d.sock"
+        configPath = "\(folder)/sdk-host.plist"
+        log = "\(folder)/daemon.log"
+        writeFile(configPath, """
+            <?xml version="1.0" encoding="UTF-8"?>
+            <plist version="1.0"><dict>
+              <key>ExtensionSearchPaths</key><array><string>\(packageRoot)/Extensions</string></array>
+              <key>SocketPath</key><string>\(socket)</string>
+              <key>SocketMode</key><integer>\(socketMode)</integer>
+              \(extraConfig.contains("<key>LogLevel</key>") ? "" : "<key>LogLevel</key><string>info</string>")
+              \(extraConfig)
+            </dict></plist>
+            """)
+        try await start()
+    }
+
+    func start() async throws {
+        pid = spawnProgram([sdkHostBinary, "serve", "--config", configPath], stderr: log)
+        let up = await eventually(timeout: 30) {
+            guard let fd = try? connectUnix(path: self.socket) else { return false }
+            fd.close()
+            return true
+        }
+        guard up else { throw SystemError("daemon start", errno: ETIMEDOUT, detail: readSmallFile(log) ?? "") }
+    }
+
+    var crashFolder: String { "\(folder)/crashes" }
+    var logText: String { (try? readFile(log)).map { String(decoding: $0, as: UTF8.self) } ?? "" }
+
+    /// Descriptors the daemon holds and its live children.
+    var resources: (descriptors: Int, children: Int) {
+        let fds = (listNames("/proc/\(pid)/fd") ?? []).count
+        let children = (listNames("/proc") ?? []).filter { name in
+            guard let stat = readSmallFile("/proc/\(name)/stat"), let close = stat.lastIndex(of: ")") else { return false }
+            let fields = stat[stat.index(after: close)...].split(separator: " ")
+            return fields.count > 2 && fields[1] == "\(pid)" && fields[0] != "Z"
+        }.count
+        return (fds, children)
+    }
+
+    func signal(_ s: Int32) { kill(pid, s) }
+
+    func stop() async -> Int32? {
+        kill(pid, SIGTERM)
+        return await waitExit(pid)
+    }
+
+    /// Removes the folder, reaping the `rm` so no zombie is left behind.
+    func remove() {
+        removeFolder(folder)
+    }
+}
+
+func readFile(_ path: String) throws -> [UInt8] {
+    let fd = open(path, O_RDONLY | O_CLOEXEC)
+    guard fd >= 0 else { throw SystemError("open", errno: errno, detail: path) }
+    defer { close(fd) }
+    var out: [UInt8] = []
+    var chunk = [UInt8](repeating: 0, count: 65536)
+    while true {
+        let n = read(fd, &chunk, chunk.count)
+        if n <= 0 { return out }
+        out += chunk[0..<n]
+    }
+}
+
+/// rm -rf, waited for.
+func removeFolder(_ path: String) {
+    var status: Int32 = 0
+    let pid = spawnProgram(["rm", "-rf", path])
+    while waitpid(pid, &status, 0) == -1 && errno == EINTR {}
+}

@@ -1,0 +1,263 @@
+// Daemon mode end to end: a real `sdk-host serve`, real client processes, real crashes and kills.
+import HostTestSupport
+@testable import SDKDaemon
+import SDKHost
+import SDKPosix
+import Testing
+
+#if canImport(Glibc)
+import Glibc
+#endif
+
+@Suite(.serialized) struct DaemonTests {
+    @Test func requestsStatusAndCrashReportsThroughTheDaemon() async throws {
+        let daemon = try await DaemonProcess()
+        defer { daemon.remove() }
+        let host = try await ExtensionHost.connect(socketPath: daemon.socket)
+        #expect(host.extensionIdentifiers == ["com.example.crasher", "com.example.echo"])
+        #expect(throws: HostError.self) { _ = try host.extension(identifier: "com.example.nope") }
+        let echo = try host.extension(identifier: "com.example.echo")
+        #expect(try await echo.perform([ExtensionItem(title: "via daemon", userInfo: ["n": 1])])
+            == [ExtensionItem(title: "via daemon", userInfo: ["n": 1])])
+        let crasher = try host.extension(identifier: "com.example.crasher")
+        await #expect(throws: RequestFailure.interrupted(.signal(SIGSEGV))) {
+            try await crasher.perform([ExtensionItem(title: "segv")])
+        }
+        await #expect(throws: RequestFailure.interrupted(.hang)) {
+            try await crasher.perform([ExtensionItem(title: "slow:5000")], deadline: 0.3)
+        }
+        // pid(for:) reports the daemon's worker.
+        let recorder = Recorder()
+        recorder.attach(to: crasher)
+        let slow = crasher.beginRequest(withInputItems: [ExtensionItem(title: "slow:400")])
+        #expect(await eventually { crasher.pid(for: slow) != nil })
+        let workerPid = try #require(crasher.pid(for: slow))
+        #expect(readLink("/proc/\(workerPid)/exe")?.hasSuffix("/Crasher") == true)
+        #expect(await recorder.wait(for: slow) == .completed([ExtensionItem(title: "slow:400")]))
+
+        let report = try #require(await host.daemonStatus())
+        #expect(report["pid"]?.integerValue == Int64(daemon.pid))
+        let crasherStats = report["extensions"]?.arrayValue?.first { $0["identifier"] == "com.example.crasher" }
+        #expect(crasherStats?["crashes"]?.integerValue == 2)
+        #expect(crasherStats?["completions"]?.integerValue == 1)
+        #expect(crasherStats?["hangs"]?.integerValue == 1)
+        #expect(await eventually { CrashReportStore.load(directory: daemon.crashFolder).count == 2 })
+        let reasons = CrashReportStore.load(directory: daemon.crashFolder).map(\.reason)
+        #expect(reasons == [.signal(SIGSEGV), .hang])
+        await host.shutdown()
+        #expect(await daemon.stop() == 0)
+        #expect(access(daemon.socket, F_OK) != 0, "the socket is removed on exit")
+    }
+
+    @Test func twoClientProcessesWithFaultsDoNotAffectEachOther() async throws {
+        let daemon = try await DaemonProcess()
+        defer { daemon.remove() }
+        let outA = "\(daemon.folder)/a.json", outB = "\(daemon.folder)/b.json"
+        let a = spawnProgram([sdkHostBinary, "hammer", "--socket", daemon.socket, "--count", "2000", "--faults", "25"], stdout: outA)
+        let b = spawnProgram([sdkHostBinary, "hammer", "--socket", daemon.socket, "--count", "2000"], stdout: outB)
+        #expect(await waitExit(a, timeout: 300) == 0)
+        #expect(await waitExit(b, timeout: 300) == 0)
+        let resultA = try HammerResult.fields(String(decoding: try readFile(outA), as: UTF8.self))
+        let resultB = try HammerResult.fields(String(decoding: try readFile(outB), as: UTF8.self))
+        #expect(resultA["completed"] == 2000 && resultA["interrupted"] == 25, "faulting client: \(resultA)")
+        #expect(resultB["completed"] == 2000 && resultB["interrupted"] == 0, "clean client: \(resultB)")
+        for r in [resultA, resultB] {
+            #expect(r["duplicates"] == 0 && r["missing"] == 0 && r["wrongEcho"] == 0 && r["cancelled"] == 0)
+        }
+        #expect(await daemon.stop() == 0)
+    }
+
+    @Test func daemonKilledInterruptsInFlightThenClientReconnects() async throws {
+        let daemon = try await DaemonProcess()
+        defer { daemon.remove() }
+        let host = try await ExtensionHost.connect(socketPath: daemon.socket)
+        let crasher = try host.extension(identifier: "com.example.crasher")
+        let recorder = Recorder()
+        recorder.attach(to: crasher)
+        let ids = (0..<3).map { _ in crasher.beginRequest(withInputItems: [ExtensionItem(title: "slow:20000")], deadline: 60) }
+        #expect(await eventually { ids.allSatisfy { crasher.pid(for: $0) != nil } })
+        let workerPids = ids.compactMap { crasher.pid(for: $0) }
+        daemon.signal(SIGKILL)
+        #expect(await waitExit(daemon.pid) == 128 + SIGKILL)
+        let outcomes = await recorder.wait(for: ids)
+        #expect(ids.allSatisfy { outcomes?[$0] == .interrupted(.disconnected) })
+        // The daemon's workers die with it (parent-death signal), leaving no orphans.
+        #expect(await eventually { workerPids.allSatisfy { !processIsAlive($0) } })
+        // Restart on the same socket (the stale file is replaced); the next request reconnects by itself.
+        try await daemon.start()
+        let again = crasher.beginRequest(withInputItems: [ExtensionItem(title: "echo")])
+        #expect(await recorder.wait(for: again) == .completed([ExtensionItem(title: "echo")]))
+        try await Task.sleep(nanoseconds: 200_000_000)
+        #expect((ids + [again]).allSatisfy { recorder.callbacks($0).count == 1 })
+        #expect(daemon.logText.contains("removing stale socket"))
+        await host.shutdown()
+        #expect(await daemon.stop() == 0)
+    }
+
+    @Test func requestWithNoDaemonIsInterruptedNotStuck() async throws {
+        let daemon = try await DaemonProcess()
+        defer { daemon.remove() }
+        let host = try await ExtensionHost.connect(socketPath: daemon.socket, reconnectTimeout: 1)
+        let echo = try host.extension(identifier: "com.example.echo")
+        #expect(await daemon.stop() == 0)
+        let recorder = Recorder()
+        recorder.attach(to: echo)
+        let id = echo.beginRequest(withInputItems: [ExtensionItem(title: "x")])
+        #expect(await recorder.wait(for: id, timeout: 20) == .interrupted(.disconnected))
+        await host.shutdown()
+    }
+
+    @Test func uidNotAllowedIsRefusedBySOPeerCred() async throws {
+        // Our own uid is not on the list: the daemon checks the kernel's peer credentials and refuses us.
+        let daemon = try await DaemonProcess(extraConfig: "<key>AllowedUIDs</key><array><integer>54321</integer></array>")
+        defer { daemon.remove() }
+        do {
+            _ = try await ExtensionHost.connect(socketPath: daemon.socket)
+            Issue.record("a client whose uid is not allowed was accepted")
+        } catch {
+            #expect(error.code == .daemonUnavailable)
+            #expect(error.detail.contains("uid \(getuid())") && error.detail.contains("not allowed"), "\(error)")
+        }
+        #expect(await eventually { daemon.logText.contains("refused uid \(getuid())") })
+        #expect(await daemon.stop() == 0)
+    }
+
+    @Test(.enabled(if: getuid() == 0 && access("/usr/bin/setpriv", X_OK) == 0, "needs root and setpriv"))
+    func anotherUserIsRefusedAndTheAllowedOneServed() async throws {
+        // A world-reachable socket so that uid 65534 can connect at all; only SO_PEERCRED keeps it out.
+        let daemon = try await DaemonProcess(socketMode: 0o666, folderMode: 0o755)
+        defer { daemon.remove() }
+        let err = "\(daemon.folder)/nobody.err"
+        let nobody = spawnProgram(["/usr/bin/setpriv", "--reuid=65534", "--regid=65534", "--clear-groups",
+                                   sdkHostBinary, "request", "com.example.echo", "--socket", daemon.socket], stderr: err)
+        #expect(await waitExit(nobody) == 2)
+        let message = String(decoding: try readFile(err), as: UTF8.self)
+        #expect(message.contains("uid 65534") && message.contains("not allowed"), "\(message)")
+        let root = spawnProgram([sdkHostBinary, "request", "com.example.echo", "--socket", daemon.socket, "--text", "hi"])
+        #expect(await waitExit(root) == 0)
+        #expect(await daemon.stop() == 0)
+    }
+
+    @Test func malformedClientFramesDropOnlyThatClient() async throws {
+        let daemon = try await DaemonProcess()
+        defer { daemon.remove() }
+        let host = try await ExtensionHost.connect(socketPath: daemon.socket)
+        let crasher = try host.extension(identifier: "com.example.crasher")
+        let recorder = Recorder()
+        recorder.attach(to: crasher)
+        let good = crasher.beginRequest(withInputItems: [ExtensionItem(title: "slow:800")])
+        for junk in [[0, 0, 0, 5] + Array("hello".utf8), [0x7F, 0xFF, 0xFF, 0xFF], Array(try Frame.encode(["type": 7]))] as [[UInt8]] {
+            let raw = try connectUnix(path: daemon.socket)
+            _ = junk.withUnsafeBytes { send(raw.rawValue, $0.baseAddress, $0.count, 0) }
+            // The daemon hangs up on this client: a blocking read sees EOF (or a reset).
+            let closed = await eventually(timeout: 10) {
+                var byte: UInt8 = 0
+                let n = recv(raw.rawValue, &byte, 1, Int32(MSG_DONTWAIT))
+                return n == 0 || (n < 0 && errno != EAGAIN)
+            }
+            #expect(closed)
+            raw.close()
+        }
+        #expect(await recorder.wait(for: good) == .completed([ExtensionItem(title: "slow:800")]), "the good client is unaffected")
+        #expect(daemon.logText.contains("sent bad input"))
+        await host.shutdown()
+        #expect(await daemon.stop() == 0)
+    }
+
+    @Test func sigtermDrainsInFlightThenInterruptsTheRest() async throws {
+        let daemon = try await DaemonProcess(extraConfig: "<key>DrainTimeoutSeconds</key><real>1</real>")
+        defer { daemon.remove() }
+        let host = try await ExtensionHost.connect(socketPath: daemon.socket)
+        let crasher = try host.extension(identifier: "com.example.crasher")
+        let recorder = Recorder()
+        recorder.attach(to: crasher)
+        let quick = crasher.beginRequest(withInputItems: [ExtensionItem(title: "slow:300")])
+        let long = crasher.beginRequest(withInputItems: [ExtensionItem(title: "slow:30000")], deadline: 60)
+        #expect(await eventually { crasher.pid(for: quick) != nil && crasher.pid(for: long) != nil })
+        daemon.signal(SIGTERM)
+        #expect(await recorder.wait(for: quick) == .completed([ExtensionItem(title: "slow:300")]), "drained")
+        #expect(await recorder.wait(for: long) == .interrupted(.hostShutdown), "interrupted after the drain timeout")
+        #expect(await waitExit(daemon.pid) == 0)
+        #expect(access(daemon.socket, F_OK) != 0)
+        await host.shutdown()
+    }
+
+    @Test func daemonDescriptorsAndChildrenStayFlatOver10kRequestsAnd100Crashes() async throws {
+        let daemon = try await DaemonProcess(extraConfig: "<key>LogLevel</key><string>error</string>")
+        defer { daemon.remove() }
+        // Warm up: both extensions have their workers.
+        let warm = spawnProgram([sdkHostBinary, "hammer", "--socket", daemon.socket, "--count", "200", "--faults", "1"], stdout: "/dev/null")
+        #expect(await waitExit(warm) == 0)
+        try await Task.sleep(nanoseconds: 300_000_000)
+        let before = daemon.resources
+        let out = "\(daemon.folder)/soak.json"
+        let soak = spawnProgram([sdkHostBinary, "hammer", "--socket", daemon.socket, "--count", "10000", "--faults", "100"], stdout: out)
+        #expect(await waitExit(soak, timeout: 600) == 0)
+        let result = try HammerResult.fields(String(decoding: try readFile(out), as: UTF8.self))
+        #expect(result["completed"] == 10000 && result["interrupted"] == 100 && result["duplicates"] == 0, "\(result)")
+        // Crashed workers are replaced only on demand; let the last ones be reaped.
+        let settled = await eventually(timeout: 20) {
+            let now = daemon.resources
+            return now.descriptors <= before.descriptors && now.children <= before.children
+        }
+        #expect(settled, "before \(before), after \(daemon.resources)")
+        #expect(await daemon.stop() == 0)
+    }
+
+    @Test func configErrorsNameTheKeyAndTheFile() async throws {
+        var template = "/tmp/sdkhost-config-XXXXXX".utf8CString
+        let folder = template.withUnsafeMutableBufferPointer { String(cString: mkdtemp($0.baseAddress!)!) }
+        defer { removeFolder(folder) }
+        let cases: [(String, String)] = [
+            ("<key>SocketPth</key><string>x</string>", "SocketPth: unknown key"),
+            ("<key>LogLevel</key><integer>3</integer>", "LogLevel: expected a string, found integer"),
+            ("<key>LogLevel</key><string>loud</string>", "LogLevel: 'loud' is not one of debug, info, warning, error"),
+            ("<key>AllowedUIDs</key><array><string>root</string></array>", "AllowedUIDs[0]: expected a uid"),
+            ("<key>DefaultPolicy</key><dict><key>MaxWorkers</key><real>2.5</real></dict>", "DefaultPolicy.MaxWorkers: expected an integer"),
+            ("<key>DrainTimeoutSeconds</key><string>soon</string>", "DrainTimeoutSeconds: expected a number"),
+        ]
+        for (n, (body, expected)) in cases.enumerated() {
+            let path = "\(folder)/bad\(n).plist"
+            writeFile(path, "<plist version=\"1.0\"><dict>\(body)</dict></plist>")
+            let err = "\(folder)/bad\(n).err"
+            let pid = spawnProgram([sdkHostBinary, "serve", "--config", path], stderr: err)
+            #expect(await waitExit(pid) == 2, "\(expected)")
+            let message = String(decoding: try readFile(err), as: UTF8.self)
+            #expect(message.contains(path) && message.contains(expected), "\(message)")
+            #expect(message.split(separator: "\n").count == 1, "one line: \(message)")
+        }
+    }
+
+    @Test func shippedConfigLoadsWithDefaults() throws {
+        let c = try DaemonConfiguration(contentsOf: "\(packageRoot)/config/sdk-host.plist", defaultExtensionSearchPaths: [])
+        #expect(c.host.extensionSearchPaths == ["\(packageRoot)/config/../Extensions"])
+        #expect(c.socketMode == 0o600)
+        #expect(c.allowedUIDs == [getuid()])
+        #expect(c.host.logLevel == .info)
+        #expect(c.socketPath.hasSuffix("/sdk-host.sock"))
+    }
+}
+
+/// Reads the hammer's one-line JSON of integer fields.
+enum HammerResult {
+    static func fields(_ text: String) throws -> [String: Int] {
+        var out: [String: Int] = [:]
+        for pair in text.trimmingCharacters(in: "{}\n ").split(separator: ",") {
+            let kv = pair.split(separator: ":")
+            guard kv.count == 2, let v = Int(kv[1]) else { continue }
+            out[String(kv[0].trimmingCharacters(in: "\" "))] = v
+        }
+        guard !out.isEmpty else { throw SystemError("parse", errno: EINVAL, detail: text) }
+        return out
+    }
+}
+
+extension StringProtocol {
+    func trimmingCharacters(in set: String) -> String {
+        let chars = Set(set)
+        var s = Substring(self)
+        while let f = s.first, chars.contains(f) { s.removeFirst() }
+        while let l = s.last, chars.contains(l) { s.removeLast() }
+        return String(s)
+    }
+}
