@@ -2,7 +2,8 @@
 // sdk-host: an out-of-process extension host for Linux. No package dependencies by design (shared/DESIGN.md).
 import PackageDescription
 
-/// Extension executables link the Swift stdlib statically (shared/DESIGN.md: spawn cost is a target).
+/// Extension executables and sdk-host link the Swift stdlib statically (shared/DESIGN.md: spawn cost and
+/// daemon RSS are targets).
 let extensionLinkerSettings: [LinkerSetting] = [.unsafeFlags(["-static-stdlib"])]
 
 let package = Package(
@@ -19,7 +20,7 @@ let package = Package(
         .target(name: "CSDKShim"),
         // POSIX layer: owned descriptors, sockets, spawn/reap via pidfd, the epoll event loop.
         .target(name: "SDKPosix", dependencies: ["CSDKShim"]),
-        // Bridge to Foundation property lists, for the CLI's XML conversion and the interop tests only.
+        // Bridge to Foundation property lists, for the interop tests only.
         .target(name: "SDKWireFoundation", dependencies: ["SDKWire"]),
         // Public host API (embedded mode for now).
         .target(name: "SDKHost", dependencies: ["SDKWire", "SDKPosix"]),
@@ -35,11 +36,15 @@ let package = Package(
             linkerSettings: extensionLinkerSettings),
         // The daemon: the engine behind a Unix socket, its configuration file.
         .target(name: "SDKDaemon", dependencies: ["SDKHost", "SDKPosix"]),
-        // The CLI and daemon. Foundation is allowed here, off the hot path (XML plist conversion).
+        // The CLI and daemon. No Foundation (daemon RSS is a target) and a static stdlib (spawn and RSS).
         .executableTarget(
             name: "sdk-host",
-            // Depending on the extensions makes `swift run sdk-host demo` build them next to it.
-            dependencies: ["SDKWire", "SDKWireFoundation", "SDKPosix", "SDKHost", "SDKDaemon", "Echo", "Crasher"]),
+            // Depending on the extensions and the Foundation codec helper makes `swift run sdk-host …` build them
+            // next to it.
+            dependencies: ["SDKWire", "SDKPosix", "SDKHost", "SDKDaemon", "Echo", "Crasher", "foundation-codec-bench"],
+            linkerSettings: extensionLinkerSettings),
+        // Times Foundation's PropertyListSerialization for `sdk-host bench`, in its own process.
+        .executableTarget(name: "foundation-codec-bench", dependencies: ["SDKPosix"]),
         .testTarget(
             name: "SDKWireTests",
             dependencies: ["SDKWire", "SDKWireFoundation"],

@@ -83,12 +83,3 @@ func crashFileName(time: Double, pid: Int32, extensionID: String) -> String {
     return String(repeating: "0", count: max(0, 17 - micros.count)) + micros + "-\(extensionID)-\(pid).crash.plist"
 }
 
-/// mkdir -p with `mode` for the folders it creates. True if the folder exists afterwards.
-package func makeDirectories(_ path: String, mode: mode_t) -> Bool {
-    var st = stat()
-    if stat(path, &st) == 0 { return (st.st_mode & S_IFMT) == S_IFDIR }
-    if let slash = path.lastIndex(of: "/"), slash != path.startIndex {
-        _ = makeDirectories(String(path[..<slash]), mode: mode)
-    }
-    return mkdir(path, mode) == 0 || errno == EEXIST
-}

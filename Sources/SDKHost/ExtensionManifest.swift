@@ -104,36 +104,4 @@ extension ExtensionPolicy {
     }
 }
 
-/// The names in a directory, or nil if it cannot be read.
-package func listDirectory(_ path: String) -> [String]? {
-    guard let dir = opendir(path) else { return nil }
-    defer { closedir(dir) }
-    var names: [String] = []
-    while let entry = readdir(dir) {
-        let name = withUnsafeBytes(of: entry.pointee.d_name) { raw in
-            String(decoding: raw.prefix { $0 != 0 }, as: UTF8.self)
-        }
-        if name != "." && name != ".." { names.append(name) }
-    }
-    return names
-}
-
-/// Reads a whole (small) file.
-package func readFile(_ path: String) throws(SystemError) -> [UInt8] {
-    let fd = open(path, O_RDONLY | O_CLOEXEC)
-    guard fd >= 0 else { throw SystemError("open", errno: errno, detail: path) }
-    defer { close(fd) }
-    var out: [UInt8] = []
-    var chunk = [UInt8](repeating: 0, count: 65536)
-    while true {
-        let n = chunk.withUnsafeMutableBytes { read(fd, $0.baseAddress, $0.count) }
-        if n < 0 {
-            if errno == EINTR { continue }
-            throw SystemError("read", errno: errno, detail: path)
-        }
-        if n == 0 { return out }
-        out.append(contentsOf: chunk[0..<n])
-    }
-}
-
 import SDKPosix

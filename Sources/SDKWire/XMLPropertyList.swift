@@ -293,3 +293,104 @@ enum ISO8601 {
         return PlistDate(secondsSince1970: Double(days * 86_400 + h * 3600 + mi * 60 + sec))
     }
 }
+
+extension XMLPropertyList {
+    /// Renders `value` as an XML property list in the layout plistlib and Foundation write (tabs, one element
+    /// per line). Dictionary keys are sorted, so output is deterministic.
+    public static func render(_ value: PlistValue) -> String {
+        var out = """
+            <?xml version="1.0" encoding="UTF-8"?>
+            <!DOCTYPE plist PUBLIC "-//Apple//DTD PLIST 1.0//EN" "http://www.apple.com/DTDs/PropertyList-1.0.dtd">
+            <plist version="1.0">
+
+            """
+        renderValue(value, indent: 0, into: &out)
+        out += "</plist>\n"
+        return out
+    }
+
+    private static func renderValue(_ value: PlistValue, indent: Int, into out: inout String) {
+        let pad = String(repeating: "\t", count: indent)
+        switch value {
+        case .string(let s): out += "\(pad)<string>\(escape(s))</string>\n"
+        case .integer(let i): out += "\(pad)<integer>\(i)</integer>\n"
+        case .real(let d):
+            let text = d.isNaN ? "nan" : d == .infinity ? "inf" : d == -.infinity ? "-inf" : "\(d)"
+            out += "\(pad)<real>\(text)</real>\n"
+        case .bool(let b): out += "\(pad)<\(b ? "true" : "false")/>\n"
+        case .date(let d): out += "\(pad)<date>\(ISO8601.format(d))</date>\n"
+        case .data(let bytes): out += "\(pad)<data>\(Base64.encode(bytes))</data>\n"
+        case .array(let a):
+            if a.isEmpty { out += "\(pad)<array/>\n"; return }
+            out += "\(pad)<array>\n"
+            for e in a { renderValue(e, indent: indent + 1, into: &out) }
+            out += "\(pad)</array>\n"
+        case .dictionary(let d):
+            if d.isEmpty { out += "\(pad)<dict/>\n"; return }
+            out += "\(pad)<dict>\n"
+            for key in d.keys.sorted() {
+                out += "\(pad)\t<key>\(escape(key))</key>\n"
+                renderValue(d[key]!, indent: indent + 1, into: &out)
+            }
+            out += "\(pad)</dict>\n"
+        }
+    }
+
+    static func escape(_ s: String) -> String {
+        var out = ""
+        out.reserveCapacity(s.utf8.count)
+        for c in s.unicodeScalars {
+            switch c {
+            case "&": out += "&amp;"
+            case "<": out += "&lt;"
+            case ">": out += "&gt;"
+            default: out.unicodeScalars.append(c)
+            }
+        }
+        return out
+    }
+}
+
+extension Base64 {
+    static func encode(_ bytes: [UInt8]) -> String {
+        let table = Array("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/".utf8)
+        var out: [UInt8] = []
+        out.reserveCapacity((bytes.count + 2) / 3 * 4)
+        var i = 0
+        while i < bytes.count {
+            let b0 = UInt32(bytes[i])
+            let b1 = i + 1 < bytes.count ? UInt32(bytes[i + 1]) : 0
+            let b2 = i + 2 < bytes.count ? UInt32(bytes[i + 2]) : 0
+            let n = b0 << 16 | b1 << 8 | b2
+            out.append(table[Int(n >> 18 & 63)])
+            out.append(table[Int(n >> 12 & 63)])
+            out.append(i + 1 < bytes.count ? table[Int(n >> 6 & 63)] : UInt8(ascii: "="))
+            out.append(i + 2 < bytes.count ? table[Int(n & 63)] : UInt8(ascii: "="))
+            i += 3
+        }
+        return String(decoding: out, as: UTF8.self)
+    }
+}
+
+extension ISO8601 {
+    /// "YYYY-MM-DDTHH:MM:SSZ" (whole seconds, UTC), the inverse of `parse`.
+    static func format(_ date: PlistDate) -> String {
+        let total = Int(date.secondsSince1970.rounded(.down))
+        var days = total >= 0 ? total / 86_400 : (total - 86_399) / 86_400
+        let secs = total - days * 86_400
+        // Civil from days (Howard Hinnant's algorithm).
+        days += 719_468
+        let era = (days >= 0 ? days : days - 146_096) / 146_097
+        let doe = days - era * 146_097
+        let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365
+        let doy = doe - (365 * yoe + yoe / 4 - yoe / 100)
+        let mp = (5 * doy + 2) / 153
+        let d = doy - (153 * mp + 2) / 5 + 1
+        let m = mp < 10 ? mp + 3 : mp - 9
+        let y = yoe + era * 400 + (m <= 2 ? 1 : 0)
+        func two(_ n: Int) -> String { n < 10 ? "0\(n)" : "\(n)" }
+        let year = String(y)
+        return String(repeating: "0", count: max(0, 4 - year.count)) + year
+            + "-\(two(m))-\(two(d))T\(two(secs / 3600)):\(two(secs / 60 % 60)):\(two(secs % 60))Z"
+    }
+}

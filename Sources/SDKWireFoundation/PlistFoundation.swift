@@ -1,6 +1,5 @@
-// SDKWireFoundation: a bridge between PlistValue and Foundation's property-list objects. It backs
-// `sdk-host plist` (XML in and out) and the interop tests; nothing on the hot path imports it, so workers and
-// the codec stay free of Foundation.
+// SDKWireFoundation: a bridge between PlistValue and Foundation's property-list objects, for the interop tests
+// (Foundation as an independent reader and writer of bplist00). No product imports it.
 import Foundation
 import SDKWire
 

@@ -2,12 +2,14 @@
 // next to its ratio to the raw socketpair round trip between two processes on this machine (the physical limit),
 // or to Foundation for the codec. `sdk-host bench codec` runs the codec part alone. Build with -c release.
 import Dispatch
-import Foundation
 import SDKHost
 import SDKPosix
 import SDKWire
-import SDKWireFoundation
 import Synchronization
+
+#if canImport(Glibc)
+import Glibc
+#endif
 
 enum BenchCommand {
     static func run(_ arguments: [String]) {
@@ -28,6 +30,7 @@ enum BenchCommand {
             results.kill = EmbeddedBench.killToInterruption(host, samples: 20 * scale)
             shutdown(host)
             results.cold = EmbeddedBench.coldStarts(samples: 10 * scale)
+            DaemonBench.measure(into: &results, scale: scale)
             results.codec(CodecBench.measure(quick: quick))
         }
         print(json ? results.json : results.table)
@@ -98,6 +101,55 @@ enum RawBench {
             if n <= 0 { exit(0) }
             buffer.withUnsafeBytes { _ = try? sendAll(3, UnsafeRawBufferPointer(rebasing: $0[0..<n])) }
         }
+    }
+}
+
+/// The same figures through a daemon this command starts (its own socket and config, errors-only log).
+enum DaemonBench {
+    static func measure(into results: inout Results, scale: Int) {
+        let folder = "/tmp/sdkhost-bench-\(getpid())"
+        mkdir(folder, 0o700)
+        let socket = "\(folder)/d.sock"
+        let config = "\(folder)/sdk-host.plist"
+        let extensions = EmbeddedHost.extensionSearchPaths().first ?? "Extensions"
+        let xml = "<plist version=\"1.0\"><dict><key>SocketPath</key><string>\(socket)</string>"
+            + "<key>LogLevel</key><string>error</string><key>CrashReportDirectory</key><string>\(folder)/crashes</string>"
+            + "<key>ExtensionSearchPaths</key><array><string>\(extensions.hasPrefix("/") ? extensions : cwd() + "/" + extensions)</string></array></dict></plist>"
+        _ = try? writeFile(config, Array(xml.utf8))
+        guard let daemon = try? spawnWithChannels(SpawnRequest(
+            path: "/proc/self/exe", arguments: ["sdk-host", "serve", "--config", config], environment: []))
+        else { fail("bench: cannot start the daemon") }
+        measure(daemonPid: daemon.process.pid, socket: socket, into: &results, scale: scale)
+        daemon.process.signal(SIGTERM)
+        while (try? daemon.process.reap()) == nil { usleep(2000) }
+        daemon.process.close()
+        daemon.socket.close()
+        daemon.stdout.close()
+        daemon.stderr.close()
+        for path in [config, "\(folder)/crashes", folder] { if unlink(path) != 0 { rmdir(path) } }
+    }
+
+    static func measure(daemonPid: pid_t, socket: String, into results: inout Results, scale: Int) {
+        var host: ExtensionHost?
+        for _ in 0..<500 where host == nil {
+            host = runAsync { try? await ExtensionHost.connect(socketPath: socket) }
+            if host == nil { usleep(10_000) }
+        }
+        guard let host else { fail("bench: the daemon did not come up") }
+        results.daemonRSSIdleKB = rssKB(of: daemonPid)
+        results.daemonWarm = EmbeddedBench.warmRoundTrips(host, count: 4000 * scale)
+        for depth in [1, 8, 64] {
+            results.daemonRPS[depth] = EmbeddedBench.pipelined(host, inFlight: depth, total: 4000 * scale)
+        }
+        _ = EmbeddedBench.pipelined(host, inFlight: 64, total: 100_000 - 4000 * scale * 4)
+        results.daemonRSSAfter100kKB = rssKB(of: daemonPid)
+        BenchCommand.shutdown(host)
+    }
+
+    static func cwd() -> String {
+        var buffer = [CChar](repeating: 0, count: 4096)
+        guard getcwd(&buffer, buffer.count) != nil else { return "." }
+        return String(decoding: buffer.prefix { $0 != 0 }.map { UInt8(bitPattern: $0) }, as: UTF8.self)
     }
 }
 
@@ -207,16 +259,16 @@ enum EmbeddedBench {
 }
 
 func rssKB(of pid: pid_t) -> Int {
-    guard let status = try? String(contentsOfFile: "/proc/\(pid)/status", encoding: .utf8),
-        let line = status.split(separator: "\n").first(where: { $0.hasPrefix("VmRSS:") })
+    guard let bytes = try? readFile("/proc/\(pid)/status"),
+        let line = String(decoding: bytes, as: UTF8.self).split(separator: "\n").first(where: { $0.hasPrefix("VmRSS:") })
     else { return -1 }
-    return Int(line.split(separator: " ")[1]) ?? -1
+    return Int(line.split(separator: " ", omittingEmptySubsequences: true)[1]) ?? -1
 }
 
 enum CodecBench {
     struct Result {
         var bytes = 0
-        var encode = 0.0, decode = 0.0, foundationEncode = 0.0, foundationDecode = 0.0
+        var encode = 0.0, decode = 0.0, foundationEncode = Double.nan, foundationDecode = Double.nan
     }
 
     static func measure(quick: Bool) -> Result {
@@ -224,39 +276,62 @@ enum CodecBench {
         var encoder = BinaryPlistEncoder()
         var buffer: [UInt8] = []
         let payload = BinaryPlistEncoder.encode(message)
-        let foundationObject = PlistFoundation.foundationObject(message)
-        let foundationPayload = try! PropertyListSerialization.data(
-            fromPropertyList: foundationObject, format: .binary, options: 0)
         let n = quick ? 5_000 : 20_000
         var r = Result(bytes: payload.count)
-        r.encode = perCall(n) {
+        r.encode = medianMicrosecondsPerCall(n) {
             buffer.removeAll(keepingCapacity: true)
             encoder.encode(message, appendingTo: &buffer)
         }
-        r.decode = perCall(n) { blackHole(try! BinaryPlistDecoder.decode(payload)) }
-        r.foundationEncode = perCall(n / 10) {
-            blackHole(try! PropertyListSerialization.data(fromPropertyList: foundationObject, format: .binary, options: 0))
-        }
-        r.foundationDecode = perCall(n / 10) {
-            blackHole(try! PropertyListSerialization.propertyList(from: foundationPayload, options: [], format: nil))
-        }
+        r.decode = medianMicrosecondsPerCall(n) { blackHole(try! BinaryPlistDecoder.decode(payload)) }
+        (r.foundationEncode, r.foundationDecode) = foundation(payload, iterations: n / 10)
         return r
     }
 
-    /// Median over 7 runs of the mean time per call, in µs.
-    static func perCall(_ iterations: Int, _ body: () -> Void) -> Double {
-        for _ in 0..<(iterations / 10) { body() }
-        var runs: [Double] = []
-        for _ in 0..<7 {
-            let start = nowMicros()
-            for _ in 0..<iterations { body() }
-            runs.append((nowMicros() - start) / Double(iterations))
+    /// Foundation's figures for the same bytes, from the foundation-codec-bench helper next to this binary.
+    static func foundation(_ payload: [UInt8], iterations: Int) -> (Double, Double) {
+        guard let dir = currentExecutableDirectory(), access("\(dir)/foundation-codec-bench", X_OK) == 0,
+            let helper = try? spawnWithChannels(SpawnRequest(
+                path: "\(dir)/foundation-codec-bench", arguments: ["foundation-codec-bench", String(iterations)], environment: []))
+        else { return (.nan, .nan) }
+        // Spawned children get /dev/null on stdin; the payload goes over their fd 3 channel, then EOF.
+        _ = payload.withUnsafeBytes { try? sendAll(helper.socket.rawValue, $0) }
+        shutdown(helper.socket.rawValue, Int32(SHUT_WR))
+        var output: [UInt8] = []
+        var chunk = [UInt8](repeating: 0, count: 256)
+        _ = fcntl(helper.stdout.rawValue, F_SETFL, 0)
+        while true {
+            let got = read(helper.stdout.rawValue, &chunk, chunk.count)
+            if got <= 0 { break }
+            output += chunk[0..<got]
         }
-        return runs.sorted()[3]
+        while (try? helper.process.reap()) == nil { usleep(1000) }
+        helper.process.close()
+        helper.socket.close()
+        helper.stdout.close()
+        helper.stderr.close()
+        let fields = String(decoding: output, as: UTF8.self).split(separator: " ").compactMap { Double($0.trimmingSpace) }
+        return fields.count == 2 ? (fields[0], fields[1]) : (.nan, .nan)
     }
 
     @inline(never) static func blackHole<T>(_ value: T) { withExtendedLifetime(value) {} }
 }
+
+extension Substring {
+    var trimmingSpace: String { String(self.filter { !$0.isWhitespace }) }
+}
+
+/// "12.34" with `digits` decimals (no Foundation).
+func fixed(_ v: Double, _ digits: Int) -> String {
+    guard v.isFinite else { return "n/a" }
+    var scale = 1.0
+    for _ in 0..<digits { scale *= 10 }
+    let scaled = Int64((abs(v) * scale).rounded())
+    let whole = scaled / Int64(scale), fraction = scaled % Int64(scale)
+    let fractionText = digits == 0 ? "" : "." + String(repeating: "0", count: digits - String(fraction).count) + String(fraction)
+    return (v < 0 ? "-" : "") + String(whole) + fractionText
+}
+
+func padRight(_ s: String, _ width: Int) -> String { s + String(repeating: " ", count: max(1, width - s.count)) }
 
 /// Everything measured, printed as a table or one JSON object with stable keys.
 struct Results {
@@ -266,6 +341,10 @@ struct Results {
     var cold: Samples?
     var kill: Samples?
     var echoWorkerRSSKB: Int?
+    var daemonWarm: Samples?
+    var daemonRPS: [Int: Double] = [:]
+    var daemonRSSIdleKB: Int?
+    var daemonRSSAfter100kKB: Int?
     var codecResult: CodecBench.Result?
 
     mutating func codec(_ r: CodecBench.Result) { codecResult = r }
@@ -274,7 +353,7 @@ struct Results {
         var out: [(String, Double, String, String)] = []
         let rawP50 = raw?.percentile(0.5) ?? .nan
         let rawRPS = 1e6 / rawP50
-        func ratio(_ v: Double, _ base: Double) -> String { base.isNaN ? "" : String(format: "%.2f×", v / base) }
+        func ratio(_ v: Double, _ base: Double) -> String { base.isNaN ? "" : fixed(v / base, 2) + "×" }
         if let raw {
             out.append(("raw_rtt_p50_us", rawP50, "1.00×", "raw socketpair round trip p50 (µs)"))
             out.append(("raw_rtt_p99_us", raw.percentile(0.99), ratio(raw.percentile(0.99), rawP50), "raw socketpair round trip p99 (µs)"))
@@ -295,6 +374,15 @@ struct Results {
             out.append(("kill_to_interrupt_p50_us", kill.percentile(0.5), ratio(kill.percentile(0.5), rawP50), "SIGKILL → interruption callback p50 (µs)"))
             out.append(("kill_to_interrupt_p99_us", kill.percentile(0.99), ratio(kill.percentile(0.99), rawP50), "SIGKILL → interruption callback p99 (µs)"))
         }
+        if let daemonWarm {
+            out.append(("daemon_rtt_p50_us", daemonWarm.percentile(0.5), ratio(daemonWarm.percentile(0.5), rawP50), "daemon warm echo p50 (µs)"))
+            out.append(("daemon_rtt_p99_us", daemonWarm.percentile(0.99), ratio(daemonWarm.percentile(0.99), rawP50), "daemon warm echo p99 (µs)"))
+        }
+        for depth in daemonRPS.keys.sorted() {
+            out.append(("daemon_rps_\(depth)", daemonRPS[depth]!, ratio(daemonRPS[depth]!, rawRPS), "daemon requests/s, \(depth) in flight"))
+        }
+        if let rss = daemonRSSIdleKB { out.append(("daemon_rss_idle_kb", Double(rss), "", "daemon RSS idle (KiB)")) }
+        if let rss = daemonRSSAfter100kKB { out.append(("daemon_rss_100k_kb", Double(rss), "", "daemon RSS after 100k requests (KiB)")) }
         if let rss = echoWorkerRSSKB { out.append(("echo_worker_rss_kb", Double(rss), "", "idle Echo worker RSS (KiB)")) }
         if let c = codecResult {
             out.append(("codec_message_bytes", Double(c.bytes), "", "typical message size (bytes)"))
@@ -309,13 +397,13 @@ struct Results {
     var table: String {
         var lines = ["figure                                       value        vs raw p50 (or Foundation)"]
         for f in fields {
-            let v = f.value >= 1000 ? String(format: "%.0f", f.value) : String(format: "%.2f", f.value)
-            lines.append(f.label.padding(toLength: 44, withPad: " ", startingAt: 0) + " " + v.padding(toLength: 12, withPad: " ", startingAt: 0) + f.ratio)
+            let v = f.value >= 1000 ? fixed(f.value, 0) : fixed(f.value, 2)
+            lines.append(padRight(f.label, 45) + padRight(v, 13) + f.ratio)
         }
         return lines.joined(separator: "\n")
     }
 
     var json: String {
-        "{" + fields.map { "\"\($0.key)\":\($0.value.isFinite ? String(format: "%.3f", $0.value) : "null")" }.joined(separator: ",") + "}"
+        "{" + fields.map { "\"\($0.key)\":\($0.value.isFinite ? fixed($0.value, 3) : "null")" }.joined(separator: ",") + "}"
     }
 }

@@ -1,28 +1,45 @@
 // `sdk-host plist encode|decode`: convert between XML property lists and our wire payloads, to inspect
-// captured messages or craft test input.
-import Foundation
+// captured messages or craft test input. Uses SDKWire's own XML reader and writer (no Foundation in sdk-host).
 import SDKWire
-import SDKWireFoundation
+
+#if canImport(Glibc)
+import Glibc
+#endif
 
 enum PlistCommand {
     static func run(_ arguments: [String]) {
         guard arguments.count == 1, let mode = arguments.first, mode == "encode" || mode == "decode" else {
             fail("usage: sdk-host plist encode|decode  (input on stdin, output on stdout)", status: 2)
         }
-        let input = FileHandle.standardInput.readDataToEndOfFile()
+        let input = readAll(0)
         do {
-            let output: Data
+            let output: [UInt8]
             if mode == "encode" {
-                output = Data(BinaryPlistEncoder.encode(try PlistFoundation.parse(input)))
+                output = BinaryPlistEncoder.encode(try XMLPropertyList.parse(input))
             } else {
-                let value = try Array(input).withUnsafeBytes { raw in try BinaryPlistDecoder.decode(raw) }
-                output = try PlistFoundation.render(value)
+                output = Array(XMLPropertyList.render(try BinaryPlistDecoder.decode(input)).utf8)
             }
-            FileHandle.standardOutput.write(output)
-        } catch let error as WireError {
-            fail("plist decode: stdin (\(input.count) bytes): \(error)")
+            var offset = 0
+            while offset < output.count {
+                let n = output.withUnsafeBytes { write(1, $0.baseAddress! + offset, output.count - offset) }
+                if n <= 0 { fail("plist \(mode): cannot write stdout") }
+                offset += n
+            }
+        } catch let error as XMLPlistError {
+            fail("plist encode: stdin: \(error)")
         } catch {
-            fail("plist \(mode): stdin: \(error)")
+            fail("plist decode: stdin (\(input.count) bytes): \(error)")
+        }
+    }
+
+    static func readAll(_ fd: Int32) -> [UInt8] {
+        var out: [UInt8] = []
+        var chunk = [UInt8](repeating: 0, count: 65536)
+        while true {
+            let n = read(fd, &chunk, chunk.count)
+            if n < 0 && errno == EINTR { continue }
+            if n <= 0 { return out }
+            out += chunk[0..<n]
         }
     }
 }

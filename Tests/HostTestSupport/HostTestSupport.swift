@@ -131,11 +131,11 @@ public struct TemporaryExtension {
 }
 
 public func writeFile(_ path: String, _ text: String) {
-    let fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0o644)
-    precondition(fd >= 0, "cannot write \(path)")
-    var text = text
-    text.withUTF8 { _ = write(fd, $0.baseAddress, $0.count) }
-    close(fd)
+    do {
+        try SDKHost.writeFile(path, Array(text.utf8), mode: 0o644)
+    } catch {
+        preconditionFailure("cannot write \(path): \(error)")
+    }
 }
 
 // MARK: Resources

@@ -1,0 +1,65 @@
+// Small file helpers for manifests, configuration, crash reports and the CLI: whole-file reads and writes,
+// directory listings, mkdir -p. Plain libc, no Foundation.
+import SDKPosix
+
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// The names in a directory, or nil if it cannot be read.
+package func listDirectory(_ path: String) -> [String]? {
+    guard let dir = opendir(path) else { return nil }
+    defer { closedir(dir) }
+    var names: [String] = []
+    while let entry = readdir(dir) {
+        let name = withUnsafeBytes(of: entry.pointee.d_name) { raw in
+            String(decoding: raw.prefix { $0 != 0 }, as: UTF8.self)
+        }
+        if name != "." && name != ".." { names.append(name) }
+    }
+    return names
+}
+
+/// Reads a whole (small) file.
+package func readFile(_ path: String) throws(SystemError) -> [UInt8] {
+    let fd = open(path, O_RDONLY | O_CLOEXEC)
+    guard fd >= 0 else { throw SystemError("open", errno: errno, detail: path) }
+    defer { close(fd) }
+    var out: [UInt8] = []
+    var chunk = [UInt8](repeating: 0, count: 65536)
+    while true {
+        let n = chunk.withUnsafeMutableBytes { read(fd, $0.baseAddress, $0.count) }
+        if n < 0 {
+            if errno == EINTR { continue }
+            throw SystemError("read", errno: errno, detail: path)
+        }
+        if n == 0 { return out }
+        out.append(contentsOf: chunk[0..<n])
+    }
+}
+
+/// Writes `bytes` to `path` (created 0600 or truncated).
+package func writeFile(_ path: String, _ bytes: [UInt8], mode: mode_t = 0o600) throws(SystemError) {
+    let fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, mode)
+    guard fd >= 0 else { throw SystemError("open", errno: errno, detail: path) }
+    defer { close(fd) }
+    var offset = 0
+    while offset < bytes.count {
+        let n = bytes.withUnsafeBytes { write(fd, $0.baseAddress! + offset, bytes.count - offset) }
+        if n < 0 {
+            if errno == EINTR { continue }
+            throw SystemError("write", errno: errno, detail: path)
+        }
+        offset += n
+    }
+}
+
+/// mkdir -p with `mode` for the folders it creates. True if the folder exists afterwards.
+package func makeDirectories(_ path: String, mode: mode_t) -> Bool {
+    var st = stat()
+    if stat(path, &st) == 0 { return (st.st_mode & S_IFMT) == S_IFDIR }
+    if let slash = path.lastIndex(of: "/"), slash != path.startIndex {
+        _ = makeDirectories(String(path[..<slash]), mode: mode)
+    }
+    return mkdir(path, mode) == 0 || errno == EEXIST
+}
