@@ -4,6 +4,9 @@ import SDKExtension
 
 @main
 struct Echo: RequestHandler {
+    /// Echoing never blocks, so it runs on the runtime's reader thread (no thread hand-off per request).
+    static var runsInline: Bool { true }
+
     func beginRequest(with context: ExtensionContext) {
         context.completeRequest(returningItems: context.inputItems)
     }

@@ -15,6 +15,15 @@ public protocol RequestHandler: Sendable {
     ///
     /// - Parameter context: The request's input items and the means to finish it.
     func beginRequest(with context: ExtensionContext)
+
+    /// True if `beginRequest` returns quickly and never blocks. The runtime then calls it on its own reader
+    /// thread, saving a thread hand-off per request; heartbeats and cancels wait while it runs, so a handler that
+    /// blocks here looks hung. Defaults to false.
+    static var runsInline: Bool { get }
+}
+
+extension RequestHandler {
+    public static var runsInline: Bool { false }
 }
 
 /// A type that handles requests with async code. Mark it `@main`.
@@ -34,7 +43,7 @@ extension RequestHandler {
     /// Runs the worker: the entry point `@main` calls. Never returns.
     public static func main() {
         let handler = Self()
-        WorkerRuntime.run({ context in handler.beginRequest(with: context) }, async: nil)
+        WorkerRuntime.run({ context in handler.beginRequest(with: context) }, inline: Self.runsInline, async: nil)
     }
 }
 
@@ -42,6 +51,6 @@ extension AsyncRequestHandler {
     /// Runs the worker: the entry point `@main` calls. Never returns.
     public static func main() {
         let handler = Self()
-        WorkerRuntime.run(nil, async: { context in await handler.beginRequest(with: context) })
+        WorkerRuntime.run(nil, inline: false, async: { context in await handler.beginRequest(with: context) })
     }
 }

@@ -22,30 +22,50 @@ enum WorkerLog {
 /// The connection to the host, shared by the main loop and the handler threads.
 final class HostConnection: Sendable {
     let fd: Int32
-    private let writer = Mutex<(encoder: BinaryPlistEncoder, buffer: [UInt8])>((BinaryPlistEncoder(), []))
+    /// Frames waiting to be written, and whether some thread is writing. Completions from many handler threads
+    /// are coalesced: a thread that finds another one writing appends its frame and returns.
+    private let outbox = Mutex<(encoder: BinaryPlistEncoder, pending: [UInt8], spare: [UInt8], writing: Bool)>(
+        (BinaryPlistEncoder(), [], [], false))
     private let contexts = Mutex<[RequestID: ExtensionContext]>([:])
 
     init(fd: Int32) { self.fd = fd }
 
     /// Sends one message; a host that has gone away ends the process.
     func send(_ message: Message) {
-        let failed = writer.withLock { w -> String? in
-            w.buffer.removeAll(keepingCapacity: true)
+        let (queued, failure) = outbox.withLock { o -> (Bool, String?) in
             do {
-                try Frame.encode(message.plist, with: &w.encoder, appendingTo: &w.buffer)
-                // A typed-throws closure here crashes the 6.3 compiler (IRGen thunk); carry the error in a Result.
-                let sent = w.buffer.withUnsafeBytes { raw in Result { () throws(SystemError) in try sendAll(fd, raw) } }
-                try sent.get()
-                return nil
-            } catch let error as WireError {
-                return "cannot encode \(message): \(error)"
+                try Frame.encode(message.plist, with: &o.encoder, appendingTo: &o.pending)
             } catch {
-                return "host connection lost: \(error)"
+                return (false, "cannot encode \(message): \(error)")
             }
+            if o.writing { return (false, nil) }
+            o.writing = true
+            return (true, nil)
         }
-        if let failed {
-            WorkerLog.write(failed)
-            exit(0)
+        if let failure { WorkerLog.write(failure) }
+        guard queued else { return }
+        // This thread writes until the outbox is empty, taking whatever other threads added meanwhile. Two
+        // buffers rotate (pending <-> spare), so steady state allocates nothing.
+        while true {
+            var batch = outbox.withLock { o -> [UInt8] in
+                if o.pending.isEmpty {
+                    o.writing = false
+                    return []
+                }
+                var taken = o.spare
+                o.spare = []
+                swap(&taken, &o.pending)
+                return taken
+            }
+            if batch.isEmpty { return }
+            // A typed-throws closure here crashes the 6.3 compiler (IRGen thunk); carry the error in a Result.
+            let sent = batch.withUnsafeBytes { raw in Result { () throws(SystemError) in try sendAll(fd, raw) } }
+            if case .failure(let error) = sent {
+                WorkerLog.write("host connection lost: \(error)")
+                exit(0)
+            }
+            batch.removeAll(keepingCapacity: true)
+            outbox.withLock { $0.spare = batch }
         }
     }
 
@@ -59,7 +79,7 @@ enum WorkerRuntime {
     typealias SyncBody = @Sendable (ExtensionContext) -> Void
     typealias AsyncBody = @Sendable (ExtensionContext) async -> Void
 
-    static func run(_ sync: SyncBody?, async asyncBody: AsyncBody?) -> Never {
+    static func run(_ sync: SyncBody?, inline: Bool, async asyncBody: AsyncBody?) -> Never {
         let env = Environment()
         signal(SIGPIPE, SIG_IGN)
         // Die with the host: the kernel signals us when the spawning thread exits. Check the parent afterwards,
@@ -131,7 +151,11 @@ enum WorkerRuntime {
                     }
                     connection.register(context)
                     if let sync {
-                        DispatchQueue.global().async { sync(context) }
+                        if inline {
+                            sync(context)
+                        } else {
+                            DispatchQueue.global().async { sync(context) }
+                        }
                     } else if let asyncBody {
                         context.attach(Task.detached {
                             await asyncBody(context)

@@ -78,6 +78,7 @@ final class HandlerBox: Sendable {
         var cancellation: (@Sendable (RequestID, ExtensionError) -> Void)?
         var interruption: (@Sendable (RequestID, InterruptionReason) -> Void)?
         var queue: DispatchQueue
+        var onHostLoop = false
     }
 
     let state: Mutex<Handlers>
@@ -135,6 +136,15 @@ public final class Extension: Sendable {
         set { handlers.state.withLock { $0.queue = newValue } }
     }
 
+    /// When true, handlers run directly on the host's event-loop thread (with no lock held) instead of on
+    /// `callbackQueue`, saving a thread hand-off per request. They must then be quick and never block: every
+    /// other request of the host waits while one runs, and waiting there for another request deadlocks.
+    /// Applies to requests begun after it is set. Default false.
+    public var callsHandlersOnHostLoop: Bool {
+        get { handlers.state.withLock { $0.onHostLoop } }
+        set { handlers.state.withLock { $0.onHostLoop = newValue } }
+    }
+
     /// Starts a request. Never blocks: the request is queued to the host's event loop, a worker is launched if
     /// none has room, and exactly one of the three handlers is called later with the returned id.
     ///
@@ -156,10 +166,15 @@ public final class Extension: Sendable {
     ) -> RequestID {
         let id = RequestID()
         let box = handlers
-        let queue = callbackQueue
-        submit(id: id, items: items, deadline: deadline, onWorkerAssigned: onWorkerAssigned) { outcome in
-            queue.async { box.invoke(id, outcome) }
+        let (queue, onHostLoop) = handlers.state.withLock { ($0.queue, $0.onHostLoop) }
+        // The backend calls `deliver` on its loop thread with no lock held.
+        let deliver: @Sendable (RequestOutcome) -> Void
+        if onHostLoop {
+            deliver = { outcome in box.invoke(id, outcome) }
+        } else {
+            deliver = { outcome in queue.async { box.invoke(id, outcome) } }
         }
+        submit(id: id, items: items, deadline: deadline, onWorkerAssigned: onWorkerAssigned, deliver: deliver)
         return id
     }
 

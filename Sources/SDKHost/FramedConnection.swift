@@ -25,6 +25,7 @@ package final class FramedConnection {
     private var outbound: [UInt8] = []
     private var sent = 0
     private var wantsWritable = false
+    private var flushScheduled = false
     private var readBuffer = [UInt8](repeating: 0, count: 16 * 1024)
     private var onMessage: ((Message) -> Void)?
     private var onEnd: ((ConnectionEnd) -> Void)?
@@ -51,7 +52,8 @@ package final class FramedConnection {
         registered = true
     }
 
-    /// Queues `message` and writes what the socket takes now. An over-limit message throws and is not queued.
+    /// Queues `message`; it is written, with everything else queued in this loop iteration, before the loop next
+    /// waits. An over-limit message throws and is not queued.
     package func send(_ message: Message) throws(WireError) {
         guard isOpen else { return }
         if sent == outbound.count {
@@ -59,7 +61,13 @@ package final class FramedConnection {
             sent = 0
         }
         try Frame.encode(message.plist, with: &encoder, appendingTo: &outbound, limits: reader.limits)
-        if !wantsWritable { flush() }
+        if !wantsWritable && !flushScheduled {
+            flushScheduled = true
+            loop.runBeforeSleeping { [self] in
+                flushScheduled = false
+                flush()
+            }
+        }
     }
 
     /// Reads and delivers everything available now (also used to collect a dying peer's last words).
@@ -82,8 +90,16 @@ package final class FramedConnection {
         }
     }
 
-    /// Closes without calling `onEnd`.
+    /// Closes without calling `onEnd`, after a best-effort, non-blocking write of anything still queued (a
+    /// refusal or a last reply sent just before closing must not be lost to the write coalescing).
     package func close() {
+        while isOpen, sent < outbound.count {
+            let result = outbound.withUnsafeBytes { raw in
+                Result { () throws(SystemError) in try sendNonBlocking(fd, UnsafeRawBufferPointer(rebasing: raw[sent...])) }
+            }
+            guard case .success(.bytes(let n)) = result else { break }
+            sent += n
+        }
         if registered {
             loop.unregister(fd)
             registered = false

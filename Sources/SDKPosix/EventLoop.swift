@@ -18,6 +18,7 @@ public final class EventLoop: @unchecked Sendable {
     private let wakeFD: Int32
     private var handlers: [Int32: Handler] = [:]
     private var timers = TimerHeap()
+    private var beforeSleep: [() -> Void] = []
     private let inbox = Mutex<Inbox>(Inbox())
     private let loopThread = Atomic<UInt>(0)
     private let name: String
@@ -132,6 +133,13 @@ public final class EventLoop: @unchecked Sendable {
         return timers.insert(deadline: monotonicNanoseconds() &+ nanoseconds, body)
     }
 
+    /// Runs `body` on the loop thread once the loop has handled everything ready and is about to wait again.
+    /// Writers use it to coalesce everything queued in one loop iteration into one syscall.
+    public func runBeforeSleeping(_ body: @escaping () -> Void) {
+        preconditionInLoop()
+        beforeSleep.append(body)
+    }
+
     /// Cancels a timer that has not fired yet; cancelling a fired or unknown timer does nothing.
     public func cancelTimer(_ id: TimerID) {
         preconditionInLoop()
@@ -156,6 +164,11 @@ public final class EventLoop: @unchecked Sendable {
             for task in tasks { task() }
             if stopping && tasks.isEmpty { break }
             if !tasks.isEmpty { continue }  // tasks may have queued more; run them before sleeping
+            while !beforeSleep.isEmpty {
+                let hooks = beforeSleep
+                beforeSleep.removeAll(keepingCapacity: true)
+                for hook in hooks { hook() }
+            }
             let timeout = timers.millisecondsUntilNext(now: monotonicNanoseconds())
             let n = fds.withUnsafeMutableBufferPointer { f in
                 events.withUnsafeMutableBufferPointer { e in
@@ -183,6 +196,7 @@ public final class EventLoop: @unchecked Sendable {
         }
         handlers.removeAll()
         timers = TimerHeap()
+        beforeSleep.removeAll()
         let callbacks = inbox.withLock { inbox -> [@Sendable () -> Void] in
             inbox.stopped = true
             inbox.tasks.removeAll()

@@ -23,9 +23,11 @@ enum BenchCommand {
             results.raw = RawBench.measure(roundTrips: 4000 * scale)
             let host = EmbeddedHost.make { $0.logHandler = { _, _ in } }
             results.warm = EmbeddedBench.warmRoundTrips(host, count: 4000 * scale)
+            results.warmOnLoop = EmbeddedBench.warmRoundTrips(host, count: 4000 * scale, onHostLoop: true)
             for depth in [1, 8, 64] {
                 results.rps[depth] = EmbeddedBench.pipelined(host, inFlight: depth, total: 4000 * scale)
             }
+            results.rpsOnLoop64 = EmbeddedBench.pipelined(host, inFlight: 64, total: 4000 * scale, onHostLoop: true)
             results.echoWorkerRSSKB = EmbeddedBench.echoWorkerRSS(host)
             results.kill = EmbeddedBench.killToInterruption(host, samples: 20 * scale)
             shutdown(host)
@@ -138,6 +140,7 @@ enum DaemonBench {
         guard let host else { fail("bench: the daemon did not come up") }
         results.daemonRSSIdleKB = rssKB(of: daemonPid)
         results.daemonWarm = EmbeddedBench.warmRoundTrips(host, count: 4000 * scale)
+        results.daemonWarmOnLoop = EmbeddedBench.warmRoundTrips(host, count: 4000 * scale, onHostLoop: true)
         for depth in [1, 8, 64] {
             results.daemonRPS[depth] = EmbeddedBench.pipelined(host, inFlight: depth, total: 4000 * scale)
         }
@@ -168,8 +171,9 @@ enum EmbeddedBench {
         }
     }
 
-    static func warmRoundTrips(_ host: ExtensionHost, count: Int) -> Samples {
+    static func warmRoundTrips(_ host: ExtensionHost, count: Int, onHostLoop: Bool = false) -> Samples {
         let ext = echo(host)
+        ext.callsHandlersOnHostLoop = onHostLoop
         let done = DispatchSemaphore(value: 0)
         ext.requestCompletionHandler = { _, _ in done.signal() }
         ext.requestInterruptionHandler = { _, reason in fail("bench: echo interrupted: \(reason)") }
@@ -184,8 +188,9 @@ enum EmbeddedBench {
     }
 
     /// Requests per second with `inFlight` outstanding at all times.
-    static func pipelined(_ host: ExtensionHost, inFlight: Int, total: Int) -> Double {
+    static func pipelined(_ host: ExtensionHost, inFlight: Int, total: Int, onHostLoop: Bool = false) -> Double {
         let ext = echo(host)
+        ext.callsHandlersOnHostLoop = onHostLoop
         let slots = DispatchSemaphore(value: inFlight)
         let finished = DispatchSemaphore(value: 0)
         let remaining = Atomic<Int>(total)
@@ -342,6 +347,9 @@ struct Results {
     var kill: Samples?
     var echoWorkerRSSKB: Int?
     var daemonWarm: Samples?
+    var warmOnLoop: Samples?
+    var daemonWarmOnLoop: Samples?
+    var rpsOnLoop64: Double?
     var daemonRPS: [Int: Double] = [:]
     var daemonRSSIdleKB: Int?
     var daemonRSSAfter100kKB: Int?
@@ -363,8 +371,15 @@ struct Results {
             out.append(("embedded_rtt_p50_us", warm.percentile(0.5), ratio(warm.percentile(0.5), rawP50), "embedded warm echo p50 (µs)"))
             out.append(("embedded_rtt_p99_us", warm.percentile(0.99), ratio(warm.percentile(0.99), rawP50), "embedded warm echo p99 (µs)"))
         }
+        if let w = warmOnLoop {
+            out.append(("embedded_rtt_loop_p50_us", w.percentile(0.5), ratio(w.percentile(0.5), rawP50), "embedded echo p50, handlers on host loop (µs)"))
+            out.append(("embedded_rtt_loop_p99_us", w.percentile(0.99), ratio(w.percentile(0.99), rawP50), "embedded echo p99, handlers on host loop (µs)"))
+        }
         for depth in rps.keys.sorted() {
             out.append(("embedded_rps_\(depth)", rps[depth]!, ratio(rps[depth]!, rawRPS), "embedded requests/s, \(depth) in flight"))
+        }
+        if let r = rpsOnLoop64 {
+            out.append(("embedded_rps_loop_64", r, ratio(r, rawRPS), "embedded requests/s, 64, handlers on loop"))
         }
         if let cold {
             out.append(("cold_start_p50_ms", cold.percentile(0.5) / 1000, ratio(cold.percentile(0.5), rawP50), "cold start to first reply p50 (ms)"))
@@ -377,6 +392,9 @@ struct Results {
         if let daemonWarm {
             out.append(("daemon_rtt_p50_us", daemonWarm.percentile(0.5), ratio(daemonWarm.percentile(0.5), rawP50), "daemon warm echo p50 (µs)"))
             out.append(("daemon_rtt_p99_us", daemonWarm.percentile(0.99), ratio(daemonWarm.percentile(0.99), rawP50), "daemon warm echo p99 (µs)"))
+        }
+        if let w = daemonWarmOnLoop {
+            out.append(("daemon_rtt_loop_p50_us", w.percentile(0.5), ratio(w.percentile(0.5), rawP50), "daemon echo p50, handlers on client loop (µs)"))
         }
         for depth in daemonRPS.keys.sorted() {
             out.append(("daemon_rps_\(depth)", daemonRPS[depth]!, ratio(daemonRPS[depth]!, rawRPS), "daemon requests/s, \(depth) in flight"))

@@ -47,6 +47,23 @@ import Glibc
         }
     }
 
+    @Test func handlersCanRunOnTheHostLoopExactlyOnce() async throws {
+        try await withHost { host, _ in
+            let ext = try host.extension(identifier: "com.example.echo")
+            ext.callsHandlersOnHostLoop = true
+            let threads = Mutex<[String]>([])
+            ext.requestCompletionHandler = { _, _ in
+                let name = readSmallFile("/proc/thread-self/comm") ?? ""
+                threads.withLock { $0.append(String(name.filter { $0 != "\n" })) }
+            }
+            for i in 0..<50 { ext.beginRequest(withInputItems: [ExtensionItem(title: "\(i)")]) }
+            #expect(await eventually { threads.withLock { $0.count } == 50 })
+            try await Task.sleep(nanoseconds: 200_000_000)
+            #expect(threads.withLock { $0.count } == 50)
+            #expect(threads.withLock { $0 }.allSatisfy { $0 == EventLoop.threadName })
+        }
+    }
+
     @Test func pidIsTheLiveWorkerWhileInFlightAndNilAfter() async throws {
         try await withHost { host, _ in
             let ext = try host.extension(identifier: "com.example.crasher")
