@@ -83,6 +83,10 @@ package final class HostEngine: @unchecked Sendable {
     var heartbeatTimer: TimerID?
     var shuttingDown = false
     var shutdownCompletions: [@Sendable () -> Void] = []
+    /// The engine itself, from the start of shutdown until its loop has stopped. Worker callbacks capture the
+    /// engine unowned; an app may drop its host without awaiting shutdown, and the engine must outlive the
+    /// reaping of its workers.
+    private var keepAliveUntilStopped: HostEngine?
 
     package init(configuration: HostConfiguration) throws(HostError) {
         self.configuration = configuration
@@ -246,6 +250,7 @@ package final class HostEngine: @unchecked Sendable {
         if let completion { shutdownCompletions.append(completion) }
         if shuttingDown { return }
         shuttingDown = true
+        keepAliveUntilStopped = self
         for id in Array(requests.keys) { finish(id, .interrupted(.hostShutdown)) }
         waiting.removeAll()
         for worker in workers.values.joined() {
@@ -262,7 +267,11 @@ package final class HostEngine: @unchecked Sendable {
         if let timer = heartbeatTimer { loop.cancelTimer(timer) }
         let completions = shutdownCompletions
         shutdownCompletions = []
-        loop.stop { for completion in completions { completion() } }
+        // The loop runs this after its last task, when no handler or timer can reach the engine any more.
+        loop.stop { [self] in
+            keepAliveUntilStopped = nil
+            for completion in completions { completion() }
+        }
     }
 }
 

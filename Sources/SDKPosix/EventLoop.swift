@@ -200,6 +200,7 @@ public final class EventLoop: @unchecked Sendable {
         let callbacks = inbox.withLock { inbox -> [@Sendable () -> Void] in
             inbox.stopped = true
             inbox.tasks.removeAll()
+            defer { inbox.onStopped.removeAll() }  // they may hold what owns this loop
             return inbox.onStopped
         }
         FileDescriptor(adopting: wakeFD).close()

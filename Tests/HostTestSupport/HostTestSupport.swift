@@ -256,7 +256,7 @@ private let warmedUp = Mutex(false)
 /// Runs one full host cycle the first time it is called. libdispatch creates its own descriptors (a timerfd,
 /// a pipe) on first use and keeps them for the life of the process; that one-time setup is not a leak, so
 /// baselines are taken after it.
-func warmUpOnce() async {
+public func warmUpOnce() async {
     guard warmedUp.withLock({ w in defer { w = true }; return !w }) else { return }
     guard let (host, _) = try? makeHost(), let ext = try? host.extension(identifier: "com.example.echo") else { return }
     let recorder = Recorder()

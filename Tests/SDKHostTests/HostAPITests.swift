@@ -195,6 +195,29 @@ import Glibc
         }
     }
 
+    @Test func droppingTheHostWithoutShutdownStopsWorkersAndInterrupts() async throws {
+        // An app that just lets go of its host: workers must still be killed and reaped, in-flight requests
+        // interrupted, and nothing may touch the engine after it is gone.
+        await warmUpOnce()
+        let baseline = ResourceSnapshot.take()
+        let recorder = Recorder()
+        weak var weakEngine: HostEngine?
+        var ids: [RequestID] = []
+        do {
+            let (host, _) = try makeHost()
+            weakEngine = host.engine
+            let ext = try host.extension(identifier: "com.example.crasher")
+            recorder.attach(to: ext)
+            ids = (0..<3).map { _ in ext.beginRequest(withInputItems: [ExtensionItem(title: "slow:30000")], deadline: 120) }
+            #expect(await eventually { ids.allSatisfy { ext.pid(for: $0) != nil } })
+        }
+        let outcomes = await recorder.wait(for: ids)
+        #expect(ids.allSatisfy { outcomes?[$0] == .interrupted(.hostShutdown) })
+        #expect(await eventually(timeout: 20) { weakEngine == nil }, "the engine is released once stopped")
+        let leak = await leaksSince(baseline)
+        #expect(leak == nil, "\(leak ?? "")")
+    }
+
     @Test func extensionAndHostAreReleased() async throws {
         weak var weakExtension: Extension?
         weak var weakEngine: HostEngine?
