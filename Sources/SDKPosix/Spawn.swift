@@ -96,6 +96,32 @@ public struct WorkerChannels: ~Copyable {
     public var stdout: FileDescriptor
     /// Read end of the child's stderr.
     public var stderr: FileDescriptor
+
+    /// Closes all four descriptors. Reap the process first: its pidfd is one of them.
+    public consuming func close() {
+        process.close()
+        socket.close()
+        stdout.close()
+        stderr.close()
+    }
+
+    /// Sends `signal`, waits (sleeping, so for tools and tests, never an event loop) until the child is reaped,
+    /// then closes everything. Returns how it ended.
+    @discardableResult
+    public consuming func terminate(signal: Int32) -> ExitStatus? {
+        process.signal(signal)
+        var status: ExitStatus?
+        while status == nil {
+            do {
+                status = try process.reap()
+            } catch {
+                break
+            }
+            if status == nil { usleep(1000) }
+        }
+        close()
+        return status
+    }
 }
 
 /// Creates a socket pair and two pipes, spawns `request` with the child's ends on fds 3, 1 and 2 (and

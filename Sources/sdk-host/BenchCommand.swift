@@ -86,12 +86,7 @@ enum RawBench {
             if i >= roundTrips / 10 { samples.add(nowMicros() - start) }  // the first tenth warms up
             message[0] = UInt8(truncatingIfNeeded: i)
         }
-        channels.process.signal(SIGKILL)
-        while (try? channels.process.reap()) == nil { usleep(1000) }
-        channels.process.close()
-        channels.socket.close()
-        channels.stdout.close()
-        channels.stderr.close()
+        channels.terminate(signal: SIGKILL)
         return samples
     }
 
@@ -122,12 +117,7 @@ enum DaemonBench {
             path: "/proc/self/exe", arguments: ["sdk-host", "serve", "--config", config], environment: []))
         else { fail("bench: cannot start the daemon") }
         measure(daemonPid: daemon.process.pid, socket: socket, into: &results, scale: scale)
-        daemon.process.signal(SIGTERM)
-        while (try? daemon.process.reap()) == nil { usleep(2000) }
-        daemon.process.close()
-        daemon.socket.close()
-        daemon.stdout.close()
-        daemon.stderr.close()
+        daemon.terminate(signal: SIGTERM)
         for path in [config, "\(folder)/crashes", folder] { if unlink(path) != 0 { rmdir(path) } }
     }
 
@@ -309,11 +299,7 @@ enum CodecBench {
             if got <= 0 { break }
             output += chunk[0..<got]
         }
-        while (try? helper.process.reap()) == nil { usleep(1000) }
-        helper.process.close()
-        helper.socket.close()
-        helper.stdout.close()
-        helper.stderr.close()
+        helper.terminate(signal: 0)  // it has finished; signal 0 only checks, then it is reaped
         let fields = String(decoding: output, as: UTF8.self).split(separator: " ").compactMap { Double($0.trimmingSpace) }
         return fields.count == 2 ? (fields[0], fields[1]) : (.nan, .nan)
     }

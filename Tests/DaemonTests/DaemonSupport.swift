@@ -99,19 +99,6 @@ final class DaemonProcess {
     }
 }
 
-func readFile(_ path: String) throws -> [UInt8] {
-    let fd = open(path, O_RDONLY | O_CLOEXEC)
-    guard fd >= 0 else { throw SystemError("open", errno: errno, detail: path) }
-    defer { close(fd) }
-    var out: [UInt8] = []
-    var chunk = [UInt8](repeating: 0, count: 65536)
-    while true {
-        let n = read(fd, &chunk, chunk.count)
-        if n <= 0 { return out }
-        out += chunk[0..<n]
-    }
-}
-
 /// rm -rf, waited for.
 func removeFolder(_ path: String) {
     var status: Int32 = 0

@@ -49,12 +49,7 @@ func waitForExit(_ process: borrowing SpawnedProcess) throws -> SDKPosix.ExitSta
         #expect(fds[1]?.hasPrefix("pipe:") == true)
         #expect(fds[2]?.hasPrefix("pipe:") == true)
         #expect(fds[3]?.hasPrefix("socket:") == true)
-        channels.process.signal(SIGKILL)
-        #expect(try waitForExit(channels.process) == .signaled(SIGKILL))
-        channels.process.close()
-        channels.socket.close()
-        channels.stdout.close()
-        channels.stderr.close()
+        #expect(channels.terminate(signal: SIGKILL) == .signaled(SIGKILL))
         #expect(descriptorCount() == before)
     }
 
@@ -68,10 +63,7 @@ func waitForExit(_ process: borrowing SpawnedProcess) throws -> SDKPosix.ExitSta
         #expect(String(decoding: buffer[0..<4], as: UTF8.self) == "out\n")
         let err = try buffer.withUnsafeMutableBytes { try readNonBlocking(channels.stderr.rawValue, into: $0) }
         #expect(err == .bytes(4))
-        channels.process.close()
-        channels.socket.close()
-        channels.stdout.close()
-        channels.stderr.close()
+        channels.close()
     }
 
     @Test func childSeesTheSocketOnDescriptorThree() throws {
@@ -82,10 +74,7 @@ func waitForExit(_ process: borrowing SpawnedProcess) throws -> SDKPosix.ExitSta
         let got = try buffer.withUnsafeMutableBytes { try readNonBlocking(channels.socket.rawValue, into: $0) }
         #expect(got == .bytes(4))
         #expect(String(decoding: buffer[0..<4], as: UTF8.self) == "ping")
-        channels.process.close()
-        channels.socket.close()
-        channels.stdout.close()
-        channels.stderr.close()
+        channels.close()
     }
 
     @Test func missingExecutableFailsWithENOENTAndLeaksNothing() {
