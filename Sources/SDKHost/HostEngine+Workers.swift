@@ -152,8 +152,10 @@ extension HostEngine {
                 readBuffer.withUnsafeBytes { raw in
                     let chunk = UnsafeRawBufferPointer(rebasing: raw[0..<n])
                     if stderr { worker.stderrTail.append(chunk) }
-                    if configuration.logLevel <= .debug {
-                        log(.debug, "\(worker.extensionID)[\(worker.pid)] \(stderr ? "stderr" : "stdout"): "
+                    // An extension's output is never dropped: it goes to the host log (and stderr also to the
+                    // crash report's tail).
+                    if configuration.logLevel <= .info {
+                        log(.info, "\(worker.extensionID)[\(worker.pid)] \(stderr ? "stderr" : "stdout"): "
                             + String(decoding: chunk, as: UTF8.self))
                     }
                 }

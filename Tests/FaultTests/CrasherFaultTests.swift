@@ -80,7 +80,7 @@ extension FaultTests {
         }
 
         @Test func crashReportCarriesStderrTail() async throws {
-            try await withHost { host, _ in
+            try await withHost { host, log in
                 let ext = try host.extension(identifier: "com.example.crasher")
                 let recorder = Recorder()
                 recorder.attach(to: ext)
@@ -89,6 +89,7 @@ extension FaultTests {
                 let (_, crashes, _) = await host.inspect()
                 #expect(crashes.first?.stderrTail.contains("crasher: about to abort on request") == true)
                 #expect(crashes.first?.extensionIdentifier == "com.example.crasher")
+                #expect(log.contains("crasher: about to abort on request"), "the extension's output reaches the host log")
             }
         }
     }
