@@ -31,7 +31,7 @@ enum BenchCommand {
             results.echoWorkerRSSKB = EmbeddedBench.echoWorkerRSS(host)
             results.kill = EmbeddedBench.killToInterruption(host, samples: 20 * scale)
             shutdown(host)
-            results.cold = EmbeddedBench.coldStarts(samples: 10 * scale)
+            (results.cold, results.prewarmed) = EmbeddedBench.coldStarts(samples: 10 * scale)
             DaemonBench.measure(into: &results, scale: scale)
             results.codec(CodecBench.measure(quick: quick))
         }
@@ -235,21 +235,23 @@ enum EmbeddedBench {
         return samples
     }
 
-    /// A fresh host with no worker: beginRequest → completion, in µs.
-    static func coldStarts(samples count: Int) -> Samples {
-        var samples = Samples()
+    /// A fresh host with no worker: beginRequest → completion, in µs; and then the first request from a new
+    /// Extension on the same host, whose worker is already running (pre-warmed).
+    static func coldStarts(samples count: Int) -> (cold: Samples, prewarmed: Samples) {
+        var cold = Samples(), prewarmed = Samples()
         for _ in 0..<count {
             let host = EmbeddedHost.make { $0.logHandler = { _, _ in } }
-            let ext = echo(host)
-            let done = DispatchSemaphore(value: 0)
-            ext.requestCompletionHandler = { _, _ in done.signal() }
-            let start = nowMicros()
-            ext.beginRequest(withInputItems: [item])
-            done.wait()
-            samples.add(nowMicros() - start)
+            for (n, ext) in [echo(host), echo(host)].enumerated() {
+                let done = DispatchSemaphore(value: 0)
+                ext.requestCompletionHandler = { _, _ in done.signal() }
+                let start = nowMicros()
+                ext.beginRequest(withInputItems: [item])
+                done.wait()
+                if n == 0 { cold.add(nowMicros() - start) } else { prewarmed.add(nowMicros() - start) }
+            }
             BenchCommand.shutdown(host)
         }
-        return samples
+        return (cold, prewarmed)
     }
 }
 
@@ -330,6 +332,7 @@ struct Results {
     var warm: Samples?
     var rps: [Int: Double] = [:]
     var cold: Samples?
+    var prewarmed: Samples?
     var kill: Samples?
     var echoWorkerRSSKB: Int?
     var daemonWarm: Samples?
@@ -370,6 +373,10 @@ struct Results {
         if let cold {
             out.append(("cold_start_p50_ms", cold.percentile(0.5) / 1000, ratio(cold.percentile(0.5), rawP50), "cold start to first reply p50 (ms)"))
             out.append(("cold_start_p90_ms", cold.percentile(0.9) / 1000, ratio(cold.percentile(0.9), rawP50), "cold start to first reply p90 (ms)"))
+        }
+        if let p = prewarmed {
+            out.append(("prewarmed_start_p50_ms", p.percentile(0.5) / 1000, ratio(p.percentile(0.5), rawP50), "first reply, worker pre-warmed, p50 (ms)"))
+            out.append(("prewarmed_start_p90_ms", p.percentile(0.9) / 1000, ratio(p.percentile(0.9), rawP50), "first reply, worker pre-warmed, p90 (ms)"))
         }
         if let kill {
             out.append(("kill_to_interrupt_p50_us", kill.percentile(0.5), ratio(kill.percentile(0.5), rawP50), "SIGKILL → interruption callback p50 (µs)"))
