@@ -34,6 +34,9 @@ let package = Package(
         .executableTarget(
             name: "Crasher", dependencies: ["SDKExtension"], path: "Extensions/Crasher", exclude: ["Info.plist"],
             linkerSettings: extensionLinkerSettings),
+        .executableTarget(
+            name: "AsyncEcho", dependencies: ["SDKExtension"], path: "Extensions/AsyncEcho", exclude: ["Info.plist"],
+            linkerSettings: extensionLinkerSettings),
         // The daemon: the engine behind a Unix socket, its configuration file.
         .target(name: "SDKDaemon", dependencies: ["SDKHost", "SDKPosix"]),
         // The CLI and daemon. No Foundation (daemon RSS is a target) and a static stdlib (spawn and RSS).
@@ -41,7 +44,7 @@ let package = Package(
             name: "sdk-host",
             // Depending on the extensions and the Foundation codec helper makes `swift run sdk-host …` build them
             // next to it.
-            dependencies: ["SDKWire", "SDKPosix", "SDKHost", "SDKDaemon", "Echo", "Crasher", "foundation-codec-bench"],
+            dependencies: ["SDKWire", "SDKPosix", "SDKHost", "SDKDaemon", "Echo", "Crasher", "AsyncEcho", "foundation-codec-bench"],
             linkerSettings: extensionLinkerSettings),
         // Times Foundation's PropertyListSerialization for `sdk-host bench`, in its own process.
         .executableTarget(name: "foundation-codec-bench", dependencies: ["SDKPosix"]),

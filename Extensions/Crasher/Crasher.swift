@@ -65,6 +65,13 @@ struct Crasher: RequestHandler {
                 waited += 10
             }
             context.completeRequest(returningItems: context.inputItems)
+        case let alloc where alloc.hasPrefix("alloc:"):
+            // Allocates and touches <MB> megabytes: past the manifest's MemoryLimitMB the allocation fails and
+            // the runtime traps, so the limit shows up as a crash, not as a worker that grows without bound.
+            let megabytes = Int(alloc.dropFirst(6)) ?? 64
+            var chunks: [[UInt8]] = []
+            for _ in 0..<megabytes { chunks.append([UInt8](repeating: 1, count: 1 << 20)) }
+            context.completeRequest(returningItems: [ExtensionItem(title: "allocated \(chunks.count) MB")])
         case "stderr":
             // Writes to stderr, then crashes: the crash report must carry the text.
             let text = "crasher: about to abort on request\n"

@@ -14,7 +14,7 @@ import Glibc
         let daemon = try await DaemonProcess()
         defer { daemon.remove() }
         let host = try await ExtensionHost.connect(socketPath: daemon.socket)
-        #expect(host.extensionIdentifiers == ["com.example.crasher", "com.example.echo"])
+        #expect(host.extensionIdentifiers == ["com.example.async-echo", "com.example.crasher", "com.example.echo"])
         #expect(throws: HostError.self) { _ = try host.extension(identifier: "com.example.nope") }
         let echo = try host.extension(identifier: "com.example.echo")
         #expect(try await echo.perform([ExtensionItem(title: "via daemon", userInfo: ["n": 1])])

@@ -14,7 +14,7 @@ import Glibc
 @Suite(.serialized) struct HostAPITests {
     @Test func unknownExtensionIsAClearError() async throws {
         try await withHost { host, _ in
-            #expect(host.extensionIdentifiers == ["com.example.crasher", "com.example.echo"])
+            #expect(host.extensionIdentifiers == ["com.example.async-echo", "com.example.crasher", "com.example.echo"])
             #expect {
                 _ = try host.extension(identifier: "com.example.missing")
             } throws: { error in
@@ -222,6 +222,55 @@ import Glibc
         #expect(await eventually(timeout: 20) { weakEngine == nil }, "the engine is released once stopped")
         let leak = await leaksSince(baseline)
         #expect(leak == nil, "\(leak ?? "")")
+    }
+
+    @Test func asyncHandlerCompletesAndHonoursTaskCancellation() async throws {
+        try await withHost { host, _ in
+            let ext = try host.extension(identifier: "com.example.async-echo")
+            #expect(try await ext.perform([ExtensionItem(title: "hi")]) == [ExtensionItem(title: "hi")])
+            let recorder = Recorder()
+            recorder.attach(to: ext)
+            // A host cancel cancels the handler's Task; the runtime then acknowledges, so no kill is needed.
+            let id = ext.beginRequest(withInputItems: [ExtensionItem(title: "sleep:30000")], deadline: 120)
+            #expect(await eventually { ext.pid(for: id) != nil })
+            ext.cancelRequest(id)
+            #expect(await recorder.wait(for: id) == .cancelled(.cancelledByHost))
+            #expect(await eventually {
+                let box = Mutex<Int?>(nil)
+                host.inspect { _, _, workers in box.withLock { $0 = workers.first?.inFlight } }
+                usleep(20_000)
+                return box.withLock { $0 } == 0
+            }, "the worker acknowledged the cancel and freed its slot")
+            // A handler that returns without finishing is reported, not left hanging.
+            let forgot = ext.beginRequest(withInputItems: [ExtensionItem(title: "forget")])
+            let outcome = await recorder.wait(for: forgot)
+            guard case .cancelled(let error)? = outcome else {
+                Issue.record("expected a cancellation, got \(String(describing: outcome))")
+                return
+            }
+            #expect(error.domain == "SDKExtension" && error.code == 2)
+            let (_, crashes, _) = await host.inspect()
+            #expect(crashes.isEmpty)
+        }
+    }
+
+    @Test func memoryLimitStopsAWorkerThatGrowsPastIt() async throws {
+        let temp = TemporaryExtension(identifier: "com.example.small", executable: "Crasher",
+                                      policy: "<key>MemoryLimitMB</key><integer>128</integer>")
+        defer { temp.remove() }
+        try await withHost(extraSearchPaths: [temp.root]) { host, _ in
+            let ext = try host.extension(identifier: temp.identifier)
+            let recorder = Recorder()
+            recorder.attach(to: ext)
+            let small = ext.beginRequest(withInputItems: [ExtensionItem(title: "alloc:16")])
+            #expect(await recorder.wait(for: small) == .completed([ExtensionItem(title: "allocated 16 MB")]))
+            let big = ext.beginRequest(withInputItems: [ExtensionItem(title: "alloc:1024")])
+            let outcome = await recorder.wait(for: big)
+            guard case .interrupted(.signal)? = outcome else {
+                Issue.record("expected the worker to die at its memory limit, got \(String(describing: outcome))")
+                return
+            }
+        }
     }
 
     @Test func extensionAndHostAreReleased() async throws {

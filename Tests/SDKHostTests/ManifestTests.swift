@@ -7,7 +7,7 @@ import Testing
     @Test func bundledManifestsLoad() throws {
         let configuration = HostConfiguration(extensionSearchPaths: ["\(packageRoot)/Extensions"])
         let manifests = try ExtensionManifest.discover(in: configuration)
-        #expect(manifests.keys.sorted() == ["com.example.crasher", "com.example.echo"])
+        #expect(manifests.keys.sorted() == ["com.example.async-echo", "com.example.crasher", "com.example.echo"])
         let echo = try #require(manifests["com.example.echo"])
         #expect(echo.executableName == "Echo")
         #expect(echo.executablePath?.hasSuffix("/Echo") == true)
