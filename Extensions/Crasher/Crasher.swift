@@ -72,6 +72,12 @@ struct Crasher: RequestHandler {
             var chunks: [[UInt8]] = []
             for _ in 0..<megabytes { chunks.append([UInt8](repeating: 1, count: 1 << 20)) }
             context.completeRequest(returningItems: [ExtensionItem(title: "allocated \(chunks.count) MB")])
+        case let big where big.hasPrefix("bigreply:"):
+            // Replies with an attachment of <MB> megabytes: past the frame limit the runtime cannot send it.
+            let megabytes = Int(big.dropFirst(9)) ?? 17
+            context.completeRequest(returningItems: [
+                ExtensionItem(attachments: [.data([UInt8](repeating: 7, count: megabytes << 20))])
+            ])
         case "stderr":
             // Writes to stderr, then crashes: the crash report must carry the text.
             let text = "crasher: about to abort on request\n"

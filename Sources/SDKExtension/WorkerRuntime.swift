@@ -24,19 +24,31 @@ final class HostConnection: Sendable {
     let fd: Int32
     /// Frames waiting to be written, and whether some thread is writing. Completions from many handler threads
     /// are coalesced: a thread that finds another one writing appends its frame and returns.
-    private let outbox = Mutex<(encoder: BinaryPlistEncoder, pending: [UInt8], spare: [UInt8], writing: Bool)>(
-        (BinaryPlistEncoder(), [], [], false))
+    private struct Outbox {
+        var encoder = BinaryPlistEncoder()
+        var pending: [UInt8] = []
+        var spare: [UInt8] = []
+        var writing = false
+    }
+    private let outbox = Mutex(Outbox())
     private let contexts = Mutex<[RequestID: ExtensionContext]>([:])
 
     init(fd: Int32) { self.fd = fd }
 
     /// Sends one message; a host that has gone away ends the process.
     func send(_ message: Message) {
-        let (queued, failure) = outbox.withLock { o -> (Bool, String?) in
-            do {
+        let (queued, failure) = outbox.withLock { (o: inout Outbox) -> (Bool, String?) in
+            do throws(WireError) {
                 try Frame.encode(message.plist, with: &o.encoder, appendingTo: &o.pending)
             } catch {
-                return (false, "cannot encode \(message): \(error)")
+                // A reply too large for a frame still ends its request: as cancelled, with an error saying why.
+                guard case .complete(let id, _) = message else { return (false, "cannot encode \(message): \(error)") }
+                let refusal = Message.cancelled(id: id, error: ExtensionError(
+                    domain: "SDKExtension", code: 3, message: "reply too large: \(error.detail)"))
+                try? Frame.encode(refusal.plist, with: &o.encoder, appendingTo: &o.pending)
+                if o.writing { return (false, "reply to \(id) too large: \(error.detail)") }
+                o.writing = true
+                return (true, "reply to \(id) too large: \(error.detail)")
             }
             if o.writing { return (false, nil) }
             o.writing = true

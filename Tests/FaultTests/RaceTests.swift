@@ -108,6 +108,36 @@ extension FaultTests {
             }
         }
 
+        @Test func oversizedMessagesEndTheirRequestClearlyAndHarmNothingElse() async throws {
+            try await withHost { host, _ in
+                let ext = try host.extension(identifier: "com.example.crasher")
+                let recorder = Recorder()
+                recorder.attach(to: ext)
+                // Input over the 16 MiB frame limit: never sent, interrupted with the reason.
+                let huge = ExtensionItem(attachments: [.data([UInt8](repeating: 1, count: 17 << 20))])
+                let tooBig = ext.beginRequest(withInputItems: [ExtensionItem(title: "echo"), huge])
+                let inputOutcome = await recorder.wait(for: tooBig)
+                guard case .interrupted(.protocolViolation(let detail))? = inputOutcome else {
+                    Issue.record("expected an interruption for an oversized request, got \(String(describing: inputOutcome))")
+                    return
+                }
+                #expect(detail.contains("request too large") && detail.contains("16777216"), "\(detail)")
+                // A reply over the limit: the worker reports it instead of leaving the request hanging.
+                let bigReply = ext.beginRequest(withInputItems: [ExtensionItem(title: "bigreply:17")])
+                let replyOutcome = await recorder.wait(for: bigReply)
+                guard case .cancelled(let error)? = replyOutcome else {
+                    Issue.record("expected a cancellation for an oversized reply, got \(String(describing: replyOutcome))")
+                    return
+                }
+                #expect(error.domain == "SDKExtension" && error.code == 3 && error.message.contains("reply too large"))
+                // Nothing else was affected: same worker, still serving.
+                let after = ext.beginRequest(withInputItems: [ExtensionItem(title: "echo")])
+                #expect(await recorder.wait(for: after) == .completed([ExtensionItem(title: "echo")]))
+                let (_, crashes, _) = await host.inspect()
+                #expect(crashes.isEmpty)
+            }
+        }
+
         @Test func ignoredCancelIsKilledAfterGracePeriod() async throws {
             try await withHost({ $0.cancelGracePeriod = 0.3 }) { host, _ in
                 let ext = try host.extension(identifier: "com.example.crasher")
