@@ -33,7 +33,7 @@ public struct BinaryPlistEncoder: Sendable {
         offsets.reserveCapacity(objectCount)
         offsets.append(contentsOf: repeatElement(0, count: objectCount))
         out.reserveCapacity(start + 64 + objectCount * 12)
-        out.append(contentsOf: [0x62, 0x70, 0x6C, 0x69, 0x73, 0x74, 0x30, 0x30])  // "bplist00"
+        out.append(contentsOf: bplistMagic)
         let writer = Writer(refSize: byteWidth(UInt64(objectCount)), start: start)
         var next = 1
         offsets.withUnsafeMutableBufferPointer { table in
@@ -166,6 +166,9 @@ private struct Writer {
         }
     }
 }
+
+/// "bplist00", allocated once.
+let bplistMagic: [UInt8] = Array("bplist00".utf8)
 
 /// The smallest of 1, 2, 4 or 8 bytes that holds `v` unsigned.
 @inline(__always)
