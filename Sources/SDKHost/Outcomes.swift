@@ -133,7 +133,14 @@ package struct CrashReport: Sendable, Equatable {
 
 /// Log severity, lowest first.
 public enum LogLevel: Int, Sendable, Comparable, CaseIterable, CustomStringConvertible {
-    case debug, info, warning, error
+    /// Everything, including each worker's output chunks and per-request detail.
+    case debug
+    /// Worker starts and exits, extension output, daemon lifecycle.
+    case info
+    /// Crashes, hangs, dropped late replies, refused clients.
+    case warning
+    /// Protocol violations and failures to launch.
+    case error
     public static func < (a: LogLevel, b: LogLevel) -> Bool { a.rawValue < b.rawValue }
     public var description: String { ["debug", "info", "warning", "error"][rawValue] }
     /// Parses "debug", "info", "warning" or "error".

@@ -182,6 +182,7 @@ public struct MessageError: Error, Hashable, Sendable, CustomStringConvertible {
 
 /// A protocol message. See the file header for the encoding of each.
 public enum Message: Sendable, Equatable {
+    // Each case is one message `type`; the file header gives every field's encoding.
     case hello(version: Int64, identifier: String, hostPid: Int32, idleTimeoutMs: Int64)
     case welcome(version: Int64, identifier: String, pid: Int32)
     case begin(id: RequestID, items: [ExtensionItem], extensionID: String? = nil, deadlineMs: Int64? = nil)

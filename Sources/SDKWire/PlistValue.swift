@@ -28,13 +28,21 @@ public struct PlistDate: Hashable, Sendable, Comparable, CustomStringConvertible
 ///
 /// Reals compare equal when both are NaN, so that a decoded value always equals the value that was encoded.
 public enum PlistValue: Sendable {
+    /// A string (ASCII or UTF-16 on the wire).
     case string(String)
+    /// A 64-bit signed integer.
     case integer(Int64)
+    /// A double-precision real.
     case real(Double)
+    /// A boolean.
     case bool(Bool)
+    /// A date.
     case date(PlistDate)
+    /// Raw bytes.
     case data([UInt8])
+    /// An ordered list of values.
     case array([PlistValue])
+    /// Values by string key.
     case dictionary([String: PlistValue])
 }
 

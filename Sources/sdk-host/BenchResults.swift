@@ -1,0 +1,119 @@
+// The bench's figures: latency samples, and the table or JSON object every figure is printed in, each next to its
+// ratio to the raw round trip (or to Foundation for the codec). Keys are stable; docs/BENCHMARKS.md lists them.
+
+/// Latency samples in µs.
+struct Samples {
+    var values: [Double] = []
+    mutating func add(_ v: Double) { values.append(v) }
+    func percentile(_ p: Double) -> Double {
+        guard !values.isEmpty else { return .nan }
+        let sorted = values.sorted()
+        return sorted[min(sorted.count - 1, Int(Double(sorted.count - 1) * p))]
+    }
+}
+
+/// "12.34" with `digits` decimals (no Foundation).
+func fixed(_ v: Double, _ digits: Int) -> String {
+    guard v.isFinite else { return "n/a" }
+    var scale = 1.0
+    for _ in 0..<digits { scale *= 10 }
+    let scaled = Int64((abs(v) * scale).rounded())
+    let whole = scaled / Int64(scale), fraction = scaled % Int64(scale)
+    let fractionText = digits == 0 ? "" : "." + String(repeating: "0", count: digits - String(fraction).count) + String(fraction)
+    return (v < 0 ? "-" : "") + String(whole) + fractionText
+}
+
+func padRight(_ s: String, _ width: Int) -> String { s + String(repeating: " ", count: max(1, width - s.count)) }
+
+/// Everything measured, printed as a table or one JSON object with stable keys.
+struct Results {
+    var raw: Samples?
+    var warm: Samples?
+    var rps: [Int: Double] = [:]
+    var cold: Samples?
+    var prewarmed: Samples?
+    var kill: Samples?
+    var echoWorkerRSSKB: Int?
+    var daemonWarm: Samples?
+    var warmOnLoop: Samples?
+    var daemonWarmOnLoop: Samples?
+    var rpsOnLoop64: Double?
+    var daemonRPS: [Int: Double] = [:]
+    var daemonRSSIdleKB: Int?
+    var daemonRSSAfter100kKB: Int?
+    var codecResult: CodecBench.Result?
+
+    mutating func codec(_ r: CodecBench.Result) { codecResult = r }
+
+    var fields: [(key: String, value: Double, ratio: String, label: String)] {
+        var out: [(String, Double, String, String)] = []
+        let rawP50 = raw?.percentile(0.5) ?? .nan
+        let rawRPS = 1e6 / rawP50
+        func ratio(_ v: Double, _ base: Double) -> String { base.isNaN ? "" : fixed(v / base, 2) + "×" }
+        if let raw {
+            out.append(("raw_rtt_p50_us", rawP50, "1.00×", "raw socketpair round trip p50 (µs)"))
+            out.append(("raw_rtt_p99_us", raw.percentile(0.99), ratio(raw.percentile(0.99), rawP50), "raw socketpair round trip p99 (µs)"))
+            out.append(("raw_rps", rawRPS, "1.00×", "raw round trips/s (1/p50)"))
+        }
+        if let warm {
+            out.append(("embedded_rtt_p50_us", warm.percentile(0.5), ratio(warm.percentile(0.5), rawP50), "embedded warm echo p50 (µs)"))
+            out.append(("embedded_rtt_p99_us", warm.percentile(0.99), ratio(warm.percentile(0.99), rawP50), "embedded warm echo p99 (µs)"))
+        }
+        if let w = warmOnLoop {
+            out.append(("embedded_rtt_loop_p50_us", w.percentile(0.5), ratio(w.percentile(0.5), rawP50), "embedded echo p50, handlers on host loop (µs)"))
+            out.append(("embedded_rtt_loop_p99_us", w.percentile(0.99), ratio(w.percentile(0.99), rawP50), "embedded echo p99, handlers on host loop (µs)"))
+        }
+        for depth in rps.keys.sorted() {
+            out.append(("embedded_rps_\(depth)", rps[depth]!, ratio(rps[depth]!, rawRPS), "embedded requests/s, \(depth) in flight"))
+        }
+        if let r = rpsOnLoop64 {
+            out.append(("embedded_rps_loop_64", r, ratio(r, rawRPS), "embedded requests/s, 64, handlers on loop"))
+        }
+        if let cold {
+            out.append(("cold_start_p50_ms", cold.percentile(0.5) / 1000, ratio(cold.percentile(0.5), rawP50), "cold start to first reply p50 (ms)"))
+            out.append(("cold_start_p90_ms", cold.percentile(0.9) / 1000, ratio(cold.percentile(0.9), rawP50), "cold start to first reply p90 (ms)"))
+        }
+        if let p = prewarmed {
+            out.append(("prewarmed_start_p50_ms", p.percentile(0.5) / 1000, ratio(p.percentile(0.5), rawP50), "first reply, worker pre-warmed, p50 (ms)"))
+            out.append(("prewarmed_start_p90_ms", p.percentile(0.9) / 1000, ratio(p.percentile(0.9), rawP50), "first reply, worker pre-warmed, p90 (ms)"))
+        }
+        if let kill {
+            out.append(("kill_to_interrupt_p50_us", kill.percentile(0.5), ratio(kill.percentile(0.5), rawP50), "SIGKILL → interruption callback p50 (µs)"))
+            out.append(("kill_to_interrupt_p99_us", kill.percentile(0.99), ratio(kill.percentile(0.99), rawP50), "SIGKILL → interruption callback p99 (µs)"))
+        }
+        if let daemonWarm {
+            out.append(("daemon_rtt_p50_us", daemonWarm.percentile(0.5), ratio(daemonWarm.percentile(0.5), rawP50), "daemon warm echo p50 (µs)"))
+            out.append(("daemon_rtt_p99_us", daemonWarm.percentile(0.99), ratio(daemonWarm.percentile(0.99), rawP50), "daemon warm echo p99 (µs)"))
+        }
+        if let w = daemonWarmOnLoop {
+            out.append(("daemon_rtt_loop_p50_us", w.percentile(0.5), ratio(w.percentile(0.5), rawP50), "daemon echo p50, handlers on client loop (µs)"))
+        }
+        for depth in daemonRPS.keys.sorted() {
+            out.append(("daemon_rps_\(depth)", daemonRPS[depth]!, ratio(daemonRPS[depth]!, rawRPS), "daemon requests/s, \(depth) in flight"))
+        }
+        if let rss = daemonRSSIdleKB { out.append(("daemon_rss_idle_kb", Double(rss), "", "daemon RSS idle (KiB)")) }
+        if let rss = daemonRSSAfter100kKB { out.append(("daemon_rss_100k_kb", Double(rss), "", "daemon RSS after 100k requests (KiB)")) }
+        if let rss = echoWorkerRSSKB { out.append(("echo_worker_rss_kb", Double(rss), "", "idle Echo worker RSS (KiB)")) }
+        if let c = codecResult {
+            out.append(("codec_message_bytes", Double(c.bytes), "", "typical message size (bytes)"))
+            out.append(("codec_encode_us", c.encode, ratio(c.encode, c.foundationEncode) + " of Foundation", "codec encode (µs)"))
+            out.append(("codec_decode_us", c.decode, ratio(c.decode, c.foundationDecode) + " of Foundation", "codec decode (µs)"))
+            out.append(("foundation_encode_us", c.foundationEncode, "", "Foundation encode (µs)"))
+            out.append(("foundation_decode_us", c.foundationDecode, "", "Foundation decode (µs)"))
+        }
+        return out
+    }
+
+    var table: String {
+        var lines = ["figure                                       value        vs raw p50 (or Foundation)"]
+        for f in fields {
+            let v = f.value >= 1000 ? fixed(f.value, 0) : fixed(f.value, 2)
+            lines.append(padRight(f.label, 45) + padRight(v, 13) + f.ratio)
+        }
+        return lines.joined(separator: "\n")
+    }
+
+    var json: String {
+        "{" + fields.map { "\"\($0.key)\":\($0.value.isFinite ? fixed($0.value, 3) : "null")" }.joined(separator: ",") + "}"
+    }
+}
