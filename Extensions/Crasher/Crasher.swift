@@ -40,6 +40,19 @@ struct Crasher: RequestHandler {
             let header: [UInt8] = [0x40, 0, 0, 0]
             _ = header.withUnsafeBytes { write(3, $0.baseAddress, $0.count) }
             while true { sleep(60) }
+        case "truncate":
+            // Half a frame (a header promising 100 bytes, then 10), then exit: the host must call it a protocol
+            // violation, not a plain exit.
+            let partial: [UInt8] = [0, 0, 0, 100] + Array("bplist00xx".utf8)
+            _ = partial.withUnsafeBytes { write(3, $0.baseAddress, $0.count) }
+            exit(0)
+        case "unknownid":
+            // A well-formed completion for a request this worker was never given.
+            var encoder = BinaryPlistEncoder()
+            var frame: [UInt8] = []
+            try? Frame.encode(Message.complete(id: RequestID(), items: []).plist, with: &encoder, appendingTo: &frame)
+            _ = frame.withUnsafeBytes { write(3, $0.baseAddress, $0.count) }
+            while true { sleep(60) }
         case "cancel":
             context.cancelRequest(withError: ExtensionError(
                 domain: "com.example.crasher", code: 42, message: "cancelled by the extension on request"))

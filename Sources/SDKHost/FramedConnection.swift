@@ -83,7 +83,9 @@ package final class FramedConnection {
             case .success(.wouldBlock):
                 return
             case .success(.endOfFile):
-                end(.endOfFile)
+                // Bytes of an unfinished frame at EOF: the peer sent a truncated frame.
+                let left = reader.bufferedByteCount
+                end(left > 0 ? .badInput("truncated frame: connection closed with \(left) byte(s) of a frame unread") : .endOfFile)
             case .failure(let error):
                 end(.broken(error.description))
             }

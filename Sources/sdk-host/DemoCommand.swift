@@ -22,7 +22,7 @@ enum DemoCommand {
     static let steps: [Step] = [
         Step(label: "echo", extensionID: "com.example.echo", input: "hello"),
         Step(label: "crasher echo", extensionID: "com.example.crasher", input: "echo"),
-    ] + ["segv", "abort", "range", "exit", "kill", "garbage", "oversize", "cancel", "double"].map {
+    ] + ["segv", "abort", "range", "exit", "kill", "garbage", "oversize", "truncate", "unknownid", "cancel", "double"].map {
         Step(label: "crasher \($0)", extensionID: "com.example.crasher", input: $0, isFault: true)
     } + [
         Step(label: "crasher hang (1 s deadline)", extensionID: "com.example.crasher", input: "hang", deadline: 1, isFault: true),

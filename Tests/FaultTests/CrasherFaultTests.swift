@@ -35,6 +35,14 @@ extension FaultTests {
                 if case .interrupted(.protocolViolation(let d)) = $0 { return d.contains("frameTooLarge") }
                 return false
             }, crash: true),
+            Case(fault: "truncate", expected: {
+                if case .interrupted(.protocolViolation(let d)) = $0 { return d.contains("truncated frame") }
+                return false
+            }, crash: true),
+            Case(fault: "unknownid", expected: {
+                if case .interrupted(.protocolViolation(let d)) = $0 { return d.contains("reply for unknown request") }
+                return false
+            }, crash: true),
             Case(fault: "hang", expected: { $0 == .interrupted(.hang) }, crash: true),
             Case(fault: "cancel", expected: {
                 if case .cancelled(let e) = $0 { return e.domain == "com.example.crasher" && e.code == 42 }
