@@ -182,7 +182,7 @@ import Glibc
         await host.shutdown()
     }
 
-    @Test func daemonDescriptorsAndChildrenStayFlatOver10kRequestsAnd100Crashes() async throws {
+    @Test func daemonDescriptorsAndChildrenStayFlatOver10kRequests100CrashesAndClientChurn() async throws {
         let daemon = try await DaemonProcess(extraConfig: "<key>LogLevel</key><string>error</string>")
         defer { daemon.remove() }
         // Warm up: both extensions have their workers.
@@ -195,6 +195,12 @@ import Glibc
         #expect(await waitExit(soak, timeout: 600) == 0)
         let result = try HammerResult.fields(String(decoding: try readFile(out), as: UTF8.self))
         #expect(result["completed"] == 10000 && result["interrupted"] == 100 && result["duplicates"] == 0, "\(result)")
+        // Client churn: sixty short-lived client processes, each connecting, requesting and leaving.
+        for i in 0..<60 {
+            let pid = spawnProgram([sdkHostBinary, "request", i % 10 == 9 ? "com.example.crasher" : "com.example.echo",
+                                    "--socket", daemon.socket, "--text", i % 10 == 9 ? "abort" : "hi"], stdout: "/dev/null")
+            #expect(await waitExit(pid) == (i % 10 == 9 ? 4 : 0))
+        }
         // Crashed workers are replaced only on demand; let the last ones be reaped.
         let settled = await eventually(timeout: 20) {
             let now = daemon.resources
