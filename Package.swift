@@ -2,9 +2,10 @@
 // sdk-host: an out-of-process extension host for Linux. No package dependencies by design (shared/DESIGN.md).
 import PackageDescription
 
-/// Extension executables and sdk-host link the Swift stdlib statically (shared/DESIGN.md: spawn cost and
-/// daemon RSS are targets).
-let extensionLinkerSettings: [LinkerSetting] = [.unsafeFlags(["-static-stdlib"])]
+/// Extension executables and sdk-host are fully static executables (shared/DESIGN.md: spawn cost and daemon RSS
+/// are targets): no dynamic loader work at exec, only the pages actually touched are resident. lld links them:
+/// unlike GNU ld it does not print glibc's static-dlopen notice (the Swift runtime's optional dlopen just fails).
+let staticExecutable: [LinkerSetting] = [.unsafeFlags(["-static-executable", "-use-ld=lld"])]
 
 let package = Package(
     name: "sdk-host",
@@ -30,13 +31,13 @@ let package = Package(
         // They link the Swift stdlib statically: fewer shared objects to map and relocate at every spawn.
         .executableTarget(
             name: "Echo", dependencies: ["SDKExtension"], path: "Extensions/Echo", exclude: ["Info.plist"],
-            linkerSettings: extensionLinkerSettings),
+            linkerSettings: staticExecutable),
         .executableTarget(
             name: "Crasher", dependencies: ["SDKExtension"], path: "Extensions/Crasher", exclude: ["Info.plist"],
-            linkerSettings: extensionLinkerSettings),
+            linkerSettings: staticExecutable),
         .executableTarget(
             name: "AsyncEcho", dependencies: ["SDKExtension"], path: "Extensions/AsyncEcho", exclude: ["Info.plist"],
-            linkerSettings: extensionLinkerSettings),
+            linkerSettings: staticExecutable),
         // The daemon: the engine behind a Unix socket, its configuration file.
         .target(name: "SDKDaemon", dependencies: ["SDKHost", "SDKPosix"]),
         // The CLI and daemon. No Foundation (daemon RSS is a target) and a static stdlib (spawn and RSS).
@@ -45,7 +46,7 @@ let package = Package(
             // Depending on the extensions and the Foundation codec helper makes `swift run sdk-host …` build them
             // next to it.
             dependencies: ["SDKWire", "SDKPosix", "SDKHost", "SDKDaemon", "Echo", "Crasher", "AsyncEcho", "foundation-codec-bench"],
-            linkerSettings: extensionLinkerSettings),
+            linkerSettings: staticExecutable),
         // Times Foundation's PropertyListSerialization for `sdk-host bench`, in its own process.
         .executableTarget(name: "foundation-codec-bench", dependencies: ["SDKPosix"]),
         .testTarget(
