@@ -133,7 +133,7 @@ package struct CrashReport: Sendable, Equatable {
 
 /// Log severity, lowest first.
 public enum LogLevel: Int, Sendable, Comparable, CaseIterable, CustomStringConvertible {
-    /// Everything, including each worker's output chunks and per-request detail.
+    /// Per-request detail: acknowledged cancellations, cancels of requests that had ended, client connections.
     case debug
     /// Worker starts and exits, extension output, daemon lifecycle.
     case info
