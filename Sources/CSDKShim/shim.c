@@ -81,8 +81,7 @@ int sdk_epoll_create(void) { return epoll_create1(EPOLL_CLOEXEC); }
 int sdk_eventfd(void) { return eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK); }
 int sdk_pipe_cloexec(int fds[2]) { return pipe2(fds, O_CLOEXEC); }
 
-const uint32_t SDK_EPOLLIN = EPOLLIN, SDK_EPOLLOUT = EPOLLOUT, SDK_EPOLLRDHUP = EPOLLRDHUP, SDK_EPOLLHUP = EPOLLHUP,
-               SDK_EPOLLERR = EPOLLERR;
+const uint32_t SDK_EPOLLIN = EPOLLIN, SDK_EPOLLOUT = EPOLLOUT, SDK_EPOLLRDHUP = EPOLLRDHUP;
 const int SDK_EPOLL_CTL_ADD = EPOLL_CTL_ADD, SDK_EPOLL_CTL_MOD = EPOLL_CTL_MOD, SDK_EPOLL_CTL_DEL = EPOLL_CTL_DEL;
 
 int sdk_set_thread_name(const char *name) { return pthread_setname_np(pthread_self(), name); }

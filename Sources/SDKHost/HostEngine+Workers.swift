@@ -282,7 +282,7 @@ extension HostEngine {
     func heartbeat() {
         let now = monotonicNanoseconds()
         var any = false
-        for worker in workers.values.joined() where worker.socketOpen && worker.killReason == nil {
+        for worker in workers.values.joined() where worker.connection.isOpen && worker.killReason == nil {
             any = true
             if let sent = worker.pingSentAt {
                 if now - sent > nanoseconds(configuration.heartbeatTimeout) {

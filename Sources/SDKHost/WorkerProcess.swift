@@ -64,7 +64,6 @@ final class WorkerProcess {
         startedAt = monotonicNanoseconds()
     }
 
-    var socketOpen: Bool { connection.isOpen }
     var stdoutOpen: Bool { stdoutPipe != nil }
     var stderrOpen: Bool { stderrPipe != nil }
 

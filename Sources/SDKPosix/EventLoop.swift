@@ -34,8 +34,6 @@ public final class EventLoop: @unchecked Sendable {
     public static let readable = SDK_EPOLLIN | SDK_EPOLLRDHUP
     /// Writable.
     public static let writable = SDK_EPOLLOUT
-    /// Hang-up or error bits.
-    public static let hangup = SDK_EPOLLHUP | SDK_EPOLLERR | SDK_EPOLLRDHUP
 
     /// Creates the loop and starts its thread.
     public init(name: String) throws(SystemError) {

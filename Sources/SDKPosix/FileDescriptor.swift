@@ -38,19 +38,3 @@ public struct FileDescriptor: ~Copyable {
         if rawValue >= 0 { fatalError("FileDescriptor \(rawValue) was dropped without close(): a descriptor leak") }
     }
 }
-
-/// Two descriptors created together: a socket pair's ends, or a pipe's read and write ends.
-@frozen
-public struct DescriptorPair: ~Copyable {
-    /// The socket pair's first end; a pipe's read end.
-    public var first: FileDescriptor
-    /// The socket pair's second end; a pipe's write end.
-    public var second: FileDescriptor
-}
-
-/// The two ends of a connected Unix stream socket pair, both close-on-exec.
-public func makeSocketPair() throws(SystemError) -> DescriptorPair {
-    var fds: [Int32] = [-1, -1]
-    try retryingEINTR("socketpair") { socketpair(AF_UNIX, Int32(SOCK_STREAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0, &fds) }
-    return DescriptorPair(first: FileDescriptor(adopting: fds[0]), second: FileDescriptor(adopting: fds[1]))
-}

@@ -100,11 +100,6 @@ public struct FrameReader: Sendable {
         return try result.get()
     }
 
-    /// The next whole payload as a copy, or `nil` when none is buffered.
-    public mutating func nextPayload() throws(WireError) -> [UInt8]? {
-        try withNextPayload { payload in Array(payload) }
-    }
-
     /// The next whole frame decoded, or `nil` when none is buffered.
     ///
     /// - Throws: `WireError` for an oversized frame or an undecodable payload (the payload is consumed).

@@ -31,48 +31,26 @@ enum DemoCommand {
         Step(label: "echo again", extensionID: "com.example.echo", input: "still here"),
     ]
 
-    final class Tally: Sendable {
-        let callbacks = Mutex<[RequestID: Int]>([:])
-        func count(_ id: RequestID) { callbacks.withLock { $0[id, default: 0] += 1 } }
-    }
-
     static func run(_ arguments: [String]) {
         // The table reports every outcome; the host's own log lines would only interleave with it.
         let host = EmbeddedHost.make { $0.logHandler = { _, _ in } }
-        let tally = Tally()
-        var extensions: [String: Extension] = [:]
+        var extensions: [String: (ext: Extension, waiter: OutcomeWaiter)] = [:]
         print("sdk-host demo: an embedded host runs the bundled extensions in real worker processes.")
         print("Extensions found: \(host.extensionIdentifiers.joined(separator: ", "))\n")
         print(row("#", "request", "outcome", "detail", "pid", "ms"))
         var ids: [RequestID] = []
         for (n, step) in steps.enumerated() {
-            let ext: Extension
+            let ext: Extension, waiter: OutcomeWaiter
             if let cached = extensions[step.extensionID] {
-                ext = cached
+                (ext, waiter) = cached
             } else {
                 do {
                     ext = try host.extension(identifier: step.extensionID)
                 } catch {
                     fail("demo: \(error) (build the extensions with `swift build`)", status: 2)
                 }
-                extensions[step.extensionID] = ext
-            }
-            let done = DispatchSemaphore(value: 0)
-            let result = Mutex<(String, String)>(("", ""))
-            ext.requestCompletionHandler = { id, items in
-                tally.count(id)
-                result.withLock { $0 = ("completed", items.map { $0.title ?? "-" }.joined(separator: ", ")) }
-                done.signal()
-            }
-            ext.requestCancellationHandler = { id, error in
-                tally.count(id)
-                result.withLock { $0 = ("cancelled", error.description) }
-                done.signal()
-            }
-            ext.requestInterruptionHandler = { id, reason in
-                tally.count(id)
-                result.withLock { $0 = ("interrupted", reason.description) }
-                done.signal()
+                waiter = OutcomeWaiter(attachingTo: ext)
+                extensions[step.extensionID] = (ext, waiter)
             }
             let pid = Mutex<pid_t?>(nil)
             let assigned = DispatchSemaphore(value: 0)
@@ -89,18 +67,20 @@ enum DemoCommand {
                 usleep(UInt32(delay) * 1000)
                 ext.cancelRequest(id)
             }
-            if done.wait(timeout: .now() + 30) == .timedOut {
+            guard let result = waiter.wait(for: id, timeout: 30) else {
                 fail("demo: request \(n + 1) (\(step.label)) got no callback within 30 s")
             }
             let elapsed = monotonicMs() - start
-            let (outcome, detail) = result.withLock { $0 }
+            let (outcome, detail) = describe(result)
             let pidText = pid.withLock { $0 }.map(String.init) ?? "-"
             print(row("\(n + 1)", step.label, outcome, detail, pidText, String(format1(elapsed))))
         }
         // Give stray duplicate callbacks (there must be none) time to show up before counting.
         usleep(300_000)
-        let counts = tally.callbacks.withLock { $0 }
-        let exactlyOnce = ids.allSatisfy { counts[$0] == 1 } && counts.count == ids.count
+        let waiters = extensions.values.map(\.waiter)
+        func count(_ id: RequestID) -> Int { waiters.reduce(0) { $0 + $1.callbackCount(id) } }
+        let answered = waiters.reduce(Set<RequestID>()) { $0.union($1.idsWithCallbacks) }
+        let exactlyOnce = ids.allSatisfy { count($0) == 1 } && answered == Set(ids)
         let stats = Mutex<(HostStatistics, [CrashReport])?>(nil)
         let inspected = DispatchSemaphore(value: 0)
         host.inspect { s, crashes, _ in
@@ -121,8 +101,17 @@ enum DemoCommand {
         if exactlyOnce {
             print("The host survived \(faults) faults; every one of \(ids.count) requests ended exactly once.")
         } else {
-            let wrong = ids.filter { counts[$0] != 1 }.map { "\($0): \(counts[$0] ?? 0) callbacks" }
+            let wrong = ids.filter { count($0) != 1 }.map { "\($0): \(count($0)) callbacks" }
             fail("demo: exactly-once violated: \(wrong.joined(separator: "; "))")
+        }
+    }
+
+    /// The outcome column and its detail.
+    static func describe(_ outcome: RequestOutcome) -> (String, String) {
+        switch outcome {
+        case .completed(let items): ("completed", items.map { $0.title ?? "-" }.joined(separator: ", "))
+        case .cancelled(let error): ("cancelled", error.description)
+        case .interrupted(let reason): ("interrupted", reason.description)
         }
     }
 

@@ -3,7 +3,6 @@
 // Without --socket or --embedded it uses the daemon when one answers on the configured socket, else embedded.
 import Dispatch
 import SDKHost
-import Synchronization
 
 #if canImport(Glibc)
 import Glibc
@@ -49,17 +48,13 @@ enum RequestCommand {
         }
         let texts = options.values["--text"] ?? []
         let items = texts.isEmpty ? [ExtensionItem()] : texts.map { ExtensionItem(title: $0) }
-        let outcome = Mutex<RequestOutcome?>(nil)
-        let done = DispatchSemaphore(value: 0)
-        ext.requestCompletionHandler = { _, items in outcome.withLock { $0 = .completed(items) }; done.signal() }
-        ext.requestCancellationHandler = { _, e in outcome.withLock { $0 = .cancelled(e) }; done.signal() }
-        ext.requestInterruptionHandler = { _, r in outcome.withLock { $0 = .interrupted(r) }; done.signal() }
+        let waiter = OutcomeWaiter(attachingTo: ext)
         let id = ext.beginRequest(withInputItems: items, deadline: timeout)
-        done.wait()
+        let outcome = waiter.wait(for: id)
         let finished = DispatchSemaphore(value: 0)
         host.shutdown { finished.signal() }
         finished.wait()
-        switch outcome.withLock({ $0 })! {
+        switch outcome! {
         case .completed(let items):
             print("completed \(id)")
             for (n, item) in items.enumerated() {

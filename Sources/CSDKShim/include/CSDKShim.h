@@ -32,7 +32,7 @@ int sdk_pipe_cloexec(int fds[2]);
 int sdk_set_thread_name(const char *name);
 
 /// epoll event bits and control operations, which Swift's Glibc module does not export.
-extern const uint32_t SDK_EPOLLIN, SDK_EPOLLOUT, SDK_EPOLLRDHUP, SDK_EPOLLHUP, SDK_EPOLLERR;
+extern const uint32_t SDK_EPOLLIN, SDK_EPOLLOUT, SDK_EPOLLRDHUP;
 extern const int SDK_EPOLL_CTL_ADD, SDK_EPOLL_CTL_MOD, SDK_EPOLL_CTL_DEL;
 
 /// epoll_ctl with the fd stored as the event's data. op: EPOLL_CTL_ADD/MOD/DEL.
