@@ -3,8 +3,10 @@
 // Layout: "bplist00", the objects, an offset table (one big-endian offset per object), and a 32-byte trailer
 // (offset size, reference size, object count, top object, offset-table offset). Every size read from the input
 // is checked against the bytes actually present before it is used, so a lying header cannot make us allocate or
-// read out of bounds. Shared objects are decoded once per reference; a node budget (WireLimits.maxObjects) stops
-// a small payload from expanding exponentially.
+// read out of bounds. Shared objects are decoded once per reference, so two budgets stop a small payload from
+// expanding: a node budget (WireLimits.maxObjects) and a byte budget (WireLimits.decodedBytesBudget) that
+// charges every value its size and grows only in proportion to the payload. Cycle detection is O(1) per
+// container (an on-path flag per object), so deep nesting costs linear time, not quadratic.
 
 /// Decodes bplist00 payloads into `PlistValue`s.
 public enum BinaryPlistDecoder {
@@ -19,11 +21,11 @@ public enum BinaryPlistDecoder {
         -> PlistValue
     {
         var reader = try Reader(bytes, limits: limits)
-        let depthLimit = limits.maxDepth
         // The closure-taking stdlib helpers rethrow untyped errors, so the typed result is carried out in a Result.
         var result: Result<PlistValue, WireError> = .failure(WireError(.truncated, "not decoded"))
-        withUnsafeTemporaryAllocation(of: Int.self, capacity: depthLimit + 1) { path in
-            reader.path = path
+        withUnsafeTemporaryAllocation(of: Bool.self, capacity: reader.objectCount) { onPath in
+            onPath.initialize(repeating: false)
+            reader.onPath = onPath
             result = Result { () throws(WireError) in try reader.value(object: reader.topObject, depth: 0) }
         }
         return try result.get()
@@ -51,8 +53,12 @@ private struct Reader {
     let objectsEnd: Int
     let maxDepth: Int
     var budget: Int
-    /// Object indices of the containers currently being decoded, for cycle detection.
-    var path: UnsafeMutableBufferPointer<Int> = .init(start: nil, count: 0)
+    /// Bytes the decoded values may still take (see `WireLimits.decodedBytesBudget`).
+    var byteBudget: Int
+    /// For each object, whether it is a container on the path being decoded (cycle detection).
+    var onPath: UnsafeMutableBufferPointer<Bool> = .init(start: nil, count: 0)
+    /// What one decoded value is charged on top of its bytes: roughly its footprint in a Swift container.
+    static let valueCost = 16
 
     init(_ base: UnsafeRawBufferPointer, limits: WireLimits) throws(WireError) {
         self.base = base
@@ -93,6 +99,17 @@ private struct Reader {
         objectsEnd = Int(tableOffset)
         maxDepth = limits.maxDepth
         budget = limits.maxObjects
+        byteBudget = limits.decodedBytesBudget(payloadBytes: base.count)
+    }
+
+    /// Charges `bytes` to the byte budget.
+    @inline(__always)
+    mutating func charge(_ bytes: Int, for object: Int) throws(WireError) {
+        byteBudget -= bytes
+        guard byteBudget >= 0 else {
+            throw WireError(.tooManyObjects, "object \(object): payload expands past its decoded-size budget "
+                + "(shared objects referenced too often)")
+        }
     }
 
     @inline(__always)
@@ -151,6 +168,7 @@ private struct Reader {
         guard budget >= 0 else {
             throw WireError(.tooManyObjects, "payload expands to more than the limit of values (shared objects)")
         }
+        try charge(Self.valueCost, for: object)
         let off = try offset(of: object)
         let marker = base[off]
         let low = marker & 0x0F
@@ -195,10 +213,12 @@ private struct Reader {
         case 0x4:
             let (n, start) = try count(low: low, at: off, object: object)
             try require(start, n, for: object)
+            try charge(n, for: object)
             return .data(Array(UnsafeRawBufferPointer(rebasing: base[start..<start + n])))
         case 0x5:
             let (n, start) = try count(low: low, at: off, object: object)
             try require(start, n, for: object)
+            try charge(n, for: object)
             let bytes = UnsafeRawBufferPointer(rebasing: base[start..<start + n])
             for b in bytes where b >= 0x80 {
                 throw WireError(.invalidObject, "object \(object): byte 0x\(hex(b)) in an ASCII string")
@@ -209,6 +229,7 @@ private struct Reader {
             guard n <= (objectsEnd - start) / 2 else {
                 throw WireError(.offsetOutOfRange, "object \(object): string of \(n) UTF-16 units overruns the object area")
             }
+            try charge(3 * n, for: object)  // up to 3 UTF-8 bytes per UTF-16 unit
             return .string(utf16BigEndian(start: start, units: n))
         case 0xA:
             let (n, start) = try count(low: low, at: off, object: object)
@@ -221,6 +242,7 @@ private struct Reader {
             for i in 0..<n {
                 elements.append(try value(object: try ref(at: start + i * refSize), depth: depth + 1))
             }
+            onPath[object] = false
             return .array(elements)
         case 0xD:
             let (n, start) = try count(low: low, at: off, object: object)
@@ -237,22 +259,24 @@ private struct Reader {
                 }
                 entries[key] = try value(object: try ref(at: start + (n + i) * refSize), depth: depth + 1)
             }
+            onPath[object] = false
             return .dictionary(entries)
         default:
             throw WireError(.unsupportedObject, "object \(object): marker 0x\(hex(marker)) (UID, set or unknown)")
         }
     }
 
-    /// Records `object` on the current path; rejects nesting past the limit and containers that contain themselves.
+    /// Marks `object` as on the current path; rejects nesting past the limit and containers that contain
+    /// themselves. The caller clears the mark when the container is done.
     @inline(__always)
     mutating func enter(object: Int, depth: Int) throws(WireError) {
         guard depth < maxDepth else {
             throw WireError(.tooDeep, "object \(object): nesting deeper than the limit of \(maxDepth)")
         }
-        for i in 0..<depth where path[i] == object {
+        guard !onPath[object] else {
             throw WireError(.cycle, "object \(object) contains itself (at depth \(depth))")
         }
-        path[depth] = object
+        onPath[object] = true
     }
 
     func utf16BigEndian(start: Int, units: Int) -> String {

@@ -60,6 +60,11 @@ public struct FrameReader: Sendable {
     /// Bytes received but not yet returned as frames.
     public var bufferedByteCount: Int { buffer.count - readIndex }
 
+    /// Bytes of memory the buffer holds (its capacity), for memory accounting.
+    public var bufferCapacity: Int { buffer.capacity }
+
+    static let retainedCapacity = 256 << 10
+
     /// Adds received bytes.
     public mutating func append(_ bytes: UnsafeRawBufferPointer) {
         compactIfUseful()
@@ -97,6 +102,10 @@ public struct FrameReader: Sendable {
         let result = buffer.withUnsafeBytes { raw in
             Result { () throws(WireError) in try body(UnsafeRawBufferPointer(rebasing: raw[start..<start + length])) }
         }
+        if readIndex == buffer.count, buffer.capacity > Self.retainedCapacity {
+            buffer = []
+            readIndex = 0
+        }
         return try result.get()
     }
 
@@ -110,10 +119,11 @@ public struct FrameReader: Sendable {
         }
     }
 
-    /// Drops consumed bytes once they are the larger part of the buffer, keeping appends amortised O(1).
+    /// Drops consumed bytes once they are the larger part of the buffer, keeping appends amortised O(1). A
+    /// buffer grown for a large frame is released once empty, so an idle connection holds no more than 256 KiB.
     private mutating func compactIfUseful() {
         if readIndex == buffer.count {
-            buffer.removeAll(keepingCapacity: true)
+            buffer.removeAll(keepingCapacity: buffer.capacity <= Self.retainedCapacity)
             readIndex = 0
         } else if readIndex > 4096, readIndex * 2 > buffer.count {
             buffer.removeSubrange(0..<readIndex)

@@ -70,14 +70,31 @@ public struct WireLimits: Hashable, Sendable {
     }
     /// The most objects a payload may declare, and the most values it may expand to through shared objects.
     public var maxObjects: Int
+    /// The most bytes one payload may decode to, whatever its size (each value is charged about 16 bytes plus
+    /// its string or data bytes). Default 64 MiB.
+    public var maxDecodedBytes: Int
+    /// How many times its own size a payload may decode to (plus 64 KiB), so that shared references cannot
+    /// make a small frame expand. Default 32.
+    public var maxExpansion: Int
 
     private var _maxDepth: Int
 
     /// Creates limits; the defaults are those of shared/DESIGN.md.
-    public init(maxFrameBytes: Int = 16 << 20, maxDepth: Int = 512, maxObjects: Int = 4 << 20) {
+    public init(maxFrameBytes: Int = 16 << 20, maxDepth: Int = 512, maxObjects: Int = 4 << 20,
+                maxDecodedBytes: Int = 64 << 20, maxExpansion: Int = 32)
+    {
         self.maxFrameBytes = maxFrameBytes
         self._maxDepth = min(max(maxDepth, 1), 4096)
         self.maxObjects = maxObjects
+        self.maxDecodedBytes = maxDecodedBytes
+        self.maxExpansion = maxExpansion
+    }
+
+    /// The byte budget for decoding a payload of `payloadBytes`: proportional to it, never above
+    /// `maxDecodedBytes`.
+    public func decodedBytesBudget(payloadBytes: Int) -> Int {
+        let (scaled, overflow) = payloadBytes.multipliedReportingOverflow(by: max(maxExpansion, 1))
+        return min(overflow ? Int.max : scaled &+ 64 << 10, maxDecodedBytes)
     }
 
     /// The defaults: 16 MiB frames, depth 512, 4 Mi objects.

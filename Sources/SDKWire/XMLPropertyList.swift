@@ -12,6 +12,15 @@ public struct XMLPlistError: Error, Hashable, Sendable, CustomStringConvertible 
     public var description: String { "line \(line): \(detail)" }
 }
 
+/// A value that an XML property list cannot carry.
+public struct XMLRenderError: Error, Hashable, Sendable, CustomStringConvertible {
+    /// Where in the value: "items[0].date", or "the top value".
+    public let path: String
+    /// What is wrong.
+    public let detail: String
+    public var description: String { "\(path): \(detail)" }
+}
+
 /// Parses XML property lists into `PlistValue`s.
 public enum XMLPropertyList {
     /// Parses a complete XML property list.
@@ -297,19 +306,24 @@ enum ISO8601 {
 extension XMLPropertyList {
     /// Renders `value` as an XML property list in the layout plistlib and Foundation write (tabs, one element
     /// per line). Dictionary keys are sorted, so output is deterministic.
-    public static func render(_ value: PlistValue) -> String {
+    ///
+    /// - Throws: `XMLRenderError` for a value XML cannot carry: a date that is NaN, infinite or outside years
+    ///   1 to 9999 (a peer can send one in bplist00, so this is an error, never a trap).
+    public static func render(_ value: PlistValue) throws(XMLRenderError) -> String {
         var out = """
             <?xml version="1.0" encoding="UTF-8"?>
             <!DOCTYPE plist PUBLIC "-//Apple//DTD PLIST 1.0//EN" "http://www.apple.com/DTDs/PropertyList-1.0.dtd">
             <plist version="1.0">
 
             """
-        renderValue(value, indent: 0, into: &out)
+        try renderValue(value, indent: 0, path: "", into: &out)
         out += "</plist>\n"
         return out
     }
 
-    private static func renderValue(_ value: PlistValue, indent: Int, into out: inout String) {
+    private static func renderValue(_ value: PlistValue, indent: Int, path: String, into out: inout String)
+        throws(XMLRenderError)
+    {
         let pad = String(repeating: "\t", count: indent)
         switch value {
         case .string(let s): out += "\(pad)<string>\(escape(s))</string>\n"
@@ -318,19 +332,24 @@ extension XMLPropertyList {
             let text = d.isNaN ? "nan" : d == .infinity ? "inf" : d == -.infinity ? "-inf" : "\(d)"
             out += "\(pad)<real>\(text)</real>\n"
         case .bool(let b): out += "\(pad)<\(b ? "true" : "false")/>\n"
-        case .date(let d): out += "\(pad)<date>\(ISO8601.format(d))</date>\n"
+        case .date(let d):
+            guard let text = ISO8601.format(d) else {
+                throw XMLRenderError(path: path.isEmpty ? "the top value" : path,
+                    detail: "date \(d.secondsSinceReferenceDate) s since 2001 cannot be written as an XML date")
+            }
+            out += "\(pad)<date>\(text)</date>\n"
         case .data(let bytes): out += "\(pad)<data>\(Base64.encode(bytes))</data>\n"
         case .array(let a):
             if a.isEmpty { out += "\(pad)<array/>\n"; return }
             out += "\(pad)<array>\n"
-            for e in a { renderValue(e, indent: indent + 1, into: &out) }
+            for (i, e) in a.enumerated() { try renderValue(e, indent: indent + 1, path: "\(path)[\(i)]", into: &out) }
             out += "\(pad)</array>\n"
         case .dictionary(let d):
             if d.isEmpty { out += "\(pad)<dict/>\n"; return }
             out += "\(pad)<dict>\n"
             for key in d.keys.sorted() {
                 out += "\(pad)\t<key>\(escape(key))</key>\n"
-                renderValue(d[key]!, indent: indent + 1, into: &out)
+                try renderValue(d[key]!, indent: indent + 1, path: path.isEmpty ? key : "\(path).\(key)", into: &out)
             }
             out += "\(pad)</dict>\n"
         }
@@ -373,9 +392,13 @@ extension Base64 {
 }
 
 extension ISO8601 {
-    /// "YYYY-MM-DDTHH:MM:SSZ" (whole seconds, UTC), the inverse of `parse`.
-    static func format(_ date: PlistDate) -> String {
-        let total = Int(date.secondsSince1970.rounded(.down))
+    /// "YYYY-MM-DDTHH:MM:SSZ" (whole seconds, UTC), the inverse of `parse`; nil for a date that is not finite or
+    /// lies outside years 1...9999.
+    static func format(_ date: PlistDate) -> String? {
+        // 0001-01-01 and 10000-01-01 in seconds since 1970.
+        let seconds = date.secondsSince1970
+        guard seconds.isFinite, seconds >= -62_135_596_800, seconds < 253_402_300_800 else { return nil }
+        let total = Int(seconds.rounded(.down))
         var days = total >= 0 ? total / 86_400 : (total - 86_399) / 86_400
         let secs = total - days * 86_400
         // Civil from days (Howard Hinnant's algorithm).

@@ -17,7 +17,7 @@ enum PlistCommand {
             if mode == "encode" {
                 output = BinaryPlistEncoder.encode(try XMLPropertyList.parse(input))
             } else {
-                output = Array(XMLPropertyList.render(try BinaryPlistDecoder.decode(input)).utf8)
+                output = Array(try XMLPropertyList.render(try BinaryPlistDecoder.decode(input)).utf8)
             }
             var offset = 0
             while offset < output.count {
@@ -27,6 +27,8 @@ enum PlistCommand {
             }
         } catch let error as XMLPlistError {
             fail("plist encode: stdin: \(error)")
+        } catch let error as XMLRenderError {
+            fail("plist decode: stdin: cannot write as XML: \(error)")
         } catch {
             fail("plist decode: stdin (\(input.count) bytes): \(error)")
         }

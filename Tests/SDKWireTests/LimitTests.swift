@@ -104,6 +104,48 @@ func decodeError(_ bytes: [UInt8], limits: WireLimits = .default) -> WireError? 
         #expect(decodeError(bytes, limits: WireLimits(maxObjects: 100_000))?.code == .tooManyObjects)
     }
 
+    @Test func sharedStringsCannotAmplifyAFrame() {
+        // 64 KiB of data referenced 4096 times: 66 KB on the wire, 256 MiB if each reference were expanded.
+        // Within the object limit, so only the byte budget stops it (the first slice grew to GBs on this).
+        let blob: [UInt8] = [0x4F, 0x12, 0x00, 0x01, 0x00, 0x00] + Array(repeating: 0x41, count: 65_536)
+        let array: [UInt8] = [0xAF, 0x11, 0x10, 0x00] + Array(repeating: [0x00, 0x01], count: 4096).flatMap { $0 }
+        let bytes = handBuilt(objects: [array, blob], offsetSize: 4, refSize: 2)
+        let error = decodeError(bytes)
+        #expect(error?.code == .tooManyObjects)
+        #expect(error?.description.contains("budget") == true)
+        // The same data referenced a few times decodes.
+        let few: [UInt8] = [0xA4, 0x00, 0x01, 0x00, 0x01, 0x00, 0x01, 0x00, 0x01]
+        #expect(decodeError(handBuilt(objects: [few, blob], offsetSize: 4, refSize: 2)) == nil)
+    }
+
+    @Test func deepSharedNestingIsLinearAndBounded() {
+        // 510 levels, each an array of two references to the next: the first slice spent a second of CPU on
+        // the O(depth) cycle check per value. Now the byte budget ends it after a few thousand values.
+        let depth = 510
+        var objects: [[UInt8]] = (0..<depth).map { k in
+            let hi = UInt8((k + 1) >> 8), lo = UInt8((k + 1) & 0xFF)
+            return [0xA2, hi, lo, hi, lo]
+        }
+        objects.append([0x10, 1])
+        let bytes = handBuilt(objects: objects, offsetSize: 2, refSize: 2)
+        let started = ContinuousClock.now
+        #expect(decodeError(bytes)?.code == .tooManyObjects)
+        // Not a timing goal; a sanity bound 100x above what it takes, so a regression to quadratic shows.
+        #expect(ContinuousClock.now - started < .seconds(5))
+    }
+
+    @Test func budgetScalesWithThePayload() {
+        let limits = WireLimits()
+        #expect(limits.decodedBytesBudget(payloadBytes: 1000) == 32_000 + 65_536)
+        #expect(limits.decodedBytesBudget(payloadBytes: 16 << 20) == 64 << 20)
+        #expect(limits.decodedBytesBudget(payloadBytes: .max) == 64 << 20)
+        // A typical message decodes well inside its budget.
+        let item: PlistValue = ["title": "hello", "attachments": [], "userInfo": ["k": 1]]
+        let message: PlistValue = ["type": "begin", "id": "6F9619FF-8B86-4011-B42D-00C04FC964FF",
+                                   "items": .array(Array(repeating: item, count: 200))]
+        #expect(decodeError(BinaryPlistEncoder.encode(message)) == nil)
+    }
+
     @Test func malformedObjects() {
         #expect(decodeError(handBuilt(objects: [[0x00]]))?.code == .unsupportedObject)  // null
         #expect(decodeError(handBuilt(objects: [[0x80, 1]]))?.code == .unsupportedObject)  // UID

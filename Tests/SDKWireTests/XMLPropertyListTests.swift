@@ -49,4 +49,17 @@ import Testing
         #expect(error("<plist><string>open") != nil)
         #expect(error("<plist><string>a</string></plist> trailing")?.detail == "unexpected content after the top-level value")
     }
+
+    @Test func unwritableDatesAreErrorsNotTraps() {
+        for seconds in [Double.nan, .infinity, -.infinity, 1e300, -1e300] {
+            let value: PlistValue = ["items": [["when": .date(PlistDate(secondsSinceReferenceDate: seconds))]]]
+            do {
+                _ = try XMLPropertyList.render(value)
+                Issue.record("rendered a date of \(seconds) s")
+            } catch {
+                #expect(error.path == "items[0].when")
+            }
+        }
+        #expect((try? XMLPropertyList.render(.date(PlistDate(secondsSinceReferenceDate: 60)))) != nil)
+    }
 }
