@@ -22,9 +22,10 @@ public final class EventLoop: @unchecked Sendable {
     private let inbox = Mutex<Inbox>(Inbox())
     private let loopThread = Atomic<UInt>(0)
     private let name: String
+    private let clock: ManualClock?
 
     private struct Inbox {
-        var tasks: [() -> Void] = []
+        var tasks = Deque<@Sendable () -> Void>()
         var stopping = false
         var stopped = false
         var onStopped: [@Sendable () -> Void] = []
@@ -36,8 +37,12 @@ public final class EventLoop: @unchecked Sendable {
     public static let writable = SDK_EPOLLOUT
 
     /// Creates the loop and starts its thread.
-    public init(name: String) throws(SystemError) {
+    ///
+    /// - Parameter clock: A clock that a test advances by hand; timers then fire only when it says so (and
+    ///   `wake()` is called). Nil for the monotonic clock.
+    public init(name: String, clock: ManualClock? = nil) throws(SystemError) {
         self.name = name
+        self.clock = clock
         epfd = try retryingEINTR("epoll_create1") { sdk_epoll_create() }
         do throws(SystemError) {
             wakeFD = try retryingEINTR("eventfd") { sdk_eventfd() }
@@ -96,6 +101,9 @@ public final class EventLoop: @unchecked Sendable {
         if wake { signalWake() }
     }
 
+    /// Wakes the loop so it looks at its timers again (after a test advanced its manual clock).
+    public func wake() { signalWake() }
+
     private func signalWake() {
         var one: UInt64 = 1
         _ = write(wakeFD, &one, 8)  // EAGAIN means the counter is already non-zero: the loop will wake anyway
@@ -128,7 +136,8 @@ public final class EventLoop: @unchecked Sendable {
     @discardableResult
     public func schedule(afterNanoseconds nanoseconds: UInt64, _ body: @escaping () -> Void) -> TimerID {
         preconditionInLoop()
-        return timers.insert(deadline: monotonicNanoseconds() &+ nanoseconds, body)
+        let (deadline, overflow) = now.addingReportingOverflow(nanoseconds)
+        return timers.insert(deadline: overflow ? .max : deadline, body)
     }
 
     /// Runs `body` on the loop thread once the loop has handled everything ready and is about to wait again.
@@ -149,25 +158,51 @@ public final class EventLoop: @unchecked Sendable {
     /// The name every loop thread carries (visible in /proc/<pid>/task/*/comm), for leak checks and debuggers.
     public static let threadName = "sdk-host-loop"
 
+    /// Tasks run per turn of the loop before it polls descriptors again, so a thread that keeps handing work in
+    /// cannot starve I/O (NIO runs queued tasks in bounded batches the same way).
+    public static let tasksPerTurn = 1024
+    /// Expired timers run per turn, for the same reason.
+    public static let timersPerTurn = 1024
+
+    /// Timers pending (loop thread; for leak checks in tests).
+    public var pendingTimerCount: Int {
+        preconditionInLoop()
+        return timers.count
+    }
+
+    /// The loop's clock in nanoseconds: `monotonicNanoseconds` unless a test drives time by hand.
+    public var now: UInt64 { clock?.now() ?? monotonicNanoseconds() }
+
     private func run() {
         loopThread.store(UInt(pthread_self()), ordering: .releasing)
         _ = sdk_set_thread_name(Self.threadName)
         var fds = [Int32](repeating: 0, count: 64)
         var events = [UInt32](repeating: 0, count: 64)
+        var batch: [@Sendable () -> Void] = []
+        batch.reserveCapacity(Self.tasksPerTurn)
         while true {
-            let (tasks, stopping) = inbox.withLock { inbox -> ([() -> Void], Bool) in
-                defer { inbox.tasks.removeAll(keepingCapacity: true) }
-                return (inbox.tasks, inbox.stopping)
+            let (more, stopping) = inbox.withLock { inbox -> (Bool, Bool) in
+                while batch.count < Self.tasksPerTurn, let task = inbox.tasks.popFirst() { batch.append(task) }
+                return (!inbox.tasks.isEmpty, inbox.stopping)
             }
-            for task in tasks { task() }
-            if stopping && tasks.isEmpty { break }
-            if !tasks.isEmpty { continue }  // tasks may have queued more; run them before sleeping
+            let ranTasks = !batch.isEmpty
+            for task in batch { task() }
+            batch.removeAll(keepingCapacity: true)
+            if stopping && !ranTasks && !more { break }
             while !beforeSleep.isEmpty {
                 let hooks = beforeSleep
                 beforeSleep.removeAll(keepingCapacity: true)
                 for hook in hooks { hook() }
             }
-            let timeout = timers.millisecondsUntilNext(now: monotonicNanoseconds())
+            // Work still queued: poll without sleeping, so descriptors get their turn between batches.
+            let timeout: Int32
+            if ranTasks || more {
+                timeout = 0
+            } else if let clock {
+                timeout = timers.nextDeadline.map { $0 <= clock.now() ? 0 : -1 } ?? -1
+            } else {
+                timeout = timers.millisecondsUntilNext(now: monotonicNanoseconds())
+            }
             let n = fds.withUnsafeMutableBufferPointer { f in
                 events.withUnsafeMutableBufferPointer { e in
                     sdk_epoll_wait(epfd, f.baseAddress, e.baseAddress, 64, timeout)
@@ -189,15 +224,30 @@ public final class EventLoop: @unchecked Sendable {
             }
             // Pop one at a time: a timer body may schedule or cancel timers, so it must not run inside an
             // access to the heap.
-            let now = monotonicNanoseconds()
-            while let body = timers.popExpired(now: now) { body() }
+            let now = self.now
+            var fired = 0
+            while fired < Self.timersPerTurn, let body = timers.popExpired(now: now) {
+                body()
+                fired += 1
+            }
+        }
+        // Stopped: no task is accepted from here on (`execute` returns false and its caller handles that), and
+        // every task accepted before now runs, so nothing handed to the loop is silently dropped.
+        while let leftovers = inbox.withLock({ inbox -> Deque<@Sendable () -> Void>? in
+            if inbox.tasks.isEmpty {
+                inbox.stopped = true
+                return nil
+            }
+            defer { inbox.tasks = Deque() }
+            return inbox.tasks
+        }) {
+            var leftovers = leftovers
+            while let task = leftovers.popFirst() { task() }
         }
         handlers.removeAll()
         timers = TimerHeap()
         beforeSleep.removeAll()
         let callbacks = inbox.withLock { inbox -> [@Sendable () -> Void] in
-            inbox.stopped = true
-            inbox.tasks.removeAll()
             defer { inbox.onStopped.removeAll() }  // they may hold what owns this loop
             return inbox.onStopped
         }
@@ -213,61 +263,92 @@ public struct TimerID: Hashable, Sendable {
     let raw: UInt64
 }
 
-/// A min-heap of deadlines with cancellation by id (cancelled entries are skipped when they surface).
+/// A binary min-heap of deadlines with removal by id in O(log n): a cancelled timer leaves nothing behind (the
+/// first slice left an entry until its deadline, so every finished request cost memory for its deadline's length).
 struct TimerHeap {
-    private var heap: [(deadline: UInt64, id: UInt64)] = []
-    private var bodies: [UInt64: () -> Void] = [:]
+    private struct Entry {
+        var deadline: UInt64
+        var id: UInt64
+        var body: () -> Void
+    }
+    private var heap: [Entry] = []
+    /// Where each live timer sits in `heap`.
+    private var position: [UInt64: Int] = [:]
     private var nextID: UInt64 = 1
+
+    /// Timers pending.
+    var count: Int { heap.count }
 
     mutating func insert(deadline: UInt64, _ body: @escaping () -> Void) -> TimerID {
         let id = nextID
         nextID += 1
-        bodies[id] = body
-        heap.append((deadline, id))
-        var i = heap.count - 1
-        while i > 0 {
-            let parent = (i - 1) / 2
-            if heap[parent].deadline <= heap[i].deadline { break }
-            heap.swapAt(parent, i)
-            i = parent
-        }
+        heap.append(Entry(deadline: deadline, id: id, body: body))
+        position[id] = heap.count - 1
+        siftUp(heap.count - 1)
         return TimerID(raw: id)
     }
 
     mutating func cancel(_ id: TimerID) {
-        bodies.removeValue(forKey: id.raw)
-        if bodies.isEmpty { heap.removeAll(keepingCapacity: true) }
+        guard let index = position[id.raw] else { return }
+        remove(at: index)
     }
 
     /// -1 (wait forever) when no timer is pending; otherwise milliseconds rounded up.
-    mutating func millisecondsUntilNext(now: UInt64) -> Int32 {
-        while let top = heap.first, bodies[top.id] == nil { popTop() }
+    func millisecondsUntilNext(now: UInt64) -> Int32 {
         guard let top = heap.first else { return -1 }
         if top.deadline <= now { return 0 }
         return Int32(min((top.deadline - now + 999_999) / 1_000_000, 60_000))
     }
 
-    /// Removes and returns the body of the earliest timer due by `now`, skipping cancelled ones.
+    /// The earliest deadline, if any.
+    var nextDeadline: UInt64? { heap.first?.deadline }
+
+    /// Removes and returns the body of the earliest timer due by `now`.
     mutating func popExpired(now: UInt64) -> (() -> Void)? {
-        while let top = heap.first, top.deadline <= now {
-            popTop()
-            if let body = bodies.removeValue(forKey: top.id) { return body }
-        }
-        return nil
+        guard let top = heap.first, top.deadline <= now else { return nil }
+        remove(at: 0)
+        return top.body
     }
 
-    private mutating func popTop() {
+    private mutating func remove(at index: Int) {
+        let removed = heap[index]
+        position.removeValue(forKey: removed.id)
         let last = heap.removeLast()
-        guard !heap.isEmpty else { return }
-        heap[0] = last
-        var i = 0
+        guard index < heap.count else { return }
+        heap[index] = last
+        position[last.id] = index
+        if index > 0 && heap[(index - 1) / 2].deadline > last.deadline {
+            siftUp(index)
+        } else {
+            siftDown(index)
+        }
+    }
+
+    private mutating func swapEntries(_ a: Int, _ b: Int) {
+        heap.swapAt(a, b)
+        position[heap[a].id] = a
+        position[heap[b].id] = b
+    }
+
+    private mutating func siftUp(_ start: Int) {
+        var i = start
+        while i > 0 {
+            let parent = (i - 1) / 2
+            if heap[parent].deadline <= heap[i].deadline { break }
+            swapEntries(parent, i)
+            i = parent
+        }
+    }
+
+    private mutating func siftDown(_ start: Int) {
+        var i = start
         while true {
             let l = 2 * i + 1, r = l + 1
             var smallest = i
             if l < heap.count && heap[l].deadline < heap[smallest].deadline { smallest = l }
             if r < heap.count && heap[r].deadline < heap[smallest].deadline { smallest = r }
             if smallest == i { break }
-            heap.swapAt(i, smallest)
+            swapEntries(i, smallest)
             i = smallest
         }
     }

@@ -1,0 +1,146 @@
+// The event loop under hostile load: cancelled timers leave nothing behind, a flood of tasks cannot starve
+// descriptors, a stop never drops a task it accepted, and a manual clock drives timers deterministically.
+import SDKPosix
+import Synchronization
+import Testing
+
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// Runs `body` on the loop and waits for its result.
+func onLoop<T: Sendable>(_ loop: EventLoop, _ body: @escaping @Sendable () -> T) async -> T {
+    await withCheckedContinuation { continuation in
+        let accepted = loop.execute { continuation.resume(returning: body()) }
+        precondition(accepted, "loop stopped")
+    }
+}
+
+func stopAndWait(_ loop: EventLoop) async {
+    await withCheckedContinuation { (continuation: CheckedContinuation<Void, Never>) in
+        loop.stop { continuation.resume() }
+    }
+}
+
+@Suite struct EventLoopHardeningTests {
+    @Test func cancelledTimersAreRemovedAtOnce() async throws {
+        let loop = try EventLoop(name: "test-timers")
+        let pending = await onLoop(loop) { () -> Int in
+            // 10,000 long deadlines, all cancelled: none may linger until its deadline.
+            let ids = (0..<10_000).map { i in loop.schedule(afterNanoseconds: 3_600_000_000_000 + UInt64(i)) {} }
+            for id in ids.shuffled() { loop.cancelTimer(id) }
+            return loop.pendingTimerCount
+        }
+        #expect(pending == 0)
+        // Cancelling in the middle keeps the heap ordered.
+        let order = Mutex<[Int]>([])
+        let clock = ManualClock()
+        let manual = try EventLoop(name: "test-manual", clock: clock)
+        await onLoop(manual) {
+            var ids: [TimerID] = []
+            for i in (0..<50).reversed() {
+                ids.append(manual.schedule(afterNanoseconds: UInt64(i) * 1000) { order.withLock { $0.append(i) } })
+            }
+            for (n, id) in ids.enumerated() where n % 3 == 0 { manual.cancelTimer(id) }
+        }
+        clock.advance(by: 1_000_000)
+        manual.wake()
+        await onLoop(manual) {}
+        let fired = order.withLock { $0 }
+        let expected = (0..<50).filter { (49 - $0) % 3 != 0 }
+        #expect(fired == expected)
+        await stopAndWait(loop)
+        await stopAndWait(manual)
+    }
+
+    @Test func manualClockTimersFireOnlyWhenTimeMoves() async throws {
+        let clock = ManualClock()
+        let loop = try EventLoop(name: "test-clock")
+        _ = loop
+        let manual = try EventLoop(name: "test-clock2", clock: clock)
+        let fired = Atomic(0)
+        await onLoop(manual) { _ = manual.schedule(afterNanoseconds: 5_000_000_000) { fired.add(1, ordering: .relaxed) } }
+        try await Task.sleep(nanoseconds: 50_000_000)
+        let early = fired.load(ordering: .relaxed)
+        #expect(early == 0, "no real time passes on a manual clock")
+        clock.advance(by: 4_999_999_999)
+        manual.wake()
+        await onLoop(manual) {}
+        let before = fired.load(ordering: .relaxed)
+        #expect(before == 0)
+        clock.advance(by: 1)
+        manual.wake()
+        await onLoop(manual) {}
+        let after = fired.load(ordering: .relaxed)
+        #expect(after == 1)
+        await stopAndWait(manual)
+        await stopAndWait(loop)
+    }
+
+    @Test func aTaskFloodDoesNotStarveDescriptors() async throws {
+        let loop = try EventLoop(name: "test-flood")
+        var fds: [Int32] = [0, 0]
+        #expect(socketpair(AF_UNIX, Int32(SOCK_STREAM.rawValue | SOCK_NONBLOCK.rawValue | SOCK_CLOEXEC.rawValue), 0, &fds) == 0)
+        let (a, b) = (fds[0], fds[1])
+        let readSeen = Atomic(false)
+        let flooding = Atomic(true)
+        // A task that re-queues itself forever: the first slice's loop ran tasks until none were left, so a
+        // readable descriptor was never looked at.
+        @Sendable func flood() {
+            if flooding.load(ordering: .relaxed) { loop.execute { flood() } }
+        }
+        await onLoop(loop) {
+            try! loop.register(a, events: EventLoop.readable) { _ in
+                var byte: UInt8 = 0
+                _ = read(a, &byte, 1)
+                readSeen.store(true, ordering: .relaxed)
+            }
+            for _ in 0..<4 { flood() }
+        }
+        var one: UInt8 = 1
+        #expect(write(b, &one, 1) == 1)
+        let deadline = monotonicNanoseconds() + 30_000_000_000
+        while !readSeen.load(ordering: .relaxed), monotonicNanoseconds() < deadline {
+            try await Task.sleep(nanoseconds: 1_000_000)
+        }
+        flooding.store(false, ordering: .relaxed)
+        let seen = readSeen.load(ordering: .relaxed)
+        #expect(seen)
+        await onLoop(loop) { loop.unregister(a) }
+        await stopAndWait(loop)
+        close(a)
+        close(b)
+    }
+
+    @Test func stopNeverDropsAnAcceptedTask() async throws {
+        // Each round: threads hand tasks in while the loop stops. Every task `execute` accepted must run;
+        // the first slice dropped the ones accepted between its last batch and the stop (about half the races).
+        final class Counts: Sendable {
+            let accepted = Atomic(0)
+            let ran = Atomic(0)
+            let started = Atomic(0)
+        }
+        for _ in 0..<200 {
+            let loop = try EventLoop(name: "test-stop")
+            let counts = Counts()
+            await withTaskGroup(of: Void.self) { group in
+                for _ in 0..<3 {
+                    group.addTask {
+                        counts.started.add(1, ordering: .relaxed)
+                        for _ in 0..<50 {
+                            if loop.execute({ counts.ran.add(1, ordering: .relaxed) }) {
+                                counts.accepted.add(1, ordering: .relaxed)
+                            }
+                        }
+                    }
+                }
+                group.addTask {
+                    while counts.started.load(ordering: .relaxed) == 0 { await Task.yield() }
+                    await stopAndWait(loop)
+                }
+            }
+            let (r, a) = (counts.ran.load(ordering: .relaxed), counts.accepted.load(ordering: .relaxed))
+            #expect(r == a)
+        }
+    }
+}
