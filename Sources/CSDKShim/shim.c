@@ -13,6 +13,7 @@
 #include <sys/signalfd.h>
 #include <sys/socket.h>
 #include <sys/un.h>
+#include <sys/wait.h>
 #include <string.h>
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -56,6 +57,23 @@ int sdk_pidfd_open(pid_t pid) { return (int)syscall(SYS_pidfd_open, pid, 0); }
 
 int sdk_pidfd_send_signal(int pidfd, int sig) { return (int)syscall(SYS_pidfd_send_signal, pidfd, sig, NULL, 0); }
 
+#ifndef P_PIDFD
+#define P_PIDFD 3
+#endif
+
+int sdk_waitid_pidfd(int pidfd, int *status) {
+    siginfo_t info;
+    memset(&info, 0, sizeof info);
+    if (waitid((idtype_t)P_PIDFD, (id_t)pidfd, &info, WEXITED | WNOHANG) == -1) return -1;
+    if (info.si_pid == 0) return 0;
+    if (info.si_code == CLD_EXITED) {
+        *status = (info.si_status & 0xFF) << 8;
+    } else {
+        *status = info.si_status & 0x7F;
+    }
+    return 1;
+}
+
 int sdk_set_parent_death_signal(int sig) { return prctl(PR_SET_PDEATHSIG, (unsigned long)sig, 0, 0, 0); }
 
 int sdk_epoll_ctl(int epfd, int op, int fd, uint32_t events) {
@@ -79,6 +97,8 @@ int sdk_epoll_wait(int epfd, int32_t *fds, uint32_t *events, int max_events, int
 
 int sdk_epoll_create(void) { return epoll_create1(EPOLL_CLOEXEC); }
 int sdk_eventfd(void) { return eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK); }
+int sdk_blocking_eventfd(void) { return eventfd(0, EFD_CLOEXEC); }
+
 int sdk_pipe_cloexec(int fds[2]) { return pipe2(fds, O_CLOEXEC); }
 
 const uint32_t SDK_EPOLLIN = EPOLLIN, SDK_EPOLLOUT = EPOLLOUT, SDK_EPOLLRDHUP = EPOLLRDHUP;

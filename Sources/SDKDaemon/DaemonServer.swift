@@ -250,6 +250,7 @@ package final class DaemonServer: @unchecked Sendable {
             ["completions": .integer(Int64(c.completions)), "cancellations": .integer(Int64(c.cancellations)),
              "interruptions": .integer(Int64(c.interruptions)), "crashes": .integer(Int64(c.crashes)),
              "hangs": .integer(Int64(c.hangs)), "protocolViolations": .integer(Int64(c.protocolViolations)),
+             "timeouts": .integer(Int64(c.timeouts)), "overloads": .integer(Int64(c.overloads)),
              "spawns": .integer(Int64(c.spawns))]
         }
         let ids = Set(s.perExtension.keys).union(s.workers.map(\.extensionIdentifier)).sorted()

@@ -53,6 +53,8 @@ extension InterruptionReason {
         case .disconnected: ["kind": "disconnected"]
         case .launchFailed(let d): ["kind": "launch", "detail": .string(d)]
         case .hostShutdown: ["kind": "shutdown"]
+        case .timedOut: ["kind": "timedOut"]
+        case .overloaded: ["kind": "overloaded"]
         }
     }
 
@@ -68,6 +70,8 @@ extension InterruptionReason {
         case "disconnected": self = .disconnected
         case "launch": self = .launchFailed(detail)
         case "shutdown": self = .hostShutdown
+        case "timedOut": self = .timedOut
+        case "overloaded": self = .overloaded
         default: self = .protocolViolation("unknown interruption reason \(plist)")
         }
     }

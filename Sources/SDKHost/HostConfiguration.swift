@@ -1,6 +1,7 @@
 // HostConfiguration: where extensions are and how the host treats them. Embedded mode builds one in code;
 // the daemon reads config/sdk-host.plist into the same struct.
 import Dispatch
+import SDKPosix
 
 /// Limits and policy for one extension. Manifests override the configuration's defaults key by key.
 public struct ExtensionPolicy: Sendable, Equatable {
@@ -47,6 +48,14 @@ public struct HostConfiguration: Sendable {
     public var crashReportLimit = 64
     /// A folder to write each crash report to, as a binary plist; nil keeps them in memory only.
     public var crashReportDirectory: String?
+    /// Requests that may wait for a worker, per extension; past it a request ends at once as `overloaded`.
+    public var maxQueuedRequests = 1024
+    /// How long workers get to exit (and flush their output) when the host stops, before they are killed.
+    public var workerExitGracePeriod: Double = 1
+    /// Creates workers (tests substitute failing or in-process launchers); nil for posix_spawn.
+    package var launcher: (any WorkerLauncher)?
+    /// Drives the engine's timers by hand (tests and the simulation); nil for the monotonic clock.
+    package var clock: ManualClock?
 
     /// Creates a configuration.
     ///

@@ -1,4 +1,10 @@
-// Worker lifecycle on the engine's loop: spawn, I/O, messages, death, idle retirement, heartbeats.
+// Worker lifecycle on the engine's loop: spawn, I/O, messages, death, retirement, heartbeats.
+//
+// A worker ends one way: its exit descriptor fires (or, if it could not be watched, a poll sees it exit), it is
+// reaped (`waitid(P_PIDFD)`), the descriptor is unregistered whatever the reap returned, its last replies are
+// read, and what was still in flight is interrupted. It is marked dead before its last replies are read, so a
+// queued request can never be handed to it. Timers that refer to a worker hold it weakly and are cancelled when
+// it dies, so a dead worker and its buffers are released at once.
 
 #if canImport(Glibc)
 import Glibc
@@ -13,58 +19,71 @@ extension HostEngine {
             throw HostError(.executableNotFound, "\(manifest.identifier): executable '\(manifest.executableName)' "
                 + "not found in \(manifest.searchedPaths.joined(separator: ", "))")
         }
+        let idleMs = Int64(nanoseconds(manifest.policy.idleTimeout) / 1_000_000)
         var environment = [
             "PATH=/usr/local/bin:/usr/bin:/bin", "LANG=C.UTF-8",
             // A crashing worker should die at once; the Swift backtracer would hold the crash for ~1 s.
             "SWIFT_BACKTRACE=enable=no",
             "SDKHOST_IPC_FD=3", "SDKHOST_HOST_PID=\(getpid())", "SDKHOST_EXTENSION_ID=\(manifest.identifier)",
-            "SDKHOST_IDLE_TIMEOUT_MS=\(Int64(manifest.policy.idleTimeout * 1000))",
+            "SDKHOST_IDLE_TIMEOUT_MS=\(idleMs)",
         ]
         if let mb = manifest.policy.memoryLimitMB { environment.append("SDKHOST_MEMORY_LIMIT_MB=\(mb)") }
         environment += configuration.workerEnvironment
         let request = SpawnRequest(path: path, arguments: [path], environment: environment)
 
-        let channels: WorkerChannels
+        let launched: LaunchedWorker
         do {
-            channels = try spawnWithChannels(request)
+            launched = try launcher.launch(request)
         } catch {
             throw HostError(.system, "\(manifest.identifier): \(error)")
         }
-        let worker = WorkerProcess(
-            extensionID: manifest.identifier, policy: manifest.policy, process: channels.process,
-            socket: channels.socket, stdout: channels.stdout, stderr: channels.stderr,
-            loop: loop, wireLimits: configuration.wireLimits)
+        let worker = WorkerProcess(extensionID: manifest.identifier, policy: manifest.policy, launched: launched,
+                                   loop: loop, wireLimits: configuration.wireLimits)
         count(manifest.identifier, \.spawns)
         workers[manifest.identifier, default: []].append(worker)
         do throws(SystemError) {
+            try loop.register(worker.exitFD, events: EventLoop.readable) { [unowned self, unowned worker] _ in
+                self.processExited(worker)
+            }
+            worker.exitWatched = true
             try worker.connection.start(
-                onMessage: { [unowned self] message in self.handle(message, from: worker) },
-                onEnd: { [unowned self] end in
+                onMessage: { [unowned self, unowned worker] message in self.handle(message, from: worker) },
+                onEnd: { [unowned self, unowned worker] end in
                     if case .badInput(let detail) = end {
                         self.protocolViolation(worker, detail)
                     } else {
                         self.socketBroken(worker)
                     }
                 })
-            try loop.register(worker.stdoutFD, events: EventLoop.readable) { [unowned self] _ in
+            try loop.register(worker.stdoutFD, events: EventLoop.readable) { [unowned self, unowned worker] _ in
                 self.drainPipe(worker, stderr: false)
             }
-            try loop.register(worker.stderrFD, events: EventLoop.readable) { [unowned self] _ in
+            try loop.register(worker.stderrFD, events: EventLoop.readable) { [unowned self, unowned worker] _ in
                 self.drainPipe(worker, stderr: true)
             }
-            try loop.register(worker.pidfdRaw, events: EventLoop.readable) { [unowned self] _ in
-                self.processExited(worker)
-            }
         } catch {
-            // Cannot supervise it: kill it; the pidfd may not be registered, so reap here.
-            worker.kill(reason: .launchFailed("epoll: \(error)"))
-            log(.error, "\(manifest.identifier): cannot watch worker \(worker.pid): \(error)")
+            // It cannot be supervised: kill it, and reap it by polling if its exit cannot be watched either.
+            log(.error, "\(manifest.identifier): cannot watch worker \(worker.pid): \(error); killing it")
+            worker.connection.close()
+            kill(worker, .launchFailed("cannot watch the worker: \(error)"))
+            if !worker.exitWatched { pollForExit(worker) }
+            return worker
         }
         log(.info, "\(manifest.identifier): started worker pid \(worker.pid)")
-        send(.hello(version: protocolVersion, identifier: manifest.identifier, hostPid: getpid(),
-                    idleTimeoutMs: Int64(manifest.policy.idleTimeout * 1000)), to: worker)
+        send(.hello(version: protocolVersion, identifier: manifest.identifier, hostPid: getpid(), idleTimeoutMs: idleMs),
+             to: worker)
         if heartbeatTimer == nil { scheduleHeartbeat() }
         return worker
+    }
+
+    /// Reaps a worker whose exit descriptor is not in the epoll set: checks every 10 ms.
+    func pollForExit(_ worker: WorkerProcess) {
+        worker.reapPollTimer = loop.schedule(afterNanoseconds: 10_000_000) { [unowned self, weak worker] in
+            guard let worker, worker.state != .dead else { return }
+            worker.reapPollTimer = nil
+            self.processExited(worker)
+            if worker.state != .dead { self.pollForExit(worker) }
+        }
     }
 
     // MARK: I/O
@@ -74,7 +93,7 @@ extension HostEngine {
             try worker.connection.send(message)
         } catch {
             // Only an over-limit frame can fail; the request cannot be sent, so it is interrupted.
-            log(.error, "\(worker.extensionID): cannot send \(message): \(error)")
+            log(.error, "\(worker.extensionID): cannot send \(message.typeName): \(error)")
             if case .begin(let id, _, _, _) = message {
                 worker.inFlight.remove(id)
                 finish(id, .interrupted(.protocolViolation("request too large to send: \(error.detail)")))
@@ -107,11 +126,12 @@ extension HostEngine {
         case .ping(let seq):
             send(.pong(seq: seq), to: worker)
         case .error(let text, let id):
-            log(.warning, "\(worker.extensionID) pid \(worker.pid) reported an error\(id.map { " for \($0)" } ?? ""): \(text)")
+            log(.warning, "\(worker.extensionID) pid \(worker.pid) reported an error\(id.map { " for \($0)" } ?? ""): "
+                + OutputLines.escape(Array(text.utf8.prefix(OutputLines.maxLineBytes))))
         case .unknown(let type):
-            log(.info, "\(worker.extensionID): unknown message type '\(type)'; ignored")
+            log(.info, "\(worker.extensionID): unknown message type '\(OutputLines.escape(Array(type.utf8.prefix(64))))'; ignored")
         case .hello, .begin, .cancel, .connect, .connected, .assigned, .interrupted, .status, .statusReport:
-            protocolViolation(worker, "worker sent a message that is not a worker's to send")
+            protocolViolation(worker, "worker sent '\(message.typeName)', which is not a worker's to send")
         }
     }
 
@@ -120,6 +140,7 @@ extension HostEngine {
     func settle(_ id: RequestID, on worker: WorkerProcess) -> Bool {
         if worker.inFlight.remove(id) != nil {
             worker.recentlyFinished.insert(id)
+            if let timer = worker.cancelTimers.removeValue(forKey: id) { loop.cancelTimer(timer) }
             return true
         }
         if worker.recentlyFinished.contains(id) {
@@ -133,35 +154,50 @@ extension HostEngine {
     func requestSlotFreed(_ worker: WorkerProcess) {
         drainWaiting(worker.extensionID)
         if worker.inFlight.isEmpty, worker.state == .ready || worker.state == .starting, worker.idleTimer == nil {
-            worker.idleTimer = loop.schedule(afterNanoseconds: nanoseconds(worker.policy.idleTimeout)) { [unowned self] in
+            worker.idleTimer = loop.schedule(afterNanoseconds: nanoseconds(worker.policy.idleTimeout)) {
+                [unowned self, weak worker] in
+                guard let worker else { return }
                 worker.idleTimer = nil
-                if worker.inFlight.isEmpty { self.retire(worker) }
+                if worker.inFlight.isEmpty { self.retire(worker, grace: 2) }
             }
         }
     }
 
-    func drainPipe(_ worker: WorkerProcess, stderr: Bool) {
+    /// Reads at most `pipeReadsPerTurn` chunks of a worker's output per loop turn (the rest waits for the next
+    /// turn: level-triggered), so a flood of output cannot starve anyone. Output becomes escaped, rate-limited
+    /// log lines; stderr is also kept raw in the crash report's tail.
+    func drainPipe(_ worker: WorkerProcess, stderr: Bool, maxReads: Int = 4) {
         let fd = stderr ? worker.stderrFD : worker.stdoutFD
         guard stderr ? worker.stderrOpen : worker.stdoutOpen else { return }
-        while true {
+        let label = "\(worker.extensionID)[\(worker.pid)] \(stderr ? "stderr" : "stdout")"
+        let logs = configuration.logLevel <= .info
+        let emit: (String) -> Void = { [unowned self] line in self.log(.info, "\(label): \(line)") }
+        for _ in 0..<maxReads {
             let result = readBuffer.withUnsafeMutableBytes { raw in
                 Result { () throws(SystemError) in try readNonBlocking(fd, into: raw) }
             }
             switch result {
             case .success(.bytes(let n)):
+                let now = loop.now
                 readBuffer.withUnsafeBytes { raw in
                     let chunk = UnsafeRawBufferPointer(rebasing: raw[0..<n])
                     if stderr { worker.stderrTail.append(chunk) }
-                    // An extension's output is never dropped: it goes to the host log (and stderr also to the
-                    // crash report's tail).
-                    if configuration.logLevel <= .info {
-                        log(.info, "\(worker.extensionID)[\(worker.pid)] \(stderr ? "stderr" : "stdout"): "
-                            + String(decoding: chunk, as: UTF8.self))
+                    guard logs else { return }
+                    if stderr {
+                        worker.stderrLines.append(chunk, now: now, emit: emit)
+                    } else {
+                        worker.stdoutLines.append(chunk, now: now, emit: emit)
                     }
                 }
             case .success(.wouldBlock):
+                reportDroppedOutput(worker, label: label, stderr: stderr)
                 return
             case .success(.endOfFile), .failure:
+                if logs {
+                    let now = loop.now
+                    if stderr { worker.stderrLines.flush(now: now, emit: emit) } else { worker.stdoutLines.flush(now: now, emit: emit) }
+                }
+                reportDroppedOutput(worker, label: label, stderr: stderr)
                 loop.unregister(fd)
                 if stderr { worker.closeStderr() } else { worker.closeStdout() }
                 return
@@ -169,12 +205,17 @@ extension HostEngine {
         }
     }
 
+    private func reportDroppedOutput(_ worker: WorkerProcess, label: String, stderr: Bool) {
+        let dropped = stderr ? worker.stderrLines.takeDropped() : worker.stdoutLines.takeDropped()
+        if dropped > 0 { log(.warning, "\(label): \(dropped) line(s) dropped (more than \(Int(OutputLines.linesPerSecond)) a second)") }
+    }
+
     // MARK: Failure and death
 
     func protocolViolation(_ worker: WorkerProcess, _ detail: String) {
         log(.error, "\(worker.extensionID) pid \(worker.pid) broke the protocol: \(detail); killing it")
         count(worker.extensionID, \.protocolViolations)
-        unregisterSocket(worker)
+        worker.connection.close()
         kill(worker, .protocolViolation(detail))
     }
 
@@ -183,31 +224,52 @@ extension HostEngine {
         worker.kill(reason: reason)
     }
 
-    /// The socket hit EOF or an error: the worker is exiting. Its exit status arrives through the pidfd; if it
-    /// lingers without its socket, it is killed.
+    /// The socket hit EOF or an error: the worker is exiting. Its exit status arrives through the exit
+    /// descriptor; if it lingers without its socket, it is killed.
     func socketBroken(_ worker: WorkerProcess) {
-        unregisterSocket(worker)
-        guard worker.state != .dead else { return }
-        loop.schedule(afterNanoseconds: 2_000_000_000) { [unowned self] in
-            if worker.state != .dead {
-                self.kill(worker, worker.state == .retiring ? .hostShutdown : .protocolViolation("closed its connection"))
-            }
+        worker.connection.close()
+        guard worker.state != .dead, worker.exitTimer == nil else { return }
+        worker.exitTimer = loop.schedule(afterNanoseconds: 2_000_000_000) { [unowned self, weak worker] in
+            guard let worker, worker.state != .dead else { return }
+            worker.exitTimer = nil
+            self.kill(worker, worker.state == .retiring ? .hostShutdown : .protocolViolation("closed its connection"))
         }
     }
 
-    func unregisterSocket(_ worker: WorkerProcess) {
-        worker.connection.close()
-    }
-
-    /// The pidfd is readable: reap, read what is left, interrupt what was in flight, record a crash.
+    /// The exit descriptor is readable (or the poll fired): reap, unregister, read what is left, interrupt what
+    /// was in flight, record a crash.
     func processExited(_ worker: WorkerProcess) {
-        guard let status = worker.reap() else { return }
-        loop.unregister(worker.pidfdRaw)
+        guard worker.state != .dead else { return }
+        let status: ExitStatus?
+        do {
+            guard let reaped = try worker.reap() else {
+                if worker.exitWatched { log(.debug, "\(worker.extensionID) pid \(worker.pid): exit descriptor fired early") }
+                return
+            }
+            status = reaped
+        } catch {
+            // The status is gone (the app ignores SIGCHLD, or something else reaped it): the process has exited
+            // all the same. Never leave the descriptor registered, or the loop would spin on it.
+            log(.warning, "\(worker.extensionID) pid \(worker.pid) exited; its status is unavailable (\(error))")
+            status = nil
+        }
+        if worker.exitWatched {
+            loop.unregister(worker.exitFD)
+            worker.exitWatched = false
+        }
+        worker.closeChild()
+        let wasRetiring = worker.state == .retiring
+        worker.state = .dead
+        workers[worker.extensionID]?.removeAll { $0 === worker }
+        if workers[worker.extensionID]?.isEmpty == true { workers[worker.extensionID] = nil }
+        for timer in [worker.idleTimer, worker.exitTimer, worker.reapPollTimer].compactMap({ $0 }) { loop.cancelTimer(timer) }
+        for timer in worker.cancelTimers.values { loop.cancelTimer(timer) }
+        worker.cancelTimers.removeAll()
         // Replies already written before the exit still count: a completed request is completed.
         worker.connection.drain()
-        unregisterSocket(worker)
-        drainPipe(worker, stderr: true)
-        drainPipe(worker, stderr: false)
+        worker.connection.close()
+        drainPipe(worker, stderr: true, maxReads: .max)
+        drainPipe(worker, stderr: false, maxReads: .max)
         if worker.stderrOpen {
             loop.unregister(worker.stderrFD)
             worker.closeStderr()
@@ -216,10 +278,6 @@ extension HostEngine {
             loop.unregister(worker.stdoutFD)
             worker.closeStdout()
         }
-        for timer in [worker.idleTimer, worker.retireKillTimer].compactMap({ $0 }) { loop.cancelTimer(timer) }
-        let wasRetiring = worker.state == .retiring
-        worker.state = .dead
-        workers[worker.extensionID]?.removeAll { $0 === worker }
 
         let reason: InterruptionReason
         if let killReason = worker.killReason {
@@ -228,6 +286,7 @@ extension HostEngine {
             switch status {
             case .signaled(let sig): reason = .signal(sig)
             case .exited(let code): reason = .exited(code)
+            case nil: reason = .exited(-1)
             }
         }
         let inFlight = Array(worker.inFlight)
@@ -237,7 +296,7 @@ extension HostEngine {
             count(worker.extensionID, \.crashes)
             recordCrash(worker, reason: reason, inFlight: inFlight)
         } else {
-            log(.info, "\(worker.extensionID): worker pid \(worker.pid) exited (\(status))")
+            log(.info, "\(worker.extensionID): worker pid \(worker.pid) exited (\(status.map(String.init(describing:)) ?? "status unavailable"))")
         }
         for id in inFlight { finish(id, .interrupted(reason)) }
         drainWaiting(worker.extensionID)
@@ -259,13 +318,17 @@ extension HostEngine {
         }
     }
 
-    /// Retires an idle worker: closing its socket tells it to exit; it is killed if it does not.
-    func retire(_ worker: WorkerProcess) {
+    /// Retires a worker: closing its socket tells it to exit (the runtime flushes its output and exits on EOF);
+    /// it is killed if it has not exited after `grace` seconds.
+    func retire(_ worker: WorkerProcess, grace: Double) {
         guard worker.state == .ready || worker.state == .starting else { return }
         worker.state = .retiring
-        unregisterSocket(worker)
-        worker.retireKillTimer = loop.schedule(afterNanoseconds: 2_000_000_000) { [unowned self] in
-            if worker.state != .dead { self.kill(worker, .hostShutdown) }
+        worker.connection.close()
+        if let timer = worker.exitTimer { loop.cancelTimer(timer) }
+        worker.exitTimer = loop.schedule(afterNanoseconds: nanoseconds(grace)) { [unowned self, weak worker] in
+            guard let worker, worker.state != .dead else { return }
+            worker.exitTimer = nil
+            self.kill(worker, .hostShutdown)
         }
     }
 
@@ -280,12 +343,12 @@ extension HostEngine {
 
     /// Pings every live worker; one whose previous ping is unanswered past the timeout is killed as hung.
     func heartbeat() {
-        let now = monotonicNanoseconds()
+        let now = loop.now
         var any = false
         for worker in workers.values.joined() where worker.connection.isOpen && worker.killReason == nil {
             any = true
             if let sent = worker.pingSentAt {
-                if now - sent > nanoseconds(configuration.heartbeatTimeout) {
+                if now &- sent > nanoseconds(configuration.heartbeatTimeout) {
                     log(.warning, "\(worker.extensionID) pid \(worker.pid) missed heartbeats for "
                         + "\(configuration.heartbeatTimeout) s; killing it")
                     kill(worker, .hang)

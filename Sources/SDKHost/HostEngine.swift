@@ -1,38 +1,20 @@
 // HostEngine: requests, workers and their failures, all on one event-loop thread.
 //
-// Exactly-once: a request ends only through `finish`, which removes it from `requests` before delivering its
-// outcome. Every event (a reply, a worker exit, a deadline, a cancel, shutdown) runs on the loop thread, so
-// whichever comes first wins and the others find no record: a late reply is dropped and logged.
-// Delivery hops to the caller's queue, so no user code runs on the loop thread or under a lock.
+// Exactly-once: a request ends only through `finish`, which removes it from `requests` (and from its queue, its
+// timer and its worker) before delivering its outcome. Every event (a reply, a worker exit, a deadline, a
+// cancel, shutdown) runs on the loop thread, so whichever comes first wins and the others find no record: a late
+// reply is dropped and logged. Delivery hops to the caller's queue, so no user code runs on the loop thread or
+// under a lock. After delivery the engine holds nothing of the request: not its items, not its handlers.
+//
+// Bounded: at most `maxQueuedRequests` wait per extension (the rest end at once as `overloaded`); queues and
+// timers are O(1) / O(log n) per operation; a deadline ends only its own request and cancels it at the worker,
+// and the worker is killed only if it ignores the cancel past the grace period.
 
 #if canImport(Glibc)
 import Glibc
 #endif
 import SDKPosix
 import Synchronization
-
-/// One request from `beginRequest` until its terminal outcome. Loop-confined.
-final class RequestRecord {
-    let id: RequestID
-    let extensionID: String
-    var items: [ExtensionItem]
-    let deliver: @Sendable (RequestOutcome) -> Void
-    let deadline: Double?
-    var worker: WorkerProcess?
-    var deadlineTimer: TimerID?
-    /// Told the worker's pid when the request is sent to one (demo and tools; called on the loop thread).
-    var onWorkerAssigned: (@Sendable (pid_t) -> Void)?
-
-    init(id: RequestID, extensionID: String, items: [ExtensionItem], deadline: Double?,
-         deliver: @escaping @Sendable (RequestOutcome) -> Void)
-    {
-        self.id = id
-        self.extensionID = extensionID
-        self.items = items
-        self.deadline = deadline
-        self.deliver = deliver
-    }
-}
 
 /// Counters since the host started.
 package struct HostStatistics: Sendable, Equatable {
@@ -41,6 +23,8 @@ package struct HostStatistics: Sendable, Equatable {
     package var interruptions = 0
     package var crashes = 0
     package var hangs = 0
+    package var timeouts = 0
+    package var overloads = 0
     package var protocolViolations = 0
     package var spawns = 0
     package init() {}
@@ -60,6 +44,9 @@ package struct EngineSnapshot: Sendable {
     package var perExtension: [String: HostStatistics]
     package var crashReports: [CrashReport]
     package var workers: [WorkerSnapshot]
+    /// Requests begun and not ended, and how many of them wait in queues.
+    package var activeRequests: Int = 0
+    package var queuedRequests: Int = 0
 }
 
 /// The engine. `@unchecked Sendable`: all mutable state is confined to `loop`'s thread (entry points hop there
@@ -69,13 +56,13 @@ package final class HostEngine: @unchecked Sendable {
     let configuration: HostConfiguration
     let manifests: [String: ExtensionManifest]
     let crashStore: CrashReportStore?
+    let launcher: any WorkerLauncher
     let pids = Mutex<[RequestID: pid_t]>([:])
-    private let hostPid = getpid()
 
     // Loop-confined state.
     var workers: [String: [WorkerProcess]] = [:]
     var requests: [RequestID: RequestRecord] = [:]
-    var waiting: [String: [RequestRecord]] = [:]
+    var waiting: [String: RequestQueue] = [:]
     var crashReports: [CrashReport] = []
     var statistics = HostStatistics()
     var perExtension: [String: HostStatistics] = [:]
@@ -90,12 +77,13 @@ package final class HostEngine: @unchecked Sendable {
 
     package init(configuration: HostConfiguration) throws(HostError) {
         self.configuration = configuration
+        launcher = configuration.launcher ?? PosixLauncher()
         manifests = try ExtensionManifest.discover(in: configuration)
         crashStore = try configuration.crashReportDirectory.map { directory throws(HostError) in
             try CrashReportStore(directory: directory, limit: configuration.crashReportLimit)
         }
         do {
-            loop = try EventLoop(name: "sdk-host")
+            loop = try EventLoop(name: "sdk-host", clock: configuration.clock)
         } catch {
             throw HostError(.system, "cannot start the host event loop: \(error)")
         }
@@ -107,13 +95,13 @@ package final class HostEngine: @unchecked Sendable {
         perExtension[extensionID, default: HostStatistics()][keyPath: counter] += 1
     }
 
+    /// Logs a line: to the configured handler, else through the bounded stderr writer (never blocking the loop).
     package func log(_ level: LogLevel, _ message: @autoclosure () -> String) {
         guard level >= configuration.logLevel else { return }
         if let handler = configuration.logHandler {
             handler(level, message())
         } else {
-            var line = "sdk-host: \(level): \(message())\n"
-            line.withUTF8 { _ = write(2, $0.baseAddress, $0.count) }
+            LogWriter.standardError.write("sdk-host: \(level): \(message())\n")
         }
     }
 
@@ -132,7 +120,12 @@ package final class HostEngine: @unchecked Sendable {
     func start(_ record: RequestRecord) {
         loop.preconditionInLoop()
         if shuttingDown {
-            record.deliver(.interrupted(.hostShutdown))
+            record.deliver?(.interrupted(.hostShutdown))
+            return
+        }
+        guard requests[record.id] == nil else {
+            log(.error, "request id \(record.id) is already in flight; the second one is refused")
+            record.deliver?(.interrupted(.protocolViolation("duplicate request id \(record.id)")))
             return
         }
         requests[record.id] = record
@@ -145,26 +138,56 @@ package final class HostEngine: @unchecked Sendable {
         dispatch(record)
     }
 
-    /// Sends `record` to a worker with room, spawning one if allowed, or queues it.
+    /// Sends `record` to a worker with room (spawning one if allowed), or queues it, or ends it as `overloaded`
+    /// when the queue is full.
     func dispatch(_ record: RequestRecord) {
         guard let manifest = manifests[record.extensionID] else {
             finish(record.id, .interrupted(.launchFailed("unknown extension \(record.extensionID)")))
             return
         }
-        let pool = workers[record.extensionID] ?? []
-        if let worker = pool.first(where: { $0.acceptsRequests }) {
+        switch workerWithRoom(manifest) {
+        case .worker(let worker):
             send(record, to: worker)
-        } else if pool.filter({ $0.state != .retiring }).count < manifest.policy.maxWorkers {
-            do {
-                let worker = try spawnWorker(manifest)
-                send(record, to: worker)
-            } catch {
-                log(.error, "\(record.extensionID): cannot launch worker: \(error)")
-                finish(record.id, .interrupted(.launchFailed(error.description)))
+        case .launchFailed(let error):
+            finish(record.id, .interrupted(.launchFailed(error.description)))
+        case .none:
+            let queue = waiting[record.extensionID] ?? {
+                let q = RequestQueue()
+                waiting[record.extensionID] = q
+                return q
+            }()
+            if queue.count >= configuration.maxQueuedRequests {
+                count(record.extensionID, \.overloads)
+                finish(record.id, .interrupted(.overloaded))
+            } else {
+                queue.append(record)
             }
-        } else {
-            waiting[record.extensionID, default: []].append(record)
         }
+    }
+
+    enum Room {
+        case worker(WorkerProcess)
+        case launchFailed(HostError)
+        case none
+    }
+
+    /// A worker that can take a request now: a live one with room, else a new one if the pool has space. A
+    /// worker that has not acknowledged a cancel yet comes last: it may be killed for ignoring it, and a request
+    /// sent there would be interrupted with it.
+    func workerWithRoom(_ manifest: ExtensionManifest) -> Room {
+        let pool = workers[manifest.identifier] ?? []
+        if let worker = pool.first(where: { $0.acceptsRequests && $0.cancelTimers.isEmpty }) { return .worker(worker) }
+        let live = pool.reduce(0) { $0 + ($1.state == .starting || $1.state == .ready ? 1 : 0) }
+        if live < manifest.policy.maxWorkers {
+            do {
+                return .worker(try spawnWorker(manifest))
+            } catch {
+                log(.error, "\(manifest.identifier): cannot launch worker: \(error)")
+                return .launchFailed(error)
+            }
+        }
+        if let worker = pool.first(where: { $0.acceptsRequests }) { return .worker(worker) }
+        return .none
     }
 
     func send(_ record: RequestRecord, to worker: WorkerProcess) {
@@ -181,66 +204,84 @@ package final class HostEngine: @unchecked Sendable {
         send(.begin(id: record.id, items: items), to: worker)
     }
 
-    /// Ends a request: removes it, then delivers. Returns false if it had already ended.
+    /// Ends a request: removes every trace of it, then delivers. Returns false if it had already ended.
     @discardableResult
     func finish(_ id: RequestID, _ outcome: RequestOutcome) -> Bool {
         guard let record = requests.removeValue(forKey: id) else { return false }
-        if let timer = record.deadlineTimer { loop.cancelTimer(timer) }
-        pids.withLock { _ = $0.removeValue(forKey: id) }
+        if let timer = record.deadlineTimer {
+            loop.cancelTimer(timer)
+            record.deadlineTimer = nil
+        }
+        if record.isQueued { waiting[record.extensionID]?.remove(record) }
+        if record.worker != nil { pids.withLock { _ = $0.removeValue(forKey: id) } }
         record.worker = nil
         record.onWorkerAssigned = nil
+        record.items = []
+        let deliver = record.deliver
+        record.deliver = nil
         switch outcome {
         case .completed: count(record.extensionID, \.completions)
         case .cancelled: count(record.extensionID, \.cancellations)
         case .interrupted: count(record.extensionID, \.interruptions)
         }
-        record.deliver(outcome)
+        deliver?(outcome)
         return true
     }
 
     /// Cancels `id` (loop thread).
     package func cancelOnLoop(_ id: RequestID) {
         loop.preconditionInLoop()
-        guard let record = requests[id] else {
+        guard requests[id] != nil else {
             log(.debug, "cancel for \(id), which has already ended; ignored")
             return
         }
-        let worker = record.worker
-        finish(id, .cancelled(.cancelledByHost))
-        guard let worker, worker.inFlight.contains(id), worker.state != .dead else { return }
-        send(.cancel(id: id), to: worker)
-        // The worker keeps the slot until it acknowledges; one that ignores the cancel is killed.
-        loop.schedule(afterNanoseconds: nanoseconds(configuration.cancelGracePeriod)) { [unowned self] in
-            if worker.inFlight.contains(id), worker.state != .dead {
-                self.log(.warning, "\(worker.extensionID) pid \(worker.pid) ignored cancel of \(id); killing it")
-                self.kill(worker, .hang)
-            }
-        }
+        abandon(id, .cancelled(.cancelledByHost))
     }
 
     func deadlinePassed(_ id: RequestID) {
         guard let record = requests[id] else { return }
         record.deadlineTimer = nil
-        let worker = record.worker
         log(.warning, "\(record.extensionID): request \(id) passed its deadline of \(record.deadline ?? 0) s")
-        finish(id, .interrupted(.hang))
-        if let worker, worker.state != .dead { kill(worker, .hang) }
+        count(record.extensionID, \.timeouts)
+        abandon(id, .interrupted(.timedOut))
     }
 
-    /// Hands queued requests to workers that have room.
+    /// Ends a request the host gives up on (cancel, deadline) at once. A worker running it is told to cancel
+    /// and keeps the slot until it acknowledges; only a worker that ignores the cancel past the grace period is
+    /// killed (and only then are its other requests interrupted, as `hang`).
+    func abandon(_ id: RequestID, _ outcome: RequestOutcome) {
+        let worker = requests[id]?.worker
+        finish(id, outcome)
+        guard let worker, worker.inFlight.contains(id), worker.state != .dead, worker.connection.isOpen,
+            worker.cancelTimers[id] == nil
+        else { return }
+        send(.cancel(id: id), to: worker)
+        worker.cancelTimers[id] = loop.schedule(afterNanoseconds: nanoseconds(configuration.cancelGracePeriod)) {
+            [unowned self, weak worker] in
+            guard let worker else { return }
+            worker.cancelTimers[id] = nil
+            if worker.inFlight.contains(id), worker.state != .dead {
+                self.log(.warning, "\(worker.extensionID) pid \(worker.pid) ignored the cancel of \(id) for "
+                    + "\(self.configuration.cancelGracePeriod) s; killing it")
+                self.kill(worker, .hang)
+            }
+        }
+    }
+
+    /// Hands queued requests to workers that have room, in order. O(1) per request handed over.
     func drainWaiting(_ extensionID: String) {
-        guard var queue = waiting[extensionID], !queue.isEmpty else { return }
-        waiting[extensionID] = nil
+        guard let queue = waiting[extensionID], !queue.isEmpty, let manifest = manifests[extensionID] else { return }
         while !queue.isEmpty {
-            let record = queue.removeFirst()
-            guard requests[record.id] != nil else { continue }  // cancelled or timed out while waiting
-            dispatch(record)
-            if let parked = waiting[extensionID], parked.last === record {
-                // No room yet: keep the rest in order behind it.
-                waiting[extensionID] = parked + queue
+            switch workerWithRoom(manifest) {
+            case .worker(let worker):
+                if let next = queue.popFirst() { send(next, to: worker) }
+            case .launchFailed(let error):
+                if let next = queue.popFirst() { finish(next.id, .interrupted(.launchFailed(error.description))) }
+            case .none:
                 return
             }
         }
+        waiting[extensionID] = nil
     }
 
     // MARK: Shutdown
@@ -253,11 +294,9 @@ package final class HostEngine: @unchecked Sendable {
         keepAliveUntilStopped = self
         for id in Array(requests.keys) { finish(id, .interrupted(.hostShutdown)) }
         waiting.removeAll()
-        for worker in workers.values.joined() {
-            worker.state = .retiring
-            unregisterSocket(worker)
-            worker.kill(reason: .hostShutdown)
-        }
+        // Ask every worker to exit (its socket closes; the runtime exits on EOF and flushes its output), and
+        // kill those that have not exited after the grace period.
+        for worker in workers.values.joined() { retire(worker, grace: configuration.workerExitGracePeriod) }
         stopIfIdle()
     }
 
@@ -311,16 +350,19 @@ extension HostEngine: HostBackend {
     /// Counters, crash reports and live workers, read on the loop and handed to `body` there.
     package func snapshot(_ body: @escaping @Sendable (EngineSnapshot) -> Void) {
         let accepted = loop.execute {
-            let now = monotonicNanoseconds()
-            let workers = self.workers.values.joined().map {
-                WorkerSnapshot(extensionIdentifier: $0.extensionID, pid: $0.pid,
-                               uptimeSeconds: Double(now - $0.startedAt) / 1e9, inFlight: $0.inFlight.count)
-            }
-            body(EngineSnapshot(totals: self.statistics, perExtension: self.perExtension,
-                                crashReports: self.crashReports, workers: workers))
+            body(self.snapshotOnLoop())
         }
         if !accepted { body(EngineSnapshot(totals: HostStatistics(), perExtension: [:], crashReports: [], workers: [])) }
     }
-}
 
-func nanoseconds(_ seconds: Double) -> UInt64 { UInt64(max(0, seconds) * 1e9) }
+    package func snapshotOnLoop() -> EngineSnapshot {
+        let now = loop.now
+        let workers = self.workers.values.joined().map {
+            WorkerSnapshot(extensionIdentifier: $0.extensionID, pid: $0.pid,
+                           uptimeSeconds: Double(now &- $0.startedAt) / 1e9, inFlight: $0.inFlight.count)
+        }
+        return EngineSnapshot(totals: statistics, perExtension: perExtension, crashReports: crashReports,
+                              workers: workers, activeRequests: requests.count,
+                              queuedRequests: waiting.values.reduce(0) { $0 + $1.count })
+    }
+}

@@ -13,7 +13,7 @@ public enum InterruptionReason: Sendable, Equatable, CustomStringConvertible {
     case signal(Int32)
     /// The worker exited with this status while the request was in flight.
     case exited(Int32)
-    /// The request passed its deadline, the worker stopped answering heartbeats, or it ignored a cancel.
+    /// The worker stopped answering heartbeats, or ignored a cancel past the grace period and was killed.
     case hang
     /// The worker broke the protocol (garbage, an oversized frame, a reply to an unknown request); `detail` says how.
     case protocolViolation(String)
@@ -21,8 +21,14 @@ public enum InterruptionReason: Sendable, Equatable, CustomStringConvertible {
     case disconnected
     /// The worker could not be started; `detail` names the executable and the error.
     case launchFailed(String)
-    /// The host shut down with the request in flight.
+    /// The host shut down with the request in flight, or the request was begun while it was stopping.
     case hostShutdown
+    /// The request passed its deadline. It ended at once; a worker running it was told to cancel it (and killed
+    /// only if it ignored the cancel past the grace period).
+    case timedOut
+    /// Too many requests were waiting for this extension's workers (`MaxQueuedRequests`), or this client had
+    /// too many in flight (`MaxInFlightRequests`): the request ended at once and touched no worker.
+    case overloaded
 
     public var description: String {
         switch self {
@@ -33,6 +39,8 @@ public enum InterruptionReason: Sendable, Equatable, CustomStringConvertible {
         case .disconnected: "disconnected"
         case .launchFailed(let detail): "launch failed: \(detail)"
         case .hostShutdown: "host shut down"
+        case .timedOut: "timed out"
+        case .overloaded: "overloaded"
         }
     }
 }

@@ -49,11 +49,13 @@ package struct PlistFields {
         return n
     }
 
-    /// A number of seconds: integer or real, at least `minimum`.
+    /// A number of seconds: integer or real, at least `minimum` and at most `maximumSeconds` (about three years;
+    /// a larger value would overflow the nanosecond arithmetic of timers).
     package func seconds(_ key: String, minimum: Double) throws(HostError) -> Double? {
         guard let v = entries[key] else { return nil }
         guard let d = v.doubleValue, v.boolValue == nil else { throw mismatch(key, expected: "a number", found: v) }
         guard d >= minimum, d.isFinite else { throw fail(key, "\(d) must be at least \(minimum)") }
+        guard d <= maximumSeconds else { throw fail(key, "\(d) is more than the maximum of \(Int(maximumSeconds)) s") }
         return d
     }
 

@@ -1,6 +1,6 @@
 // WorkerProcess: one spawned extension process as the host sees it. Loop-confined: every property is read
 // and written on the engine's event-loop thread only. It owns the worker's socket, stdout/stderr pipes and
-// pidfd, and closes each exactly once.
+// exit descriptor, and closes each exactly once.
 
 #if canImport(Glibc)
 import Glibc
@@ -13,9 +13,10 @@ final class WorkerProcess {
         case starting
         /// Handshake done.
         case ready
-        /// Idle and being retired (socket closed); takes no new requests.
+        /// Idle, or the host is stopping: socket closed, takes no new requests, killed if it does not exit.
         case retiring
-        /// Reaped; all descriptors closed.
+        /// Exited (reaped, or its status is gone); takes nothing. Set before its last replies are read, so no
+        /// queued request can be handed to it and inherit its death.
         case dead
     }
 
@@ -28,10 +29,13 @@ final class WorkerProcess {
     // Descriptors: the raw numbers stay valid until the matching `close…` call.
     let stdoutFD: Int32
     let stderrFD: Int32
-    private var process: SpawnedProcess?
+    let exitFD: Int32
+    private let child: any WorkerChild
+    private var childOpen = true
     private var stdoutPipe: FileDescriptor?
     private var stderrPipe: FileDescriptor?
-    var pidfdRaw: Int32
+    /// Whether the exit descriptor is in the loop's epoll set.
+    var exitWatched = false
     /// The IPC socket.
     let connection: FramedConnection
 
@@ -42,26 +46,36 @@ final class WorkerProcess {
     /// Set when the host decides to kill it; the interruption reason for its in-flight requests.
     var killReason: InterruptionReason?
     var stderrTail = ByteTail(capacity: 64 * 1024)
+    var stdoutLines = OutputLines()
+    var stderrLines = OutputLines()
     var pingSentAt: UInt64?
     var pingSeq: Int64 = 0
     var idleTimer: TimerID?
-    var retireKillTimer: TimerID?
+    /// Kills it if it has not exited in time after being retired or losing its socket.
+    var exitTimer: TimerID?
+    /// Requests the host abandoned (cancel, deadline) that the worker has not acknowledged yet, each with the
+    /// timer that kills the worker if it ignores the cancel past the grace period.
+    var cancelTimers: [RequestID: TimerID] = [:]
+    /// Polls for the exit when the exit descriptor could not be watched.
+    var reapPollTimer: TimerID?
 
-    init(extensionID: String, policy: ExtensionPolicy, process: consuming SpawnedProcess,
-         socket: consuming FileDescriptor, stdout: consuming FileDescriptor, stderr: consuming FileDescriptor,
-         loop: EventLoop, wireLimits: WireLimits)
+    init(extensionID: String, policy: ExtensionPolicy, launched: consuming LaunchedWorker, loop: EventLoop,
+         wireLimits: WireLimits)
     {
         self.extensionID = extensionID
         self.policy = policy
-        pid = process.pid
-        pidfdRaw = process.pidfd.rawValue
+        child = launched.child
+        pid = child.pid
+        exitFD = child.exitDescriptor
+        let socket = launched.socket.take()!
+        let stdout = launched.stdout.take()!
+        let stderr = launched.stderr.take()!
         stdoutFD = stdout.rawValue
         stderrFD = stderr.rawValue
-        self.process = consume process
-        connection = FramedConnection(socket, loop: loop, limits: wireLimits)
         stdoutPipe = consume stdout
         stderrPipe = consume stderr
-        startedAt = monotonicNanoseconds()
+        connection = FramedConnection(socket, loop: loop, limits: wireLimits)
+        startedAt = loop.now
     }
 
     var stdoutOpen: Bool { stdoutPipe != nil }
@@ -79,28 +93,20 @@ final class WorkerProcess {
     /// Sends SIGKILL (through the pidfd, so never to a recycled pid) and records why, once.
     func kill(reason: InterruptionReason) {
         if killReason == nil { killReason = reason }
-        if let process = process.take() {
-            process.signal(SIGKILL)
-            self.process = consume process
-        }
+        if childOpen { child.signal(SIGKILL) }
     }
 
-    /// Reaps the process if it has exited; closes the pidfd when it has.
-    func reap() -> ExitStatus? {
-        guard let process = process.take() else { return nil }
-        let status: ExitStatus?
-        do {
-            status = try process.reap()
-        } catch {
-            status = nil
-        }
-        if status != nil {
-            process.close()
-            pidfdRaw = -1
-        } else {
-            self.process = consume process
-        }
-        return status
+    /// Reaps the process if it has exited.
+    func reap() throws(SystemError) -> ExitStatus? {
+        guard childOpen else { return nil }
+        return try child.reap()
+    }
+
+    /// Releases the exit descriptor (after it was unregistered from the loop).
+    func closeChild() {
+        guard childOpen else { return }
+        childOpen = false
+        child.close()
     }
 }
 
@@ -124,15 +130,25 @@ struct RecentIDs {
 
 /// The last `capacity` bytes written to it.
 struct ByteTail {
-    private(set) var bytes: [UInt8] = []
+    private var ring: [UInt8] = []
+    private var start = 0
     let capacity: Int
 
     init(capacity: Int) { self.capacity = capacity }
 
     mutating func append(_ chunk: UnsafeRawBufferPointer) {
-        bytes.append(contentsOf: chunk)
-        if bytes.count > capacity { bytes.removeFirst(bytes.count - capacity) }
+        // Only the last `capacity` bytes of a large chunk can survive.
+        let chunk = chunk.count > capacity ? UnsafeRawBufferPointer(rebasing: chunk[(chunk.count - capacity)...]) : chunk
+        for byte in chunk {
+            if ring.count < capacity {
+                ring.append(byte)
+            } else {
+                ring[start] = byte
+                start = (start + 1) % capacity
+            }
+        }
     }
 
+    var bytes: [UInt8] { Array(ring[start...] + ring[..<start]) }
     var text: String { String(decoding: bytes, as: UTF8.self) }
 }

@@ -195,10 +195,14 @@ extension SpawnedProcess {
         }
     }
 
-    /// Reaps the child without blocking. Returns nil if it has not exited yet.
+    /// Reaps the child without blocking, through its pidfd (`waitid(P_PIDFD)`), so a recycled pid is never
+    /// reaped. Returns nil if it has not exited yet.
+    ///
+    /// - Throws: `SystemError` with ECHILD when the status is gone: the app ignores SIGCHLD (the kernel reaped
+    ///   the child itself) or reaped it with `wait()`.
     public func reap() throws(SystemError) -> ExitStatus? {
         var status: Int32 = 0
-        let r = try retryingEINTR("waitpid", detail: "pid \(pid)") { waitpid(pid, &status, WNOHANG) }
+        let r = try retryingEINTR("waitid(P_PIDFD)", detail: "pid \(pid)") { sdk_waitid_pidfd(pidfd.rawValue, &status) }
         return r == 0 ? nil : ExitStatus(waitStatus: status)
     }
 

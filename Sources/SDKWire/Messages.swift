@@ -322,3 +322,28 @@ public enum Message: Sendable, Equatable {
         }
     }
 }
+
+extension Message {
+    /// The message's `type` on the wire ("begin", "complete", ...), for logs: never the payload, which may be
+    /// large or hostile.
+    public var typeName: String {
+        switch self {
+        case .hello: "hello"
+        case .welcome: "welcome"
+        case .begin: "begin"
+        case .complete: "complete"
+        case .cancel: "cancel"
+        case .cancelled: "cancelled"
+        case .ping: "ping"
+        case .pong: "pong"
+        case .error: "error"
+        case .connect: "connect"
+        case .connected: "connected"
+        case .assigned: "assigned"
+        case .interrupted: "interrupted"
+        case .status: "status"
+        case .statusReport: "statusReport"
+        case .unknown: "unknown"
+        }
+    }
+}

@@ -23,8 +23,13 @@ import Glibc
         await #expect(throws: RequestFailure.interrupted(.signal(SIGSEGV))) {
             try await crasher.perform([ExtensionItem(title: "segv")])
         }
-        await #expect(throws: RequestFailure.interrupted(.hang)) {
+        // A deadline ends the request at once; a worker that honours the cancel lives on...
+        await #expect(throws: RequestFailure.interrupted(.timedOut)) {
             try await crasher.perform([ExtensionItem(title: "slow:5000")], deadline: 0.3)
+        }
+        // ...and one that ignores it is killed after CancelGraceSeconds, recorded as a hang.
+        await #expect(throws: RequestFailure.interrupted(.timedOut)) {
+            try await crasher.perform([ExtensionItem(title: "hang")], deadline: 0.3)
         }
         // pid(for:) reports the daemon's worker.
         let recorder = Recorder()
@@ -35,13 +40,14 @@ import Glibc
         #expect(readLink("/proc/\(workerPid)/exe")?.hasSuffix("/Crasher") == true)
         #expect(await recorder.wait(for: slow) == .completed([ExtensionItem(title: "slow:400")]))
 
+        #expect(await eventually { CrashReportStore.load(directory: daemon.crashFolder).count == 2 })
         let report = try #require(await host.daemonStatus())
         #expect(report["pid"]?.integerValue == Int64(daemon.pid))
         let crasherStats = report["extensions"]?.arrayValue?.first { $0["identifier"] == "com.example.crasher" }
         #expect(crasherStats?["crashes"]?.integerValue == 2)
         #expect(crasherStats?["completions"]?.integerValue == 1)
         #expect(crasherStats?["hangs"]?.integerValue == 1)
-        #expect(await eventually { CrashReportStore.load(directory: daemon.crashFolder).count == 2 })
+        #expect(crasherStats?["timeouts"]?.integerValue == 2)
         let reasons = CrashReportStore.load(directory: daemon.crashFolder).map(\.reason)
         #expect(reasons == [.signal(SIGSEGV), .hang])
         await host.shutdown()

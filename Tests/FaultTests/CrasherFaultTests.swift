@@ -43,7 +43,9 @@ extension FaultTests {
                 if case .interrupted(.protocolViolation(let d)) = $0 { return d.contains("reply for unknown request") }
                 return false
             }, crash: true),
-            Case(fault: "hang", expected: { $0 == .interrupted(.hang) }, crash: true),
+            // The deadline ends the request at once (timedOut); the worker ignores the cancel and is killed after
+            // the grace period, which is what the crash report records.
+            Case(fault: "hang", expected: { $0 == .interrupted(.timedOut) }, crash: true),
             Case(fault: "cancel", expected: {
                 if case .cancelled(let e) = $0 { return e.domain == "com.example.crasher" && e.code == 42 }
                 return false
@@ -72,10 +74,14 @@ extension FaultTests {
                 #expect(recorder.callbacks(id).count == 1)
                 #expect(recorder.callbacks(next).count == 1)
 
+                if c.fault == "hang" {
+                    #expect(await eventually { await host.inspect().1.count == 1 }, "killed after ignoring the cancel")
+                }
                 let (stats, crashes, _) = await host.inspect()
                 if c.crash {
                     #expect(crashes.count == 1)
                     #expect(crashes.first?.inFlightRequests == [id])
+                    if c.fault == "hang" { #expect(crashes.first?.reason == .hang) }
                     #expect(stats.spawns == 2, "the crashed worker is replaced on the next request")
                 } else {
                     #expect(crashes.isEmpty)

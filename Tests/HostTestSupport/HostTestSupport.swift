@@ -86,6 +86,16 @@ public func kind(_ outcome: RequestOutcome) -> String {
 }
 
 /// Polls `condition` every 5 ms until it holds or `timeout` seconds pass.
+/// Polls an async condition until it holds or `timeout` seconds pass.
+public func eventually(timeout: Double = 30, _ condition: () async -> Bool) async -> Bool {
+    let deadline = monotonicNanoseconds() + UInt64(timeout * 1e9)
+    while monotonicNanoseconds() < deadline {
+        if await condition() { return true }
+        try? await Task.sleep(nanoseconds: 5_000_000)
+    }
+    return await condition()
+}
+
 public func eventually(timeout: Double = 30, _ condition: () -> Bool) async -> Bool {
     let deadline = monotonicNanoseconds() + UInt64(timeout * 1e9)
     while monotonicNanoseconds() < deadline {

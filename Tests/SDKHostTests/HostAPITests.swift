@@ -125,7 +125,7 @@ import Glibc
             let recorder = Recorder()
             recorder.attach(to: ext)
             let id = ext.beginRequest(withInputItems: [ExtensionItem(title: "slow:5000")], deadline: 0.2)
-            #expect(await recorder.wait(for: id) == .interrupted(.hang))
+            #expect(await recorder.wait(for: id) == .interrupted(.timedOut))
         }
     }
 

@@ -18,6 +18,10 @@ int sdk_pidfd_open(pid_t pid);
 /// pidfd_send_signal(2); returns 0 or -1 with errno.
 int sdk_pidfd_send_signal(int pidfd, int sig);
 
+/// waitid(P_PIDFD, pidfd, WEXITED | WNOHANG): reaps the child the pidfd names, never a recycled pid. Returns 1
+/// and sets *status to a wait status (as waitpid gives) if it was reaped, 0 if it has not exited, -1 with errno.
+int sdk_waitid_pidfd(int pidfd, int *status);
+
 /// prctl(PR_SET_PDEATHSIG, sig); returns 0 or -1 with errno.
 int sdk_set_parent_death_signal(int sig);
 
@@ -25,6 +29,8 @@ int sdk_set_parent_death_signal(int sig);
 int sdk_epoll_create(void);
 /// eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK).
 int sdk_eventfd(void);
+/// eventfd(0, EFD_CLOEXEC): blocking reads, for a thread that sleeps until woken.
+int sdk_blocking_eventfd(void);
 /// pipe2(fds, O_CLOEXEC).
 int sdk_pipe_cloexec(int fds[2]);
 

@@ -1,0 +1,95 @@
+// RequestRecord and RequestQueue: one request from `beginRequest` until its terminal outcome, and the per-extension
+// queue of requests waiting for a worker. The queue is intrusive (each record carries its links), so append,
+// pop and removing a cancelled or timed-out request from the middle are all O(1), and a request that ends while
+// queued leaves the queue at once with everything it held.
+
+#if canImport(Glibc)
+import Glibc
+#endif
+import SDKPosix
+
+/// The longest deadline the host honours, in seconds (about three years). Peers' numbers are clamped to it.
+package let maximumSeconds: Double = 100_000_000
+
+/// Seconds to nanoseconds for timers: negative and NaN become 0, anything past `maximumSeconds` is clamped, so
+/// a peer's number can never trap the conversion.
+func nanoseconds(_ seconds: Double) -> UInt64 {
+    guard seconds > 0 else { return 0 }  // also NaN
+    return UInt64(min(seconds, maximumSeconds) * 1e9)
+}
+
+/// One request. Loop-confined.
+final class RequestRecord {
+    let id: RequestID
+    let extensionID: String
+    /// Dropped when the request is sent to a worker or ends: the host keeps no copy.
+    var items: [ExtensionItem]
+    /// Cleared when the outcome is delivered, so nothing of the caller is retained afterwards.
+    var deliver: (@Sendable (RequestOutcome) -> Void)?
+    let deadline: Double?
+    var worker: WorkerProcess?
+    var deadlineTimer: TimerID?
+    /// Told the worker's pid when the request is sent to one (demo and tools; called on the loop thread).
+    var onWorkerAssigned: (@Sendable (pid_t) -> Void)?
+    /// Links in the extension's wait queue.
+    fileprivate var queueNext: RequestRecord?
+    fileprivate unowned(unsafe) var queuePrev: RequestRecord?
+    fileprivate(set) var isQueued = false
+
+    init(id: RequestID, extensionID: String, items: [ExtensionItem], deadline: Double?,
+         deliver: @escaping @Sendable (RequestOutcome) -> Void)
+    {
+        self.id = id
+        self.extensionID = extensionID
+        self.items = items
+        self.deadline = deadline
+        self.deliver = deliver
+    }
+}
+
+/// Requests waiting for a worker, oldest first. Loop-confined.
+final class RequestQueue {
+    private(set) var count = 0
+    private var head: RequestRecord?
+    private unowned(unsafe) var tail: RequestRecord?
+
+    var isEmpty: Bool { count == 0 }
+
+    func append(_ record: RequestRecord) {
+        precondition(!record.isQueued, "request \(record.id) queued twice")
+        record.isQueued = true
+        record.queuePrev = tail
+        record.queueNext = nil
+        if let tail { tail.queueNext = record } else { head = record }
+        tail = record
+        count += 1
+    }
+
+    func popFirst() -> RequestRecord? {
+        guard let first = head else { return nil }
+        remove(first)
+        return first
+    }
+
+    func remove(_ record: RequestRecord) {
+        guard record.isQueued else { return }
+        let next = record.queueNext
+        let prev = record.queuePrev
+        if let prev { prev.queueNext = next } else { head = next }
+        if let next { next.queuePrev = prev } else { tail = prev }
+        record.queueNext = nil
+        record.queuePrev = nil
+        record.isQueued = false
+        count -= 1
+    }
+
+    /// Empties the queue, oldest first. Unlinks one by one: releasing a long chain at once would recurse.
+    func removeAll() -> [RequestRecord] {
+        var out: [RequestRecord] = []
+        out.reserveCapacity(count)
+        while let record = popFirst() { out.append(record) }
+        return out
+    }
+
+    deinit { _ = removeAll() }
+}

@@ -1,0 +1,124 @@
+// LogWriter: log lines leave the event loop through a bounded buffer that one background thread writes out.
+// A stalled stderr reader (a full pipe, a stopped terminal) used to block the loop on every log line; now the
+// loop only appends to memory, and when the buffer is full the line is dropped and counted. The writer thread
+// reports the count once it catches up. One writer per process, started on first use.
+
+#if canImport(Glibc)
+import Glibc
+#endif
+import CSDKShim
+import Synchronization
+
+/// A bounded, non-blocking log sink for one descriptor.
+public final class LogWriter: Sendable {
+    /// The process's writer to stderr.
+    public static let standardError = LogWriter(fd: 2, capacity: 1 << 20)
+
+    private struct State {
+        var pending: [UInt8] = []
+        var dropped = 0
+        var started = false
+        var writing = false
+    }
+
+    private let fd: Int32
+    private let capacity: Int
+    private let state = Mutex(State())
+    /// Counts wake-ups for the writer thread (an eventfd, blocking reads).
+    private let wakeFD: Int32
+
+    /// - Parameters:
+    ///   - fd: Where lines go (not owned; never closed).
+    ///   - capacity: Bytes buffered at most; a line that does not fit is dropped and counted.
+    public init(fd: Int32, capacity: Int) {
+        self.fd = fd
+        self.capacity = capacity
+        wakeFD = sdk_blocking_eventfd()
+    }
+
+    /// The name the writer thread carries (visible in /proc/<pid>/task/*/comm).
+    public static let threadName = "sdk-host-log"
+
+    /// Appends `line` (which should end in a newline); never blocks on the descriptor. Returns false if the
+    /// buffer was full and the line was dropped.
+    @discardableResult
+    public func write(_ line: String) -> Bool {
+        var line = line
+        let (accepted, start) = line.withUTF8 { bytes in
+            state.withLock { s -> (Bool, Bool) in
+                guard s.pending.count + bytes.count <= capacity else {
+                    s.dropped += 1
+                    return (false, false)
+                }
+                s.pending.append(contentsOf: bytes)
+                let start = !s.started
+                s.started = true
+                return (true, start)
+            }
+        }
+        if start { startThread() }
+        var one: UInt64 = 1
+        _ = Glibc.write(wakeFD, &one, 8)
+        return accepted
+    }
+
+    /// Lines dropped since the writer last reported (for tests).
+    public var droppedCount: Int { state.withLock { $0.dropped } }
+
+    /// Bytes waiting to be written (for tests).
+    public var pendingBytes: Int { state.withLock { $0.pending.count } }
+
+    private func startThread() {
+        let box = Unmanaged.passRetained(self).toOpaque()
+        var thread = pthread_t()
+        let rc = pthread_create(&thread, nil, { arg in
+            let writer = Unmanaged<LogWriter>.fromOpaque(arg!).takeRetainedValue()
+            _ = sdk_set_thread_name(LogWriter.threadName)
+            writer.run()
+            return nil
+        }, box)
+        if rc == 0 {
+            pthread_detach(thread)
+        } else {
+            Unmanaged<LogWriter>.fromOpaque(box).release()
+        }
+    }
+
+    private func run() {
+        while true {
+            var counter: UInt64 = 0
+            let n = read(wakeFD, &counter, 8)
+            if n < 0 && errno != EINTR && errno != EAGAIN { usleep(10_000) }
+            while true {
+                let (bytes, dropped) = state.withLock { s -> ([UInt8], Int) in
+                    defer {
+                        s.pending = []
+                        s.dropped = 0
+                    }
+                    return (s.pending, s.dropped)
+                }
+                if bytes.isEmpty && dropped == 0 { break }
+                writeAll(bytes)
+                if dropped > 0 {
+                    writeAll(Array("sdk-host: warning: \(dropped) log line(s) dropped: the log reader fell behind\n".utf8))
+                }
+            }
+        }
+    }
+
+    private func writeAll(_ bytes: [UInt8]) {
+        var offset = 0
+        while offset < bytes.count {
+            let n = bytes.withUnsafeBytes { Glibc.write(fd, $0.baseAddress! + offset, bytes.count - offset) }
+            if n > 0 {
+                offset += n
+            } else if n < 0 && errno == EINTR {
+                continue
+            } else if n < 0 && errno == EAGAIN {
+                usleep(1000)
+            } else {
+                return  // closed or broken: the lines are lost, the host is not
+            }
+        }
+    }
+}
