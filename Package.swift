@@ -26,7 +26,7 @@ let package = Package(
         // Public host API (embedded mode for now).
         .target(name: "SDKHost", dependencies: ["SDKWire", "SDKPosix"]),
         // Worker-side runtime that extension executables link.
-        .target(name: "SDKExtension", dependencies: ["SDKWire", "SDKPosix"]),
+        .target(name: "SDKExtension", dependencies: ["SDKWire", "SDKPosix", "CSDKShim"]),
         // Bundled extensions: one executable target per Extensions/<Name>, each with an Info.plist manifest.
         // They link the Swift stdlib statically: fewer shared objects to map and relocate at every spawn.
         .executableTarget(

@@ -14,6 +14,7 @@
 #include <sys/socket.h>
 #include <sys/un.h>
 #include <sys/wait.h>
+#include <stdio.h>
 #include <string.h>
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -175,3 +176,5 @@ int sdk_read_signalfd(int fd) {
     if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return 0;
     return -1;
 }
+
+void sdk_line_buffer_stdout(void) { setvbuf(stdout, NULL, _IOLBF, 0); }

@@ -17,6 +17,14 @@
 //   HeartbeatTimeoutSeconds   number                                           default: 10
 //   CancelGraceSeconds        number    before a worker ignoring cancel dies   default: 2
 //   MaxFrameBytes             integer   largest frame accepted                 default: 16777216
+//   MaxClients                integer   connections at once; more are refused  default: 256
+//   MaxInFlightRequests       integer   per client; more end as `overloaded`   default: 1024
+//   MaxQueuedRequests         integer   per extension; more end `overloaded`   default: 1024
+//   MaxClientOutputBytes      integer   unread replies before a client is no   default: 8388608
+//                                       longer read (then disconnected)
+//   HandshakeTimeoutSeconds   number    to send `connect` after connecting     default: 5
+//   PartialFrameTimeoutSeconds number   to finish a started frame, and for a   default: 5
+//                                       stalled reader to catch up
 //   DefaultPolicy             dict      SDKHostPolicy keys, for manifests that leave them out
 
 import SDKHost
@@ -32,13 +40,25 @@ package struct DaemonConfiguration: Sendable {
     package var socketMode: mode_t = 0o600
     package var allowedUIDs: [uid_t] = [getuid()]
     package var drainTimeout: Double = 10
+    package var maxClients = 256
+    package var maxInFlightRequests = 1024
+    package var maxClientOutputBytes = 8 << 20
+    package var handshakeTimeout: Double = 5
+    package var partialFrameTimeout: Double = 5
+    /// Input buffered across all clients (half-received frames), and bytes of requests held for all clients
+    /// (queued or on their way to workers): ceilings that keep the daemon's memory bounded whatever clients send.
+    package var inputBudgetBytes = 128 << 20
+    package var pendingRequestBytesPerClient = 64 << 20
+    package var pendingRequestBytesTotal = 192 << 20
     /// The file it was read from, if any.
     package var source: String?
 
     static let keys: Set<String> = [
         "ExtensionSearchPaths", "ExecutableSearchPaths", "SocketPath", "SocketMode", "AllowedUIDs", "LogLevel",
         "CrashReportDirectory", "MaxCrashReports", "DrainTimeoutSeconds", "HeartbeatIntervalSeconds",
-        "HeartbeatTimeoutSeconds", "CancelGraceSeconds", "MaxFrameBytes", "DefaultPolicy",
+        "HeartbeatTimeoutSeconds", "CancelGraceSeconds", "MaxFrameBytes", "DefaultPolicy", "MaxClients",
+        "MaxInFlightRequests", "MaxQueuedRequests", "MaxClientOutputBytes", "HandshakeTimeoutSeconds",
+        "PartialFrameTimeoutSeconds",
     ]
 
     /// Defaults only (no file).
@@ -101,6 +121,12 @@ package struct DaemonConfiguration: Sendable {
         host.cancelGracePeriod = try f.seconds("CancelGraceSeconds", minimum: 0) ?? host.cancelGracePeriod
         if let max = try f.integer("MaxFrameBytes", in: 1024...(1 << 30)) { host.wireLimits.maxFrameBytes = max }
         if let policy = try f.fields("DefaultPolicy") { try host.defaultPolicy.apply(policy) }
+        maxClients = try f.integer("MaxClients", in: 1...65_536) ?? maxClients
+        maxInFlightRequests = try f.integer("MaxInFlightRequests", in: 1...1_000_000) ?? maxInFlightRequests
+        host.maxQueuedRequests = try f.integer("MaxQueuedRequests", in: 0...10_000_000) ?? host.maxQueuedRequests
+        maxClientOutputBytes = try f.integer("MaxClientOutputBytes", in: 65_536...(1 << 30)) ?? maxClientOutputBytes
+        handshakeTimeout = try f.seconds("HandshakeTimeoutSeconds", minimum: 0.1) ?? handshakeTimeout
+        partialFrameTimeout = try f.seconds("PartialFrameTimeoutSeconds", minimum: 0.1) ?? partialFrameTimeout
     }
 
     /// Where the daemon keeps its socket and crash reports by default: $XDG_RUNTIME_DIR/sdk-host if set (a

@@ -3,6 +3,13 @@
 // neither collide nor cancel each other's requests. A client that disconnects has its requests cancelled at the
 // workers. SIGTERM/SIGINT: stop accepting, let in-flight requests finish up to the drain timeout, interrupt the
 // rest, stop the workers, remove the socket.
+//
+// Every client is a potential attacker, so everything it can make the daemon hold is bounded: connections
+// (MaxClients), requests in flight per client (MaxInFlightRequests) and the bytes they carry (per client and in
+// total), half-received frames (a shared input budget, and PartialFrameTimeoutSeconds to finish one), unread
+// replies (MaxClientOutputBytes: past it the client is no longer read; past it plus a frame, or still stuck
+// after the timeout, it is disconnected), and the time to say `connect` (HandshakeTimeoutSeconds). At the
+// descriptor limit the listener backs off instead of spinning on a readable socket it cannot accept from.
 
 import Dispatch
 import SDKHost
@@ -23,12 +30,19 @@ package final class DaemonServer: @unchecked Sendable {
     private var draining = false
     private let startedAt = monotonicNanoseconds()
     private let finished = DispatchSemaphore(value: 0)
+    private let inputBudget: InputBudget
+    private var pendingRequestBytes = 0
+    private var sweepTimer: TimerID?
+    private var acceptBackoff = 0.0
+    private var acceptBackoffTimer: TimerID?
+    private var refusedWhileFull = 0
 
     /// Blocks SIGTERM/SIGINT (call before any other thread starts), discovers extensions and binds the socket.
     ///
     /// - Throws: `HostError` for a bad manifest or configuration, or a socket that is in use or cannot be bound.
     package init(configuration: DaemonConfiguration) throws(HostError) {
         self.configuration = configuration
+        inputBudget = InputBudget(limit: configuration.inputBudgetBytes)
         let signals: FileDescriptor
         do {
             signals = try terminationSignalDescriptor()
@@ -98,6 +112,7 @@ package final class DaemonServer: @unchecked Sendable {
             try engine.loop.register(signalFD, events: EventLoop.readable) { [unowned self] _ in
                 while let signal = readSignal(signalFD) { self.beginDrain(signal) }
             }
+            scheduleSweep()
         } catch {
             engine.log(.error, "cannot watch the listening socket: \(error)")
             beginDrain(0)
@@ -111,15 +126,24 @@ package final class DaemonServer: @unchecked Sendable {
 
     private func acceptClients() {
         guard let listenFD = listener?.rawValue else { return }
-        while true {
+        // Bounded per turn like any other reader: a connection storm cannot hold the loop.
+        for _ in 0..<64 {
             let accepted: FileDescriptor?
             do {
                 accepted = try acceptConnection(listenFD)
             } catch {
-                engine.log(.error, "accept on \(configuration.socketPath): \(error)")
+                if [EMFILE, ENFILE, ENOBUFS, ENOMEM].contains(error.errno) {
+                    backOffAccepting(error)
+                } else {
+                    engine.log(.error, "accept on \(configuration.socketPath): \(error)")
+                }
                 return
             }
-            guard let fd = accepted else { return }
+            guard let fd = accepted else {
+                acceptBackoff = 0
+                return
+            }
+            acceptBackoff = 0
             let credentials = try? peerCredentials(fd.rawValue)
             let connection = FramedConnection(fd, loop: engine.loop, limits: configuration.host.wireLimits)
             guard let credentials, configuration.allowedUIDs.contains(credentials.uid) else {
@@ -129,7 +153,20 @@ package final class DaemonServer: @unchecked Sendable {
                 connection.close()
                 continue
             }
-            let session = ClientSession(connection: connection, credentials: credentials)
+            guard sessions.count < configuration.maxClients else {
+                refusedWhileFull += 1
+                if refusedWhileFull == 1 || refusedWhileFull % 1000 == 0 {
+                    engine.log(.warning, "refused a client (pid \(credentials.pid)): \(sessions.count) clients connected, "
+                        + "the limit (MaxClients); \(refusedWhileFull) refused so far")
+                }
+                try? connection.send(.error(message: "too many clients: the daemon serves at most "
+                    + "\(configuration.maxClients) (MaxClients)", id: nil))
+                connection.close()
+                continue
+            }
+            connection.outputLimit = configuration.maxClientOutputBytes
+            connection.inputBudget = inputBudget
+            let session = ClientSession(connection: connection, credentials: credentials, connectedAt: engine.loop.now)
             do {
                 try connection.start(
                     onMessage: { [unowned self, unowned session] in self.handle($0, from: session) },
@@ -143,9 +180,57 @@ package final class DaemonServer: @unchecked Sendable {
         }
     }
 
+    /// Out of descriptors (or memory): stop watching the listener for a while instead of spinning on it, and
+    /// say so once per episode, not once per attempt.
+    private func backOffAccepting(_ error: SystemError) {
+        guard let listenFD = listener?.rawValue, acceptBackoffTimer == nil else { return }
+        if acceptBackoff == 0 {
+            engine.log(.error, "cannot accept clients on \(configuration.socketPath): \(error); pausing accepts")
+        }
+        acceptBackoff = min(max(acceptBackoff * 2, 0.05), 1)
+        engine.loop.unregister(listenFD)
+        acceptBackoffTimer = engine.loop.schedule(afterNanoseconds: UInt64(acceptBackoff * 1e9)) { [unowned self] in
+            self.acceptBackoffTimer = nil
+            guard let fd = self.listener?.rawValue else { return }
+            try? self.engine.loop.register(fd, events: EventLoop.readable) { [unowned self] _ in self.acceptClients() }
+        }
+    }
+
+    /// Once a second: close clients that have not said `connect` in time, that have sat on half a frame too
+    /// long, or whose unread output has been stuck over the limit too long.
+    private func scheduleSweep() {
+        sweepTimer = engine.loop.schedule(afterNanoseconds: 1_000_000_000) { [unowned self] in
+            self.sweepTimer = nil
+            let now = self.engine.loop.now
+            let handshake = UInt64(self.configuration.handshakeTimeout * 1e9)
+            let partial = UInt64(self.configuration.partialFrameTimeout * 1e9)
+            for session in Array(self.sessions.values) {
+                let c = session.connection
+                if !session.handshaken, now &- session.connectedAt > handshake {
+                    self.closeSession(session, reason: "no 'connect' within \(self.configuration.handshakeTimeout) s")
+                } else if let since = c.partialFrameSince, now &- since > partial {
+                    self.closeSession(session, reason: "a frame left unfinished for \(self.configuration.partialFrameTimeout) s")
+                } else if let since = c.outputStalledSince, now &- since > partial {
+                    self.closeSession(session, reason: "\(c.pendingOutputBytes) bytes of replies unread for "
+                        + "\(self.configuration.partialFrameTimeout) s")
+                }
+            }
+            if !self.draining { self.scheduleSweep() }
+        }
+    }
+
     private func handle(_ message: Message, from session: ClientSession) {
+        if !session.handshaken, case .connect = message {} else if !session.handshaken {
+            session.send(.error(message: "send 'connect' first", id: nil))
+            return closeSession(session, reason: "'\(message.typeName)' before 'connect'")
+        }
         switch message {
         case .connect(let version):
+            guard !session.handshaken else {
+                session.send(.error(message: "'connect' sent twice", id: nil))
+                return closeSession(session, reason: "'connect' sent twice")
+            }
+            session.handshaken = true
             guard version == protocolVersion else {
                 session.send(.error(message: "protocol \(version) is not supported; this daemon speaks \(protocolVersion)", id: nil))
                 return closeSession(session, reason: "protocol version \(version)")
@@ -164,14 +249,32 @@ package final class DaemonServer: @unchecked Sendable {
                 session.send(.interrupted(id: clientID, reason: InterruptionReason.hostShutdown.plist))
                 return
             }
+            // What this request holds until it ends: its bytes, charged to the client and to the daemon.
+            let bytes = session.connection.currentFrameBytes
+            if session.internalIDs.count >= configuration.maxInFlightRequests
+                || session.pendingBytes + bytes > configuration.pendingRequestBytesPerClient
+                || pendingRequestBytes + bytes > configuration.pendingRequestBytesTotal
+            {
+                engine.log(.debug, "client pid \(session.credentials.pid): request \(clientID) overloaded "
+                    + "(\(session.internalIDs.count) in flight, \(session.pendingBytes) bytes held)")
+                session.overloads += 1
+                session.send(.interrupted(id: clientID, reason: InterruptionReason.overloaded.plist))
+                return
+            }
+            session.pendingBytes += bytes
+            pendingRequestBytes += bytes
             let internalID = RequestID()
             session.internalIDs[clientID] = internalID
+            // Clamped: a peer's deadline is any Int64; negative is "now", huge is the host's maximum.
+            let deadline = deadlineMs.map { Double(min(max($0, 0), Int64(maximumSeconds) * 1000)) / 1000 }
             engine.start(SubmittedRequest(
                 id: internalID, extensionID: extensionID, items: items,
-                deadline: deadlineMs.map { Double($0) / 1000 },
+                deadline: deadline,
                 onWorkerAssigned: { [session] pid in session.send(.assigned(id: clientID, pid: pid)) },
-                deliver: { [session] outcome in
+                deliver: { [unowned self, session] outcome in
                     // Called on the loop thread by the engine, exactly once.
+                    session.pendingBytes -= bytes
+                    self.pendingRequestBytes -= bytes
                     session.internalIDs.removeValue(forKey: clientID)
                     switch outcome {
                     case .completed(let items): session.send(.complete(id: clientID, items: items))
@@ -225,6 +328,7 @@ package final class DaemonServer: @unchecked Sendable {
             fd.close()
             unlink(configuration.socketPath)
         }
+        if let timer = acceptBackoffTimer { engine.loop.cancelTimer(timer) }
         let deadline = monotonicNanoseconds() + UInt64(configuration.drainTimeout * 1e9)
         waitForDrain(until: deadline)
     }
@@ -272,12 +376,18 @@ package final class DaemonServer: @unchecked Sendable {
 final class ClientSession: @unchecked Sendable {
     let connection: FramedConnection
     let credentials: PeerCredentials
+    let connectedAt: UInt64
+    var handshaken = false
     /// The client's request id → the engine's.
     var internalIDs: [RequestID: RequestID] = [:]
+    /// Frame bytes of this client's requests that have not ended.
+    var pendingBytes = 0
+    var overloads = 0
 
-    init(connection: FramedConnection, credentials: PeerCredentials) {
+    init(connection: FramedConnection, credentials: PeerCredentials, connectedAt: UInt64) {
         self.connection = connection
         self.credentials = credentials
+        self.connectedAt = connectedAt
     }
 
     func send(_ message: Message) {

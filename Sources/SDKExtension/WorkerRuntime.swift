@@ -8,6 +8,7 @@
 import Glibc
 #endif
 import Dispatch
+import CSDKShim
 import SDKPosix
 import Synchronization
 
@@ -94,6 +95,9 @@ enum WorkerRuntime {
     static func run(_ sync: SyncBody?, inline: Bool, async asyncBody: AsyncBody?) -> Never {
         let env = Environment()
         signal(SIGPIPE, SIG_IGN)
+        // stdout is a pipe, so stdio would buffer `print()` in 4 KiB blocks that a crash or kill loses: one line
+        // at a time instead, so each line reaches the host log as it is printed.
+        sdk_line_buffer_stdout()
         // Die with the host: the kernel signals us when the spawning thread exits. Check the parent afterwards,
         // in case it was already gone before the prctl took effect.
         try? setParentDeathSignal(SIGKILL)

@@ -32,9 +32,13 @@ final class DaemonClient: HostBackend, @unchecked Sendable {
     private var statusSeq: Int64 = 0
     private var shuttingDown = false
 
-    init(socketPath: String, reconnectTimeout: Double) throws(HostError) {
+    /// The uid the daemon must run as (SO_PEERCRED); nil for this process's uid or root.
+    let daemonUID: uid_t?
+
+    init(socketPath: String, reconnectTimeout: Double, daemonUID: uid_t? = nil) throws(HostError) {
         self.socketPath = socketPath
         self.reconnectTimeout = reconnectTimeout
+        self.daemonUID = daemonUID
         do {
             loop = try EventLoop(name: "sdk-host-client")
         } catch {
@@ -124,11 +128,23 @@ final class DaemonClient: HostBackend, @unchecked Sendable {
         guard connection == nil, !shuttingDown else { return }
         retryTimer = nil
         refusal = nil
+        if let problem = Self.untrustedFolder(of: socketPath) {
+            refusal = problem
+            return connectFailed(problem)
+        }
         let fd: FileDescriptor
         do {
             fd = try connectUnix(path: socketPath)
         } catch {
             return connectFailed("cannot connect to \(socketPath): \(error)")
+        }
+        // Whoever listens there must be the daemon we expect, not another user who got to the path first.
+        let trusted: [uid_t] = daemonUID.map { [$0] } ?? [getuid(), 0]
+        guard let peer = try? peerCredentials(fd.rawValue), trusted.contains(peer.uid) else {
+            let who = (try? peerCredentials(fd.rawValue)).map { "uid \($0.uid) (pid \($0.pid))" } ?? "an unknown peer"
+            fd.close()
+            refusal = "\(socketPath) is served by \(who), not by uid \(trusted.map(String.init).joined(separator: " or "))"
+            return connectFailed(refusal!)
         }
         let c = FramedConnection(fd, loop: loop, limits: limits)
         do {
@@ -139,6 +155,22 @@ final class DaemonClient: HostBackend, @unchecked Sendable {
             return connectFailed("cannot talk to \(socketPath): \(error)")
         }
         connection = c
+    }
+
+    /// Why the socket's folder cannot be trusted (another user owns it, or others may write to it and so could
+    /// put their own socket there), or nil.
+    static func untrustedFolder(of socketPath: String) -> String? {
+        let folder = socketPath.contains("/") ? String(socketPath[..<socketPath.lastIndex(of: "/")!]) : "."
+        var st = stat()
+        guard stat(folder.isEmpty ? "/" : folder, &st) == 0 else { return nil }  // connect reports the real error
+        if st.st_uid != getuid() && st.st_uid != 0 {
+            return "the daemon's folder \(folder) belongs to uid \(st.st_uid), not to you (uid \(getuid())) or root"
+        }
+        if st.st_mode & 0o022 != 0 {
+            return "the daemon's folder \(folder) is writable by others (mode \(String(st.st_mode & 0o777, radix: 8))); "
+                + "anyone could have put a socket there"
+        }
+        return nil
     }
 
     private func connectFailed(_ detail: String) {
@@ -270,9 +302,15 @@ extension ExtensionHost {
     /// - Parameters:
     ///   - socketPath: The daemon's socket.
     ///   - reconnectTimeout: Seconds a request waits for a connection before it is interrupted.
-    /// - Throws: `HostError.Code.daemonUnavailable` if the daemon cannot be reached or refuses this user.
-    public static func connect(socketPath: String, reconnectTimeout: Double = 5) async throws(HostError) -> ExtensionHost {
-        let client = try DaemonClient(socketPath: socketPath, reconnectTimeout: reconnectTimeout)
+    /// - Throws: `HostError.Code.daemonUnavailable` if the daemon cannot be reached, refuses this user, or cannot
+    ///   be trusted (its folder or its uid).
+    ///   - daemonUID: The uid the daemon must run as (checked with SO_PEERCRED at every connect); nil accepts this
+    ///     process's own uid or root. The socket's folder must also belong to you or root and not be writable by
+    ///     others.
+    public static func connect(socketPath: String, reconnectTimeout: Double = 5, daemonUID: uid_t? = nil)
+        async throws(HostError) -> ExtensionHost
+    {
+        let client = try DaemonClient(socketPath: socketPath, reconnectTimeout: reconnectTimeout, daemonUID: daemonUID)
         let result = await withCheckedContinuation { (continuation: CheckedContinuation<Result<Void, HostError>, Never>) in
             client.waitUntilReady { continuation.resume(returning: $0) }
         }

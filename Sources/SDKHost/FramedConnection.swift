@@ -1,7 +1,14 @@
 // FramedConnection: a non-blocking stream socket that carries frames, owned by one event loop. The worker
-// channel, the daemon's client sessions and the client library's daemon connection all use it: it reads until
-// EAGAIN, decodes frames into messages, buffers output and asks for EPOLLOUT only while the socket pushes back,
-// and reports its end exactly once.
+// channel, the daemon's client sessions and the client library's daemon connection all use it: it decodes
+// frames into messages, buffers output and asks for EPOLLOUT only while the socket pushes back, and reports its
+// end exactly once.
+//
+// Against a hostile peer: it reads at most `readsPerTurn` chunks per readable event (epoll is level-triggered,
+// so the rest waits for the next turn and other peers get theirs); with an output limit, a peer that does not
+// read its replies stops being read once its unread output passes the limit (NIO's write watermarks) and is
+// disconnected once it passes the limit plus one frame; it records since when a frame has been half-received
+// and since when output has been stuck, so its owner can time either out; and it charges its input buffer to a
+// budget shared by all connections, so many half-sent frames cannot add up without bound.
 
 import SDKPosix
 
@@ -13,6 +20,14 @@ package enum ConnectionEnd: Equatable, Sendable {
     case broken(String)
     /// The peer sent something that is not a valid frame or message.
     case badInput(String)
+}
+
+/// Bytes of input buffered across many connections, with a ceiling. Loop-confined.
+package final class InputBudget {
+    package let limit: Int
+    package private(set) var used = 0
+    package init(limit: Int) { self.limit = limit }
+    fileprivate func add(_ delta: Int) { used += delta }
 }
 
 /// Loop-confined: every method must run on `loop`'s thread.
@@ -30,6 +45,25 @@ package final class FramedConnection {
     private var onMessage: ((Message) -> Void)?
     private var onEnd: ((ConnectionEnd) -> Void)?
     private var registered = false
+    private var readingPaused = false
+
+    /// Chunks read per readable event before the loop moves on.
+    package static let readsPerTurn = 8
+    /// Unread output above which the peer is no longer read; nil for no limit. Past it plus one frame, the
+    /// connection ends.
+    package var outputLimit: Int?
+    /// Shared ceiling for buffered input; nil for none.
+    package var inputBudget: InputBudget?
+    private var charged = 0
+    /// When the current half-received frame started arriving, or nil when no frame is half-received.
+    package private(set) var partialFrameSince: UInt64?
+    /// When unread output first passed `outputLimit`, or nil while it is under.
+    package private(set) var outputStalledSince: UInt64?
+    /// Bytes the message being delivered to `onMessage` holds: its payload or, if larger, its decoded size (for
+    /// accounting by the owner).
+    package private(set) var currentFrameBytes = 0
+    /// Output queued and not yet written.
+    package var pendingOutputBytes: Int { outbound.count - sent }
 
     package init(_ descriptor: consuming FileDescriptor, loop: EventLoop, limits: WireLimits) {
         fd = descriptor.rawValue
@@ -57,10 +91,11 @@ package final class FramedConnection {
     package func send(_ message: Message) throws(WireError) {
         guard isOpen else { return }
         if sent == outbound.count {
-            outbound.removeAll(keepingCapacity: true)
+            outbound.removeAll(keepingCapacity: outbound.capacity <= 256 << 10)
             sent = 0
         }
         try Frame.encode(message.plist, with: &encoder, appendingTo: &outbound, limits: reader.limits)
+        if let limit = outputLimit, pendingOutputBytes > limit { outputOverLimit(limit) }
         if !wantsWritable && !flushScheduled {
             flushScheduled = true
             loop.runBeforeSleeping { [self] in
@@ -70,16 +105,22 @@ package final class FramedConnection {
         }
     }
 
-    /// Reads and delivers everything available now (also used to collect a dying peer's last words).
-    package func drain() {
-        while isOpen {
+    /// Reads and delivers what is available now, at most `maxReads` chunks (everything, by default: used to
+    /// collect a dying peer's last words).
+    package func drain(maxReads: Int = .max) {
+        var reads = 0
+        while isOpen, reads < maxReads, !readingPaused || maxReads == .max {
+            reads += 1
             let result = readBuffer.withUnsafeMutableBytes { raw in
                 Result { () throws(SystemError) in try readNonBlocking(fd, into: raw) }
             }
             switch result {
             case .success(.bytes(let n)):
                 readBuffer.withUnsafeBytes { reader.append(UnsafeRawBufferPointer(rebasing: $0[0..<n])) }
+                if partialFrameSince == nil { partialFrameSince = loop.now }
                 deliverFrames()
+                if reader.bufferedByteCount == 0 { partialFrameSince = nil }
+                guard chargeInput() else { return }
             case .success(.wouldBlock):
                 return
             case .success(.endOfFile):
@@ -109,18 +150,74 @@ package final class FramedConnection {
         descriptor.take()?.close()
         onMessage = nil
         onEnd = nil
+        inputBudget?.add(-charged)
+        charged = 0
+        reader = FrameReader(limits: reader.limits)
+        outbound = []
+        sent = 0
+    }
+
+    /// Charges the input buffer's growth to the shared budget; ends the connection when the budget is spent by
+    /// a connection holding more than a small share of it. Returns false if it ended the connection.
+    private func chargeInput() -> Bool {
+        guard let budget = inputBudget else { return true }
+        let now = reader.bufferCapacity
+        budget.add(now - charged)
+        charged = now
+        if budget.used > budget.limit, now > 1 << 20 {
+            end(.broken("input budget of \(budget.limit) bytes across connections is spent; this peer holds \(now)"))
+            return false
+        }
+        return true
+    }
+
+    private func outputOverLimit(_ limit: Int) {
+        if outputStalledSince == nil { outputStalledSince = loop.now }
+        if pendingOutputBytes > limit + reader.limits.maxFrameBytes {
+            // Deferred: `send` may be running inside the owner's own handler.
+            let unread = pendingOutputBytes
+            loop.runBeforeSleeping { [weak self] in
+                self?.end(.broken("the peer does not read: \(unread) bytes of output unread"))
+            }
+            return
+        }
+        if !readingPaused {
+            readingPaused = true
+            updateInterest()
+        }
+    }
+
+    private func updateInterest() {
+        guard registered else { return }
+        var events: UInt32 = readingPaused ? 0 : EventLoop.readable
+        if wantsWritable { events |= EventLoop.writable }
+        try? loop.modify(fd, events: events)
     }
 
     private func handle(_ events: UInt32) {
         if events & EventLoop.writable != 0 { flush() }
-        if events & ~EventLoop.writable != 0 { drain() }
+        guard isOpen, events & ~EventLoop.writable != 0 else { return }
+        if readingPaused {
+            // Paused for backpressure, yet epoll reports a hang-up or error whatever we asked for: read to the end
+            // (what is left sits in the kernel's socket buffer, so this is bounded) rather than spin on it.
+            if events & (EventLoop.hangUp | EventLoop.readable) != 0 { drain() }
+        } else {
+            drain(maxReads: Self.readsPerTurn)
+        }
     }
 
     private func deliverFrames() {
         while isOpen {
             let message: Message
             do {
-                guard let value = try reader.nextValue() else { return }
+                var size = 0
+                let limits = reader.limits
+                guard let value = try reader.withNextPayload({ payload throws(WireError) in
+                    var decoded = 0
+                    defer { size = max(payload.count, decoded) }
+                    return try BinaryPlistDecoder.decode(payload, limits: limits, decodedBytes: &decoded)
+                }) else { return }
+                currentFrameBytes = size
                 message = try Message(plist: value)
             } catch let error as WireError {
                 end(.badInput("bad frame: \(error)"))
@@ -143,7 +240,7 @@ package final class FramedConnection {
             case .success(.wouldBlock):
                 if !wantsWritable {
                     wantsWritable = true
-                    try? loop.modify(fd, events: EventLoop.readable | EventLoop.writable)
+                    updateInterest()
                 }
                 return
             case .success(.endOfFile), .failure:
@@ -157,9 +254,18 @@ package final class FramedConnection {
                 return
             }
         }
-        if wantsWritable, isOpen {
+        if sent == outbound.count, outbound.capacity > 256 << 10 {
+            outbound = []
+            sent = 0
+        }
+        if let limit = outputLimit, outputStalledSince != nil, pendingOutputBytes <= limit / 2 {
+            outputStalledSince = nil
+            readingPaused = false
+            if isOpen { updateInterest() }
+        }
+        if wantsWritable, isOpen, sent == outbound.count {
             wantsWritable = false
-            try? loop.modify(fd, events: EventLoop.readable)
+            updateInterest()
         }
     }
 

@@ -35,6 +35,8 @@ public final class EventLoop: @unchecked Sendable {
     public static let readable = SDK_EPOLLIN | SDK_EPOLLRDHUP
     /// Writable.
     public static let writable = SDK_EPOLLOUT
+    /// Hang-up or error: reported whatever events were asked for.
+    public static let hangUp: UInt32 = 0x10 | 0x08  // EPOLLHUP | EPOLLERR
 
     /// Creates the loop and starts its thread.
     ///

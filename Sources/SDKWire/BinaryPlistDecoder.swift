@@ -20,7 +20,18 @@ public enum BinaryPlistDecoder {
     public static func decode(_ bytes: UnsafeRawBufferPointer, limits: WireLimits = .default) throws(WireError)
         -> PlistValue
     {
+        var cost = 0
+        return try decode(bytes, limits: limits, decodedBytes: &cost)
+    }
+
+    /// Decodes one bplist00 payload and reports what the decoded value was charged against the byte budget
+    /// (about what it occupies in memory), so a receiver can account for what it holds.
+    public static func decode(_ bytes: UnsafeRawBufferPointer, limits: WireLimits, decodedBytes: inout Int)
+        throws(WireError) -> PlistValue
+    {
         var reader = try Reader(bytes, limits: limits)
+        let budget = reader.byteBudget
+        defer { decodedBytes = budget - reader.byteBudget }
         // The closure-taking stdlib helpers rethrow untyped errors, so the typed result is carried out in a Result.
         var result: Result<PlistValue, WireError> = .failure(WireError(.truncated, "not decoded"))
         withUnsafeTemporaryAllocation(of: Bool.self, capacity: reader.objectCount) { onPath in

@@ -34,6 +34,9 @@ int sdk_blocking_eventfd(void);
 /// pipe2(fds, O_CLOEXEC).
 int sdk_pipe_cloexec(int fds[2]);
 
+/// setvbuf(stdout, NULL, _IOLBF, 0): line-buffered stdout (Swift cannot touch the `stdout` global safely).
+void sdk_line_buffer_stdout(void);
+
 /// pthread_setname_np(pthread_self(), name): names the calling thread (15 characters at most).
 int sdk_set_thread_name(const char *name);
 
