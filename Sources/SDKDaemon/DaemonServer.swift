@@ -208,11 +208,12 @@ package final class DaemonServer: @unchecked Sendable {
                 let c = session.connection
                 if !session.handshaken, now &- session.connectedAt > handshake {
                     self.closeSession(session, reason: "no 'connect' within \(self.configuration.handshakeTimeout) s")
-                } else if let since = c.partialFrameSince, now &- since > partial {
-                    self.closeSession(session, reason: "a frame left unfinished for \(self.configuration.partialFrameTimeout) s")
                 } else if let since = c.outputStalledSince, now &- since > partial {
+                    // Checked first: while its replies pile up the client is not read, so its frame cannot finish.
                     self.closeSession(session, reason: "\(c.pendingOutputBytes) bytes of replies unread for "
                         + "\(self.configuration.partialFrameTimeout) s")
+                } else if let since = c.partialFrameSince, c.outputStalledSince == nil, now &- since > partial {
+                    self.closeSession(session, reason: "a frame left unfinished for \(self.configuration.partialFrameTimeout) s")
                 }
             }
             if !self.draining { self.scheduleSweep() }
@@ -299,9 +300,14 @@ package final class DaemonServer: @unchecked Sendable {
     }
 
     private func sessionEnded(_ session: ClientSession, _ end: ConnectionEnd) {
-        if case .badInput(let detail) = end {
+        switch end {
+        case .badInput(let detail):
             engine.log(.warning, "client uid \(session.credentials.uid) pid \(session.credentials.pid) sent bad input "
                 + "(\(detail)); dropped that client only")
+        case .broken(let detail):
+            engine.log(.warning, "client uid \(session.credentials.uid) pid \(session.credentials.pid) dropped: \(detail)")
+        case .endOfFile:
+            break
         }
         closeSession(session, reason: nil)
     }

@@ -42,7 +42,14 @@ final class DaemonProcess {
     private(set) var pid: pid_t = 0
 
     /// Writes a config (extra keys as raw XML) and starts the daemon; waits until its socket answers.
-    init(extraConfig: String = "", socketMode: Int = 0o600, folderMode: mode_t = 0o700) async throws {
+    private let descriptorLimit: Int?
+    private let stderrPath: String?
+
+    init(extraConfig: String = "", socketMode: Int = 0o600, folderMode: mode_t = 0o700, descriptorLimit: Int? = nil,
+         stderrPath: String? = nil) async throws
+    {
+        self.descriptorLimit = descriptorLimit
+        self.stderrPath = stderrPath
         var template = "/tmp/sdkhost-daemon-XXXXXX".utf8CString
         folder = template.withUnsafeMutableBufferPointer { String(cString: mkdtemp($0.baseAddress!)!) }
         chmod(folder, folderMode)
@@ -63,7 +70,9 @@ final class DaemonProcess {
     }
 
     func start() async throws {
-        pid = spawnProgram([sdkHostBinary, "serve", "--config", configPath], stderr: log)
+        var command = [sdkHostBinary, "serve", "--config", configPath]
+        if let descriptorLimit { command = ["/bin/sh", "-c", "ulimit -n \(descriptorLimit) && exec \"$@\"", "sh"] + command }
+        pid = spawnProgram(command, stderr: stderrPath ?? log)
         let up = await eventually(timeout: 30) {
             guard let fd = try? connectUnix(path: self.socket) else { return false }
             fd.close()
@@ -93,9 +102,44 @@ final class DaemonProcess {
         return await waitExit(pid)
     }
 
-    /// Removes the folder, reaping the `rm` so no zombie is left behind.
+    /// Kills the daemon if a failed test left it running (by pid, never by name), then removes the folder,
+    /// reaping the `rm` so no zombie is left behind.
     func remove() {
+        var status: Int32 = 0
+        if waitpid(pid, &status, WNOHANG) == 0 {
+            kill(pid, SIGKILL)
+            while waitpid(pid, &status, 0) == -1 && errno == EINTR {}
+        }
         removeFolder(folder)
+    }
+
+    /// The daemon's resident set in bytes (VmRSS), or nil if it is gone.
+    var residentBytes: Int? {
+        guard let status = readSmallFile("/proc/\(pid)/status"),
+            let line = status.split(separator: "\n").first(where: { $0.hasPrefix("VmRSS:") }),
+            let kb = Int(line.split(separator: " ").dropFirst().first ?? "")
+        else { return nil }
+        return kb * 1024
+    }
+
+    /// CPU seconds (user + system) the daemon has used.
+    var cpuSeconds: Double {
+        guard let stat = readSmallFile("/proc/\(pid)/stat"), let close = stat.lastIndex(of: ")") else { return 0 }
+        let fields = stat[stat.index(after: close)...].split(separator: " ")
+        let ticks = (Int(fields[11]) ?? 0) + (Int(fields[12]) ?? 0)  // utime, stime
+        return Double(ticks) / Double(sysconf(Int32(_SC_CLK_TCK)))
+    }
+
+    /// Whether the daemon process is still running (signal 0: nothing is sent).
+    var isAlive: Bool {
+        var status: Int32 = 0
+        return waitpid(pid, &status, WNOHANG) == 0 && kill(pid, 0) == 0
+    }
+
+    /// Bytes of log written so far.
+    var logBytes: Int {
+        var st = stat()
+        return stat(log, &st) == 0 ? Int(st.st_size) : 0
     }
 }
 

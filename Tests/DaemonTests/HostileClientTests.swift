@@ -1,0 +1,253 @@
+// The daemon against clients that attack it on purpose. Each test runs a real `sdk-host serve`, attacks it
+// through raw sockets, and then checks the same things: the daemon is alive, its RSS is under 512 MB, a second
+// well-behaved client is served, the log stayed bounded, and every request the attacker began got exactly one
+// outcome or its connection was dropped.
+import HostTestSupport
+import SDKHost
+import SDKPosix
+import Testing
+
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// Asserts the daemon survived: alive, bounded, serving a new client.
+func expectHealthy(_ daemon: DaemonProcess, maxLogBytes: Int = 2 << 20, sourceLocation: SourceLocation = #_sourceLocation) async throws {
+    #expect(daemon.isAlive, "the daemon is alive", sourceLocation: sourceLocation)
+    let rss = daemon.residentBytes ?? .max
+    #expect(rss < 512 << 20, "daemon RSS \(rss >> 20) MB", sourceLocation: sourceLocation)
+    let good = try HostileClient(daemon.socket)
+    good.handshake()
+    let (id, message) = begin("com.example.echo", "still here")
+    good.send(message)
+    let outcome = good.outcome(of: id, timeout: 20)
+    #expect(outcome == .complete(id: id, items: [ExtensionItem(title: "still here")]), "a new client is served",
+            sourceLocation: sourceLocation)
+    #expect(daemon.logBytes < maxLogBytes, "log \(daemon.logBytes) bytes", sourceLocation: sourceLocation)
+}
+
+@Suite(.serialized) struct HostileClientTests {
+    @Test func hugeAndNegativeDeadlinesAreClampedNotTrapped() async throws {
+        let daemon = try await DaemonProcess()
+        defer { daemon.remove() }
+        let client = try HostileClient(daemon.socket)
+        client.handshake()
+        let (huge, hugeBegin) = begin("com.example.echo", "huge", deadlineMs: .max)
+        client.send(hugeBegin)
+        #expect(client.outcome(of: huge) == .complete(id: huge, items: [ExtensionItem(title: "huge")]))
+        let (negative, negativeBegin) = begin("com.example.crasher", "slow:2000", deadlineMs: .min)
+        client.send(negativeBegin)
+        #expect(client.outcome(of: negative) == .interrupted(id: negative, reason: InterruptionReason.timedOut.plist))
+        try await expectHealthy(daemon)
+        #expect(await daemon.stop() == 0)
+    }
+
+    @Test func amplifyingFramesAreRejectedWithinBudget() async throws {
+        let daemon = try await DaemonProcess()
+        defer { daemon.remove() }
+        // 74 KB and 1 MB frames whose shared references would expand to 1 GB and 64 GB.
+        for (dataBytes, references) in [(8192, 32_768), (65_536, 480_000)] {
+            let client = try HostileClient(daemon.socket)
+            client.handshake()
+            client.write(frame(amplifyingPayload(dataBytes: dataBytes, references: references)))
+            #expect(client.isClosedByDaemon(), "the attacker is dropped")
+        }
+        #expect(daemon.logText.contains("budget"))
+        try await expectHealthy(daemon)
+        #expect(await daemon.stop() == 0)
+    }
+
+    @Test func aFloodOfLargeBeginsEndsOverloadedAndStaysBounded() async throws {
+        let daemon = try await DaemonProcess(extraConfig: "<key>LogLevel</key><string>warning</string>")
+        defer { daemon.remove() }
+        let client = try HostileClient(daemon.socket)
+        client.handshake()
+        // 400 x 1 MiB begins on a slow extension: far more than the per-client byte allowance (64 MiB).
+        var ids: [RequestID] = []
+        for _ in 0..<400 {
+            let (id, message) = begin("com.example.crasher", "slow:3000", attachmentBytes: 1 << 20)
+            ids.append(id)
+            if !client.send(message) { break }
+        }
+        var outcomes: [RequestID: String] = [:]
+        let deadline = monotonicNanoseconds() + 120_000_000_000
+        while outcomes.count < ids.count, monotonicNanoseconds() < deadline {
+            guard let message = client.receive(timeout: 2) else { continue }
+            switch message {
+            case .complete(let id, _): outcomes[id, default: ""] += "c"
+            case .cancelled(let id, _): outcomes[id, default: ""] += "x"
+            case .interrupted(let id, let reason): outcomes[id, default: ""] += InterruptionReason(plist: reason) == .overloaded ? "o" : "i"
+            default: break
+            }
+            #expect((daemon.residentBytes ?? 0) < 512 << 20)
+        }
+        #expect(outcomes.count == ids.count, "every request ended")
+        #expect(outcomes.values.allSatisfy { $0.count == 1 }, "exactly once")
+        #expect(outcomes.values.filter { $0 == "o" }.count > 300, "most are overloaded at once")
+        try await expectHealthy(daemon)
+        #expect(await daemon.stop() == 0)
+    }
+
+    @Test func aClientThatNeverReadsIsCutOff() async throws {
+        let daemon = try await DaemonProcess(extraConfig: """
+            <key>LogLevel</key><string>warning</string>
+            <key>MaxClientOutputBytes</key><integer>1048576</integer>
+            <key>PartialFrameTimeoutSeconds</key><real>1</real>
+            """)
+        defer { daemon.remove() }
+        let client = try HostileClient(daemon.socket)
+        client.handshake()
+        // Echo requests with 256 KiB each, replies never read: the first slice buffered them all (1.9 GB).
+        var sent = 0
+        for _ in 0..<2000 {
+            let (_, message) = begin("com.example.echo", "unread", attachmentBytes: 256 << 10)
+            guard client.send(message) else { break }
+            sent += 1
+            if sent % 100 == 0, (daemon.residentBytes ?? 0) > 400 << 20 { break }
+        }
+        #expect(client.isClosedByDaemon(timeout: 30), "the client that does not read is disconnected")
+        #expect(await eventually(timeout: 10) { daemon.logText.contains("unread") }, "\(daemon.logText)")
+        try await expectHealthy(daemon)
+        #expect(await daemon.stop() == 0)
+    }
+
+    @Test func halfSentFramesAreBoundedAndTimedOut() async throws {
+        let daemon = try await DaemonProcess(extraConfig: """
+            <key>LogLevel</key><string>warning</string>
+            <key>PartialFrameTimeoutSeconds</key><real>1</real>
+            """)
+        defer { daemon.remove() }
+        // 60 connections, each a 16 MiB - 1 frame of which all but one byte is sent: 1 GB if all were held.
+        var clients: [HostileClient] = []
+        let chunk = [UInt8](repeating: 0, count: 1 << 20)
+        for _ in 0..<60 {
+            let client = try HostileClient(daemon.socket)
+            client.handshake()
+            client.write([0x00, 0xFF, 0xFF, 0xFF])
+            for _ in 0..<15 where client.write(chunk) {}
+            clients.append(client)
+            #expect((daemon.residentBytes ?? 0) < 512 << 20)
+        }
+        for client in clients { #expect(client.isClosedByDaemon(timeout: 30)) }
+        try await expectHealthy(daemon)
+        #expect(await daemon.stop() == 0)
+    }
+
+    @Test func idleAndSurplusConnectionsAreClosed() async throws {
+        let daemon = try await DaemonProcess(extraConfig: """
+            <key>MaxClients</key><integer>40</integer>
+            <key>HandshakeTimeoutSeconds</key><real>1</real>
+            """)
+        defer { daemon.remove() }
+        var idle: [HostileClient] = []
+        for _ in 0..<120 { idle.append(try HostileClient(daemon.socket)) }
+        // Beyond MaxClients: refused at once with a reason. The rest never say `connect`: closed after 1 s.
+        var refused = 0
+        for client in idle.suffix(80) where client.receive(timeout: 5).map({ if case .error(let m, _) = $0 { m.contains("too many clients") } else { false } }) == true {
+            refused += 1
+        }
+        #expect(refused == 80)
+        for client in idle.prefix(40) { #expect(client.isClosedByDaemon()) }
+        idle.removeAll()
+        try await expectHealthy(daemon)
+        #expect(await daemon.stop() == 0)
+    }
+
+    @Test func messagesBeforeConnectAndGarbageDropOnlyThatClient() async throws {
+        let daemon = try await DaemonProcess()
+        defer { daemon.remove() }
+        let early = try HostileClient(daemon.socket)
+        let (_, message) = begin("com.example.echo", "too early")
+        early.send(message)
+        #expect(early.isClosedByDaemon())
+        let twice = try HostileClient(daemon.socket)
+        twice.handshake()
+        twice.handshake()
+        #expect(twice.isClosedByDaemon())
+        for junk: [UInt8] in [[0xFF, 0xFF, 0xFF, 0xFF], frame(Array("bplist00 but not really".utf8)), frame([])] {
+            let client = try HostileClient(daemon.socket)
+            client.handshake()
+            client.write(junk)
+            #expect(client.isClosedByDaemon())
+        }
+        try await expectHealthy(daemon)
+        #expect(await daemon.stop() == 0)
+    }
+
+    @Test func oneClientsZeroDeadlineNeverInterruptsAnother() async throws {
+        let daemon = try await DaemonProcess(extraConfig: "<key>CancelGraceSeconds</key><real>1</real>")
+        defer { daemon.remove() }
+        let victim = try HostileClient(daemon.socket)
+        victim.handshake()
+        let (slow, slowBegin) = begin("com.example.crasher", "slow:1500")
+        victim.send(slowBegin)
+        var assigned = false
+        while !assigned, let message = victim.receive() { if case .assigned = message { assigned = true } }
+        #expect(assigned, "the victim's request is on a worker")
+        let attacker = try HostileClient(daemon.socket)
+        attacker.handshake()
+        var attacks: [RequestID] = []
+        // The extension honours cancels; the first slice killed the shared worker on any passed deadline.
+        // (A worker that ignores the cancel is killed after the grace period with whatever it runs: keeping
+        // apps apart on separate workers is WorkerSharing's job.)
+        for _ in 0..<20 {
+            let (id, message) = begin("com.example.crasher", "slow:5000", deadlineMs: 0)
+            attacks.append(id)
+            attacker.send(message)
+        }
+        for id in attacks {
+            #expect(attacker.outcome(of: id) == .interrupted(id: id, reason: InterruptionReason.timedOut.plist))
+        }
+        #expect(victim.outcome(of: slow) == .complete(id: slow, items: [ExtensionItem(title: "slow:1500")]))
+        try await expectHealthy(daemon)
+        #expect(await daemon.stop() == 0)
+    }
+
+    @Test func acceptBacksOffAtTheDescriptorLimit() async throws {
+        let daemon = try await DaemonProcess(extraConfig: "<key>LogLevel</key><string>info</string>",
+                                             descriptorLimit: 48)
+        defer { daemon.remove() }
+        var clients: [HostileClient] = []
+        for _ in 0..<80 { if let c = try? HostileClient(daemon.socket) { clients.append(c) } }
+        let cpuBefore = daemon.cpuSeconds
+        let logBefore = daemon.logBytes
+        try await Task.sleep(nanoseconds: 3_000_000_000)
+        // The first slice spun at 100% CPU and wrote 157 MB of log in 5 s.
+        #expect(daemon.cpuSeconds - cpuBefore < 1.0, "no busy loop at EMFILE")
+        #expect(daemon.logBytes - logBefore < 64 << 10, "the log stays quiet")
+        clients.removeAll()
+        try await expectHealthy(daemon)
+        #expect(await daemon.stop() == 0)
+    }
+
+    @Test func aStalledLogReaderDoesNotBlockTheLoop() async throws {
+        var template = "/tmp/sdkhost-fifo-XXXXXX".utf8CString
+        let folder = template.withUnsafeMutableBufferPointer { String(cString: mkdtemp($0.baseAddress!)!) }
+        defer { removeFolder(folder) }
+        let fifo = "\(folder)/log.fifo"
+        #expect(mkfifo(fifo, 0o600) == 0)
+        // A reader that never reads: the daemon's stderr pipe fills after 64 KiB.
+        let reader = open(fifo, O_RDONLY | O_NONBLOCK | O_CLOEXEC)
+        defer { close(reader) }
+        let daemon = try await DaemonProcess(extraConfig: "<key>LogLevel</key><string>debug</string>", stderrPath: fifo)
+        defer { daemon.remove() }
+        let client = try HostileClient(daemon.socket)
+        client.handshake()
+        // Each refused or cancelled request logs lines at debug level: far more than 64 KiB.
+        for _ in 0..<3000 {
+            let (id, message) = begin("com.example.echo", String(repeating: "x", count: 200))
+            client.send(message)
+            client.send(.cancel(id: id))
+        }
+        let started = monotonicNanoseconds()
+        let good = try HostileClient(daemon.socket)
+        good.handshake()
+        let (id, message) = begin("com.example.echo", "served")
+        good.send(message)
+        #expect(good.outcome(of: id, timeout: 30) == .complete(id: id, items: [ExtensionItem(title: "served")]))
+        let waited = Double(monotonicNanoseconds() - started) / 1e9
+        #expect(waited < 10, "served after \(waited) s with nobody reading the log (the first slice: 15 s)")
+        #expect(daemon.isAlive)
+        kill(daemon.pid, SIGKILL)
+    }
+}
