@@ -268,6 +268,8 @@ private let warmedUp = Mutex(false)
 /// baselines are taken after it.
 public func warmUpOnce() async {
     guard warmedUp.withLock({ w in defer { w = true }; return !w }) else { return }
+    // The process-wide log writer keeps an eventfd for the life of the process, like libdispatch.
+    _ = LogWriter.standardError.pendingBytes
     guard let (host, _) = try? makeHost(), let ext = try? host.extension(identifier: "com.example.echo") else { return }
     let recorder = Recorder()
     recorder.attach(to: ext)

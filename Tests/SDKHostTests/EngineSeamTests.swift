@@ -1,0 +1,226 @@
+// The engine's rare error paths, made deterministic through its seams: a launcher whose spawn fails, one whose
+// reap loses the status (an app that ignores SIGCHLD), one whose exit descriptor cannot be watched; and what a
+// request leaves behind after it ends in a queue, by a cancel or a deadline, or as `overloaded`.
+import HostTestSupport
+@testable import SDKHost
+import SDKPosix
+import Synchronization
+import Testing
+
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// Fails every spawn.
+struct FailingLauncher: WorkerLauncher {
+    func launch(_ request: SpawnRequest) throws(SystemError) -> LaunchedWorker {
+        throw SystemError("posix_spawn", errno: EAGAIN, detail: request.path)
+    }
+}
+
+/// Real processes whose child is wrapped: `reapFails` reaps for real but reports ECHILD, as when the app
+/// ignores SIGCHLD and the kernel discards the status; `unwatchable` hands the engine a descriptor epoll refuses.
+struct WrappingLauncher: WorkerLauncher {
+    var reapFails = false
+    var unwatchable = false
+
+    func launch(_ request: SpawnRequest) throws(SystemError) -> LaunchedWorker {
+        var launched = try PosixLauncher().launch(request)
+        launched.child = WrappedChild(launched.child, reapFails: reapFails, unwatchable: unwatchable)
+        return launched
+    }
+}
+
+final class WrappedChild: WorkerChild {
+    let inner: any WorkerChild
+    let reapFails: Bool
+    let regularFile: Int32?
+    static let reaped = Mutex<[pid_t]>([])
+
+    init(_ inner: any WorkerChild, reapFails: Bool, unwatchable: Bool) {
+        self.inner = inner
+        self.reapFails = reapFails
+        // A regular file: epoll_ctl refuses it with EPERM.
+        regularFile = unwatchable ? open("/proc/self/status", O_RDONLY | O_CLOEXEC) : nil
+    }
+
+    var pid: pid_t { inner.pid }
+    var exitDescriptor: Int32 { regularFile ?? inner.exitDescriptor }
+    func signal(_ signal: Int32) { inner.signal(signal) }
+    func reap() throws(SystemError) -> SDKPosix.ExitStatus? {
+        guard let status = try inner.reap() else { return nil }
+        Self.reaped.withLock { $0.append(pid) }
+        if reapFails { throw SystemError("waitid(P_PIDFD)", errno: ECHILD) }
+        return status
+    }
+    func close() {
+        if let regularFile { Glibc.close(regularFile) }
+        inner.close()
+    }
+}
+
+/// Something to hold weakly: alive as long as a request's handler captures it.
+final class Canary: Sendable {}
+
+@Suite(.serialized) struct EngineSeamTests {
+    @Test func spawnFailureEndsTheRequestWithTheReason() async throws {
+        try await withHost({ $0.launcher = FailingLauncher() }) { host, log in
+            let ext = try host.extension(identifier: "com.example.echo")
+            let recorder = Recorder()
+            recorder.attach(to: ext)
+            let id = ext.beginRequest(withInputItems: [ExtensionItem(title: "x")])
+            guard case .interrupted(.launchFailed(let detail)) = await recorder.wait(for: id) else {
+                Issue.record("not launchFailed")
+                return
+            }
+            #expect(detail.contains("posix_spawn") && detail.contains("Echo"))
+            #expect(log.contains("cannot launch worker"))
+        }
+    }
+
+    @Test func aLostExitStatusStillEndsTheWorkerAndShutdownReturns() async throws {
+        try await withHost({ $0.launcher = WrappingLauncher(reapFails: true) }) { host, log in
+            let ext = try host.extension(identifier: "com.example.crasher")
+            let recorder = Recorder()
+            recorder.attach(to: ext)
+            let id = ext.beginRequest(withInputItems: [ExtensionItem(title: "exit")])
+            // The status is gone, so the reason cannot name it; what matters is one outcome, no spin, no hang.
+            #expect(await recorder.wait(for: id) == .interrupted(.exited(-1)))
+            #expect(log.contains("status is unavailable"))
+            let next = ext.beginRequest(withInputItems: [ExtensionItem(title: "echo")])
+            #expect(await recorder.wait(for: next) == .completed([ExtensionItem(title: "echo")]))
+        }
+    }
+
+    @Test func aWorkerThatCannotBeWatchedIsKilledAndReaped() async throws {
+        WrappedChild.reaped.withLock { $0.removeAll() }
+        try await withHost({ $0.launcher = WrappingLauncher(unwatchable: true) }) { host, log in
+            let ext = try host.extension(identifier: "com.example.echo")
+            let recorder = Recorder()
+            recorder.attach(to: ext)
+            let id = ext.beginRequest(withInputItems: [ExtensionItem(title: "x")])
+            guard case .interrupted(.launchFailed(let detail)) = await recorder.wait(for: id) else {
+                Issue.record("not launchFailed")
+                return
+            }
+            #expect(detail.contains("cannot watch"))
+            #expect(await eventually { WrappedChild.reaped.withLock { $0.count } == 1 }, "reaped by polling")
+            #expect(log.contains("cannot watch worker"))
+        }
+    }
+
+    /// A host whose crasher runs one request at a time on one worker, so everything after the first queues.
+    func withSingleSlotHost(
+        _ tweak: @escaping (inout HostConfiguration) -> Void = { _ in },
+        _ body: (ExtensionHost, Extension) async throws -> Void
+    ) async throws {
+        let temp = TemporaryExtension(identifier: "com.example.single", executable: "Crasher", policy: """
+            <key>MaxWorkers</key><integer>1</integer><key>MaxConcurrentRequests</key><integer>1</integer>
+            """)
+        defer { temp.remove() }
+        try await withHost(extraSearchPaths: [temp.root], tweak) { host, _ in
+            try await body(host, try host.extension(identifier: "com.example.single"))
+        }
+    }
+
+    /// Starts a request on the engine directly, with a handler that captures a canary.
+    func submit(_ host: ExtensionHost, _ title: String, deadline: Double? = nil,
+                _ done: @escaping @Sendable (RequestID, RequestOutcome) -> Void) -> (RequestID, WeakBox) {
+        let canary = Canary()
+        let id = RequestID()
+        host.engine.submit(SubmittedRequest(
+            id: id, extensionID: "com.example.single",
+            items: [ExtensionItem(title: title, attachments: [.data([UInt8](repeating: 1, count: 4096))])],
+            deadline: deadline, onWorkerAssigned: nil,
+            deliver: { [canary] outcome in withExtendedLifetime(canary) { done(id, outcome) } }))
+        return (id, WeakBox(canary))
+    }
+
+    func engineSnapshot(_ host: ExtensionHost) async -> EngineSnapshot {
+        await withCheckedContinuation { c in host.engine.snapshot { c.resume(returning: $0) } }
+    }
+
+    @Test func cancelledAndTimedOutQueuedRequestsLeaveNothingBehind() async throws {
+        try await withSingleSlotHost { host, ext in
+            let recorder = Recorder()
+            recorder.attach(to: ext)
+            let blocker = ext.beginRequest(withInputItems: [ExtensionItem(title: "slow:5000")], deadline: 30)
+            #expect(await eventually { ext.pid(for: blocker) != nil })
+            // 1000 queued requests: half cancelled by the app, half ended by their deadline, all while queued.
+            let outcomes = Mutex<[RequestID: [RequestOutcome]]>([:])
+            var requests: [(id: RequestID, timedOut: Bool, canary: WeakBox)] = []
+            for i in 0..<1000 {
+                let timedOut = i % 2 == 1
+                let (id, canary) = submit(host, "queued", deadline: timedOut ? 0.2 : nil) { id, outcome in
+                    outcomes.withLock { $0[id, default: []].append(outcome) }
+                }
+                requests.append((id, timedOut, canary))
+            }
+            for r in requests where !r.timedOut { host.engine.cancel(r.id) }
+            #expect(await eventually { outcomes.withLock { $0.count } == 1000 })
+            let all = outcomes.withLock { $0 }
+            for r in requests {
+                #expect(all[r.id] == [r.timedOut ? .interrupted(.timedOut) : .cancelled(.cancelledByHost)])
+            }
+            #expect(await eventually { requests.allSatisfy { $0.canary.value == nil } }, "no handler is retained")
+            let snapshot = await engineSnapshot(host)
+            #expect(snapshot.queuedRequests == 0)
+            #expect(snapshot.activeRequests == 1, "only the blocker is left")
+            #expect(snapshot.totals.spawns == 1, "no worker was touched for the queued ones")
+            let timers = await withCheckedContinuation { c in host.engine.loop.execute { c.resume(returning: host.engine.loop.pendingTimerCount) } }
+            #expect(timers < 10, "no timer left behind by the 1000 ended requests (\(timers) pending)")
+            ext.cancelRequest(blocker)
+            #expect(await recorder.wait(for: blocker) == .cancelled(.cancelledByHost))
+        }
+    }
+
+    @Test func pastMaxQueuedRequestsARequestEndsOverloadedAtOnce() async throws {
+        try await withSingleSlotHost({ $0.maxQueuedRequests = 10 }) { host, ext in
+            let recorder = Recorder()
+            recorder.attach(to: ext)
+            let blocker = ext.beginRequest(withInputItems: [ExtensionItem(title: "slow:1000")])
+            #expect(await eventually { ext.pid(for: blocker) != nil })
+            let ids = (0..<50).map { _ in ext.beginRequest(withInputItems: [ExtensionItem(title: "echo")]) }
+            let outcomes = try #require(await recorder.wait(for: ids))
+            let overloaded = ids.filter { outcomes[$0] == .interrupted(.overloaded) }
+            #expect(overloaded.count == 40)
+            #expect(Array(ids.suffix(40)) == overloaded, "the newest are refused; the queue keeps its order")
+            #expect(ids.prefix(10).allSatisfy { outcomes[$0] == .completed([ExtensionItem(title: "echo")]) })
+            #expect(await recorder.wait(for: blocker) == .completed([ExtensionItem(title: "slow:1000")]))
+        }
+    }
+
+    @Test func twoHundredThousandRequestsAtOnceEndQuicklyAndBounded() async throws {
+        try await withHost { host, _ in
+            let ext = try host.extension(identifier: "com.example.echo")
+            let ended = Mutex<(completed: Int, overloaded: Int, other: Int)>((0, 0, 0))
+            ext.requestCompletionHandler = { _, _ in ended.withLock { $0.completed += 1 } }
+            ext.requestInterruptionHandler = { _, reason in
+                ended.withLock { if reason == .overloaded { $0.overloaded += 1 } else { $0.other += 1 } }
+            }
+            ext.requestCancellationHandler = { _, _ in ended.withLock { $0.other += 1 } }
+            let rssBefore = residentBytes()
+            for _ in 0..<200_000 { _ = ext.beginRequest(withInputItems: [ExtensionItem(title: "x")]) }
+            #expect(await eventually(timeout: 120) { ended.withLock { $0.completed + $0.overloaded + $0.other } == 200_000 })
+            let counts = ended.withLock { $0 }
+            #expect(counts.other == 0)
+            #expect(counts.overloaded > 0, "the queue limit was reached")
+            let growth = residentBytes() - rssBefore
+            #expect(growth < 256 << 20, "RSS grew \(growth >> 20) MB")
+        }
+    }
+}
+
+final class WeakBox: @unchecked Sendable {
+    weak var value: Canary?
+    init(_ value: Canary) { self.value = value }
+}
+
+/// This process's VmRSS in bytes.
+func residentBytes() -> Int {
+    guard let status = readSmallFile("/proc/self/status"),
+        let line = status.split(separator: "\n").first(where: { $0.hasPrefix("VmRSS:") }),
+        let kb = Int(line.split(separator: " ").dropFirst().first ?? "")
+    else { return 0 }
+    return kb * 1024
+}
