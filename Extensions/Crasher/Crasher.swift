@@ -91,6 +91,31 @@ struct Crasher: RequestHandler {
             context.completeRequest(returningItems: [
                 ExtensionItem(attachments: [.data([UInt8](repeating: 7, count: megabytes << 20))])
             ])
+        case let flood where flood.hasPrefix("flood:"):
+            // <MB> megabytes of stdout, many lines, some forging a host log line and a terminal escape.
+            let megabytes = Int(flood.dropFirst(6)) ?? 16
+            let line = Array("sdk-host: error: forged by the extension \u{1B}[2J\r\n".utf8) + Array(repeating: 0x61, count: 200) + [0x0A]
+            var block: [UInt8] = []
+            while block.count < 1 << 20 { block += line }
+            for _ in 0..<megabytes { _ = block.withUnsafeBytes { write(1, $0.baseAddress, $0.count) } }
+            context.completeRequest(returningItems: context.inputItems)
+        case let forge where forge.hasPrefix("forge:"):
+            // A completion for another request's id (one this worker was never given), then carry on.
+            if let other = RequestID(uuidString: String(forge.dropFirst(6))) {
+                var encoder = BinaryPlistEncoder()
+                var frame: [UInt8] = []
+                try? Frame.encode(Message.complete(id: other, items: [ExtensionItem(title: "forged")]).plist,
+                                  with: &encoder, appendingTo: &frame)
+                _ = frame.withUnsafeBytes { write(3, $0.baseAddress, $0.count) }
+            }
+            while true { sleep(60) }
+        case "stop":
+            // Stops itself: it answers nothing, heartbeats included, and cannot honour a cancel.
+            kill(getpid(), SIGSTOP)
+        case let text where text.hasPrefix("print:"):
+            // Plain print() to stdout, then complete: the line must reach the host log even though stdout is a pipe.
+            print(text.dropFirst(6))
+            context.completeRequest(returningItems: context.inputItems)
         case "stderr":
             // Writes to stderr, then crashes: the crash report must carry the text.
             let text = "crasher: about to abort on request\n"

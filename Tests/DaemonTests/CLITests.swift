@@ -10,11 +10,11 @@ import Glibc
 
 @Suite(.serialized) struct CLITests {
     /// Runs sdk-host with `arguments`; returns its exit status, stdout and stderr.
-    func run(_ arguments: [String], stdin: String? = nil) async throws -> (Int32?, String, String) {
+    func run(_ arguments: [String], stdin: String? = nil, raw: Bool = false) async throws -> (Int32?, String, String) {
         var template = "/tmp/sdkhost-cli-XXXXXX".utf8CString
         let folder = template.withUnsafeMutableBufferPointer { String(cString: mkdtemp($0.baseAddress!)!) }
         defer { removeFolder(folder) }
-        var command = [sdkHostBinary] + arguments
+        var command = raw ? arguments : [sdkHostBinary] + arguments
         if let stdin {
             writeFile("\(folder)/in", stdin)
             command = ["/bin/sh", "-c", "exec \"$0\" \"$@\" < '\(folder)/in'"] + command
@@ -67,5 +67,19 @@ import Glibc
         let (status, _, err) = try await run(["status", "--socket", "/tmp/sdkhost-no-such-daemon.sock"])
         #expect(status == 1)
         #expect(err.contains("no daemon answering on /tmp/sdkhost-no-such-daemon.sock"))
+    }
+
+    @Test func plistDecodeOfANaNDateIsAnErrorNotASignal() async throws {
+        var template = "/tmp/sdkhost-cli-XXXXXX".utf8CString
+        let folder = template.withUnsafeMutableBufferPointer { String(cString: mkdtemp($0.baseAddress!)!) }
+        defer { removeFolder(folder) }
+        let bytes = BinaryPlistEncoder.encode(["when": .date(PlistDate(secondsSinceReferenceDate: .nan))])
+        let fd = open("\(folder)/nan.bplist", O_WRONLY | O_CREAT | O_CLOEXEC, 0o600)
+        _ = bytes.withUnsafeBytes { write(fd, $0.baseAddress, $0.count) }
+        close(fd)
+        let (status, _, err) = try await run(["/bin/sh", "-c", "exec \"$0\" plist decode < '\(folder)/nan.bplist'", sdkHostBinary],
+                                             raw: true)
+        #expect(status == 1, "a clean error exit, not a signal (128+n)")
+        #expect(err.contains("when") && err.contains("date"), "\(err)")
     }
 }

@@ -1,0 +1,88 @@
+// The host against extensions that attack it: floods of output with forged log lines, a reply for a request
+// on another worker, a worker that stops itself, and plain print() that must not be lost. Each test checks the
+// host keeps serving and every request ends exactly once.
+import HostTestSupport
+import SDKHost
+import SDKPosix
+import Synchronization
+import Testing
+
+#if canImport(Glibc)
+import Glibc
+#endif
+
+extension FaultTests {
+    @Suite(.serialized) struct HostileWorkers {
+        @Test func anOutputFloodIsRateLimitedEscapedAndDoesNotStallTheHost() async throws {
+            try await withHost({ $0.logLevel = .info }) { host, log in
+                let ext = try host.extension(identifier: "com.example.crasher")
+                let recorder = Recorder()
+                recorder.attach(to: ext)
+                // 64 MiB of output, about 300,000 lines; the first slice put every byte into the log.
+                let flood = ext.beginRequest(withInputItems: [ExtensionItem(title: "flood:64")], deadline: 60)
+                let echo = try host.extension(identifier: "com.example.echo")
+                let echoRecorder = Recorder()
+                echoRecorder.attach(to: echo)
+                let other = echo.beginRequest(withInputItems: [ExtensionItem(title: "meanwhile")])
+                #expect(await echoRecorder.wait(for: other) == .completed([ExtensionItem(title: "meanwhile")]))
+                #expect(await recorder.wait(for: flood) == .completed([ExtensionItem(title: "flood:64")]))
+                let lines = log.all.filter { $0.contains("com.example.crasher[") && $0.contains("stdout:") }
+                #expect(lines.count < 2000, "\(lines.count) output lines logged")
+                #expect(lines.count > 0)
+                // Each forged line is prefixed with its source, and its control characters are escaped.
+                #expect(lines.allSatisfy { !$0.contains("\u{1B}") && !$0.contains("\r") && !$0.contains("\n") })
+                #expect(lines.contains { $0.contains("sdk-host: error: forged by the extension \\x1b[2J\\x0d") })
+                #expect(log.contains("line(s) dropped"))
+            }
+        }
+
+        @Test func aReplyForAnotherWorkersRequestIsAProtocolViolation() async throws {
+            let temp = TemporaryExtension(identifier: "com.example.single", executable: "Crasher", policy: """
+                <key>MaxWorkers</key><integer>2</integer><key>MaxConcurrentRequests</key><integer>1</integer>
+                """)
+            defer { temp.remove() }
+            try await withHost(extraSearchPaths: [temp.root]) { host, _ in
+                let ext = try host.extension(identifier: "com.example.single")
+                let recorder = Recorder()
+                recorder.attach(to: ext)
+                let victim = ext.beginRequest(withInputItems: [ExtensionItem(title: "slow:1500")])
+                #expect(await eventually { ext.pid(for: victim) != nil })
+                let forger = ext.beginRequest(withInputItems: [ExtensionItem(title: "forge:\(victim.uuidString)")])
+                guard case .interrupted(.protocolViolation(let detail)) = await recorder.wait(for: forger) else {
+                    Issue.record("the forger was not stopped")
+                    return
+                }
+                #expect(detail.contains("reply for unknown request \(victim)"))
+                #expect(await recorder.wait(for: victim) == .completed([ExtensionItem(title: "slow:1500")]),
+                        "the forged reply did not end the victim's request")
+                try await Task.sleep(nanoseconds: 200_000_000)
+                #expect(recorder.callbacks(victim).count == 1)
+            }
+        }
+
+        @Test func aStoppedWorkerIsKilledAfterTheHeartbeatTimeout() async throws {
+            try await withHost({ $0.heartbeatInterval = 0.2; $0.heartbeatTimeout = 1 }) { host, log in
+                let ext = try host.extension(identifier: "com.example.crasher")
+                let recorder = Recorder()
+                recorder.attach(to: ext)
+                let id = ext.beginRequest(withInputItems: [ExtensionItem(title: "stop")], deadline: 60)
+                #expect(await recorder.wait(for: id) == .interrupted(.hang))
+                #expect(log.contains("missed heartbeats"))
+                let next = ext.beginRequest(withInputItems: [ExtensionItem(title: "echo")])
+                #expect(await recorder.wait(for: next) == .completed([ExtensionItem(title: "echo")]))
+            }
+        }
+
+        @Test func printReachesTheLogLineByLine() async throws {
+            try await withHost({ $0.logLevel = .info }) { host, log in
+                let ext = try host.extension(identifier: "com.example.crasher")
+                let recorder = Recorder()
+                recorder.attach(to: ext)
+                let id = ext.beginRequest(withInputItems: [ExtensionItem(title: "print:hello from print()")])
+                #expect(await recorder.wait(for: id) == .completed([ExtensionItem(title: "print:hello from print()")]))
+                // The worker is still running: the line arrived because stdout is line-buffered, not at exit.
+                #expect(await eventually(timeout: 10) { log.contains("stdout: hello from print()") })
+            }
+        }
+    }
+}
