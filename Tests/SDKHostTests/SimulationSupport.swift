@@ -1,0 +1,152 @@
+// A seeded simulation of the engine (FoundationDB's and TigerBeetle's idea): the real HostEngine, on its real
+// event loop, with a ManualClock and workers that live in the test process. A fake worker is a socketpair, two
+// pipes and an eventfd that stands for its exit; the simulation decides, from a seeded generator, what each
+// worker does and when: welcome, complete, complete twice, acknowledge a cancel, reply for an unknown id,
+// crash, exit, and what the clock does. Every schedule is reproducible from its seed.
+import HostTestSupport
+@testable import SDKHost
+import CSDKShim
+import SDKPosix
+import Synchronization
+
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// SplitMix64: tiny, seedable, the same sequence on every machine.
+struct SeededGenerator: RandomNumberGenerator {
+    var state: UInt64
+    init(seed: UInt64) { state = seed }
+    mutating func next() -> UInt64 {
+        state &+= 0x9E37_79B9_7F4A_7C15
+        var z = state
+        z = (z ^ (z >> 30)) &* 0xBF58_476D_1CE4_E5B9
+        z = (z ^ (z >> 27)) &* 0x94D0_49BB_1331_11EB
+        return z ^ (z >> 31)
+    }
+}
+
+/// One fake worker process. The engine's side (the WorkerChild) is called on the loop thread; the simulation's
+/// side on the test thread; the shared part sits behind a Mutex.
+final class FakeWorker: WorkerChild, @unchecked Sendable {
+    // @unchecked Sendable: `fds` and `pending` are used by the simulation thread only; `shared` is locked.
+    struct Shared {
+        var killRequested = false
+        var status: SDKPosix.ExitStatus?
+        var reaped = false
+        var exitFDOpen = true
+    }
+    let pid: pid_t
+    let exitDescriptor: Int32
+    let shared = Mutex(Shared())
+    /// The simulation's ends: socket, stdout and stderr write ends; -1 once closed.
+    var socket: Int32
+    var stdoutWrite: Int32
+    var stderrWrite: Int32
+    var reader = FrameReader()
+    var pending: [RequestID] = []
+    var cancelRequested: Set<RequestID> = []
+    /// Every id this worker was sent a begin for, in order.
+    var begins: [RequestID] = []
+    var alive = true
+
+    init(pid: pid_t, socket: Int32, stdoutWrite: Int32, stderrWrite: Int32) {
+        self.pid = pid
+        exitDescriptor = sdk_eventfd()
+        self.socket = socket
+        self.stdoutWrite = stdoutWrite
+        self.stderrWrite = stderrWrite
+    }
+
+    // MARK: WorkerChild (loop thread)
+
+    func signal(_ signal: Int32) {
+        shared.withLock { if $0.status == nil { $0.killRequested = true } }
+    }
+
+    func reap() throws(SystemError) -> SDKPosix.ExitStatus? {
+        shared.withLock { s -> SDKPosix.ExitStatus? in
+            guard let status = s.status, !s.reaped else { return nil }
+            s.reaped = true
+            return status
+        }
+    }
+
+    func close() {
+        shared.withLock { $0.exitFDOpen = false }
+        Glibc.close(exitDescriptor)
+    }
+
+    // MARK: Simulation side
+
+    /// The process ends: its descriptors close, then its exit becomes visible.
+    func die(_ status: SDKPosix.ExitStatus) {
+        guard alive else { return }
+        alive = false
+        for fd in [socket, stdoutWrite, stderrWrite] where fd >= 0 { Glibc.close(fd) }
+        socket = -1
+        stdoutWrite = -1
+        stderrWrite = -1
+        shared.withLock { $0.status = $0.status ?? status }
+        var one: UInt64 = 1
+        _ = write(exitDescriptor, &one, 8)
+    }
+
+    func send(_ message: Message) {
+        guard alive else { return }
+        let bytes = try! Frame.encode(message.plist)
+        _ = bytes.withUnsafeBytes { Glibc.send(socket, $0.baseAddress, $0.count, Int32(MSG_NOSIGNAL | MSG_DONTWAIT)) }
+    }
+
+    /// Reads what the host sent; answers hello and ping at once, records begins and cancels.
+    func pump(identifier: String) {
+        guard alive else { return }
+        var buffer = [UInt8](repeating: 0, count: 65536)
+        while true {
+            let n = recv(socket, &buffer, buffer.count, Int32(MSG_DONTWAIT))
+            if n <= 0 { break }
+            buffer.withUnsafeBytes { reader.append(UnsafeRawBufferPointer(rebasing: $0[0..<n])) }
+        }
+        while let value = try? reader.nextValue(), let message = try? Message(plist: value) {
+            switch message {
+            case .hello: send(.welcome(version: protocolVersion, identifier: identifier, pid: pid))
+            case .ping(let seq): send(.pong(seq: seq))
+            case .begin(let id, _, _, _):
+                pending.append(id)
+                begins.append(id)
+            case .cancel(let id): cancelRequested.insert(id)
+            default: break
+            }
+        }
+    }
+}
+
+/// Creates fake workers; can be told to fail the next spawn.
+final class SimLauncher: WorkerLauncher, @unchecked Sendable {
+    // @unchecked Sendable: `workers` and `failNext` are behind the Mutex.
+    private let state = Mutex<(workers: [FakeWorker], failNext: Bool, nextPid: pid_t)>(([], false, 900_000))
+
+    var workers: [FakeWorker] { state.withLock { $0.workers } }
+    func failNextSpawn() { state.withLock { $0.failNext = true } }
+
+    func launch(_ request: SpawnRequest) throws(SystemError) -> LaunchedWorker {
+        let fail = state.withLock { s -> Bool in
+            defer { s.failNext = false }
+            return s.failNext
+        }
+        if fail { throw SystemError("posix_spawn", errno: EAGAIN, detail: "simulated") }
+        var sv: [Int32] = [-1, -1], out: [Int32] = [-1, -1], err: [Int32] = [-1, -1]
+        socketpair(AF_UNIX, Int32(SOCK_STREAM.rawValue | SOCK_CLOEXEC.rawValue), 0, &sv)
+        _ = sdk_pipe_cloexec(&out)
+        _ = sdk_pipe_cloexec(&err)
+        for fd in [sv[0], out[0], err[0]] { _ = fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK) }
+        let pid = state.withLock { s -> pid_t in
+            s.nextPid += 1
+            return s.nextPid
+        }
+        let worker = FakeWorker(pid: pid, socket: sv[1], stdoutWrite: out[1], stderrWrite: err[1])
+        state.withLock { $0.workers.append(worker) }
+        return LaunchedWorker(child: worker, socket: FileDescriptor(adopting: sv[0]),
+                              stdout: FileDescriptor(adopting: out[0]), stderr: FileDescriptor(adopting: err[0]))
+    }
+}

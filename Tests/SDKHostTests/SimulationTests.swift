@@ -1,0 +1,243 @@
+// Randomized, seeded schedules through the real engine (see SimulationSupport.swift). After each schedule:
+// every request begun got exactly one outcome, the engine holds no request, queue entry or handler, and every
+// fake worker was reaped and its exit descriptor closed. A failure prints its seed; rerun one schedule with
+// SDKHOST_SIM_SEED=<seed>, or many with SDKHOST_SIM_SCHEDULES=<n>:
+//   SDKHOST_SIM_SCHEDULES=100000 swift test --filter SimulationTests
+import HostTestSupport
+@testable import SDKHost
+import SDKPosix
+import Synchronization
+import Testing
+
+#if canImport(Glibc)
+import Glibc
+#endif
+
+final class SimCanary: Sendable {}
+final class WeakSimCanary: @unchecked Sendable {
+    weak var value: SimCanary?
+    init(_ value: SimCanary) { self.value = value }
+}
+
+struct Simulation {
+    let seed: UInt64
+    let steps: Int
+    static let identifier = "com.example.sim"
+    /// Outcomes by kind over all schedules, so the test can show the schedules reach every kind.
+    static let kinds = Mutex<[String: Int]>([:])
+    static func tally(_ outcome: RequestOutcome) {
+        let key: String
+        switch outcome {
+        case .completed: key = "completed"
+        case .cancelled: key = "cancelled"
+        case .interrupted(let reason):
+            switch reason {
+            case .signal: key = "signal"
+            case .exited: key = "exited"
+            case .protocolViolation: key = "protocol"
+            case .launchFailed: key = "launchFailed"
+            default: key = "\(reason)"
+            }
+        }
+        kinds.withLock { $0[key, default: 0] += 1 }
+    }
+
+    /// Runs one schedule; returns what went wrong, or nil.
+    func run(manifestRoot: String) async -> String? {
+        var rng = SeededGenerator(seed: seed)
+        let clock = ManualClock()
+        let launcher = SimLauncher()
+        var configuration = HostConfiguration(extensionSearchPaths: [manifestRoot])
+        configuration.clock = clock
+        configuration.launcher = launcher
+        configuration.logLevel = .error
+        configuration.logHandler = { _, _ in }
+        configuration.maxQueuedRequests = 6
+        configuration.cancelGracePeriod = 1
+        configuration.heartbeatInterval = 1
+        configuration.heartbeatTimeout = 3
+        configuration.workerExitGracePeriod = 1
+        let engine: HostEngine
+        do {
+            engine = try HostEngine(configuration: configuration)
+        } catch {
+            return "cannot create the engine: \(error)"
+        }
+        let outcomes = Mutex<[RequestID: [RequestOutcome]]>([:])
+        var begun: [RequestID] = []
+        var canaries: [WeakSimCanary] = []
+        var trace: [String] = []
+
+        func settle() async {
+            for _ in 0..<4 {
+                await withCheckedContinuation { (c: CheckedContinuation<Void, Never>) in
+                    if !engine.loop.execute({ c.resume() }) { c.resume() }
+                }
+            }
+        }
+        var lateBegin: RequestID?
+        // Requests that had ended when the previous pump started. A begin read now was written after that pump
+        // (the loop had flushed everything before it), so it must not be for one of these.
+        var endedBeforeLastPump: Set<RequestID> = []
+        func pumpWorkers() {
+            let endedNow = Set(outcomes.withLock { $0.keys })
+            defer { endedBeforeLastPump = endedNow }
+            for worker in launcher.workers where worker.alive {
+                let seen = worker.begins.count
+                defer {
+                    if lateBegin == nil, let late = worker.begins[seen...].first(where: endedBeforeLastPump.contains) {
+                        lateBegin = late
+                    }
+                }
+                if worker.shared.withLock({ $0.killRequested }) {
+                    worker.die(.signaled(SIGKILL))
+                    continue
+                }
+                worker.pump(identifier: Self.identifier)
+                // The host closed the socket (retired it): the runtime exits.
+                var byte: UInt8 = 0
+                if worker.alive, recv(worker.socket, &byte, 1, Int32(MSG_DONTWAIT | MSG_PEEK)) == 0 { worker.die(.exited(0)) }
+            }
+        }
+        func randomWorker(_ where: (FakeWorker) -> Bool) -> FakeWorker? {
+            let candidates = launcher.workers.filter { $0.alive && `where`($0) }
+            return candidates.isEmpty ? nil : candidates[Int(rng.next() % UInt64(candidates.count))]
+        }
+
+        for _ in 0..<steps {
+            pumpWorkers()
+            let roll = rng.next() % 100
+            switch roll {
+            case 0..<25:
+                let id = RequestID()
+                let deadline: Double? = rng.next() % 10 < 3 ? Double(rng.next() % 3000 + 1) / 1000 : nil
+                let canary = SimCanary()
+                canaries.append(WeakSimCanary(canary))
+                begun.append(id)
+                trace.append("begin \(id.uuidString.prefix(8)) deadline \(deadline.map { "\($0)" } ?? "-")")
+                engine.submit(SubmittedRequest(
+                    id: id, extensionID: Self.identifier, items: [ExtensionItem(title: "sim")], deadline: deadline,
+                    onWorkerAssigned: nil,
+                    deliver: { [canary] outcome in
+                        withExtendedLifetime(canary) { outcomes.withLock { $0[id, default: []].append(outcome) } }
+                    }))
+            case 25..<35:
+                guard !begun.isEmpty else { break }
+                let id = begun[Int(rng.next() % UInt64(begun.count))]
+                trace.append("cancel \(id.uuidString.prefix(8))")
+                engine.cancel(id)
+            case 35..<60:
+                guard let worker = randomWorker({ !$0.pending.isEmpty }) else { break }
+                let id = worker.pending.remove(at: Int(rng.next() % UInt64(worker.pending.count)))
+                trace.append("worker \(worker.pid) completes \(id.uuidString.prefix(8))")
+                worker.send(.complete(id: id, items: [ExtensionItem(title: "done")]))
+                if rng.next() % 10 == 0 {
+                    trace.append("worker \(worker.pid) completes \(id.uuidString.prefix(8)) again")
+                    worker.send(.complete(id: id, items: [ExtensionItem(title: "again")]))
+                }
+            case 60..<65:
+                guard let worker = randomWorker({ !$0.cancelRequested.isEmpty }) else { break }
+                let id = worker.cancelRequested.removeFirst()
+                worker.pending.removeAll { $0 == id }
+                trace.append("worker \(worker.pid) acknowledges the cancel of \(id.uuidString.prefix(8))")
+                worker.send(.cancelled(id: id, error: .cancelledByHost))
+            case 65..<70:
+                guard let worker = randomWorker({ _ in true }) else { break }
+                trace.append("worker \(worker.pid) crashes")
+                worker.die(.signaled(SIGSEGV))
+            case 70..<73:
+                guard let worker = randomWorker({ _ in true }) else { break }
+                trace.append("worker \(worker.pid) exits")
+                worker.die(.exited(0))
+            case 73..<75:
+                guard let worker = randomWorker({ _ in true }) else { break }
+                trace.append("worker \(worker.pid) replies for an unknown id")
+                worker.send(.complete(id: RequestID(), items: []))
+            case 75..<77:
+                trace.append("the next spawn fails")
+                launcher.failNextSpawn()
+            default:
+                let ms = rng.next() % 1500
+                trace.append("clock +\(ms) ms")
+                clock.advance(by: ms * 1_000_000)
+                engine.loop.wake()
+            }
+            await settle()
+        }
+
+        // Shutdown, with workers that exit when their socket closes and a clock that moves.
+        trace.append("shutdown")
+        let stopped = Mutex(false)
+        engine.shutdown { stopped.withLock { $0 = true } }
+        var rounds = 0
+        while !stopped.withLock({ $0 }) && rounds < 500 {
+            rounds += 1
+            await settle()
+            pumpWorkers()
+            clock.advance(by: 200_000_000)
+            engine.loop.wake()
+        }
+        func failure(_ what: String) -> String {
+            "seed \(seed): \(what)\n  last steps: " + trace.suffix(25).joined(separator: "\n    ")
+        }
+        guard stopped.withLock({ $0 }) else { return failure("shutdown never completed") }
+        if let lateBegin { return failure("request \(lateBegin) was sent to a worker after it had ended") }
+        let all = outcomes.withLock { $0 }
+        for id in begun where all[id]?.count != 1 {
+            return failure("request \(id) ended \(all[id]?.count ?? 0) times: \(all[id] ?? [])")
+        }
+        // The loop has stopped: its state can be read from here.
+        if !engine.requests.isEmpty { return failure("\(engine.requests.count) request(s) still held") }
+        if engine.waiting.values.contains(where: { !$0.isEmpty }) { return failure("a queue still holds requests") }
+        if !engine.workers.values.allSatisfy(\.isEmpty) { return failure("workers still listed") }
+        for worker in launcher.workers {
+            let s = worker.shared.withLock { $0 }
+            if worker.alive || !s.reaped || s.exitFDOpen { return failure("fake worker \(worker.pid) not reaped and closed") }
+        }
+        if canaries.contains(where: { $0.value != nil }) { return failure("a request's handler is still retained") }
+        for outcome in all.values.compactMap(\.first) { Simulation.tally(outcome) }
+        return nil
+    }
+}
+
+@Suite(.serialized) struct SimulationTests {
+    @Test func randomSchedulesEndEveryRequestExactlyOnceAndRetainNothing() async throws {
+        let temp = TemporaryExtension(identifier: Simulation.identifier, executable: "Echo", policy: """
+            <key>MaxWorkers</key><integer>2</integer><key>MaxConcurrentRequests</key><integer>2</integer>
+            <key>IdleTimeoutSeconds</key><real>4</real>
+            """)
+        defer { temp.remove() }
+        let environment = ProcessInfoLite()
+        let seeds: [UInt64]
+        if let one = environment.value("SDKHOST_SIM_SEED").flatMap({ UInt64($0) }) {
+            seeds = [one]
+        } else {
+            let count = environment.value("SDKHOST_SIM_SCHEDULES").flatMap { Int($0) } ?? 300
+            let base = environment.value("SDKHOST_SIM_BASE").flatMap { UInt64($0) } ?? 0x5D4_0000
+            seeds = (0..<UInt64(count)).map { base + $0 }
+        }
+        let baseline = ResourceSnapshot.take()
+        var failures = 0
+        for seed in seeds {
+            if let problem = await Simulation(seed: seed, steps: 80).run(manifestRoot: temp.root) {
+                Issue.record(Comment(rawValue: problem))
+                failures += 1
+                if failures >= 3 { break }
+            }
+        }
+        #expect(await leaksSince(baseline) == nil, "descriptors or loop threads left by the schedules")
+        // The schedules must reach every kind of ending, or they prove less than they claim.
+        let kinds = Simulation.kinds.withLock { $0 }
+        print("simulation: \(seeds.count) schedules; outcomes \(kinds.sorted { $0.key < $1.key })")
+        if seeds.count >= 100 {
+            for kind in ["completed", "cancelled", "signal", "exited", "protocol", "launchFailed", "timed out", "overloaded", "host shut down", "hang"] {
+                #expect(kinds[kind, default: 0] > 0, "no schedule ended a request as \(kind)")
+            }
+        }
+    }
+}
+
+/// getenv without Foundation.
+struct ProcessInfoLite {
+    func value(_ name: String) -> String? { getenv(name).map { String(cString: $0) } }
+}
