@@ -221,9 +221,11 @@ package final class DaemonServer: @unchecked Sendable {
     }
 
     private func handle(_ message: Message, from session: ClientSession) {
-        if !session.handshaken, case .connect = message {} else if !session.handshaken {
-            session.send(.error(message: "send 'connect' first", id: nil))
-            return closeSession(session, reason: "'\(message.typeName)' before 'connect'")
+        if !session.handshaken {
+            guard case .connect = message else {
+                session.send(.error(message: "send 'connect' first", id: nil))
+                return closeSession(session, reason: "'\(message.typeName)' before 'connect'")
+            }
         }
         switch message {
         case .connect(let version):
