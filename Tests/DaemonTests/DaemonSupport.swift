@@ -87,11 +87,7 @@ final class DaemonProcess {
     /// Descriptors the daemon holds and its live children.
     var resources: (descriptors: Int, children: Int) {
         let fds = (listNames("/proc/\(pid)/fd") ?? []).count
-        let children = (listNames("/proc") ?? []).filter { name in
-            guard let stat = readSmallFile("/proc/\(name)/stat"), let close = stat.lastIndex(of: ")") else { return false }
-            let fields = stat[stat.index(after: close)...].split(separator: " ")
-            return fields.count > 2 && fields[1] == "\(pid)" && fields[0] != "Z"
-        }.count
+        let children = childProcesses(of: pid, includingZombies: false).count
         return (fds, children)
     }
 
@@ -114,18 +110,11 @@ final class DaemonProcess {
     }
 
     /// The daemon's resident set in bytes (VmRSS), or nil if it is gone.
-    var residentBytes: Int? {
-        guard let status = readSmallFile("/proc/\(pid)/status"),
-            let line = status.split(separator: "\n").first(where: { $0.hasPrefix("VmRSS:") }),
-            let kb = Int(line.split(separator: " ").dropFirst().first ?? "")
-        else { return nil }
-        return kb * 1024
-    }
+    var residentBytes: Int? { HostTestSupport.residentBytes(of: "\(pid)") }
 
     /// CPU seconds (user + system) the daemon has used.
     var cpuSeconds: Double {
-        guard let stat = readSmallFile("/proc/\(pid)/stat"), let close = stat.lastIndex(of: ")") else { return 0 }
-        let fields = stat[stat.index(after: close)...].split(separator: " ")
+        guard let fields = procStatFields("\(pid)"), fields.count > 12 else { return 0 }
         let ticks = (Int(fields[11]) ?? 0) + (Int(fields[12]) ?? 0)  // utime, stime
         return Double(ticks) / Double(sysconf(Int32(_SC_CLK_TCK)))
     }

@@ -153,16 +153,10 @@ import Glibc
         recorder.attach(to: crasher)
         let good = crasher.beginRequest(withInputItems: [ExtensionItem(title: "slow:800")])
         for junk in [[0, 0, 0, 5] + Array("hello".utf8), [0x7F, 0xFF, 0xFF, 0xFF], Array(try Frame.encode(["type": 7]))] as [[UInt8]] {
-            let raw = try connectUnix(path: daemon.socket)
-            _ = junk.withUnsafeBytes { send(raw.rawValue, $0.baseAddress, $0.count, 0) }
-            // The daemon hangs up on this client: a blocking read sees EOF (or a reset).
-            let closed = await eventually(timeout: 10) {
-                var byte: UInt8 = 0
-                let n = recv(raw.rawValue, &byte, 1, Int32(MSG_DONTWAIT))
-                return n == 0 || (n < 0 && errno != EAGAIN)
-            }
-            #expect(closed)
-            raw.close()
+            let raw = try HostileClient(daemon.socket)
+            raw.write(junk)
+            // The daemon hangs up on this client: a read sees EOF (or a reset).
+            #expect(raw.isClosedByDaemon(timeout: 10))
         }
         #expect(await recorder.wait(for: good) == .completed([ExtensionItem(title: "slow:800")]), "the good client is unaffected")
         #expect(daemon.logText.contains("sent bad input"))

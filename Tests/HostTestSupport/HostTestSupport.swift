@@ -185,25 +185,40 @@ public func leaksSince(_ baseline: ResourceSnapshot, timeout: Double = 20) async
     return clean ? nil : "before: \(baseline); after: \(now); open: \(openDescriptorTargets())"
 }
 
-/// Pids whose parent is this process.
-public func childProcesses() -> [pid_t] {
-    let me = getpid()
-    return (listNames("/proc") ?? []).compactMap { name -> pid_t? in
-        guard let pid = pid_t(name), let stat = readSmallFile("/proc/\(name)/stat"),
-            let close = stat.lastIndex(of: ")")
+/// The fields of /proc/<pid>/stat after the command name: [0] state, [1] ppid, [11] utime, [12] stime.
+/// `pid` is a number or "self"; nil if the process is gone.
+public func procStatFields(_ pid: String) -> [Substring]? {
+    guard let stat = readSmallFile("/proc/\(pid)/stat"), let close = stat.lastIndex(of: ")") else { return nil }
+    return stat[stat.index(after: close)...].split(separator: " ")
+}
+
+/// Processes whose parent is `parent`. Zombies count by default: an unreaped child is a leak.
+public func childProcesses(of parent: pid_t = getpid(), includingZombies: Bool = true) -> [pid_t] {
+    (listNames("/proc") ?? []).compactMap { name -> pid_t? in
+        guard let pid = pid_t(name), let fields = procStatFields(name), fields.count > 2,
+            fields[1] == "\(parent)", includingZombies || fields[0] != "Z"
         else { return nil }
-        let fields = stat[stat.index(after: close)...].split(separator: " ")
-        guard fields.count > 2, let ppid = pid_t(fields[1]), ppid == me else { return nil }
         return pid
     }
 }
 
 /// True while /proc/<pid> exists and is not a zombie.
 public func processIsAlive(_ pid: pid_t) -> Bool {
-    guard let stat = readSmallFile("/proc/\(pid)/stat"), let close = stat.lastIndex(of: ")") else { return false }
-    let state = stat[stat.index(after: close)...].split(separator: " ").first
+    guard let state = procStatFields("\(pid)")?.first else { return false }
     return state != "Z"
 }
+
+/// VmRSS of a process ("self" or a pid) in bytes, or nil if it is gone.
+public func residentBytes(of pid: String = "self") -> Int? {
+    guard let status = readSmallFile("/proc/\(pid)/status"),
+        let line = status.split(separator: "\n").first(where: { $0.hasPrefix("VmRSS:") }),
+        let kb = Int(line.split(separator: " ").dropFirst().first ?? "")
+    else { return nil }
+    return kb * 1024
+}
+
+/// An environment variable, without Foundation.
+public func environmentValue(_ name: String) -> String? { getenv(name).map { String(cString: $0) } }
 
 public func openDescriptorTargets() -> [String] {
     (listNames("/proc/self/fd") ?? []).compactMap { readLink("/proc/self/fd/\($0)") }

@@ -199,13 +199,13 @@ final class Canary: Sendable {}
                 ended.withLock { if reason == .overloaded { $0.overloaded += 1 } else { $0.other += 1 } }
             }
             ext.requestCancellationHandler = { _, _ in ended.withLock { $0.other += 1 } }
-            let rssBefore = residentBytes()
+            let rssBefore = residentBytes() ?? 0
             for _ in 0..<200_000 { _ = ext.beginRequest(withInputItems: [ExtensionItem(title: "x")]) }
             #expect(await eventually(timeout: 120) { ended.withLock { $0.completed + $0.overloaded + $0.other } == 200_000 })
             let counts = ended.withLock { $0 }
             #expect(counts.other == 0)
             #expect(counts.overloaded > 0, "the queue limit was reached")
-            let growth = residentBytes() - rssBefore
+            let growth = (residentBytes() ?? 0) - rssBefore
             #expect(growth < 256 << 20, "RSS grew \(growth >> 20) MB")
         }
     }
@@ -214,13 +214,4 @@ final class Canary: Sendable {}
 final class WeakBox: @unchecked Sendable {
     weak var value: Canary?
     init(_ value: Canary) { self.value = value }
-}
-
-/// This process's VmRSS in bytes.
-func residentBytes() -> Int {
-    guard let status = readSmallFile("/proc/self/status"),
-        let line = status.split(separator: "\n").first(where: { $0.hasPrefix("VmRSS:") }),
-        let kb = Int(line.split(separator: " ").dropFirst().first ?? "")
-    else { return 0 }
-    return kb * 1024
 }

@@ -207,13 +207,12 @@ struct Simulation {
             <key>IdleTimeoutSeconds</key><real>4</real>
             """)
         defer { temp.remove() }
-        let environment = ProcessInfoLite()
         let seeds: [UInt64]
-        if let one = environment.value("SDKHOST_SIM_SEED").flatMap({ UInt64($0) }) {
+        if let one = environmentValue("SDKHOST_SIM_SEED").flatMap({ UInt64($0) }) {
             seeds = [one]
         } else {
-            let count = environment.value("SDKHOST_SIM_SCHEDULES").flatMap { Int($0) } ?? 300
-            let base = environment.value("SDKHOST_SIM_BASE").flatMap { UInt64($0) } ?? 0x5D4_0000
+            let count = environmentValue("SDKHOST_SIM_SCHEDULES").flatMap { Int($0) } ?? 300
+            let base = environmentValue("SDKHOST_SIM_BASE").flatMap { UInt64($0) } ?? 0x5D4_0000
             seeds = (0..<UInt64(count)).map { base + $0 }
         }
         let baseline = ResourceSnapshot.take()
@@ -235,9 +234,4 @@ struct Simulation {
             }
         }
     }
-}
-
-/// getenv without Foundation.
-struct ProcessInfoLite {
-    func value(_ name: String) -> String? { getenv(name).map { String(cString: $0) } }
 }
