@@ -32,7 +32,6 @@ package final class DaemonServer: @unchecked Sendable {
     private let finished = DispatchSemaphore(value: 0)
     private let inputBudget: InputBudget
     private var pendingRequestBytes = 0
-    private var sweepTimer: TimerID?
     private var acceptBackoff = 0.0
     private var acceptBackoffTimer: TimerID?
     private var refusedWhileFull = 0
@@ -199,8 +198,7 @@ package final class DaemonServer: @unchecked Sendable {
     /// Once a second: close clients that have not said `connect` in time, that have sat on half a frame too
     /// long, or whose unread output has been stuck over the limit too long.
     private func scheduleSweep() {
-        sweepTimer = engine.loop.schedule(afterNanoseconds: 1_000_000_000) { [unowned self] in
-            self.sweepTimer = nil
+        engine.loop.schedule(afterNanoseconds: 1_000_000_000) { [unowned self] in
             let now = self.engine.loop.now
             let handshake = UInt64(self.configuration.handshakeTimeout * 1e9)
             let partial = UInt64(self.configuration.partialFrameTimeout * 1e9)

@@ -44,21 +44,26 @@ public final class LogWriter: Sendable {
     @discardableResult
     public func write(_ line: String) -> Bool {
         var line = line
-        let (accepted, start) = line.withUTF8 { bytes in
-            state.withLock { s -> (Bool, Bool) in
+        let (accepted, start, wake) = line.withUTF8 { bytes in
+            state.withLock { s -> (Bool, Bool, Bool) in
                 guard s.pending.count + bytes.count <= capacity else {
                     s.dropped += 1
-                    return (false, false)
+                    return (false, false, false)
                 }
+                // Only the line that finds the buffer empty wakes the writer: with lines pending, the writer is
+                // awake or already woken, and it takes everything before it sleeps again.
+                let wake = s.pending.isEmpty
                 s.pending.append(contentsOf: bytes)
                 let start = !s.started
                 s.started = true
-                return (true, start)
+                return (true, start, wake)
             }
         }
         if start { startThread() }
-        var one: UInt64 = 1
-        _ = Glibc.write(wakeFD, &one, 8)
+        if wake {
+            var one: UInt64 = 1
+            _ = Glibc.write(wakeFD, &one, 8)
+        }
         return accepted
     }
 
