@@ -38,6 +38,18 @@ let package = Package(
         .executableTarget(
             name: "AsyncEcho", dependencies: ["SDKExtension"], path: "Extensions/AsyncEcho", exclude: ["Info.plist"],
             linkerSettings: staticExecutable),
+        // Tries every sandbox escape (Extensions/Escaper). Linked the ordinary way, dynamically against the
+        // toolchain's Swift runtime, as an extension in another package would be.
+        .executableTarget(
+            name: "Escaper", dependencies: ["SDKExtension", "EscaperProbes"], path: "Extensions/Escaper",
+            exclude: ["Info.plist"]),
+        // The raw system calls Escaper tries (Swift cannot call the variadic syscall(2)).
+        .target(name: "EscaperProbes", path: "Extensions/EscaperProbes"),
+        // Spawned in each worker's place: applies the sandbox profile, then execs the extension. C, statically
+        // linked: it runs at every spawn, and every layer is a system call (README "Sandbox").
+        .executableTarget(
+            name: "sdk-host-launcher", path: "Sources/sdk-host-launcher",
+            cSettings: [.unsafeFlags(["-O2"])], linkerSettings: staticExecutable),
         // The daemon: the engine behind a Unix socket, its configuration file.
         .target(name: "SDKDaemon", dependencies: ["SDKHost", "SDKPosix"]),
         // The CLI and daemon. No Foundation (daemon RSS is a target) and a static stdlib (spawn and RSS).
@@ -45,7 +57,7 @@ let package = Package(
             name: "sdk-host",
             // Depending on the extensions and the Foundation codec helper makes `swift run sdk-host …` build them
             // next to it.
-            dependencies: ["SDKWire", "SDKPosix", "SDKHost", "SDKDaemon", "Echo", "Crasher", "AsyncEcho", "foundation-codec-bench"],
+            dependencies: ["SDKWire", "SDKPosix", "SDKHost", "SDKDaemon", "Echo", "Crasher", "AsyncEcho", "Escaper", "foundation-codec-bench", "sdk-host-launcher"],
             linkerSettings: staticExecutable),
         // Times Foundation's PropertyListSerialization for `sdk-host bench`, in its own process.
         .executableTarget(name: "foundation-codec-bench", dependencies: ["SDKPosix"]),

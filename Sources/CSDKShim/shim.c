@@ -20,7 +20,7 @@
 #include <unistd.h>
 
 int sdk_spawn(const char *path, char *const argv[], char *const envp[], int ipc_fd, int stdout_fd,
-              int stderr_fd, pid_t *pid) {
+              int stderr_fd, int profile_fd, pid_t *pid) {
     posix_spawn_file_actions_t actions;
     posix_spawnattr_t attr;
     int rc = posix_spawn_file_actions_init(&actions);
@@ -36,17 +36,18 @@ int sdk_spawn(const char *path, char *const argv[], char *const envp[], int ipc_
     if (rc == 0) rc = posix_spawn_file_actions_adddup2(&actions, stdout_fd, 1);
     if (rc == 0) rc = posix_spawn_file_actions_adddup2(&actions, stderr_fd, 2);
     if (rc == 0) rc = posix_spawn_file_actions_adddup2(&actions, ipc_fd, 3);
-    // Belt and braces: anything above 3 that is not close-on-exec (a library's leak) does not reach the child.
-    if (rc == 0) rc = posix_spawn_file_actions_addclosefrom_np(&actions, 4);
+    if (rc == 0 && profile_fd >= 0) rc = posix_spawn_file_actions_adddup2(&actions, profile_fd, 4);
+    // Belt and braces: anything else that is not close-on-exec (a library's leak) does not reach the child.
+    if (rc == 0) rc = posix_spawn_file_actions_addclosefrom_np(&actions, profile_fd >= 0 ? 5 : 4);
 
     sigset_t none, all;
     sigemptyset(&none);
     sigfillset(&all);
     if (rc == 0) rc = posix_spawnattr_setsigmask(&attr, &none);
     if (rc == 0) rc = posix_spawnattr_setsigdefault(&attr, &all);
-    if (rc == 0) rc = posix_spawnattr_setpgroup(&attr, 0);
+    // A new session (and so its own process group): terminal signals aimed at the app do not hit the child.
     if (rc == 0)
-        rc = posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF | POSIX_SPAWN_SETPGROUP);
+        rc = posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF | POSIX_SPAWN_SETSID);
     if (rc == 0) rc = posix_spawn(pid, path, &actions, &attr, argv, envp);
 
     posix_spawn_file_actions_destroy(&actions);

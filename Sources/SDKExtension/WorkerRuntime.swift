@@ -98,19 +98,8 @@ enum WorkerRuntime {
         // stdout is a pipe, so stdio would buffer `print()` in 4 KiB blocks that a crash or kill loses: one line
         // at a time instead, so each line reaches the host log as it is printed.
         sdk_line_buffer_stdout()
-        // Die with the host: the kernel signals us when the spawning thread exits. Check the parent afterwards,
-        // in case it was already gone before the prctl took effect.
-        try? setParentDeathSignal(SIGKILL)
-        if let hostPid = env.hostPid, getppid() != hostPid {
-            WorkerLog.write("host \(hostPid) is gone before start; exiting")
-            exit(0)
-        }
-        if let mb = env.memoryLimitMB {
-            var limit = rlimit(rlim_cur: rlim_t(mb) << 20, rlim_max: rlim_t(mb) << 20)
-            if setrlimit(__rlimit_resource_t(RLIMIT_DATA.rawValue), &limit) != 0 {
-                WorkerLog.write("cannot apply memory limit of \(mb) MB")
-            }
-        }
+        // Dying with the host, the memory limit and the rest of the sandbox are the launcher's work
+        // (sdk-host-launcher): they hold whether or not an extension links this runtime.
         let connection = HostConnection(fd: env.ipcFD)
         var reader = FrameReader()
         var buffer = [UInt8](repeating: 0, count: 64 * 1024)
@@ -192,8 +181,8 @@ enum WorkerRuntime {
                 case .ping(let seq):
                     connection.send(.pong(seq: seq))
                 case .pong, .welcome, .complete, .cancelled, .connect, .connected, .assigned, .interrupted, .status,
-                    .statusReport:
-                    WorkerLog.write("unexpected '\(message)' from host; ignored")
+                    .statusReport, .sandboxed, .launchFailed:
+                    WorkerLog.write("unexpected '\(message.typeName)' from host; ignored")
                 case .error(let text, _):
                     WorkerLog.write("host reported: \(text)")
                 case .unknown(let type):
@@ -207,18 +196,14 @@ enum WorkerRuntime {
 /// What the host passes in the environment (see the host's WorkerProcess).
 struct Environment {
     let ipcFD: Int32
-    let hostPid: pid_t?
     let identifier: String
     var idleTimeoutMs: Int64
-    let memoryLimitMB: Int?
 
     init() {
         func value(_ name: String) -> String? { getenv(name).map { String(cString: $0) } }
         ipcFD = value("SDKHOST_IPC_FD").flatMap { Int32($0) } ?? 3
-        hostPid = value("SDKHOST_HOST_PID").flatMap { pid_t($0) }
         identifier = value("SDKHOST_EXTENSION_ID") ?? "unknown"
         idleTimeoutMs = value("SDKHOST_IDLE_TIMEOUT_MS").flatMap { Int64($0) } ?? 0
-        memoryLimitMB = value("SDKHOST_MEMORY_LIMIT_MB").flatMap { Int($0) }
         var st = stat()
         if fstat(ipcFD, &st) != 0 {
             WorkerLog.write("no host connection on fd \(ipcFD): this program is an sdk-host extension; run it through sdk-host")

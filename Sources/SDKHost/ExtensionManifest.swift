@@ -9,8 +9,12 @@
 //       MaxWorkers                integer 1...64
 //       IdleTimeoutSeconds        number >= 0.1
 //       RequestDeadlineSeconds    number >= 0.01 (omit for the host default)
-//       MemoryLimitMB             integer 16...65536
-//       NetworkAllowed            boolean
+//       MemoryLimitMB             integer 16...65536 (address space; default 2048)
+//       NetworkAllowed            boolean (false)
+//       AllowSubprocesses         boolean (false)
+//       ReadablePaths             [absolute path]
+//       WritablePaths             [absolute path]
+//       Sandbox                   strict | bestEffort | none (strict)
 // Other top-level and NSExtension keys are allowed, as in Apple's Info.plist files.
 
 #if canImport(Glibc)
@@ -89,7 +93,7 @@ struct ExtensionManifest: Sendable {
 extension ExtensionPolicy {
     static let keys: Set<String> = [
         "MaxConcurrentRequests", "MaxWorkers", "IdleTimeoutSeconds", "RequestDeadlineSeconds", "MemoryLimitMB",
-        "NetworkAllowed",
+        "NetworkAllowed", "AllowSubprocesses", "ReadablePaths", "WritablePaths", "Sandbox",
     ]
 
     /// Overrides the keys present in `p` (a manifest's SDKHostPolicy or the config's DefaultPolicy).
@@ -101,6 +105,27 @@ extension ExtensionPolicy {
         requestDeadline = try p.seconds("RequestDeadlineSeconds", minimum: 0.01) ?? requestDeadline
         memoryLimitMB = try p.integer("MemoryLimitMB", in: 16...65536) ?? memoryLimitMB
         networkAllowed = try p.bool("NetworkAllowed") ?? networkAllowed
+        allowSubprocesses = try p.bool("AllowSubprocesses") ?? allowSubprocesses
+        readablePaths = try Self.paths(p, "ReadablePaths") ?? readablePaths
+        writablePaths = try Self.paths(p, "WritablePaths") ?? writablePaths
+        if let mode = try p.string("Sandbox") {
+            guard let parsed = SandboxMode(rawValue: mode) else {
+                throw p.fail("Sandbox", "'\(mode)' is not one of strict, bestEffort, none")
+            }
+            sandbox = parsed
+        }
+    }
+
+    /// Absolute paths without NUL or "..", at most 256 of them.
+    static func paths(_ p: PlistFields, _ key: String) throws(HostError) -> [String]? {
+        guard let paths = try p.stringArray(key) else { return nil }
+        guard paths.count <= 256 else { throw p.fail(key, "\(paths.count) paths; at most 256") }
+        for path in paths {
+            guard path.hasPrefix("/"), !path.utf8.contains(0), !path.split(separator: "/").contains("..") else {
+                throw p.fail(key, "'\(path)' is not an absolute path without '..'")
+            }
+        }
+        return paths
     }
 }
 

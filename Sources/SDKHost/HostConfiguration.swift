@@ -13,10 +13,20 @@ public struct ExtensionPolicy: Sendable, Equatable {
     public var idleTimeout: Double = 30
     /// Seconds a request may run before the host kills its worker (interruption "hang"); nil for no deadline.
     public var requestDeadline: Double? = 30
-    /// Data-segment limit (RLIMIT_DATA) for the worker, in MiB; nil for none.
-    public var memoryLimitMB: Int? = nil
-    /// Whether the extension may use the network. Recorded now; enforced by the sandbox launcher (later).
+    /// The worker's address-space limit (RLIMIT_AS: every mapping, anonymous, shared and memfd alike), in
+    /// MiB; also the largest file it may write. nil for none.
+    public var memoryLimitMB: Int? = 2048
+    /// Whether the extension may use the network (sockets other than Unix ones). Manifest key `NetworkAllowed`.
     public var networkAllowed = false
+    /// Whether the extension may start processes. They die with the worker all the same.
+    /// Manifest key `AllowSubprocesses`.
+    public var allowSubprocesses = false
+    /// Absolute paths (files or folders) the worker may read. Manifest key `ReadablePaths`.
+    public var readablePaths: [String] = []
+    /// Absolute paths the worker may read, write, create and remove under. Manifest key `WritablePaths`.
+    public var writablePaths: [String] = []
+    /// How much of the sandbox the worker must run under. Manifest key `Sandbox`.
+    public var sandbox = SandboxMode.strict
 
     /// Creates the default policy.
     public init() {}
@@ -54,6 +64,11 @@ public struct HostConfiguration: Sendable {
     public var workerExitGracePeriod: Double = 1
     /// Creates workers (tests substitute failing or in-process launchers); nil for posix_spawn.
     package var launcher: (any WorkerLauncher)?
+    /// The sandbox launcher; nil looks for `sdk-host-launcher` next to the running executable, then in
+    /// `executableSearchPaths`.
+    public var launcherPath: String?
+    /// Where each worker's private temp folder is made (and removed when the worker exits).
+    public var temporaryDirectory = "/tmp"
     /// Drives the engine's timers by hand (tests and the simulation); nil for the monotonic clock.
     package var clock: ManualClock?
 

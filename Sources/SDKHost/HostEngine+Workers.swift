@@ -24,21 +24,36 @@ extension HostEngine {
             "PATH=/usr/local/bin:/usr/bin:/bin", "LANG=C.UTF-8",
             // A crashing worker should die at once; the Swift backtracer would hold the crash for ~1 s.
             "SWIFT_BACKTRACE=enable=no",
-            "SDKHOST_IPC_FD=3", "SDKHOST_HOST_PID=\(getpid())", "SDKHOST_EXTENSION_ID=\(manifest.identifier)",
+            "SDKHOST_IPC_FD=3", "SDKHOST_EXTENSION_ID=\(manifest.identifier)",
             "SDKHOST_IDLE_TIMEOUT_MS=\(idleMs)",
         ]
-        if let mb = manifest.policy.memoryLimitMB { environment.append("SDKHOST_MEMORY_LIMIT_MB=\(mb)") }
+        // Under an address-space limit every malloc arena's 64 MiB reservation counts, and glibc makes up to 8
+        // per core: four arenas keep a threaded worker well inside a few hundred MiB. The config may override.
+        if !configuration.workerEnvironment.contains(where: { $0.hasPrefix("MALLOC_ARENA_MAX=") }) {
+            environment.append("MALLOC_ARENA_MAX=4")
+        }
         environment += configuration.workerEnvironment
-        let request = SpawnRequest(path: path, arguments: [path], environment: environment)
-
+        let spawn: SandboxedSpawn
+        do throws(HostError) {
+            spawn = try SandboxProfile.spawn(
+                manifest, executable: path, environment: environment, launcher: launcherPath,
+                runtimePaths: runtimePaths(of: path), temporaryBase: configuration.temporaryDirectory)
+        } catch {
+            throw HostError(error.code, "\(manifest.identifier): \(error.detail)")
+        }
+        if manifest.policy.sandbox == .none {
+            log(.warning, "\(manifest.identifier): Sandbox is none: the worker runs unconfined")
+        }
         let launched: LaunchedWorker
         do {
-            launched = try launcher.launch(request)
+            launched = try launcher.launch(spawn.request)
         } catch {
-            throw HostError(.system, "\(manifest.identifier): \(error)")
+            if let folder = spawn.temporaryDirectory { removeTree(folder) }
+            throw HostError(.system, "\(manifest.identifier): cannot launch \(path): \(error)")
         }
         let worker = WorkerProcess(extensionID: manifest.identifier, policy: manifest.policy, launched: launched,
                                    loop: loop, wireLimits: configuration.wireLimits)
+        worker.temporaryDirectory = spawn.temporaryDirectory
         count(manifest.identifier, \.spawns)
         workers[manifest.identifier, default: []].append(worker)
         do throws(SystemError) {
@@ -128,6 +143,27 @@ extension HostEngine {
         case .error(let text, let id):
             log(.warning, "\(worker.extensionID) pid \(worker.pid) reported an error\(id.map { " for \($0)" } ?? ""): "
                 + OutputLines.escape(Array(text.utf8.prefix(OutputLines.maxLineBytes))))
+        case .sandboxed(let layers, let skipped):
+            // The launcher's frame comes first, before the extension runs; the extension cannot send a second.
+            guard worker.state == .starting, !worker.sandboxReported else {
+                protocolViolation(worker, "worker sent 'sandboxed', which only its launcher sends, first")
+                return
+            }
+            worker.sandboxReported = true
+            worker.sandboxLayers = layers
+            worker.sandboxSkipped = skipped
+            for text in skipped {
+                log(.warning, "\(worker.extensionID) pid \(worker.pid): sandbox: " + OutputLines.escape(Array(text.utf8.prefix(1024))))
+            }
+        case .launchFailed(let reason):
+            // Before `sandboxed` (a layer failed) or just after it (the exec failed). Only counted as a launch
+            // failure if the process then exits with the launcher's status, 125.
+            guard worker.state == .starting, worker.launchFailure == nil else {
+                protocolViolation(worker, "worker sent 'launchFailed', which only its launcher sends, first")
+                return
+            }
+            worker.sandboxReported = true
+            worker.launchFailure = String(decoding: Array(reason.utf8.prefix(1024)), as: UTF8.self)
         case .unknown(let type):
             log(.info, "\(worker.extensionID): unknown message type '\(OutputLines.escape(Array(type.utf8.prefix(64))))'; ignored")
         case .hello, .begin, .cancel, .connect, .connected, .assigned, .interrupted, .status, .statusReport:
@@ -279,8 +315,14 @@ extension HostEngine {
             worker.closeStdout()
         }
 
+        if let folder = worker.temporaryDirectory {
+            worker.temporaryDirectory = nil
+            if !removeTree(folder) { log(.warning, "\(worker.extensionID): cannot remove the worker's temp folder \(folder)") }
+        }
         let reason: InterruptionReason
-        if let killReason = worker.killReason {
+        if let failure = worker.launchFailure, status == .exited(launcherFailureStatus) {
+            reason = .launchFailed(failure)
+        } else if let killReason = worker.killReason {
             reason = killReason
         } else {
             switch status {

@@ -36,6 +36,10 @@ package struct WorkerSnapshot: Sendable, Equatable {
     package var pid: Int32
     package var uptimeSeconds: Double
     package var inFlight: Int
+    /// The sandbox layers the worker runs under, as its launcher reported them (empty until it has).
+    package var sandboxLayers: [String] = []
+    /// What bestEffort left out, and why.
+    package var sandboxSkipped: [String] = []
 }
 
 /// What `HostEngine.snapshot` reports.
@@ -57,6 +61,8 @@ package final class HostEngine: @unchecked Sendable {
     let manifests: [String: ExtensionManifest]
     let crashStore: CrashReportStore?
     let launcher: any WorkerLauncher
+    /// The sandbox launcher executable (nil: not found; only `Sandbox = none` extensions can run).
+    let launcherPath: String?
     let pids = Mutex<[RequestID: pid_t]>([:])
 
     // Loop-confined state.
@@ -68,6 +74,8 @@ package final class HostEngine: @unchecked Sendable {
     var perExtension: [String: HostStatistics] = [:]
     var readBuffer = [UInt8](repeating: 0, count: 64 * 1024)
     var heartbeatTimer: TimerID?
+    /// What each executable needs to run under Landlock (its loader and libraries), read once per path.
+    var runtimePathCache: [String: RuntimePaths] = [:]
     var shuttingDown = false
     var shutdownCompletions: [@Sendable () -> Void] = []
     /// The engine itself, from the start of shutdown until its loop has stopped. Worker callbacks capture the
@@ -78,6 +86,8 @@ package final class HostEngine: @unchecked Sendable {
     package init(configuration: HostConfiguration) throws(HostError) {
         self.configuration = configuration
         launcher = configuration.launcher ?? PosixLauncher()
+        launcherPath = SandboxProfile.findLauncher(configured: configuration.launcherPath,
+                                                   searchPaths: configuration.executableSearchPaths)
         manifests = try ExtensionManifest.discover(in: configuration)
         crashStore = try configuration.crashReportDirectory.map { directory throws(HostError) in
             try CrashReportStore(directory: directory, limit: configuration.crashReportLimit)
@@ -355,11 +365,19 @@ extension HostEngine: HostBackend {
         if !accepted { body(EngineSnapshot(totals: HostStatistics(), perExtension: [:], crashReports: [], workers: [])) }
     }
 
+    func runtimePaths(of executable: String) -> RuntimePaths {
+        if let known = runtimePathCache[executable] { return known }
+        let paths = RuntimePaths.of(executable)
+        runtimePathCache[executable] = paths
+        return paths
+    }
+
     package func snapshotOnLoop() -> EngineSnapshot {
         let now = loop.now
         let workers = self.workers.values.joined().map {
             WorkerSnapshot(extensionIdentifier: $0.extensionID, pid: $0.pid,
-                           uptimeSeconds: Double(now &- $0.startedAt) / 1e9, inFlight: $0.inFlight.count)
+                           uptimeSeconds: Double(now &- $0.startedAt) / 1e9, inFlight: $0.inFlight.count,
+                           sandboxLayers: $0.sandboxLayers, sandboxSkipped: $0.sandboxSkipped)
         }
         return EngineSnapshot(totals: statistics, perExtension: perExtension, crashReports: crashReports,
                               workers: workers, activeRequests: requests.count,

@@ -6,6 +6,7 @@
 #if canImport(Glibc)
 import Glibc
 #endif
+import SDKPosix
 
 /// Why a request was interrupted: its worker died or misbehaved, or the host went away.
 public enum InterruptionReason: Sendable, Equatable, CustomStringConvertible {
@@ -45,19 +46,7 @@ public enum InterruptionReason: Sendable, Equatable, CustomStringConvertible {
     }
 }
 
-func signalDisplayName(_ s: Int32) -> String {
-    switch s {
-    case SIGSEGV: "SIGSEGV"
-    case SIGABRT: "SIGABRT"
-    case SIGILL: "SIGILL"
-    case SIGTRAP: "SIGTRAP"
-    case SIGKILL: "SIGKILL"
-    case SIGBUS: "SIGBUS"
-    case SIGFPE: "SIGFPE"
-    case SIGTERM: "SIGTERM"
-    default: "SIG\(s)"
-    }
-}
+func signalDisplayName(_ s: Int32) -> String { signalName(s) }
 
 /// How a request ended. Exactly one per request.
 public enum RequestOutcome: Sendable, Equatable {

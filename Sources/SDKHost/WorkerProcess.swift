@@ -58,6 +58,14 @@ final class WorkerProcess {
     var cancelTimers: [RequestID: TimerID] = [:]
     /// Polls for the exit when the exit descriptor could not be watched.
     var reapPollTimer: TimerID?
+    /// The private temp folder (TMPDIR), removed once the worker has exited.
+    var temporaryDirectory: String?
+    /// The layers its launcher reported (`sandboxed`), and what bestEffort skipped.
+    var sandboxLayers: [String] = []
+    var sandboxSkipped: [String] = []
+    var sandboxReported = false
+    /// The launcher's reason when it could not apply the sandbox (`launchFailed`).
+    var launchFailure: String?
 
     init(extensionID: String, policy: ExtensionPolicy, launched: consuming LaunchedWorker, loop: EventLoop,
          wireLimits: WireLimits)

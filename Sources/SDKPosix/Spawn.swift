@@ -16,12 +16,19 @@ public struct SpawnRequest {
     public var arguments: [String]
     /// The complete environment, as "KEY=value".
     public var environment: [String]
+    /// Bytes the child reads from descriptor 4 until end-of-file (the sandbox launcher's profile), or nil.
+    /// At most `maxProfileBytes`, so that writing them into a pipe before the spawn never blocks.
+    public var profile: [UInt8]?
+
+    /// The largest `profile`: what a pipe holds without a reader.
+    public static let maxProfileBytes = 60 * 1024
 
     /// Creates a request.
-    public init(path: String, arguments: [String], environment: [String]) {
+    public init(path: String, arguments: [String], environment: [String], profile: [UInt8]? = nil) {
         self.path = path
         self.arguments = arguments
         self.environment = environment
+        self.profile = profile
     }
 }
 
@@ -79,6 +86,11 @@ public func signalName(_ sig: Int32) -> String {
     case SIGPIPE: "SIGPIPE"
     case SIGALRM: "SIGALRM"
     case SIGTERM: "SIGTERM"
+    case SIGUSR1: "SIGUSR1"
+    case SIGUSR2: "SIGUSR2"
+    case SIGSTOP: "SIGSTOP"
+    case SIGXCPU: "SIGXCPU"
+    case SIGXFSZ: "SIGXFSZ"
     case SIGSYS: "SIGSYS"
     default: "SIG\(sig)"
     }
@@ -140,10 +152,10 @@ public func spawnWithChannels(_ request: SpawnRequest) throws(SystemError) -> Wo
         opened += out
         try retryingEINTR("pipe2") { sdk_pipe_cloexec(&err) }
         opened += err
-        // The child's ends must not sit on 0...3, or dup2 onto them would alias its own source.
+        // The child's ends must not sit on 0...4, or dup2 onto them would alias its own source.
         func raised(_ fd: Int32) throws(SystemError) -> Int32 {
-            if fd > 3 { return fd }
-            let copy = try retryingEINTR("fcntl(F_DUPFD_CLOEXEC)") { fcntl(fd, F_DUPFD_CLOEXEC, 4) }
+            if fd > 4 { return fd }
+            let copy = try retryingEINTR("fcntl(F_DUPFD_CLOEXEC)") { fcntl(fd, F_DUPFD_CLOEXEC, 5) }
             opened.append(copy)
             return copy
         }
@@ -151,7 +163,27 @@ public func spawnWithChannels(_ request: SpawnRequest) throws(SystemError) -> Wo
         try setNonBlocking(sv[0])
         try setNonBlocking(out[0])
         try setNonBlocking(err[0])
-        let process = try spawnRaw(request, ipc: childSocket, stdout: childOut, stderr: childErr)
+        var profileFD: Int32 = -1
+        if let profile = request.profile {
+            guard profile.count <= SpawnRequest.maxProfileBytes else {
+                throw SystemError("spawn", errno: E2BIG, detail: "profile of \(profile.count) bytes is over "
+                    + "\(SpawnRequest.maxProfileBytes)")
+            }
+            var pipe: [Int32] = [-1, -1]
+            try retryingEINTR("pipe2") { sdk_pipe_cloexec(&pipe) }
+            opened += pipe
+            var written = 0
+            while written < profile.count {
+                let n = profile.withUnsafeBytes { write(pipe[1], $0.baseAddress! + written, $0.count - written) }
+                if n < 0 && errno == EINTR { continue }
+                guard n > 0 else { throw SystemError("write", errno: errno, detail: "sandbox profile") }
+                written += n
+            }
+            _ = Glibc.close(pipe[1])
+            opened.removeAll { $0 == pipe[1] }
+            profileFD = try raised(pipe[0])
+        }
+        let process = try spawnRaw(request, ipc: childSocket, stdout: childOut, stderr: childErr, profile: profileFD)
         let hostEnds: Set<Int32> = [sv[0], out[0], err[0]]
         for fd in opened where !hostEnds.contains(fd) { _ = Glibc.close(fd) }
         return WorkerChannels(
@@ -163,8 +195,10 @@ public func spawnWithChannels(_ request: SpawnRequest) throws(SystemError) -> Wo
     }
 }
 
-func spawnRaw(_ request: SpawnRequest, ipc: Int32, stdout: Int32, stderr: Int32) throws(SystemError) -> SpawnedProcess {
-    precondition(ipc > 3 && stdout > 3 && stderr > 3, "spawn sources must be above 3")
+func spawnRaw(_ request: SpawnRequest, ipc: Int32, stdout: Int32, stderr: Int32, profile: Int32 = -1)
+    throws(SystemError) -> SpawnedProcess
+{
+    precondition(ipc > 4 && stdout > 4 && stderr > 4 && (profile == -1 || profile > 4), "spawn sources must be above 4")
     let argv = CStringArray(request.arguments)
     let envp = CStringArray(request.environment)
     defer {
@@ -172,7 +206,7 @@ func spawnRaw(_ request: SpawnRequest, ipc: Int32, stdout: Int32, stderr: Int32)
         envp.free()
     }
     var pid: pid_t = 0
-    let rc = sdk_spawn(request.path, argv.pointers, envp.pointers, ipc, stdout, stderr, &pid)
+    let rc = sdk_spawn(request.path, argv.pointers, envp.pointers, ipc, stdout, stderr, profile, &pid)
     guard rc == 0 else { throw SystemError("posix_spawn", errno: rc, detail: request.path) }
     let pidfd = sdk_pidfd_open(pid)
     guard pidfd >= 0 else {

@@ -10,6 +10,8 @@
 //   worker -> host   cancelled {type, id, error: {domain, code, message}}
 //   either way       ping      {type, seq}   and   pong {type, seq}
 //   either way       error     {type, message, id?}
+//   launcher -> host sandboxed {type, layers: [string], skipped: [string]}   first, before the extension runs
+//   launcher -> host launchFailed {type, reason}   the sandbox could not be applied; the launcher exits 125
 //
 // Between a client library and the daemon, additionally:
 //   client -> daemon connect     {type, version}
@@ -198,6 +200,8 @@ public enum Message: Sendable, Equatable {
     case interrupted(id: RequestID, reason: PlistValue)
     case status(seq: Int64)
     case statusReport(seq: Int64, report: PlistValue)
+    case sandboxed(layers: [String], skipped: [String])
+    case launchFailed(reason: String)
     /// A type this version does not know; ignored by receivers.
     case unknown(type: String)
 
@@ -238,6 +242,11 @@ public enum Message: Sendable, Equatable {
             return ["type": "assigned", "id": .string(id.uuidString), "pid": .integer(Int64(pid))]
         case let .interrupted(id, reason):
             return ["type": "interrupted", "id": .string(id.uuidString), "reason": reason]
+        case let .sandboxed(layers, skipped):
+            return ["type": "sandboxed", "layers": .array(layers.map(PlistValue.string)),
+                    "skipped": .array(skipped.map(PlistValue.string))]
+        case let .launchFailed(reason):
+            return ["type": "launchFailed", "reason": .string(reason)]
         case let .status(seq):
             return ["type": "status", "seq": .integer(seq)]
         case let .statusReport(seq, report):
@@ -267,6 +276,15 @@ public enum Message: Sendable, Equatable {
             let raw = try string("id")
             guard let id = RequestID(uuidString: raw) else { throw MessageError("'\(type)' id '\(raw)' is not a UUID") }
             return id
+        }
+        func strings(_ key: String) throws(MessageError) -> [String] {
+            guard case .array(let raw)? = d[key] else { throw MessageError("'\(type)' needs an array '\(key)'") }
+            var out: [String] = []
+            for v in raw {
+                guard let s = v.stringValue else { throw MessageError("'\(type)' \(key) must be strings") }
+                out.append(s)
+            }
+            return out
         }
         func items() throws(MessageError) -> [ExtensionItem] {
             guard case .array(let raw)? = d["items"] else { throw MessageError("'\(type)' needs an array 'items'") }
@@ -299,14 +317,11 @@ public enum Message: Sendable, Equatable {
             self = .error(message: try string("message"), id: d["id"] == nil ? nil : try id())
         case "connect": self = .connect(version: try integer("version"))
         case "connected":
-            guard case .array(let raw)? = d["extensions"] else { throw MessageError("'connected' needs an array 'extensions'") }
-            var names: [String] = []
-            for v in raw {
-                guard let s = v.stringValue else { throw MessageError("'connected' extensions must be strings") }
-                names.append(s)
-            }
             let pid = try integer("pid")
-            self = .connected(version: try integer("version"), pid: Int32(truncatingIfNeeded: pid), extensions: names)
+            self = .connected(version: try integer("version"), pid: Int32(truncatingIfNeeded: pid),
+                              extensions: try strings("extensions"))
+        case "sandboxed": self = .sandboxed(layers: try strings("layers"), skipped: try strings("skipped"))
+        case "launchFailed": self = .launchFailed(reason: try string("reason"))
         case "assigned":
             let pid = try integer("pid")
             guard let pid32 = Int32(exactly: pid) else { throw MessageError("'assigned' pid \(pid) is out of range") }
@@ -343,6 +358,8 @@ extension Message {
         case .interrupted: "interrupted"
         case .status: "status"
         case .statusReport: "statusReport"
+        case .sandboxed: "sandboxed"
+        case .launchFailed: "launchFailed"
         case .unknown: "unknown"
         }
     }

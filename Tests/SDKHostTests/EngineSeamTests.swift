@@ -62,6 +62,7 @@ final class WrappedChild: WorkerChild {
 /// Something to hold weakly: alive as long as a request's handler captures it.
 final class Canary: Sendable {}
 
+extension HostSuites {
 @Suite(.serialized) struct EngineSeamTests {
     @Test func spawnFailureEndsTheRequestWithTheReason() async throws {
         try await withHost({ $0.launcher = FailingLauncher() }) { host, log in
@@ -209,6 +210,7 @@ final class Canary: Sendable {}
             #expect(growth < 256 << 20, "RSS grew \(growth >> 20) MB")
         }
     }
+}
 }
 
 final class WeakBox: @unchecked Sendable {

@@ -11,6 +11,7 @@ import Testing
 import Glibc
 #endif
 
+extension HostSuites {
 @Suite(.serialized) struct HostAPITests {
     @Test func unknownExtensionIsAClearError() async throws {
         try await withHost { host, _ in
@@ -284,6 +285,7 @@ import Glibc
         }
         #expect(await eventually(timeout: 10) { weakExtension == nil && weakEngine == nil })
     }
+}
 }
 
 func monotonicMs() -> Double { Double(monotonicNanoseconds()) / 1e6 }

@@ -3,11 +3,12 @@ import HostTestSupport
 @testable import SDKHost
 import Testing
 
+extension HostSuites {
 @Suite struct ManifestTests {
     @Test func bundledManifestsLoad() throws {
         let configuration = HostConfiguration(extensionSearchPaths: ["\(packageRoot)/Extensions"])
         let manifests = try ExtensionManifest.discover(in: configuration)
-        #expect(manifests.keys.sorted() == ["com.example.async-echo", "com.example.crasher", "com.example.echo"])
+        #expect(manifests.keys.sorted() == ["com.example.async-echo", "com.example.crasher", "com.example.echo", "com.example.escaper"])
         let echo = try #require(manifests["com.example.echo"])
         #expect(echo.executableName == "Echo")
         #expect(echo.executablePath?.hasSuffix("/Echo") == true)
@@ -62,3 +63,8 @@ import Testing
         }
     }
 }
+}
+
+/// Every host suite in one serialized parent: the leak checks count process-wide descriptors and threads, so
+/// a suite running beside another (the simulation opens thousands of socket pairs) would see its resources.
+@Suite(.serialized) struct HostSuites {}

@@ -200,6 +200,7 @@ struct Simulation {
     }
 }
 
+extension HostSuites {
 @Suite(.serialized) struct SimulationTests {
     @Test func randomSchedulesEndEveryRequestExactlyOnceAndRetainNothing() async throws {
         let temp = TemporaryExtension(identifier: Simulation.identifier, executable: "Echo", policy: """
@@ -234,4 +235,5 @@ struct Simulation {
             }
         }
     }
+}
 }

@@ -7,11 +7,11 @@
 #include <sys/types.h>
 
 /// Spawns `path` with exactly these descriptors in the child: /dev/null on 0, `stdout_fd` on 1, `stderr_fd`
-/// on 2, `ipc_fd` on 3. Every other descriptor is close-on-exec in the parent. The child gets an empty signal
-/// mask, default dispositions for every signal, and its own process group (terminal signals aimed at the app
-/// do not hit its workers). Returns 0 and sets *pid, or an errno value.
+/// on 2, `ipc_fd` on 3, and `profile_fd` on 4 unless it is -1. Every other descriptor is close-on-exec in the
+/// parent. The child gets an empty signal mask, default dispositions for every signal, and its own session
+/// (terminal signals aimed at the app do not hit its workers). Returns 0 and sets *pid, or an errno value.
 int sdk_spawn(const char *path, char *const argv[], char *const envp[], int ipc_fd, int stdout_fd,
-              int stderr_fd, pid_t *pid);
+              int stderr_fd, int profile_fd, pid_t *pid);
 
 /// pidfd_open(2); returns the descriptor (close-on-exec by kernel contract) or -1 with errno.
 int sdk_pidfd_open(pid_t pid);

@@ -1,0 +1,264 @@
+// Escaper (com.example.escaper): a probe that tries to escape its sandbox. The first item's title picks one
+// attempt, `name` or `name:argument`; the reply is one item titled "refused: <why>" or "allowed: <what>".
+// The sandbox tests run every attempt under the default profile and expect "refused" (or, for the calls that
+// seccomp answers with SIGSYS, the worker's death), and run the controls and expect "allowed".
+//
+// Every attempt is harmless if nothing stops it: files are made only at paths the test gives (inside its own
+// folder) and removed at once, connections go to listeners the test opened on 127.0.0.1 or in its folder,
+// signals are signal 0, ptrace seizes and detaches, a mount goes over the test's folder and is undone at once,
+// and a memory bomb touches at most 64 MiB of what it mapped.
+//
+// Built the ordinary way (dynamically linked against the toolchain's Swift runtime), as an extension in
+// another package would be, so that the default profile is shown to run one.
+import EscaperProbes
+import SDKExtension
+
+#if canImport(Glibc)
+import Glibc
+#endif
+
+@main
+struct Escaper: RequestHandler {
+    func beginRequest(with context: ExtensionContext) {
+        let title = context.inputItems.first?.title ?? ""
+        let name = String(title.prefix { $0 != ":" })
+        let argument = title.contains(":") ? String(title[title.index(after: title.firstIndex(of: ":")!)...]) : ""
+        let result = Attempts.run(name, argument)
+        context.completeRequest(returningItems: [ExtensionItem(title: result)])
+    }
+}
+
+enum Attempts {
+    static func run(_ name: String, _ argument: String) -> String {
+        switch name {
+        case "read": return readFile(argument)
+        case "create": return createFile(argument)
+        case "tcp": return connectInet(port: argument, type: SOCK_STREAM)
+        case "udp": return connectInet(port: argument, type: SOCK_DGRAM)
+        case "netlink": return outcome(socket(AF_NETLINK, Int32(SOCK_RAW.rawValue), 0), "a netlink socket")
+        case "unix": return connectUnix(argument, abstract: false)
+        case "abstract": return connectUnix(argument, abstract: true)
+        case "signal": return outcome(kill(pid_t(argument) ?? 0, 0), "signal 0 reached \(argument)")
+        case "ptrace": return ptraceSeize(pid_t(argument) ?? 0)
+        case "procmem": return readFile("/proc/\(argument)/mem")
+        case "environ": return readFile("/proc/\(argument)/environ")
+        case "userns": return outcome(Int32(probe_unshare(0x1000_0000 /* CLONE_NEWUSER */)), "a new user namespace")
+        case "netns": return outcome(Int32(probe_unshare(0x4000_0000 /* CLONE_NEWNET */)), "a new network namespace")
+        case "mount": return mountOver(argument)
+        case "io_uring": return ioUring()
+        case "userfaultfd": return outcome(Int32(probe_userfaultfd()), "a userfaultfd")
+        case "bpf": return outcome(Int32(probe_bpf_map()), "a BPF map")
+        case "perf": return outcome(Int32(probe_perf_event()), "a perf event")
+        case "add_key": return outcome(Int32(probe_add_key()), "a key in the process keyring", closing: false)
+        case "clone3": return outcome(Int32(probe_clone3()), "a process from clone3", closing: false)
+        case "fork": return forkChild()
+        case "exec": return execProgram(argument)
+        case "memory": return memoryBomb(argument)
+        case "rlimit": return raiseLimit()
+        case "orphan": return orphan(argument)
+        case "threads": return threads()
+        case "urandom": return urandom()
+        case "tmpdir": return tmpdir()
+        case "layers": return "allowed: pid \(getpid()) ppid \(getppid())"
+        default: return "unknown attempt '\(name)'"
+        }
+    }
+
+    static func describe(_ error: Int32) -> String { "errno \(error) (\(String(cString: strerror(error))))" }
+
+    /// "allowed" for a non-negative result (closing it if it is a descriptor the caller did not keep).
+    static func outcome(_ result: Int32, _ what: String, closing: Bool = true) -> String {
+        if result < 0 { return "refused: \(describe(errno))" }
+        if closing && result > 2 { close(result) }
+        return "allowed: \(what)"
+    }
+
+    static func readFile(_ path: String) -> String {
+        let fd = open(path, O_RDONLY | O_CLOEXEC)
+        guard fd >= 0 else { return "refused: \(describe(errno))" }
+        defer { close(fd) }
+        var byte: UInt8 = 0
+        let n = read(fd, &byte, 1)
+        return n < 0 ? "refused: read: \(describe(errno))" : "allowed: read \(path)"
+    }
+
+    static func createFile(_ path: String) -> String {
+        let fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0o600)
+        guard fd >= 0 else { return "refused: \(describe(errno))" }
+        close(fd)
+        unlink(path)
+        return "allowed: created \(path)"
+    }
+
+    static func loopback(_ port: UInt16) -> sockaddr_in {
+        var address = sockaddr_in()
+        address.sin_family = sa_family_t(AF_INET)
+        address.sin_port = port.bigEndian
+        address.sin_addr.s_addr = UInt32(0x7F00_0001).bigEndian
+        return address
+    }
+
+    static func connectInet(port: String, type: __socket_type) -> String {
+        let fd = socket(AF_INET, Int32(type.rawValue), 0)
+        guard fd >= 0 else { return "refused: socket: \(describe(errno))" }
+        defer { close(fd) }
+        var address = loopback(UInt16(port) ?? 9)
+        let rc = withUnsafePointer(to: &address) {
+            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { connect(fd, $0, socklen_t(MemoryLayout<sockaddr_in>.size)) }
+        }
+        guard rc == 0 else { return "refused: connect: \(describe(errno))" }
+        if type == SOCK_DGRAM {
+            let sent = send(fd, "x", 1, 0)
+            if sent < 0 { return "refused: send: \(describe(errno))" }
+        }
+        return "allowed: connected to 127.0.0.1:\(port)"
+    }
+
+    static func connectUnix(_ path: String, abstract: Bool) -> String {
+        let fd = socket(AF_UNIX, Int32(SOCK_STREAM.rawValue), 0)
+        guard fd >= 0 else { return "refused: socket: \(describe(errno))" }
+        defer { close(fd) }
+        var address = sockaddr_un()
+        address.sun_family = sa_family_t(AF_UNIX)
+        let bytes = Array(path.utf8.prefix(100))
+        let offset = abstract ? 1 : 0  // an abstract name starts with a NUL byte
+        withUnsafeMutableBytes(of: &address.sun_path) { raw in
+            for (i, b) in bytes.enumerated() { raw[i + offset] = b }
+        }
+        let length = socklen_t(MemoryLayout<sa_family_t>.size + bytes.count + offset + (abstract ? 0 : 1))
+        let rc = withUnsafePointer(to: &address) {
+            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { connect(fd, $0, length) }
+        }
+        return rc == 0 ? "allowed: connected to \(abstract ? "@" : "")\(path)" : "refused: connect: \(describe(errno))"
+    }
+
+    static func ptraceSeize(_ pid: pid_t) -> String {
+        probe_ptrace_seize(pid) == 0 ? "allowed: seized \(pid) (and detached)" : "refused: \(describe(errno))"
+    }
+
+    static func mountOver(_ folder: String) -> String {
+        probe_mount(folder) == 0 ? "allowed: mounted over \(folder) (and unmounted)" : "refused: \(describe(errno))"
+    }
+
+    static func ioUring() -> String { outcome(Int32(probe_io_uring_setup()), "an io_uring") }
+
+    static func forkChild() -> String {
+        let pid = fork()
+        if pid == 0 { _exit(0) }
+        guard pid > 0 else { return "refused: \(describe(errno))" }
+        var status: Int32 = 0
+        waitpid(pid, &status, 0)
+        return "allowed: forked \(pid)"
+    }
+
+    static func execProgram(_ path: String) -> String {
+        let program = path.isEmpty ? "/bin/true" : path
+        let argv: [UnsafeMutablePointer<CChar>?] = [strdup(program), nil]
+        execv(program, argv)
+        return "refused: \(describe(errno))"
+    }
+
+    /// `kind:MB`: anonymous, shared or memfd memory. Maps the whole size, touches at most 64 MiB of it.
+    static func memoryBomb(_ argument: String) -> String {
+        let parts = argument.split(separator: ":")
+        let kind = parts.first.map(String.init) ?? "anonymous"
+        let size = (parts.count > 1 ? Int(parts[1]) : nil).map { $0 << 20 } ?? 8 << 30
+        var fd: Int32 = -1
+        var flags = MAP_PRIVATE | MAP_ANONYMOUS
+        switch kind {
+        case "shared": flags = MAP_SHARED | MAP_ANONYMOUS
+        case "memfd":
+            signal(SIGXFSZ, SIG_IGN)
+            fd = Int32(probe_memfd())
+            guard fd >= 0 else { return "refused: memfd_create: \(describe(errno))" }
+            guard ftruncate(fd, off_t(size)) == 0 else {
+                let e = errno
+                close(fd)
+                return "refused: ftruncate: \(describe(e))"
+            }
+            flags = MAP_SHARED
+        default: break
+        }
+        defer { if fd >= 0 { close(fd) } }
+        guard let memory = mmap(nil, size, PROT_READ | PROT_WRITE, flags, fd, 0), memory != MAP_FAILED else {
+            return "refused: mmap: \(describe(errno))"
+        }
+        let touched = min(size, 64 << 20)
+        memset(memory, 1, touched)
+        munmap(memory, size)
+        return "allowed: mapped \(size >> 20) MiB (\(kind))"
+    }
+
+    static func raiseLimit() -> String {
+        var limit = rlimit()
+        getrlimit(__rlimit_resource_t(RLIMIT_AS.rawValue), &limit)
+        let before = limit.rlim_max
+        limit.rlim_cur = rlim_t.max
+        limit.rlim_max = rlim_t.max
+        guard setrlimit(__rlimit_resource_t(RLIMIT_AS.rawValue), &limit) == 0 else {
+            return "refused: \(describe(errno)) (RLIMIT_AS stays \(before == rlim_t.max ? "unlimited" : "\(before >> 20) MiB"))"
+        }
+        return "allowed: RLIMIT_AS raised from \(before == rlim_t.max ? "unlimited" : "\(before >> 20) MiB")"
+    }
+
+    /// A grandchild in its own session, holding an exclusive lock on `path` until it dies: the test tells
+    /// whether it outlived the worker by trying the lock.
+    static func orphan(_ path: String) -> String {
+        let child = fork()
+        guard child >= 0 else { return "refused: \(describe(errno))" }
+        if child == 0 {
+            setsid()
+            let grandchild = fork()
+            if grandchild == 0 {
+                let fd = open(path, O_WRONLY | O_CREAT | O_CLOEXEC, 0o600)
+                if fd >= 0, flock(fd, LOCK_EX) == 0 {
+                    while true { pause() }
+                }
+                _exit(1)
+            }
+            _exit(grandchild > 0 ? 0 : 1)
+        }
+        var status: Int32 = 0
+        waitpid(child, &status, 0)
+        // Give the grandchild a moment to take its lock before the reply lets the test look.
+        for _ in 0..<200 {
+            let fd = open(path, O_WRONLY | O_CLOEXEC)
+            if fd >= 0 {
+                let locked = flock(fd, LOCK_EX | LOCK_NB) != 0
+                close(fd)
+                if locked { return "allowed: an orphan holds \(path)" }
+            }
+            usleep(10_000)
+        }
+        return "refused: the orphan never took its lock"
+    }
+
+    static func threads() -> String {
+        var handles: [pthread_t] = []
+        for _ in 0..<4 {
+            var thread = pthread_t()
+            guard pthread_create(&thread, nil, { _ in nil }, nil) == 0 else { return "refused: pthread_create failed" }
+            handles.append(thread)
+        }
+        for thread in handles { pthread_join(thread, nil) }
+        return "allowed: 4 threads"
+    }
+
+    static func urandom() -> String {
+        var bytes = [UInt8](repeating: 0, count: 16)
+        let fd = open("/dev/urandom", O_RDONLY | O_CLOEXEC)
+        guard fd >= 0 else { return "refused: \(describe(errno))" }
+        defer { close(fd) }
+        return read(fd, &bytes, 16) == 16 ? "allowed: 16 random bytes" : "refused: \(describe(errno))"
+    }
+
+    static func tmpdir() -> String {
+        guard let folder = getenv("TMPDIR").map({ String(cString: $0) }) else { return "refused: no TMPDIR" }
+        let path = "\(folder)/probe"
+        let fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0o600)
+        guard fd >= 0 else { return "refused: \(describe(errno))" }
+        defer { close(fd) }
+        guard write(fd, "hello", 5) == 5 else { return "refused: write: \(describe(errno))" }
+        return "allowed: wrote \(path)"
+    }
+}

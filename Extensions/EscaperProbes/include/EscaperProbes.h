@@ -1,0 +1,24 @@
+// Raw system calls for the Escaper probe extension (Swift cannot call the variadic syscall(2)). Each returns
+// the call's result, or -1 with errno set.
+#ifndef ESCAPER_PROBES_H
+#define ESCAPER_PROBES_H
+#include <sys/types.h>
+
+long probe_unshare(int flags);
+/// PTRACE_SEIZE then, if that worked, PTRACE_DETACH at once.
+long probe_ptrace_seize(pid_t pid);
+long probe_io_uring_setup(void);
+long probe_userfaultfd(void);
+/// BPF_MAP_CREATE of a one-entry array map.
+long probe_bpf_map(void);
+/// perf_event_open of a software task-clock counter on the calling thread.
+long probe_perf_event(void);
+/// add_key("user", ...) into the process keyring.
+long probe_add_key(void);
+long probe_memfd(void);
+/// mount a 1 MiB tmpfs over `folder` and, if it worked, unmount it at once.
+long probe_mount(const char *folder);
+/// A raw clone3 with no flags but SIGCHLD: ENOSYS under the sandbox. A child that appears exits at once.
+long probe_clone3(void);
+
+#endif

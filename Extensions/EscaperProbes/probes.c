@@ -1,0 +1,72 @@
+#define _GNU_SOURCE
+#include "EscaperProbes.h"
+
+#include <errno.h>
+#include <linux/sched.h>
+#include <sched.h>
+#include <signal.h>
+#include <stdint.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/mount.h>
+#include <sys/ptrace.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+long probe_unshare(int flags) { return syscall(SYS_unshare, flags); }
+
+long probe_ptrace_seize(pid_t pid) {
+    long rc = syscall(SYS_ptrace, PTRACE_SEIZE, pid, 0, 0);
+    if (rc == 0) syscall(SYS_ptrace, PTRACE_DETACH, pid, 0, 0);
+    return rc;
+}
+
+long probe_io_uring_setup(void) {
+    uint8_t params[120];
+    memset(params, 0, sizeof params);
+    return syscall(SYS_io_uring_setup, 1, params);
+}
+
+long probe_userfaultfd(void) { return syscall(SYS_userfaultfd, 0); }
+
+long probe_bpf_map(void) {
+    uint32_t attr[32];
+    memset(attr, 0, sizeof attr);
+    attr[0] = 2;  // BPF_MAP_TYPE_ARRAY
+    attr[1] = 4;  // key size
+    attr[2] = 4;  // value size
+    attr[3] = 1;  // max entries
+    return syscall(SYS_bpf, 0 /* BPF_MAP_CREATE */, attr, sizeof attr);
+}
+
+long probe_perf_event(void) {
+    uint8_t attr[128];
+    memset(attr, 0, sizeof attr);
+    uint32_t type = 1, size = sizeof attr;  // PERF_TYPE_SOFTWARE
+    uint64_t config = 1;                     // PERF_COUNT_SW_TASK_CLOCK
+    memcpy(attr, &type, 4);
+    memcpy(attr + 4, &size, 4);
+    memcpy(attr + 8, &config, 8);
+    return syscall(SYS_perf_event_open, attr, 0, -1, -1, 0);
+}
+
+long probe_add_key(void) { return syscall(SYS_add_key, "user", "sdk-host-probe", "x", 1, -2 /* process keyring */); }
+
+long probe_memfd(void) { return syscall(SYS_memfd_create, "sdk-host-probe", 1 /* MFD_CLOEXEC */); }
+
+long probe_mount(const char *folder) {
+    long rc = mount("sdk-host-probe", folder, "tmpfs", 0, "size=1m");
+    if (rc == 0) umount2(folder, MNT_DETACH);
+    return rc;
+}
+
+long probe_clone3(void) {
+    struct clone_args args;
+    memset(&args, 0, sizeof args);
+    args.exit_signal = SIGCHLD;
+    long pid = syscall(SYS_clone3, &args, sizeof args);
+    if (pid == 0) _exit(0);
+    if (pid > 0) waitpid((pid_t)pid, NULL, 0);
+    return pid;
+}

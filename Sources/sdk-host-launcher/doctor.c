@@ -1,0 +1,96 @@
+// `sdk-host-launcher --doctor`: tries each layer in a throwaway child and prints one line per layer:
+// "<layer>\t<yes|no>\t<detail>". `sdk-host doctor` formats these.
+#define _GNU_SOURCE
+#include "sandbox.h"
+
+#include <errno.h>
+#include <sched.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/resource.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+typedef int (*trial)(void);
+
+/// Runs `body` in a forked child and returns its result: 0 for success, else an errno value.
+static int in_child(trial body) {
+    pid_t pid = fork();
+    if (pid < 0) return errno;
+    if (pid == 0) _exit(body() & 0xFF);
+    int status;
+    while (waitpid(pid, &status, 0) < 0)
+        if (errno != EINTR) return errno;
+    if (WIFEXITED(status)) return WEXITSTATUS(status);
+    return EFAULT;
+}
+
+static int namespace_trial(int flag) {
+    int flags = flag | (geteuid() != 0 && flag != CLONE_NEWUSER ? CLONE_NEWUSER : 0);
+    if (unshare(flags) != 0) return errno;
+    if (flag != CLONE_NEWPID) return 0;
+    pid_t init = fork();  // a pid namespace is only real once it has a pid 1
+    if (init < 0) return errno;
+    if (init == 0) _exit(getpid() == 1 ? 0 : EINVAL);
+    int status;
+    waitpid(init, &status, 0);
+    return WIFEXITED(status) ? WEXITSTATUS(status) : EFAULT;
+}
+static int user_ns(void) { return namespace_trial(CLONE_NEWUSER); }
+static int pid_ns(void) { return namespace_trial(CLONE_NEWPID); }
+static int mount_ns(void) { return namespace_trial(CLONE_NEWNS); }
+static int net_ns(void) { return namespace_trial(CLONE_NEWNET); }
+static int no_new_privs(void) { return prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) == 0 ? 0 : errno; }
+static int seccomp_trial(void) {
+    if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0) return errno;
+    struct profile p = {0};
+    const char *why;
+    return apply_seccomp(&p, getpid(), &why);
+}
+static int landlock_trial(void) {
+    if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0) return errno;
+    struct profile p = {0};
+    const char *why;
+    int abi;
+    char skipped[64] = "";
+    return apply_landlock(&p, &abi, skipped, sizeof skipped, &why);
+}
+static int rlimit_trial(void) {
+    struct rlimit limit = {.rlim_cur = (rlim_t)1 << 40, .rlim_max = (rlim_t)1 << 40};
+    return setrlimit(RLIMIT_AS, &limit) == 0 ? 0 : errno;
+}
+static int capabilities_trial(void) {
+    const char *why;
+    return drop_capabilities(&why);
+}
+
+static void report(const char *layer, int error, const char *detail) {
+    if (error == 0) printf("%s\tyes\t%s\n", layer, detail);
+    else printf("%s\tno\t%s (%s)\n", layer, strerror(error), detail);
+}
+
+int doctor(void) {
+    int root = geteuid() == 0;
+    report("userNamespace", in_child(user_ns), root ? "not needed as root" : "needed for the pid namespace");
+    report("pidNamespace", in_child(pid_ns), "grandchildren die with the worker; the host's pid is out of reach");
+    report("mountNamespace", in_child(mount_ns), "not used: seccomp refuses mount, Landlock hides files");
+    report("netNamespace", in_child(net_ns), "not used: seccomp refuses non-Unix sockets, for less cost");
+    report("noNewPrivs", in_child(no_new_privs), "required by Landlock and seccomp");
+    report("capabilities", in_child(capabilities_trial), "every capability dropped before exec");
+    int abi = landlock_abi();
+    char detail[256];
+    if (abi > 0) {
+        snprintf(detail, sizeof detail, "ABI %d: files%s%s%s%s%s", abi, abi >= 2 ? ", refer" : "",
+                 abi >= 3 ? ", truncate" : "", abi >= 4 ? ", TCP bind and connect" : "",
+                 abi >= 5 ? ", device ioctl" : "", abi >= 6 ? ", abstract Unix sockets and signals scoped" : "");
+        report("landlock", in_child(landlock_trial), detail);
+    } else {
+        report("landlock", -abi, "no file confinement");
+    }
+    report("seccomp", in_child(seccomp_trial), "system call filter (BPF)");
+    report("rlimits", in_child(rlimit_trial), "address space, file size, core files, descriptors");
+    fflush(stdout);
+    return 0;
+}

@@ -1,0 +1,309 @@
+// sdk-host-launcher: spawned by the host in a worker's place. It reads the worker's sandbox profile (a binary
+// property list on descriptor 4), applies it in the order bubblewrap, minijail and nsjail share, and execs the
+// extension in its own process, so that no layer depends on the extension's cooperation and the host's child
+// *is* the worker: its pid, exit status and signals are the extension's (shared/DESIGN.md "Sandbox").
+//
+//   descriptors but 0-3 closed -> session (posix_spawn made one) -> parent-death signal, parent checked ->
+//   rlimits -> [user namespace when not root, pid namespace: AllowSubprocesses only] -> no_new_privs ->
+//   capabilities dropped -> Landlock -> seccomp -> `sandboxed` frame to the host -> execve
+//
+// The pid namespace is for grandchildren: without AllowSubprocesses seccomp refuses fork, so there are none and
+// the namespace would cost a fork for nothing. With it, the launcher forks the namespace's pid 1 (which reaps
+// orphans and dies with the worker through its parent-death signal; the kernel then kills every process left
+// in the namespace, `setsid` ones included) and the worker's children are born inside.
+//
+// Before execve the launcher sends the host one frame, `sandboxed`, naming the layers the worker runs under and
+// what bestEffort skipped. A layer that strict requires and cannot apply ends the launch: a `launchFailed` frame
+// with "sandbox: <layer> unavailable: <why>", a line on stderr, exit status 125.
+//
+// `sdk-host-launcher --doctor` prints, one per line, each layer as available or not and why.
+#define _GNU_SOURCE
+#include "bplist.h"
+#include "sandbox.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <sched.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/resource.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#define PROFILE_FD 4
+#define HOST_FD 3
+#define LAUNCH_FAILED_STATUS 125
+#define MAX_PROFILE_BYTES (1 << 20)
+
+static struct profile profile;
+static const char *layers[16];
+static size_t layer_count;
+static char skipped_text[8][512];
+static const char *skipped[8];
+static size_t skipped_count;
+
+static void send_frame(const struct bp_entry *entries, size_t count) {
+    static uint8_t frame[16384];
+    size_t length = bp_write_frame(entries, count, frame, sizeof frame);
+    for (size_t off = 0; off < length;) {
+        ssize_t n = write(HOST_FD, frame + off, length - off);
+        if (n < 0 && errno == EINTR) continue;
+        if (n <= 0) return;
+        off += (size_t)n;
+    }
+}
+
+/// Ends the launch: tells the host why (a frame and a stderr line) and exits with LAUNCH_FAILED_STATUS.
+static void launch_failed(const char *format, ...) {
+    char reason[1024];
+    va_list args;
+    va_start(args, format);
+    vsnprintf(reason, sizeof reason, format, args);
+    va_end(args);
+    struct bp_entry entries[] = {{.key = "type", .string = "launchFailed"}, {.key = "reason", .string = reason}};
+    send_frame(entries, 2);
+    dprintf(2, "sdk-host-launcher: %s: %s\n", profile.extension ? profile.extension : "?", reason);
+    _exit(LAUNCH_FAILED_STATUS);
+}
+
+/// A layer that could not be applied: fatal under strict; under bestEffort noted and skipped.
+static void unavailable(const char *layer, int error, const char *why) {
+    if (profile.mode == SANDBOX_STRICT)
+        launch_failed("sandbox: %s unavailable: %s (%s)", layer, why, strerror(error));
+    if (skipped_count < 8) {
+        snprintf(skipped_text[skipped_count], sizeof skipped_text[0], "%s: %s (%s)", layer, why, strerror(error));
+        skipped[skipped_count] = skipped_text[skipped_count];
+        skipped_count++;
+    }
+}
+
+static void applied(const char *layer) {
+    if (layer_count < 16) layers[layer_count++] = layer;
+}
+
+// MARK: Profile
+
+static struct paths paths_for(const struct bp_doc *doc, const char *key) {
+    struct paths list = {0};
+    size_t object = bp_lookup(doc, key);
+    if (object == (size_t)-1) return list;
+    list.items = bp_string_array(doc, object, &list.count);
+    if (list.items == NULL) launch_failed("profile: %s must be an array of strings", key);
+    return list;
+}
+
+static char *string_for(const struct bp_doc *doc, const char *key, int required) {
+    size_t object = bp_lookup(doc, key);
+    char *value = object == (size_t)-1 ? NULL : bp_string(doc, object);
+    if (value == NULL && required) launch_failed("profile: %s is missing or not a string", key);
+    return value;
+}
+
+static long long integer_for(const struct bp_doc *doc, const char *key, long long fallback) {
+    size_t object = bp_lookup(doc, key);
+    int64_t value;
+    if (object == (size_t)-1) return fallback;
+    if (bp_integer(doc, object, &value) != 0) launch_failed("profile: %s must be an integer or boolean", key);
+    return value;
+}
+
+static void read_profile(void) {
+    static uint8_t bytes[MAX_PROFILE_BYTES];
+    size_t length = 0;
+    for (;;) {
+        ssize_t n = read(PROFILE_FD, bytes + length, sizeof bytes - length);
+        if (n < 0 && errno == EINTR) continue;
+        if (n < 0) launch_failed("profile: cannot read descriptor %d: %s", PROFILE_FD, strerror(errno));
+        if (n == 0) break;
+        length += (size_t)n;
+        if (length == sizeof bytes) launch_failed("profile: larger than %d bytes", MAX_PROFILE_BYTES);
+    }
+    struct bp_doc doc;
+    const char *why;
+    if (bp_open(&doc, bytes, length, &why) != 0) launch_failed("profile: %s", why);
+    profile.extension = string_for(&doc, "Extension", 1);
+    profile.executable = string_for(&doc, "Executable", 1);
+    struct paths argv = paths_for(&doc, "Arguments"), envp = paths_for(&doc, "Environment");
+    if (argv.count == 0) launch_failed("profile: Arguments is empty");
+    profile.argv = argv.items;
+    profile.envp = envp.items ? envp.items : (char *[]){NULL};
+    profile.host_pid = integer_for(&doc, "HostPID", 0);
+    char *mode = string_for(&doc, "Sandbox", 1);
+    if (strcmp(mode, "strict") == 0) profile.mode = SANDBOX_STRICT;
+    else if (strcmp(mode, "bestEffort") == 0) profile.mode = SANDBOX_BEST_EFFORT;
+    else if (strcmp(mode, "none") == 0) profile.mode = SANDBOX_NONE;
+    else launch_failed("profile: Sandbox '%s' is not strict, bestEffort or none", mode);
+    profile.network = integer_for(&doc, "NetworkAllowed", 0) != 0;
+    profile.subprocesses = integer_for(&doc, "AllowSubprocesses", 0) != 0;
+    profile.memory_mb = integer_for(&doc, "MemoryLimitMB", 0);
+    profile.descriptors = integer_for(&doc, "DescriptorLimit", 0);
+    profile.executable_paths = paths_for(&doc, "ExecutablePaths");
+    profile.readable = paths_for(&doc, "ReadablePaths");
+    profile.writable = paths_for(&doc, "WritablePaths");
+}
+
+// MARK: Layers in the launcher
+
+static void run_init(int ready[2]);
+
+static void close_other_descriptors(int from) {
+    if (syscall(SYS_close_range, from, ~0U, 0) == 0) return;
+    long max = sysconf(_SC_OPEN_MAX);
+    for (int fd = from; fd < (max > 0 ? max : 1024); fd++) close(fd);
+}
+
+static void set_limit(int resource, rlim_t value, const char *name) {
+    struct rlimit limit = {.rlim_cur = value, .rlim_max = value};
+    struct rlimit current;
+    // Never raise: an rlimit the host already runs under stays (raising needs a privilege we drop anyway).
+    if (getrlimit(resource, &current) == 0 && current.rlim_max != RLIM_INFINITY && current.rlim_max < value)
+        limit.rlim_cur = limit.rlim_max = current.rlim_max;
+    if (setrlimit(resource, &limit) != 0) launch_failed("rlimits: cannot set %s: %s", name, strerror(errno));
+}
+
+static void apply_rlimits(void) {
+    set_limit(RLIMIT_CORE, 0, "RLIMIT_CORE");
+    if (profile.memory_mb > 0) {
+        rlim_t bytes = (rlim_t)profile.memory_mb << 20;
+        // Address space counts every mapping: anonymous, shared and memfd alike (RLIMIT_DATA does not).
+        set_limit(RLIMIT_AS, bytes, "RLIMIT_AS");
+        // A file (a memfd, a file in TMPDIR) can hold no more than the memory limit either.
+        set_limit(RLIMIT_FSIZE, bytes, "RLIMIT_FSIZE");
+    }
+    if (profile.descriptors > 0) set_limit(RLIMIT_NOFILE, (rlim_t)profile.descriptors, "RLIMIT_NOFILE");
+    applied("rlimits");
+}
+
+static int write_file(const char *path, const char *text) {
+    int fd = open(path, O_WRONLY | O_CLOEXEC);
+    if (fd < 0) return errno;
+    ssize_t n = write(fd, text, strlen(text));
+    int error = n == (ssize_t)strlen(text) ? 0 : (n < 0 ? errno : EIO);
+    close(fd);
+    return error;
+}
+
+/// A user namespace (when not root) and a pid namespace with its pid 1. Returns 1 if they are in place.
+static int enter_namespaces(void) {
+    uid_t uid = geteuid();
+    gid_t gid = getegid();
+    if (uid != 0) {
+        if (unshare(CLONE_NEWUSER) != 0) {
+            unavailable("userNamespace", errno, "unshare(CLONE_NEWUSER) refused");
+            return 0;
+        }
+        char map[64];
+        int error = write_file("/proc/self/setgroups", "deny");
+        snprintf(map, sizeof map, "%u %u 1", uid, uid);
+        if (error == 0) error = write_file("/proc/self/uid_map", map);
+        snprintf(map, sizeof map, "%u %u 1", gid, gid);
+        if (error == 0) error = write_file("/proc/self/gid_map", map);
+        if (error != 0) {
+            unavailable("userNamespace", error, "cannot write its uid and gid maps");
+            return 0;
+        }
+        applied("userNamespace");
+    }
+    if (unshare(CLONE_NEWPID) != 0) {
+        unavailable("pidNamespace", errno, "unshare(CLONE_NEWPID) refused");
+        return 0;
+    }
+    // pid 1 must exist before the worker's first fork. It tells the launcher it has set its parent-death signal
+    // through `ready`; if the launcher is gone by then, the write fails (EPIPE) and it exits.
+    int ready[2];
+    if (pipe2(ready, O_CLOEXEC) != 0) launch_failed("sandbox: pidNamespace unavailable: pipe (%s)", strerror(errno));
+    pid_t init = fork();
+    if (init < 0) {
+        unavailable("pidNamespace", errno, "cannot fork its pid 1");
+        return 0;
+    }
+    if (init == 0) run_init(ready);
+    close(ready[1]);
+    char byte;
+    ssize_t n;
+    while ((n = read(ready[0], &byte, 1)) < 0 && errno == EINTR) {}
+    close(ready[0]);
+    if (n != 1) launch_failed("sandbox: pidNamespace unavailable: its pid 1 did not start");
+    applied("pidNamespace");
+    return 1;
+}
+
+/// Pid 1 of the worker's namespace: reaps whatever is reparented to it, and dies with the worker (its parent).
+static void run_init(int ready[2]) {
+    signal(SIGPIPE, SIG_IGN);
+    prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0);
+    close(ready[0]);
+    if (write(ready[1], "", 1) != 1) _exit(0);
+    close_other_descriptors(0);
+    sigset_t set;
+    sigemptyset(&set);
+    sigaddset(&set, SIGCHLD);
+    sigprocmask(SIG_BLOCK, &set, NULL);
+    for (;;) {
+        while (waitpid(-1, NULL, WNOHANG) > 0) {}
+        sigwaitinfo(&set, NULL);
+    }
+}
+
+// MARK: Layers in the worker, then exec
+
+static void confine_and_exec(void) {
+    if (profile.mode != SANDBOX_NONE) {
+        if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) == 0) applied("noNewPrivs");
+        else unavailable("noNewPrivs", errno, "prctl(PR_SET_NO_NEW_PRIVS) refused");
+        const char *why = NULL;
+        int error = drop_capabilities(&why);
+        if (error == 0) applied("capabilities");
+        else unavailable("capabilities", error, why);
+        int abi = 0;
+        static char missing[1024];
+        static char landlock_name[32];
+        error = apply_landlock(&profile, &abi, missing, sizeof missing, &why);
+        if (error == 0) {
+            snprintf(landlock_name, sizeof landlock_name, "landlock:%d", abi);
+            applied(landlock_name);
+            if (missing[0] && skipped_count < 8) {
+                snprintf(skipped_text[skipped_count], sizeof skipped_text[0], "paths not found: %s", missing);
+                skipped[skipped_count] = skipped_text[skipped_count];
+                skipped_count++;
+            }
+        } else {
+            unavailable("landlock", error, why);
+        }
+        error = apply_seccomp(&profile, getpid(), &why);
+        if (error == 0) applied("seccomp");
+        else unavailable("seccomp", error, why);
+    }
+    struct bp_entry entries[] = {
+        {.key = "type", .string = "sandboxed"},
+        {.key = "layers", .strings = layers, .count = layer_count},
+        {.key = "skipped", .strings = skipped, .count = skipped_count},
+    };
+    send_frame(entries, 3);
+    execve(profile.executable, profile.argv, profile.envp);
+    int error = errno;
+    launch_failed("cannot exec %s: %s", profile.executable, strerror(error));
+}
+
+int doctor(void);
+
+int main(int argc, char **argv) {
+    if (argc == 2 && strcmp(argv[1], "--doctor") == 0) return doctor();
+    read_profile();
+    close_other_descriptors(PROFILE_FD);
+    // New session: posix_spawn made us a session leader already (POSIX_SPAWN_SETSID); make sure of it.
+    if (getsid(0) != getpid() && setsid() < 0) launch_failed("session: setsid failed: %s", strerror(errno));
+    applied("session");
+    prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0);
+    if (profile.host_pid > 0 && getppid() != (pid_t)profile.host_pid) _exit(0);  // the host is already gone
+    applied("parentDeathSignal");
+    apply_rlimits();
+    if (profile.mode != SANDBOX_NONE && profile.subprocesses) enter_namespaces();
+    confine_and_exec();
+}
