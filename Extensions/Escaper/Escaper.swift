@@ -10,6 +10,7 @@
 //
 // Built the ordinary way (dynamically linked against the toolchain's Swift runtime), as an extension in
 // another package would be, so that the default profile is shown to run one.
+import Dispatch
 import EscaperProbes
 import SDKExtension
 
@@ -59,7 +60,9 @@ enum Attempts {
         case "threads": return threads()
         case "urandom": return urandom()
         case "tmpdir": return tmpdir()
-        case "layers": return "allowed: pid \(getpid()) ppid \(getppid())"
+        case "layers": return layers()
+        case "timer": return timer()
+        case "x32": return "refused: the call returned \(probe_x32())"
         default: return "unknown attempt '\(name)'"
         }
     }
@@ -231,6 +234,34 @@ enum Attempts {
             usleep(10_000)
         }
         return "refused: the orphan never took its lock"
+    }
+
+    /// What the worker runs under, read from /proc/self/status: seccomp mode, no_new_privs, capabilities.
+    static func layers() -> String {
+        var text = "allowed: pid \(getpid()) ppid \(getppid())"
+        let fd = open("/proc/self/status", O_RDONLY | O_CLOEXEC)
+        guard fd >= 0 else { return text + " (status unreadable: \(describe(errno)))" }
+        defer { close(fd) }
+        var bytes = [UInt8](repeating: 0, count: 8192)
+        let n = read(fd, &bytes, bytes.count)
+        let status = String(decoding: bytes.prefix(max(n, 0)), as: UTF8.self)
+        for line in status.split(separator: "\n") {
+            let parts = line.split(separator: ":", maxSplits: 1).map { $0.trimmingPrefix(while: \.isWhitespace) }
+            guard parts.count == 2 else { continue }
+            switch parts[0] {
+            case "Seccomp": text += " seccomp \(parts[1].trimmingPrefix(while: \.isWhitespace))"
+            case "NoNewPrivs": text += " nnp \(parts[1].trimmingPrefix(while: \.isWhitespace))"
+            case "CapEff": text += " capeff \(parts[1].trimmingPrefix(while: \.isWhitespace))"
+            default: break
+            }
+        }
+        return text
+    }
+
+    static func timer() -> String {
+        let done = DispatchSemaphore(value: 0)
+        DispatchQueue.global().asyncAfter(deadline: .now() + .milliseconds(20)) { done.signal() }
+        return done.wait(timeout: .now() + .seconds(10)) == .success ? "allowed: a timer fired" : "refused: no timer"
     }
 
     static func threads() -> String {

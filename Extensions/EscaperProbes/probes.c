@@ -70,3 +70,12 @@ long probe_clone3(void) {
     if (pid > 0) waitpid((pid_t)pid, NULL, 0);
     return pid;
 }
+
+long probe_x32(void) {
+#if defined(__x86_64__)
+    return syscall(0x40000000 | SYS_getpid);
+#else
+    errno = ENOSYS;
+    return -1;
+#endif
+}

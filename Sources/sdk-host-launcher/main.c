@@ -7,10 +7,16 @@
 //   rlimits -> [user namespace when not root, pid namespace: AllowSubprocesses only] -> no_new_privs ->
 //   capabilities dropped -> Landlock -> seccomp -> `sandboxed` frame to the host -> execve
 //
-// The pid namespace is for grandchildren: without AllowSubprocesses seccomp refuses fork, so there are none and
-// the namespace would cost a fork for nothing. With it, the launcher forks the namespace's pid 1 (which reaps
-// orphans and dies with the worker through its parent-death signal; the kernel then kills every process left
-// in the namespace, `setsid` ones included) and the worker's children are born inside.
+// The pid namespace is for grandchildren: without AllowSubprocesses seccomp refuses fork, so there are none, and
+// the launcher execs the extension itself, so the host's child *is* the worker (its pid, exit status and
+// signals). With AllowSubprocesses the worker must be born inside the namespace (a process cannot make threads
+// after unshare(CLONE_NEWPID)), so the launcher stays as its supervisor:
+//
+//   launcher (the host's child)        forwards termination signals; when the worker ends, kills the namespace
+//     +-- init (pid 1)                 reaps orphans; its death makes the kernel kill every process left inside
+//     +-- worker (pid 2)               new session, parent-death signal, the remaining layers, execve
+//
+// and exits the way the worker did (its code, or its signal re-raised), so the host sees the worker's status.
 //
 // Before execve the launcher sends the host one frame, `sandboxed`, naming the layers the worker runs under and
 // what bestEffort skipped. A layer that strict requires and cannot apply ends the launch: a `launchFailed` frame
@@ -150,7 +156,6 @@ static void read_profile(void) {
 
 // MARK: Layers in the launcher
 
-static void run_init(int ready[2]);
 
 static void close_other_descriptors(int from) {
     if (syscall(SYS_close_range, from, ~0U, 0) == 0) return;
@@ -189,7 +194,7 @@ static int write_file(const char *path, const char *text) {
     return error;
 }
 
-/// A user namespace (when not root) and a pid namespace with its pid 1. Returns 1 if they are in place.
+/// A user namespace (when not root) and a pid namespace. Returns 1 if they are in place.
 static int enter_namespaces(void) {
     uid_t uid = geteuid();
     gid_t gid = getegid();
@@ -214,32 +219,21 @@ static int enter_namespaces(void) {
         unavailable("pidNamespace", errno, "unshare(CLONE_NEWPID) refused");
         return 0;
     }
-    // pid 1 must exist before the worker's first fork. It tells the launcher it has set its parent-death signal
-    // through `ready`; if the launcher is gone by then, the write fails (EPIPE) and it exits.
-    int ready[2];
-    if (pipe2(ready, O_CLOEXEC) != 0) launch_failed("sandbox: pidNamespace unavailable: pipe (%s)", strerror(errno));
-    pid_t init = fork();
-    if (init < 0) {
-        unavailable("pidNamespace", errno, "cannot fork its pid 1");
-        return 0;
-    }
-    if (init == 0) run_init(ready);
-    close(ready[1]);
-    char byte;
-    ssize_t n;
-    while ((n = read(ready[0], &byte, 1)) < 0 && errno == EINTR) {}
-    close(ready[0]);
-    if (n != 1) launch_failed("sandbox: pidNamespace unavailable: its pid 1 did not start");
     applied("pidNamespace");
     return 1;
 }
 
-/// Pid 1 of the worker's namespace: reaps whatever is reparented to it, and dies with the worker (its parent).
-static void run_init(int ready[2]) {
-    signal(SIGPIPE, SIG_IGN);
+/// In a forked child: die with the launcher; exit at once if it is already gone (`alive` is the read end of a
+/// pipe whose only writer is the launcher, so end-of-file means it has exited).
+static void die_with_launcher(int alive) {
     prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0);
-    close(ready[0]);
-    if (write(ready[1], "", 1) != 1) _exit(0);
+    struct pollfd pfd = {.fd = alive, .events = POLLIN};
+    if (poll(&pfd, 1, 0) != 0) _exit(0);
+}
+
+/// Pid 1 of the worker's namespace: reaps whatever is reparented to it until the launcher kills it.
+static void run_init(int alive) {
+    die_with_launcher(alive);
     close_other_descriptors(0);
     sigset_t set;
     sigemptyset(&set);
@@ -249,6 +243,67 @@ static void run_init(int ready[2]) {
         while (waitpid(-1, NULL, WNOHANG) > 0) {}
         sigwaitinfo(&set, NULL);
     }
+}
+
+static volatile pid_t worker_pid;
+
+static void forward_signal(int sig) {
+    if (worker_pid > 0) kill(worker_pid, sig);
+}
+
+/// The launcher as supervisor: waits for the worker, kills the namespace, and exits the way the worker did.
+static void supervise(pid_t init) {
+    static const int forwarded[] = {SIGTERM, SIGINT, SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2, SIGCONT};
+    struct sigaction action = {.sa_handler = forward_signal};
+    sigemptyset(&action.sa_mask);
+    for (unsigned i = 0; i < sizeof forwarded / sizeof forwarded[0]; i++) sigaction(forwarded[i], &action, NULL);
+    int status = 0;
+    while (waitpid(worker_pid, &status, 0) < 0) {
+        if (errno != EINTR) _exit(LAUNCH_FAILED_STATUS);
+    }
+    kill(init, SIGKILL);
+    while (waitpid(init, NULL, 0) < 0 && errno == EINTR) {}
+    if (WIFEXITED(status)) _exit(WEXITSTATUS(status));
+    int sig = WTERMSIG(status);
+    signal(sig, SIG_DFL);
+    sigset_t set;
+    sigemptyset(&set);
+    sigaddset(&set, sig);
+    sigprocmask(SIG_UNBLOCK, &set, NULL);
+    kill(getpid(), sig);
+    _exit(128 + sig);
+}
+
+static void confine_and_exec(void);
+
+/// Forks the namespace's pid 1 and the worker; the launcher then supervises. Returns only in the worker.
+static void fork_into_namespace(void) {
+    int alive[2];
+    if (pipe2(alive, O_CLOEXEC) != 0) launch_failed("sandbox: pidNamespace unavailable: pipe (%s)", strerror(errno));
+    pid_t init = fork();
+    if (init < 0) launch_failed("sandbox: pidNamespace unavailable: cannot fork its pid 1 (%s)", strerror(errno));
+    if (init == 0) {
+        close(alive[1]);
+        run_init(alive[0]);
+    }
+    pid_t worker = fork();
+    if (worker < 0) {
+        kill(init, SIGKILL);
+        launch_failed("sandbox: pidNamespace unavailable: cannot fork the worker (%s)", strerror(errno));
+    }
+    if (worker == 0) {
+        close(alive[1]);
+        die_with_launcher(alive[0]);
+        close(alive[0]);
+        if (setsid() < 0) launch_failed("session: setsid failed: %s", strerror(errno));
+        return;
+    }
+    worker_pid = worker;
+    close(alive[0]);
+    // The launcher keeps none of the worker's channels, so the host sees end-of-file when the worker ends. The
+    // write end of `alive` (above 3) stays open until the launcher exits.
+    for (int fd = 0; fd <= HOST_FD; fd++) close(fd);
+    supervise(init);
 }
 
 // MARK: Layers in the worker, then exec
@@ -304,6 +359,6 @@ int main(int argc, char **argv) {
     if (profile.host_pid > 0 && getppid() != (pid_t)profile.host_pid) _exit(0);  // the host is already gone
     applied("parentDeathSignal");
     apply_rlimits();
-    if (profile.mode != SANDBOX_NONE && profile.subprocesses) enter_namespaces();
+    if (profile.mode != SANDBOX_NONE && profile.subprocesses && enter_namespaces()) fork_into_namespace();
     confine_and_exec();
 }

@@ -20,5 +20,7 @@ long probe_memfd(void);
 long probe_mount(const char *folder);
 /// A raw clone3 with no flags but SIGCHLD: ENOSYS under the sandbox. A child that appears exits at once.
 long probe_clone3(void);
+/// getpid through the x32 system call table (x86-64 only): seccomp kills the process with SIGSYS.
+long probe_x32(void);
 
 #endif

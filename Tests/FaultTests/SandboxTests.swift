@@ -1,0 +1,227 @@
+// The sandbox, attacked: Escaper (a real, dynamically linked extension process) tries each escape under the
+// default profile and must be refused; the controls (threads, /dev/urandom, TMPDIR, a ReadablePaths entry,
+// NetworkAllowed, AllowSubprocesses) must still work. Every target is the test's own: a folder it made, a
+// listener it opened on 127.0.0.1 or in its folder, its own pid (signal 0, ptrace seize and detach).
+import HostTestSupport
+import SDKHost
+import Testing
+
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// A folder of the test's own, with a secret file, a folder to mount over, and listeners the probes aim at.
+final class ProbeTargets: @unchecked Sendable {
+    let folder: String
+    let tcpPort: UInt16
+    let udpPort: UInt16
+    let abstractName: String
+    private var descriptors: [Int32] = []
+
+    init() throws {
+        var template = "/tmp/sdkhost-sandbox-XXXXXX".utf8CString
+        folder = template.withUnsafeMutableBufferPointer { String(cString: mkdtemp($0.baseAddress!)!) }
+        chmod(folder, 0o755)
+        writeFile("\(folder)/secret", "the test's secret\n")
+        mkdir("\(folder)/mountpoint", 0o755)
+        abstractName = "sdkhost-test-\(getpid())-\(UInt32.random(in: 0...UInt32.max))"
+        var tcp: UInt16 = 0, udp: UInt16 = 0
+        descriptors.append(try Self.inetListener(SOCK_STREAM, port: &tcp))
+        descriptors.append(try Self.inetListener(SOCK_DGRAM, port: &udp))
+        tcpPort = tcp
+        udpPort = udp
+        descriptors.append(try Self.unixListener("\(folder)/socket", abstract: false))
+        descriptors.append(try Self.unixListener(abstractName, abstract: true))
+    }
+
+    func remove() {
+        for fd in descriptors { close(fd) }
+        for name in ["secret", "socket", "created", "lock"] { unlink("\(folder)/\(name)") }
+        rmdir("\(folder)/mountpoint")
+        rmdir(folder)
+    }
+
+    static func inetListener(_ type: __socket_type, port: inout UInt16) throws -> Int32 {
+        let fd = socket(AF_INET, Int32(type.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0)
+        var address = sockaddr_in()
+        address.sin_family = sa_family_t(AF_INET)
+        address.sin_addr.s_addr = UInt32(0x7F00_0001).bigEndian
+        var length = socklen_t(MemoryLayout<sockaddr_in>.size)
+        let bound = withUnsafeMutablePointer(to: &address) {
+            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) {
+                bind(fd, $0, length) == 0 && getsockname(fd, $0, &length) == 0
+            }
+        }
+        try #require(fd >= 0 && bound)
+        if type == SOCK_STREAM { try #require(listen(fd, 8) == 0) }
+        port = UInt16(bigEndian: address.sin_port)
+        return fd
+    }
+
+    static func unixListener(_ name: String, abstract: Bool) throws -> Int32 {
+        let fd = socket(AF_UNIX, Int32(SOCK_STREAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0)
+        var address = sockaddr_un()
+        address.sun_family = sa_family_t(AF_UNIX)
+        let bytes = Array(name.utf8)
+        let offset = abstract ? 1 : 0
+        withUnsafeMutableBytes(of: &address.sun_path) { raw in
+            for (i, b) in bytes.enumerated() { raw[i + offset] = b }
+        }
+        let length = socklen_t(MemoryLayout<sa_family_t>.size + bytes.count + offset + (abstract ? 0 : 1))
+        let ok = withUnsafePointer(to: &address) {
+            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { bind(fd, $0, length) == 0 }
+        }
+        try #require(fd >= 0 && ok && listen(fd, 8) == 0)
+        return fd
+    }
+
+    /// Every escape DESIGN lists, aimed at this folder and these listeners.
+    var escapes: [String] {
+        let me = getpid()
+        return [
+            "read:\(folder)/secret", "read:/etc/shadow", "create:\(folder)/created",
+            "tcp:\(tcpPort)", "udp:\(udpPort)", "netlink", "unix:\(folder)/socket", "abstract:\(abstractName)",
+            "signal:\(me)", "ptrace:\(me)", "procmem:\(me)", "environ:\(me)",
+            "userns", "netns", "mount:\(folder)/mountpoint", "io_uring", "userfaultfd", "bpf", "perf", "add_key",
+            "fork", "clone3", "exec:/bin/true", "memory:anonymous", "memory:shared:4096", "memory:memfd:4096",
+            "rlimit", "orphan:\(folder)/lock",
+        ]
+    }
+}
+
+/// Sends `attempt` to `ext` and returns the reply's title, or a description of how the request ended.
+func probe(_ ext: Extension, _ recorder: Recorder, _ attempt: String) async -> String {
+    let id = ext.beginRequest(withInputItems: [ExtensionItem(title: attempt)], deadline: 60)
+    switch await recorder.wait(for: id, timeout: 90) {
+    case .completed(let items)?: return items.first?.title ?? "no item"
+    case let other?: return "ended: \(other)"
+    case nil: return "no outcome"
+    }
+}
+
+extension FaultTests {
+    @Suite(.serialized) struct Sandbox {
+        @Test func everyEscapeIsRefusedUnderTheDefaultProfile() async throws {
+            let targets = try ProbeTargets()
+            defer { targets.remove() }
+            try await withHost { host, _ in
+                let ext = try host.extension(identifier: "com.example.escaper")
+                let recorder = Recorder()
+                recorder.attach(to: ext)
+                for attempt in targets.escapes {
+                    let result = await probe(ext, recorder, attempt)
+                    #expect(result.hasPrefix("refused"), "\(attempt): \(result)")
+                }
+                // The host kept serving throughout, and nothing reached the test's listeners or files.
+                #expect(await probe(ext, recorder, "urandom").hasPrefix("allowed"))
+                #expect(access("\(targets.folder)/created", F_OK) != 0)
+            }
+        }
+
+        @Test func theWorkerRunsUnderEveryLayerAndTheControlsWork() async throws {
+            try await withHost { host, _ in
+                let ext = try host.extension(identifier: "com.example.escaper")
+                let recorder = Recorder()
+                recorder.attach(to: ext)
+                let layers = await probe(ext, recorder, "layers")
+                // From inside: seccomp filter mode, no_new_privs, no effective capabilities, the host its parent.
+                #expect(layers.contains("seccomp 2") && layers.contains("nnp 1") && layers.contains("capeff 0000000000000000"),
+                        "\(layers)")
+                #expect(layers.contains("ppid \(getpid())"))
+                for control in ["threads", "urandom", "timer"] {
+                    let result = await probe(ext, recorder, control)
+                    #expect(result.hasPrefix("allowed"), "\(control): \(result)")
+                }
+                let tmp = await probe(ext, recorder, "tmpdir")
+                #expect(tmp.hasPrefix("allowed: wrote /tmp/sdk-host-worker."), "\(tmp)")
+                let (_, _, workers) = await host.inspect()
+                let snapshot = try #require(workers.first)
+                #expect(snapshot.sandboxLayers.contains("seccomp") && snapshot.sandboxLayers.contains { $0.hasPrefix("landlock:") },
+                        "\(snapshot.sandboxLayers)")
+                #expect(!snapshot.sandboxLayers.contains("pidNamespace"), "no pid namespace without AllowSubprocesses")
+                // The private temp folder goes with its worker.
+                let path = String(tmp.dropFirst("allowed: wrote ".count))
+                let folder = String(path[..<path.lastIndex(of: "/")!])
+                #expect(access(folder, F_OK) == 0)
+                kill(snapshot.pid, SIGKILL)
+                #expect(await eventually { access(folder, F_OK) != 0 }, "\(folder) outlived its worker")
+            }
+        }
+
+        @Test func manifestKeysOpenExactlyWhatTheyName() async throws {
+            let targets = try ProbeTargets()
+            defer { targets.remove() }
+            let opened = TemporaryExtension(identifier: "com.example.escaper-open", executable: "Escaper", policy: """
+                <key>NetworkAllowed</key><true/>
+                <key>AllowSubprocesses</key><true/>
+                <key>ReadablePaths</key><array><string>\(targets.folder)/secret</string></array>
+                <key>WritablePaths</key><array><string>\(targets.folder)</string></array>
+                """)
+            defer { opened.remove() }
+            try await withHost(extraSearchPaths: [opened.root]) { host, _ in
+                let ext = try host.extension(identifier: opened.identifier)
+                let recorder = Recorder()
+                recorder.attach(to: ext)
+                for attempt in ["read:\(targets.folder)/secret", "tcp:\(targets.tcpPort)", "udp:\(targets.udpPort)",
+                                "create:\(targets.folder)/created", "fork"] {
+                    let result = await probe(ext, recorder, attempt)
+                    #expect(result.hasPrefix("allowed"), "\(attempt): \(result)")
+                }
+                // Still refused: what the keys do not name.
+                for attempt in ["read:/etc/shadow", "ptrace:\(getpid())", "signal:\(getpid())", "mount:\(targets.folder)/mountpoint",
+                                "environ:\(getpid())", "exec:/bin/true"] {
+                    let result = await probe(ext, recorder, attempt)
+                    #expect(result.hasPrefix("refused"), "\(attempt): \(result)")
+                }
+                // A grandchild in its own session dies with the worker: its lock on the file is released.
+                let orphan = await probe(ext, recorder, "orphan:\(targets.folder)/lock")
+                #expect(orphan.hasPrefix("allowed: an orphan holds"), "\(orphan)")
+                let (_, _, workers) = await host.inspect()
+                let worker = try #require(workers.first)
+                #expect(worker.sandboxLayers.contains("pidNamespace"), "\(worker.sandboxLayers)")
+                kill(worker.pid, SIGKILL)
+                let released = await eventually {
+                    let fd = open("\(targets.folder)/lock", O_WRONLY | O_CLOEXEC)
+                    defer { if fd >= 0 { close(fd) } }
+                    return fd >= 0 && flock(fd, LOCK_EX | LOCK_NB) == 0
+                }
+                #expect(released, "the orphaned grandchild outlived its worker")
+            }
+        }
+
+        @Test func aForbiddenArchitectureCallKillsWithSIGSYS() async throws {
+            try await withHost { host, _ in
+                let ext = try host.extension(identifier: "com.example.escaper")
+                let recorder = Recorder()
+                recorder.attach(to: ext)
+                let id = ext.beginRequest(withInputItems: [ExtensionItem(title: "x32")], deadline: 60)
+                let outcome = await recorder.wait(for: id)
+                #if arch(x86_64)
+                #expect(outcome == .interrupted(.signal(SIGSYS)))
+                #expect(InterruptionReason.signal(SIGSYS).description.contains("SIGSYS"))
+                #endif
+                #expect(await probe(ext, recorder, "urandom").hasPrefix("allowed"), "the next worker serves")
+            }
+        }
+
+        @Test func badSandboxKeysAreClearErrors() async throws {
+            let cases = [
+                ("<key>Sandbox</key><string>loose</string>", "Sandbox: 'loose' is not one of strict, bestEffort, none"),
+                ("<key>ReadablePaths</key><array><string>relative/path</string></array>", "ReadablePaths: 'relative/path'"),
+                ("<key>WritablePaths</key><array><string>/tmp/../etc</string></array>", "WritablePaths: '/tmp/../etc'"),
+                ("<key>AllowSubprocesses</key><string>yes</string>", "AllowSubprocesses"),
+            ]
+            for (policy, expected) in cases {
+                let temp = TemporaryExtension(identifier: "com.example.bad-sandbox", executable: "Escaper", policy: policy)
+                defer { temp.remove() }
+                do {
+                    _ = try makeHost(extraSearchPaths: [temp.root])
+                    Issue.record("\(policy) was accepted")
+                } catch let error as HostError {
+                    #expect(error.code == .invalidManifest)
+                    #expect(error.detail.contains(expected) && error.detail.contains("\(temp.root)/Ext/Info.plist"), "\(error.detail)")
+                }
+            }
+        }
+    }
+}
