@@ -368,7 +368,9 @@ package final class DaemonServer: @unchecked Sendable {
             var d = counters(s.perExtension[id] ?? HostStatistics())
             d["identifier"] = .string(id)
             d["workers"] = .array(s.workers.filter { $0.extensionIdentifier == id }.map { w in
-                ["pid": .integer(Int64(w.pid)), "uptimeSeconds": .real(w.uptimeSeconds), "inFlight": .integer(Int64(w.inFlight))]
+                ["pid": .integer(Int64(w.pid)), "uptimeSeconds": .real(w.uptimeSeconds), "inFlight": .integer(Int64(w.inFlight)),
+                 "sandbox": .array(w.sandboxLayers.map(PlistValue.string)),
+                 "sandboxSkipped": .array(w.sandboxSkipped.map(PlistValue.string))]
             })
             return .dictionary(d)
         }

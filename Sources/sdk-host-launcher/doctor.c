@@ -74,7 +74,7 @@ static void report(const char *layer, int error, const char *detail) {
 int doctor(void) {
     int root = geteuid() == 0;
     report("userNamespace", in_child(user_ns), root ? "not needed as root" : "needed for the pid namespace");
-    report("pidNamespace", in_child(pid_ns), "grandchildren die with the worker; the host's pid is out of reach");
+    report("pidNamespace", in_child(pid_ns), "used with AllowSubprocesses: grandchildren die with the worker");
     report("mountNamespace", in_child(mount_ns), "not used: seccomp refuses mount, Landlock hides files");
     report("netNamespace", in_child(net_ns), "not used: seccomp refuses non-Unix sockets, for less cost");
     report("noNewPrivs", in_child(no_new_privs), "required by Landlock and seccomp");

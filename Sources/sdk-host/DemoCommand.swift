@@ -29,6 +29,11 @@ enum DemoCommand {
         Step(label: "crasher slow:50", extensionID: "com.example.crasher", input: "slow:50"),
         Step(label: "host cancel of slow:5000", extensionID: "com.example.crasher", input: "slow:5000", cancelAfterMs: 50),
         Step(label: "echo again", extensionID: "com.example.echo", input: "still here"),
+        // Escaper tries to get out of its sandbox; each attempt is refused and the worker keeps serving.
+        Step(label: "escaper read /etc/shadow", extensionID: "com.example.escaper", input: "read:/etc/shadow"),
+        Step(label: "escaper signal pid 1", extensionID: "com.example.escaper", input: "signal:1"),
+        Step(label: "escaper fork", extensionID: "com.example.escaper", input: "fork"),
+        Step(label: "escaper tcp 127.0.0.1:9", extensionID: "com.example.escaper", input: "tcp:9"),
     ]
 
     static func run(_ arguments: [String]) {
@@ -81,17 +86,19 @@ enum DemoCommand {
         func count(_ id: RequestID) -> Int { waiters.reduce(0) { $0 + $1.callbackCount(id) } }
         let answered = waiters.reduce(Set<RequestID>()) { $0.union($1.idsWithCallbacks) }
         let exactlyOnce = ids.allSatisfy { count($0) == 1 } && answered == Set(ids)
-        let stats = Mutex<(HostStatistics, [CrashReport])?>(nil)
+        let stats = Mutex<(HostStatistics, [CrashReport], [WorkerSnapshot])?>(nil)
         let inspected = DispatchSemaphore(value: 0)
-        host.inspect { s, crashes, _ in
-            stats.withLock { $0 = (s, crashes) }
+        host.inspect { s, crashes, workers in
+            stats.withLock { $0 = (s, crashes, workers) }
             inspected.signal()
         }
         inspected.wait()
-        let (statistics, crashes) = stats.withLock { $0 }!
+        let (statistics, crashes, workers) = stats.withLock { $0 }!
         let faults = steps.filter(\.isFault).count
         print("")
         print("Workers spawned: \(statistics.spawns); crash reports recorded: \(crashes.count).")
+        let layers = workers.first?.sandboxLayers ?? []
+        print("Workers run sandboxed (Sandbox = strict): " + (layers.isEmpty ? "no layers reported" : layers.joined(separator: ", ")) + ".")
         if let range = crashes.first(where: { $0.stderrTail.contains("Index out of range") }) {
             print("  e.g. pid \(range.pid) (\(range.reason)): \"\(range.stderrTail.split(separator: "\n").first ?? "")\"")
         }

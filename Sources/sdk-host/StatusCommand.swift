@@ -34,6 +34,15 @@ enum StatusCommand {
                 + counters(ext))
         }
         print(pad("total", 24) + pad("", 36) + counters(totals))
+        for ext in report["extensions"]?.arrayValue ?? [] {
+            for worker in ext["workers"]?.arrayValue ?? [] {
+                let layers = (worker["sandbox"]?.arrayValue ?? []).compactMap(\.stringValue)
+                let skipped = (worker["sandboxSkipped"]?.arrayValue ?? []).compactMap(\.stringValue)
+                print("worker \(worker["pid"]?.integerValue ?? 0) (\(ext["identifier"]?.stringValue ?? "?")): sandbox "
+                    + (layers.isEmpty ? "not reported yet" : layers.joined(separator: ", "))
+                    + (skipped.isEmpty ? "" : "; skipped: " + skipped.joined(separator: "; ")))
+            }
+        }
         exit(0)
     }
 

@@ -10,7 +10,8 @@ let usage = """
                                 one request; exit 0 completed, 3 cancelled, 4 interrupted, 2 usage error
       serve [--config P] [--socket P]
                                 the daemon; SIGTERM/SIGINT drain in-flight requests, then stop
-      status [--json]           the daemon's extensions, workers and counters
+      status [--json]           the daemon's extensions, workers (with their sandbox layers) and counters
+      doctor [--json]           which sandbox layers this machine offers, and why not
       crashes [--json]          the crash reports the daemon wrote
       plist encode              XML plist on stdin -> bplist00 on stdout
       plist decode              bplist00 on stdin -> XML plist on stdout
@@ -36,6 +37,7 @@ case "demo": DemoCommand.run(arguments)
 case "request": RequestCommand.run(arguments)
 case "serve": ServeCommand.run(arguments)
 case "status": StatusCommand.run(arguments)
+case "doctor": DoctorCommand.run(arguments)
 case "crashes": CrashesCommand.run(arguments)
 case "hammer": HammerCommand.run(arguments)  // internal: load client for tests
 case "help", "--help", "-h": print(usage)

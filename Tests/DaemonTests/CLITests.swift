@@ -82,4 +82,128 @@ import Glibc
         #expect(status == 1, "a clean error exit, not a signal (128+n)")
         #expect(err.contains("when") && err.contains("date"), "\(err)")
     }
+
+    @Test func doctorNamesEveryLayer() async throws {
+        let (status, out, _) = try await run(["doctor"])
+        for layer in ["userNamespace", "pidNamespace", "mountNamespace", "netNamespace", "noNewPrivs", "capabilities",
+                      "landlock", "seccomp", "rlimits"] {
+            #expect(out.contains(layer), "\(layer) missing from: \(out)")
+        }
+        #expect(status == (out.contains("can launch workers here") ? 0 : 1))
+        let (_, json, _) = try await run(["doctor", "--json"])
+        #expect(json.contains("\"strictReady\":") && json.contains("\"name\":\"seccomp\""), "\(json)")
+    }
+
+    /// Copies the CLI, the launcher, Escaper and its manifest (plus `manifests`) into a folder any user can
+    /// read, so that they can run as nobody wherever the checkout lives.
+    func portableInstall(_ manifests: [String: String] = [:]) throws -> String {
+        var template = "/tmp/sdkhost-install-XXXXXX".utf8CString
+        let folder = template.withUnsafeMutableBufferPointer { String(cString: mkdtemp($0.baseAddress!)!) }
+        chmod(folder, 0o755)
+        let build = try #require(currentExecutableDirectory())
+        for binary in ["sdk-host", "sdk-host-launcher", "Escaper"] {
+            try writeFile("\(folder)/\(binary)", try readFile("\(build)/\(binary)"), mode: 0o755)
+        }
+        var all = manifests
+        all["Escaper"] = String(decoding: try readFile("\(packageRoot)/Extensions/Escaper/Info.plist"), as: UTF8.self)
+        mkdir("\(folder)/Extensions", 0o755)
+        for (name, text) in all {
+            mkdir("\(folder)/Extensions/\(name)", 0o755)
+            writeFile("\(folder)/Extensions/\(name)/Info.plist", text)
+            chmod("\(folder)/Extensions/\(name)/Info.plist", 0o644)
+        }
+        return folder
+    }
+
+    static let canSwitchUser = geteuid() == 0 && access("/usr/bin/setpriv", X_OK) == 0
+
+    @Test(.enabled(if: canSwitchUser, "needs root and setpriv"))
+    func anUnprivilegedHostSandboxesItsWorkersToo() async throws {
+        let subprocesses = """
+            <?xml version="1.0" encoding="UTF-8"?>
+            <plist version="1.0"><dict>
+              <key>CFBundleIdentifier</key><string>com.example.escaper-children</string>
+              <key>NSExtension</key><dict>
+                <key>NSExtensionPointIdentifier</key><string>com.sdk-host.service</string>
+                <key>NSExtensionExecutable</key><string>Escaper</string>
+                <key>SDKHostPolicy</key><dict><key>AllowSubprocesses</key><true/></dict>
+              </dict>
+            </dict></plist>
+            """
+        let folder = try portableInstall(["Children": subprocesses])
+        defer { removeFolder(folder) }
+        func asNobody(_ id: String, _ attempt: String) async throws -> (Int32?, String) {
+            let (status, out, err) = try await run(
+                ["/usr/bin/env", "SDKHOST_EXTENSIONS=\(folder)/Extensions", "/usr/bin/setpriv", "--reuid=65534",
+                 "--regid=65534", "--clear-groups", "\(folder)/sdk-host", "request", id, "--embedded", "--text", attempt,
+                 "--timeout", "60"], raw: true)
+            return (status, out + err)
+        }
+        let (status, layers) = try await asNobody("com.example.escaper", "layers")
+        #expect(status == 0 && layers.contains("nnp 1") && layers.contains("seccomp 2") && layers.contains("capeff 0000000000000000"),
+                "\(layers)")
+        for attempt in ["fork", "read:/etc/shadow", "ptrace:1", "mount:\(folder)", "tcp:9"] {
+            let (_, out) = try await asNobody("com.example.escaper", attempt)
+            #expect(out.contains("refused"), "\(attempt): \(out)")
+        }
+        // With AllowSubprocesses an unprivileged launcher needs a user namespace for the pid namespace: the
+        // worker is pid 2 inside it, and may fork.
+        let (_, inside) = try await asNobody("com.example.escaper-children", "layers")
+        #expect(inside.contains("pid 2 ") && inside.contains("seccomp 2"), "\(inside)")
+        let (_, fork) = try await asNobody("com.example.escaper-children", "fork")
+        #expect(fork.contains("allowed: forked"), "\(fork)")
+    }
+
+    static let python: String? = {
+        let folders = ["/usr/bin", "/usr/local/bin"] + (environmentValue("PATH")?.split(separator: ":").map(String.init) ?? [])
+        return folders.map { "\($0)/python3" }.first { (path: String) in access(path, X_OK) == 0 }
+    }()
+
+    /// A kernel without Landlock, simulated for real: the CLI runs under a seccomp filter (installed by a few
+    /// lines of Python) that answers landlock_create_ruleset with ENOSYS, as an old kernel does.
+    @Test(.enabled(if: python != nil, "needs python3"))
+    func strictRefusesToLaunchWithoutALayerAndBestEffortRunsWithoutIt() async throws {
+        let bestEffort = """
+            <?xml version="1.0" encoding="UTF-8"?>
+            <plist version="1.0"><dict>
+              <key>CFBundleIdentifier</key><string>com.example.escaper-best-effort</string>
+              <key>NSExtension</key><dict>
+                <key>NSExtensionPointIdentifier</key><string>com.sdk-host.service</string>
+                <key>NSExtensionExecutable</key><string>Escaper</string>
+                <key>SDKHostPolicy</key><dict><key>Sandbox</key><string>bestEffort</string></dict>
+              </dict>
+            </dict></plist>
+            """
+        let folder = try portableInstall(["BestEffort": bestEffort])
+        defer { removeFolder(folder) }
+        writeFile("\(folder)/no-landlock.py", """
+            import ctypes, os, struct, sys
+            libc = ctypes.CDLL(None, use_errno=True)
+            def insn(code, k, jt=0, jf=0): return struct.pack("HBBI", code, jt, jf, k)
+            # ld nr; if nr == landlock_create_ruleset (444): return ENOSYS; else allow
+            program = insn(0x20, 0) + insn(0x15, 444, 0, 1) + insn(0x06, 0x00050000 | 38) + insn(0x06, 0x7fff0000)
+            buffer = ctypes.create_string_buffer(program)
+            class Program(ctypes.Structure): _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
+            fprog = Program(4, ctypes.addressof(buffer))
+            if libc.prctl(38, 1, 0, 0, 0) != 0 or libc.prctl(22, 2, ctypes.byref(fprog), 0, 0) != 0:
+                sys.exit("cannot install the filter")
+            os.execv(sys.argv[1], sys.argv[1:])
+            """)
+        func withoutLandlock(_ id: String, _ attempt: String) async throws -> (Int32?, String) {
+            let (status, out, err) = try await run(
+                ["/usr/bin/env", "SDKHOST_EXTENSIONS=\(folder)/Extensions", try #require(Self.python), "\(folder)/no-landlock.py",
+                 "\(folder)/sdk-host", "request", id, "--embedded", "--text", attempt, "--timeout", "60"], raw: true)
+            return (status, out + err)
+        }
+        let (strictStatus, strict) = try await withoutLandlock("com.example.escaper", "layers")
+        #expect(strictStatus == 4, "\(strict)")
+        #expect(strict.contains("launch failed: sandbox: landlock unavailable: the kernel has no Landlock"), "\(strict)")
+        // bestEffort runs with the rest (seccomp still answers), and gives up what Landlock guarded: files.
+        let (status, layers) = try await withoutLandlock("com.example.escaper-best-effort", "layers")
+        #expect(status == 0 && layers.contains("seccomp 2"), "\(layers)")
+        let (_, fork) = try await withoutLandlock("com.example.escaper-best-effort", "fork")
+        #expect(fork.contains("refused"), "\(fork)")
+        let (_, shadow) = try await withoutLandlock("com.example.escaper-best-effort", "read:\(folder)/no-landlock.py")
+        #expect(shadow.contains("allowed"), "without Landlock a file outside the profile is readable: \(shadow)")
+    }
 }

@@ -14,7 +14,7 @@ import Glibc
         let daemon = try await DaemonProcess()
         defer { daemon.remove() }
         let host = try await ExtensionHost.connect(socketPath: daemon.socket)
-        #expect(host.extensionIdentifiers == ["com.example.async-echo", "com.example.crasher", "com.example.echo"])
+        #expect(host.extensionIdentifiers == ["com.example.async-echo", "com.example.crasher", "com.example.echo", "com.example.escaper"])
         #expect(throws: HostError.self) { _ = try host.extension(identifier: "com.example.nope") }
         let echo = try host.extension(identifier: "com.example.echo")
         #expect(try await echo.perform([ExtensionItem(title: "via daemon", userInfo: ["n": 1])])
@@ -48,6 +48,10 @@ import Glibc
         #expect(crasherStats?["completions"]?.integerValue == 1)
         #expect(crasherStats?["hangs"]?.integerValue == 1)
         #expect(crasherStats?["timeouts"]?.integerValue == 2)
+        // Each worker's sandbox layers, as its launcher reported them.
+        let layers = (crasherStats?["workers"]?.arrayValue?.first?["sandbox"]?.arrayValue ?? []).compactMap(\.stringValue)
+        #expect(layers.contains("seccomp") && layers.contains("noNewPrivs") && layers.contains { $0.hasPrefix("landlock:") },
+                "\(layers)")
         let reasons = CrashReportStore.load(directory: daemon.crashFolder).map(\.reason)
         #expect(reasons == [.signal(SIGSEGV), .hang])
         await host.shutdown()
