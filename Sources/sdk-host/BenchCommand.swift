@@ -32,6 +32,13 @@ enum BenchCommand {
             results.kill = EmbeddedBench.killToInterruption(host, samples: 20 * scale)
             shutdown(host)
             (results.cold, results.prewarmed) = EmbeddedBench.coldStarts(samples: 10 * scale)
+            // The same cold start without the sandbox, and with the pid namespace AllowSubprocesses adds.
+            results.coldUnsandboxed = EmbeddedBench.coldStarts(samples: 10 * scale) { $0.defaultPolicy.sandbox = .none }.cold
+            results.coldDirect = EmbeddedBench.coldStarts(samples: 10 * scale) {
+                $0.defaultPolicy.sandbox = .none
+                $0.launcherPath = "/nonexistent/sdk-host-launcher"  // Sandbox = none without a launcher: spawned directly
+            }.cold
+            results.coldSubprocesses = EmbeddedBench.coldStarts(samples: 10 * scale) { $0.defaultPolicy.allowSubprocesses = true }.cold
             DaemonBench.measure(into: &results, scale: scale)
             results.codec(CodecBench.measure(quick: quick))
         }
@@ -226,10 +233,15 @@ enum EmbeddedBench {
 
     /// A fresh host with no worker: beginRequest → completion, in µs; and then the first request from a new
     /// Extension on the same host, whose worker is already running (pre-warmed).
-    static func coldStarts(samples count: Int) -> (cold: Samples, prewarmed: Samples) {
+    static func coldStarts(samples count: Int, _ tweak: (inout HostConfiguration) -> Void = { _ in })
+        -> (cold: Samples, prewarmed: Samples)
+    {
         var cold = Samples(), prewarmed = Samples()
         for _ in 0..<count {
-            let host = EmbeddedHost.make { $0.logHandler = { _, _ in } }
+            let host = EmbeddedHost.make {
+                $0.logHandler = { _, _ in }
+                tweak(&$0)
+            }
             for (n, ext) in [echo(host), echo(host)].enumerated() {
                 let done = DispatchSemaphore(value: 0)
                 ext.requestCompletionHandler = { _, _ in done.signal() }

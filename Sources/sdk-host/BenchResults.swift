@@ -31,6 +31,9 @@ struct Results {
     var warm: Samples?
     var rps: [Int: Double] = [:]
     var cold: Samples?
+    var coldUnsandboxed: Samples?
+    var coldSubprocesses: Samples?
+    var coldDirect: Samples?
     var prewarmed: Samples?
     var kill: Samples?
     var echoWorkerRSSKB: Int?
@@ -72,6 +75,17 @@ struct Results {
         if let cold {
             out.append(("cold_start_p50_ms", cold.percentile(0.5) / 1000, ratio(cold.percentile(0.5), rawP50), "cold start to first reply p50 (ms)"))
             out.append(("cold_start_p90_ms", cold.percentile(0.9) / 1000, ratio(cold.percentile(0.9), rawP50), "cold start to first reply p90 (ms)"))
+            // The default profile is the sandboxed one: the same figure under the name the sandbox targets use.
+            out.append(("cold_start_sandboxed_p50_ms", cold.percentile(0.5) / 1000, ratio(cold.percentile(0.5), rawP50), "cold start, default sandbox, p50 (ms)"))
+        }
+        if let c = coldUnsandboxed {
+            out.append(("cold_start_unsandboxed_p50_ms", c.percentile(0.5) / 1000, ratio(c.percentile(0.5), rawP50), "cold start, Sandbox = none, p50 (ms)"))
+        }
+        if let c = coldDirect {
+            out.append(("cold_start_no_launcher_p50_ms", c.percentile(0.5) / 1000, ratio(c.percentile(0.5), rawP50), "cold start, extension spawned directly, p50 (ms)"))
+        }
+        if let c = coldSubprocesses {
+            out.append(("cold_start_subprocesses_p50_ms", c.percentile(0.5) / 1000, ratio(c.percentile(0.5), rawP50), "cold start, AllowSubprocesses (pid ns), p50 (ms)"))
         }
         if let p = prewarmed {
             out.append(("prewarmed_start_p50_ms", p.percentile(0.5) / 1000, ratio(p.percentile(0.5), rawP50), "first reply, worker pre-warmed, p50 (ms)"))
