@@ -39,6 +39,7 @@ func waitForExit(_ process: borrowing SpawnedProcess) throws -> SDKPosix.ExitSta
     throw SystemError("reap", errno: ETIMEDOUT)
 }
 
+extension PosixSuites {
 @Suite(.serialized) struct SpawnTests {
     @Test func childGetsExactlyItsFourDescriptors() throws {
         let before = descriptorCount()
@@ -94,7 +95,9 @@ func waitForExit(_ process: borrowing SpawnedProcess) throws -> SDKPosix.ExitSta
         #expect(signalName(SIGKILL) == "SIGKILL")
     }
 }
+}
 
+extension PosixSuites {
 @Suite struct EventLoopTests {
     @Test func executeRunsOnTheLoopInOrderAndTimersFireInDeadlineOrder() async throws {
         let loop = try EventLoop(name: "test")
@@ -124,3 +127,8 @@ func waitForExit(_ process: borrowing SpawnedProcess) throws -> SDKPosix.ExitSta
         #expect(loop.execute {} == false, "a stopped loop refuses work")
     }
 }
+}
+
+/// Every SDKPosix suite in one serialized parent: the spawn tests count the process's descriptors, which an
+/// event-loop test running beside them opens and closes.
+@Suite(.serialized) struct PosixSuites {}
