@@ -13,6 +13,9 @@ let package = Package(
         .library(name: "SDKHost", targets: ["SDKHost"]),
         .library(name: "SDKExtension", targets: ["SDKExtension"]),
         .executable(name: "sdk-host", targets: ["sdk-host"]),
+        // The sandbox launcher every worker is spawned through. An app that embeds the host depends on this
+        // product too, so that `swift build` puts it next to the app's executable, where the host looks for it.
+        .executable(name: "sdk-host-launcher", targets: ["sdk-host-launcher"]),
     ],
     targets: [
         // Wire codec: property-list values, bplist00, frames. Depends on nothing but the stdlib.
