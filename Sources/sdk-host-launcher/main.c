@@ -324,7 +324,7 @@ static void confine_and_exec(void) {
             snprintf(landlock_name, sizeof landlock_name, "landlock:%d", abi);
             applied(landlock_name);
             if (missing[0] && skipped_count < 8) {
-                snprintf(skipped_text[skipped_count], sizeof skipped_text[0], "paths not found: %s", missing);
+                snprintf(skipped_text[skipped_count], sizeof skipped_text[0], "paths not found: %.480s", missing);
                 skipped[skipped_count] = skipped_text[skipped_count];
                 skipped_count++;
             }
