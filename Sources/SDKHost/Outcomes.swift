@@ -33,7 +33,7 @@ public enum InterruptionReason: Sendable, Equatable, CustomStringConvertible {
 
     public var description: String {
         switch self {
-        case .signal(let s): "signal \(s) (\(signalDisplayName(s)))"
+        case .signal(let s): "signal \(s) (\(signalName(s)))"
         case .exited(let code): "exit \(code)"
         case .hang: "hang"
         case .protocolViolation(let detail): "protocol: \(detail)"
@@ -45,8 +45,6 @@ public enum InterruptionReason: Sendable, Equatable, CustomStringConvertible {
         }
     }
 }
-
-func signalDisplayName(_ s: Int32) -> String { signalName(s) }
 
 /// How a request ended. Exactly one per request.
 public enum RequestOutcome: Sendable, Equatable {

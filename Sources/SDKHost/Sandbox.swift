@@ -44,7 +44,7 @@ struct SandboxedSpawn {
     var temporaryDirectory: String?
 }
 
-enum SandboxProfile {
+package enum SandboxProfile {
     /// Builds the spawn request for `manifest`'s executable `path`: through the launcher, with the profile.
     static func spawn(
         _ manifest: ExtensionManifest, executable path: String, environment: [String], launcher: String?,
@@ -92,7 +92,7 @@ enum SandboxProfile {
     }
 
     /// Finds the launcher: `configured`, else next to the running executable, else in `searchPaths`.
-    static func findLauncher(configured: String?, searchPaths: [String]) -> String? {
+    package static func findLauncher(configured: String?, searchPaths: [String]) -> String? {
         if let configured { return access(configured, X_OK) == 0 ? configured : nil }
         let folders = [currentExecutableDirectory()].compactMap { $0 } + searchPaths
         return folders.lazy.map { "\($0)/\(launcherExecutableName)" }.first { access($0, X_OK) == 0 }

@@ -14,7 +14,7 @@ enum DoctorCommand {
 
     static func run(_ arguments: [String]) -> Never {
         let options = Options(arguments, valued: [], boolean: ["--json"], usage: usage)
-        guard let launcher = locateLauncher() else {
+        guard let launcher = SandboxProfile.findLauncher(configured: nil, searchPaths: []) else {
             fail("doctor: sdk-host-launcher not found next to \(currentExecutableDirectory() ?? "this executable"); "
                 + "build it with `swift build`", status: 1)
         }
@@ -57,11 +57,5 @@ enum DoctorCommand {
             }
         }
         exit(missing.isEmpty ? 0 : 1)
-    }
-
-    static func locateLauncher() -> String? {
-        guard let folder = currentExecutableDirectory() else { return nil }
-        let path = "\(folder)/sdk-host-launcher"
-        return access(path, X_OK) == 0 ? path : nil
     }
 }
