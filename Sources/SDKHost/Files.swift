@@ -43,15 +43,7 @@ package func writeFile(_ path: String, _ bytes: [UInt8], mode: mode_t = 0o600) t
     let fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, mode)
     guard fd >= 0 else { throw SystemError("open", errno: errno, detail: path) }
     defer { close(fd) }
-    var offset = 0
-    while offset < bytes.count {
-        let n = bytes.withUnsafeBytes { write(fd, $0.baseAddress! + offset, bytes.count - offset) }
-        if n < 0 {
-            if errno == EINTR { continue }
-            throw SystemError("write", errno: errno, detail: path)
-        }
-        offset += n
-    }
+    try bytes.withUnsafeBytes { raw in Result { () throws(SystemError) in try writeAll(fd, raw, detail: path) } }.get()
 }
 
 /// mkdir -p with `mode` for the folders it creates. True if the folder exists afterwards.

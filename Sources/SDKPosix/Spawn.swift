@@ -172,13 +172,9 @@ public func spawnWithChannels(_ request: SpawnRequest) throws(SystemError) -> Wo
             var pipe: [Int32] = [-1, -1]
             try retryingEINTR("pipe2") { sdk_pipe_cloexec(&pipe) }
             opened += pipe
-            var written = 0
-            while written < profile.count {
-                let n = profile.withUnsafeBytes { write(pipe[1], $0.baseAddress! + written, $0.count - written) }
-                if n < 0 && errno == EINTR { continue }
-                guard n > 0 else { throw SystemError("write", errno: errno, detail: "sandbox profile") }
-                written += n
-            }
+            try profile.withUnsafeBytes { bytes in
+                Result { () throws(SystemError) in try writeAll(pipe[1], bytes, detail: "sandbox profile") }
+            }.get()
             _ = Glibc.close(pipe[1])
             opened.removeAll { $0 == pipe[1] }
             profileFD = try raised(pipe[0])

@@ -78,6 +78,16 @@ public func sendNonBlocking(_ fd: Int32, _ buffer: UnsafeRawBufferPointer) throw
     }
 }
 
+/// Writes all of `buffer` to a blocking descriptor (a file, or a pipe with room for it). `detail` names it in
+/// the error.
+public func writeAll(_ fd: Int32, _ buffer: UnsafeRawBufferPointer, detail: String) throws(SystemError) {
+    var offset = 0
+    while offset < buffer.count {
+        let n = try retryingEINTR("write", detail: detail) { write(fd, buffer.baseAddress! + offset, buffer.count - offset) }
+        offset += n
+    }
+}
+
 /// Writes all of `buffer` to a blocking descriptor with MSG_NOSIGNAL.
 public func sendAll(_ fd: Int32, _ buffer: UnsafeRawBufferPointer) throws(SystemError) {
     var offset = 0
