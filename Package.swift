@@ -66,7 +66,7 @@ let package = Package(
         .executableTarget(name: "foundation-codec-bench", dependencies: ["SDKPosix"]),
         .testTarget(
             name: "SDKWireTests",
-            dependencies: ["SDKWire", "SDKWireFoundation"],
+            dependencies: ["SDKWire", "SDKWireFoundation", "HostTestSupport"],
             exclude: ["Fixtures"]
         ),
         // Helpers shared by the host and fault tests (hosts, recorders, leak snapshots).

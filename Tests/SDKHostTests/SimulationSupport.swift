@@ -13,19 +13,6 @@ import Synchronization
 import Glibc
 #endif
 
-/// SplitMix64: tiny, seedable, the same sequence on every machine.
-struct SeededGenerator: RandomNumberGenerator {
-    var state: UInt64
-    init(seed: UInt64) { state = seed }
-    mutating func next() -> UInt64 {
-        state &+= 0x9E37_79B9_7F4A_7C15
-        var z = state
-        z = (z ^ (z >> 30)) &* 0xBF58_476D_1CE4_E5B9
-        z = (z ^ (z >> 27)) &* 0x94D0_49BB_1331_11EB
-        return z ^ (z >> 31)
-    }
-}
-
 /// One fake worker process. The engine's side (the WorkerChild) is called on the loop thread; the simulation's
 /// side on the test thread; the shared part sits behind a Mutex.
 final class FakeWorker: WorkerChild, @unchecked Sendable {

@@ -1,5 +1,6 @@
 // Framing: chunked delivery (down to one byte at a time), several frames per chunk, and the frame limit.
 import Testing
+import HostTestSupport
 import SDKWire
 
 @Suite struct FrameReaderTests {

@@ -1,6 +1,7 @@
 // Randomized round trips (generated value -> encode -> decode -> equal) and mutation of valid encodings
 // (flip, truncate, extend -> a value or a typed error, never a crash). Seeded; the seed is in every failure.
 import Testing
+import HostTestSupport
 import SDKWire
 
 @Suite struct PropertyTests {

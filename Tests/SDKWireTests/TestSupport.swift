@@ -1,28 +1,12 @@
-// Helpers shared by the codec tests: a seeded generator and a random PlistValue builder.
+// Helpers for the codec tests: the test seed and a random PlistValue builder (the seeded generator is
+// HostTestSupport's).
+import HostTestSupport
 import SDKWire
-
-/// SplitMix64: small, fast and reproducible from a printed seed.
-struct SeededGenerator: RandomNumberGenerator {
-    private var state: UInt64
-    init(seed: UInt64) { state = seed }
-    mutating func next() -> UInt64 {
-        state &+= 0x9E37_79B9_7F4A_7C15
-        var z = state
-        z = (z ^ (z >> 30)) &* 0xBF58_476D_1CE4_E5B9
-        z = (z ^ (z >> 27)) &* 0x94D0_49BB_1331_11EB
-        return z ^ (z >> 31)
-    }
-}
 
 /// The seed for randomized tests: SDKHOST_TEST_SEED when set, so a failure can be replayed, else a fixed one.
 func testSeed(default value: UInt64) -> UInt64 {
-    if let raw = getenvString("SDKHOST_TEST_SEED"), let seed = UInt64(raw) { return seed }
+    if let raw = environmentValue("SDKHOST_TEST_SEED"), let seed = UInt64(raw) { return seed }
     return value
-}
-
-func getenvString(_ name: String) -> String? {
-    guard let p = getenv(name) else { return nil }
-    return String(cString: p)
 }
 
 enum RandomPlist {
