@@ -62,7 +62,6 @@ final class WrappedChild: WorkerChild {
 /// Something to hold weakly: alive as long as a request's handler captures it.
 final class Canary: Sendable {}
 
-extension HostSuites {
 @Suite(.serialized) struct EngineSeamTests {
     @Test func spawnFailureEndsTheRequestWithTheReason() async throws {
         try await withHost({ $0.launcher = FailingLauncher() }) { host, log in
@@ -210,7 +209,6 @@ extension HostSuites {
             #expect(growth < 256 << 20, "RSS grew \(growth >> 20) MB")
         }
     }
-}
 }
 
 final class WeakBox: @unchecked Sendable {

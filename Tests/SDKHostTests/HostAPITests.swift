@@ -11,7 +11,6 @@ import Testing
 import Glibc
 #endif
 
-extension HostSuites {
 @Suite(.serialized) struct HostAPITests {
     @Test func unknownExtensionIsAClearError() async throws {
         try await withHost { host, _ in
@@ -285,7 +284,6 @@ extension HostSuites {
         }
         #expect(await eventually(timeout: 10) { weakExtension == nil && weakEngine == nil })
     }
-}
 }
 
 func monotonicMs() -> Double { Double(monotonicNanoseconds()) / 1e6 }

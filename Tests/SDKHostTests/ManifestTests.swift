@@ -3,7 +3,6 @@ import HostTestSupport
 @testable import SDKHost
 import Testing
 
-extension HostSuites {
 @Suite struct ManifestTests {
     @Test func bundledManifestsLoad() throws {
         let configuration = HostConfiguration(extensionSearchPaths: ["\(packageRoot)/Extensions"])
@@ -63,8 +62,3 @@ extension HostSuites {
         }
     }
 }
-}
-
-/// Every host suite in one serialized parent: the leak checks count process-wide descriptors and threads, so
-/// a suite running beside another (the simulation opens thousands of socket pairs) would see its resources.
-@Suite(.serialized) struct HostSuites {}

@@ -200,7 +200,6 @@ struct Simulation {
     }
 }
 
-extension HostSuites {
 @Suite(.serialized) struct SimulationTests {
     @Test func randomSchedulesEndEveryRequestExactlyOnceAndRetainNothing() async throws {
         let temp = TemporaryExtension(identifier: Simulation.identifier, executable: "Echo", policy: """
@@ -235,5 +234,4 @@ extension HostSuites {
             }
         }
     }
-}
 }

@@ -22,7 +22,6 @@ func stopAndWait(_ loop: EventLoop) async {
     }
 }
 
-extension PosixSuites {
 @Suite struct EventLoopHardeningTests {
     @Test func cancelledTimersAreRemovedAtOnce() async throws {
         let loop = try EventLoop(name: "test-timers")
@@ -148,5 +147,4 @@ extension PosixSuites {
             #expect(r == a)
         }
     }
-}
 }

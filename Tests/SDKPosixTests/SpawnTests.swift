@@ -39,7 +39,6 @@ func waitForExit(_ process: borrowing SpawnedProcess) throws -> SDKPosix.ExitSta
     throw SystemError("reap", errno: ETIMEDOUT)
 }
 
-extension PosixSuites {
 @Suite(.serialized) struct SpawnTests {
     @Test func childGetsExactlyItsFourDescriptors() throws {
         let before = descriptorCount()
@@ -95,9 +94,7 @@ extension PosixSuites {
         #expect(signalName(SIGKILL) == "SIGKILL")
     }
 }
-}
 
-extension PosixSuites {
 @Suite struct EventLoopTests {
     @Test func executeRunsOnTheLoopInOrderAndTimersFireInDeadlineOrder() async throws {
         let loop = try EventLoop(name: "test")
@@ -127,8 +124,3 @@ extension PosixSuites {
         #expect(loop.execute {} == false, "a stopped loop refuses work")
     }
 }
-}
-
-/// Every SDKPosix suite in one serialized parent: the spawn tests count the process's descriptors, which an
-/// event-loop test running beside them opens and closes.
-@Suite(.serialized) struct PosixSuites {}
