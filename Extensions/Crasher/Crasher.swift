@@ -4,12 +4,22 @@
 import Glibc
 #endif
 import SDKExtension
+import Synchronization
+
+/// What `leak:` keeps.
+enum Leak {
+    static let chunks = Mutex<[[UInt8]]>([])
+}
 
 @main
 struct Crasher: RequestHandler {
-    /// CRASHER_FAULT_AT_START=abort makes the worker die before the handshake (tests of a crash at launch).
+    /// CRASHER_FAULT_AT_START=abort makes the worker die before the handshake (tests of a crash at launch);
+    /// `abort-while:<path>` only while that file exists (a crash loop a test can end).
     init() {
-        if let fault = getenv("CRASHER_FAULT_AT_START"), String(cString: fault) == "abort" { abort() }
+        guard let raw = getenv("CRASHER_FAULT_AT_START") else { return }
+        let fault = String(cString: raw)
+        if fault == "abort" { abort() }
+        if fault.hasPrefix("abort-while:"), access(String(fault.dropFirst(12)), F_OK) == 0 { abort() }
     }
 
     func beginRequest(with context: ExtensionContext) {
@@ -85,6 +95,11 @@ struct Crasher: RequestHandler {
             var chunks: [[UInt8]] = []
             for _ in 0..<megabytes { chunks.append([UInt8](repeating: 1, count: 1 << 20)) }
             context.completeRequest(returningItems: [ExtensionItem(title: "allocated \(chunks.count) MB")])
+        case let leak where leak.hasPrefix("leak:"):
+            // Allocates, touches and keeps <MB> megabytes for the life of the worker: a leaky SDK.
+            let megabytes = Int(leak.dropFirst(5)) ?? 64
+            for _ in 0..<megabytes { Leak.chunks.withLock { $0.append([UInt8](repeating: 1, count: 1 << 20)) } }
+            context.completeRequest(returningItems: [ExtensionItem(title: "leaked \(megabytes) MB")])
         case let big where big.hasPrefix("bigreply:"):
             // Replies with an attachment of <MB> megabytes: past the frame limit the runtime cannot send it.
             let megabytes = Int(big.dropFirst(9)) ?? 17
@@ -109,6 +124,11 @@ struct Crasher: RequestHandler {
                 _ = frame.withUnsafeBytes { write(3, $0.baseAddress, $0.count) }
             }
             while true { sleep(60) }
+        case "stall":
+            // Half a frame on the connection, then stopped: wedged mid-frame, it can answer nothing.
+            let partial: [UInt8] = [0, 0, 0, 100] + Array("bplist00xx".utf8)
+            _ = partial.withUnsafeBytes { write(3, $0.baseAddress, $0.count) }
+            kill(getpid(), SIGSTOP)
         case "stop":
             // Stops itself: it answers nothing, heartbeats included, and cannot honour a cancel.
             kill(getpid(), SIGSTOP)

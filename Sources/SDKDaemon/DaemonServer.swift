@@ -226,7 +226,7 @@ package final class DaemonServer: @unchecked Sendable {
             }
         }
         switch message {
-        case .connect(let version):
+        case .connect(let version, let app):
             guard !session.handshaken else {
                 session.send(.error(message: "'connect' sent twice", id: nil))
                 return closeSession(session, reason: "'connect' sent twice")
@@ -236,6 +236,9 @@ package final class DaemonServer: @unchecked Sendable {
                 session.send(.error(message: "protocol \(version) is not supported; this daemon speaks \(protocolVersion)", id: nil))
                 return closeSession(session, reason: "protocol version \(version)")
             }
+            // The app is the peer's uid (from the kernel) and the name it gives; a name is only a label within
+            // its own uid, so no client can join another user's workers by naming itself after them.
+            session.app = "\(session.credentials.uid)/" + Self.appLabel(app)
             session.send(.connected(version: protocolVersion, pid: getpid(), extensions: engine.manifestIdentifiers))
         case .begin(let clientID, let items, let extensionID, let deadlineMs):
             guard let extensionID else {
@@ -282,13 +285,19 @@ package final class DaemonServer: @unchecked Sendable {
                     case .cancelled(let error): session.send(.cancelled(id: clientID, error: error))
                     case .interrupted(let reason): session.send(.interrupted(id: clientID, reason: reason.plist))
                     }
-                }))
+                }, app: session.app))
+        case .prewarm(let id, let extensionID):
+            engine.prewarmOnLoop(extensionID, app: session.app) { [session] result in
+                switch result {
+                case .success(let pid): session.send(.prewarmed(id: id, pid: pid))
+                case .failure(.interrupted(let reason)): session.send(.interrupted(id: id, reason: reason.plist))
+                case .failure(.cancelled): session.send(.interrupted(id: id, reason: InterruptionReason.hostShutdown.plist))
+                }
+            }
         case .cancel(let clientID):
             if let internalID = session.internalIDs[clientID] { engine.cancelOnLoop(internalID) }
         case .status(let seq):
-            engine.snapshot { [weak session, startedAt] snapshot in
-                session?.send(.statusReport(seq: seq, report: Self.report(snapshot, startedAt: startedAt)))
-            }
+            session.send(.statusReport(seq: seq, report: engine.statusOnLoop(startedAt: startedAt).plist))
         case .ping(let seq):
             session.send(.pong(seq: seq))
         case .pong, .unknown:
@@ -355,27 +364,10 @@ package final class DaemonServer: @unchecked Sendable {
         engine.log(.info, "stopped")
     }
 
-    static func report(_ s: EngineSnapshot, startedAt: UInt64) -> PlistValue {
-        func counters(_ c: HostStatistics) -> [String: PlistValue] {
-            ["completions": .integer(Int64(c.completions)), "cancellations": .integer(Int64(c.cancellations)),
-             "interruptions": .integer(Int64(c.interruptions)), "crashes": .integer(Int64(c.crashes)),
-             "hangs": .integer(Int64(c.hangs)), "protocolViolations": .integer(Int64(c.protocolViolations)),
-             "timeouts": .integer(Int64(c.timeouts)), "overloads": .integer(Int64(c.overloads)),
-             "spawns": .integer(Int64(c.spawns))]
-        }
-        let ids = Set(s.perExtension.keys).union(s.workers.map(\.extensionIdentifier)).sorted()
-        let extensions: [PlistValue] = ids.map { id in
-            var d = counters(s.perExtension[id] ?? HostStatistics())
-            d["identifier"] = .string(id)
-            d["workers"] = .array(s.workers.filter { $0.extensionIdentifier == id }.map { w in
-                ["pid": .integer(Int64(w.pid)), "uptimeSeconds": .real(w.uptimeSeconds), "inFlight": .integer(Int64(w.inFlight)),
-                 "sandbox": .array(w.sandboxLayers.map(PlistValue.string)),
-                 "sandboxSkipped": .array(w.sandboxSkipped.map(PlistValue.string))]
-            })
-            return .dictionary(d)
-        }
-        return ["pid": .integer(Int64(getpid())), "uptimeSeconds": .real(Double(monotonicNanoseconds() - startedAt) / 1e9),
-                "totals": .dictionary(counters(s.totals)), "extensions": .array(extensions)]
+    /// A client's app name as a label: at most 64 bytes of printable ASCII (others become "_"); "app" if none.
+    static func appLabel(_ name: String?) -> String {
+        let bytes = Array((name ?? "").utf8.prefix(64)).map { $0 >= 0x21 && $0 < 0x7F && $0 != UInt8(ascii: "/") ? $0 : UInt8(ascii: "_") }
+        return bytes.isEmpty ? "app" : String(decoding: bytes, as: UTF8.self)
     }
 }
 
@@ -386,6 +378,8 @@ final class ClientSession: @unchecked Sendable {
     let credentials: PeerCredentials
     let connectedAt: UInt64
     var handshaken = false
+    /// "uid/name": the pool of workers this client's requests go to (`WorkerSharing` perApp).
+    var app: String?
     /// The client's request id → the engine's.
     var internalIDs: [RequestID: RequestID] = [:]
     /// Frame bytes of this client's requests that have not ended.

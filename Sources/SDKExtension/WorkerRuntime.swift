@@ -181,7 +181,7 @@ enum WorkerRuntime {
                 case .ping(let seq):
                     connection.send(.pong(seq: seq))
                 case .pong, .welcome, .complete, .cancelled, .connect, .connected, .assigned, .interrupted, .status,
-                    .statusReport, .sandboxed, .launchFailed:
+                    .statusReport, .sandboxed, .launchFailed, .prewarm, .prewarmed:
                     WorkerLog.write("unexpected '\(message.typeName)' from host; ignored")
                 case .error(let text, _):
                     WorkerLog.write("host reported: \(text)")

@@ -54,8 +54,11 @@ package final class CrashReportStore: Sendable {
             let ok = bytes.withUnsafeBytes { raw in write(fd, raw.baseAddress, raw.count) == raw.count }
             close(fd)
             if ok { rename(temporary, "\(directory)/\(name)") } else { unlink(temporary) }
+            // Pruned by fair share, as in memory: a looping extension loses its own oldest reports first.
             let reports = CrashReportStore.fileNames(in: directory)
-            for old in reports.dropLast(limit) { unlink("\(directory)/\(old)") }
+            for index in crashReportEvictions(reports.map(crashFileExtension), limit: limit) {
+                unlink("\(directory)/\(reports[index])")
+            }
         }
     }
 
@@ -83,3 +86,11 @@ func crashFileName(time: Double, pid: Int32, extensionID: String) -> String {
     return String(repeating: "0", count: max(0, 17 - micros.count)) + micros + "-\(extensionID)-\(pid).crash.plist"
 }
 
+
+/// The extension a crash file name belongs to (the part between the time and the pid).
+func crashFileExtension(_ name: String) -> String {
+    guard let firstDash = name.firstIndex(of: "-") else { return name }
+    let rest = name[name.index(after: firstDash)...].dropLast(".crash.plist".count)
+    guard let lastDash = rest.lastIndex(of: "-") else { return String(rest) }
+    return String(rest[..<lastDash])
+}

@@ -30,12 +30,16 @@ final class DaemonClient: HostBackend, @unchecked Sendable {
     private var readyWaiters: [(Result<Void, HostError>) -> Void] = []
     private var statusWaiters: [Int64: (PlistValue?) -> Void] = [:]
     private var statusSeq: Int64 = 0
+    private var prewarmWaiters: [RequestID: @Sendable (Result<pid_t, RequestFailure>) -> Void] = [:]
     private var shuttingDown = false
+    /// The app name sent in `connect`: with the peer's uid, it picks this app's own workers in the daemon.
+    let appName: String
 
     /// The uid the daemon must run as (SO_PEERCRED); nil for this process's uid or root.
     let daemonUID: uid_t?
 
-    init(socketPath: String, reconnectTimeout: Double, daemonUID: uid_t? = nil) throws(HostError) {
+    init(socketPath: String, reconnectTimeout: Double, daemonUID: uid_t? = nil, appName: String? = nil) throws(HostError) {
+        self.appName = appName ?? currentExecutableName() ?? "app"
         self.socketPath = socketPath
         self.reconnectTimeout = reconnectTimeout
         self.daemonUID = daemonUID
@@ -106,8 +110,30 @@ final class DaemonClient: HostBackend, @unchecked Sendable {
         if !accepted { completion() }
     }
 
+    func status(_ body: @escaping @Sendable (HostStatus?) -> Void) {
+        report { body($0.map(HostStatus.init(plist:))) }
+    }
+
+    /// Asks the daemon to start a worker of `extensionID` for this app; `done` gets its pid once it is ready.
+    func prewarm(_ extensionID: String, _ done: @escaping @Sendable (Result<pid_t, RequestFailure>) -> Void) {
+        waitUntilReady { [self] result in
+            guard case .success = result else { return done(.failure(.interrupted(.disconnected))) }
+            let accepted = loop.execute {
+                let id = RequestID()
+                self.prewarmWaiters[id] = done
+                do {
+                    try self.connection?.send(.prewarm(id: id, extensionID: extensionID))
+                } catch {
+                    self.prewarmWaiters.removeValue(forKey: id)?(.failure(.interrupted(.disconnected)))
+                }
+                if self.connection == nil { self.prewarmWaiters.removeValue(forKey: id)?(.failure(.interrupted(.disconnected))) }
+            }
+            if !accepted { done(.failure(.interrupted(.hostShutdown))) }
+        }
+    }
+
     /// Asks the daemon for its status report; `body` gets nil if the daemon cannot be reached.
-    func status(_ body: @escaping @Sendable (PlistValue?) -> Void) {
+    func report(_ body: @escaping @Sendable (PlistValue?) -> Void) {
         waitUntilReady { result in
             guard case .success = result else { return body(nil) }
             self.loop.execute {
@@ -149,7 +175,7 @@ final class DaemonClient: HostBackend, @unchecked Sendable {
         let c = FramedConnection(fd, loop: loop, limits: limits)
         do {
             try c.start(onMessage: { [unowned self] in self.handle($0) }, onEnd: { [unowned self] in self.disconnected($0) })
-            try c.send(.connect(version: protocolVersion))
+            try c.send(.connect(version: protocolVersion, app: appName))
         } catch {
             c.close()
             return connectFailed("cannot talk to \(socketPath): \(error)")
@@ -220,7 +246,13 @@ final class DaemonClient: HostBackend, @unchecked Sendable {
         case .cancelled(let id, let error):
             finish(id, .cancelled(error))
         case .interrupted(let id, let reason):
-            finish(id, .interrupted(InterruptionReason(plist: reason)))
+            if let waiter = prewarmWaiters.removeValue(forKey: id) {
+                waiter(.failure(.interrupted(InterruptionReason(plist: reason))))
+            } else {
+                finish(id, .interrupted(InterruptionReason(plist: reason)))
+            }
+        case .prewarmed(let id, let pid):
+            prewarmWaiters.removeValue(forKey: id)?(.success(pid))
         case .statusReport(let seq, let report):
             statusWaiters.removeValue(forKey: seq)?(report)
         case .ping(let seq):
@@ -261,6 +293,9 @@ final class DaemonClient: HostBackend, @unchecked Sendable {
         let waiters = statusWaiters
         statusWaiters.removeAll()
         for waiter in waiters.values { waiter(nil) }
+        let prewarms = prewarmWaiters
+        prewarmWaiters.removeAll()
+        for waiter in prewarms.values { waiter(.failure(.interrupted(reason))) }
     }
 
     private func failQueued(_ reason: InterruptionReason) {
@@ -307,10 +342,14 @@ extension ExtensionHost {
     ///   - daemonUID: The uid the daemon must run as (checked with SO_PEERCRED at every connect); nil accepts this
     ///     process's own uid or root. The socket's folder must also belong to you or root and not be writable by
     ///     others.
-    public static func connect(socketPath: String, reconnectTimeout: Double = 5, daemonUID: uid_t? = nil)
+    ///   - appName: This app's name, sent to the daemon: requests of one app (this uid and name) share workers
+    ///     that no other app's requests reach (`WorkerSharing` perApp). Default: the executable's file name.
+    public static func connect(socketPath: String, reconnectTimeout: Double = 5, daemonUID: uid_t? = nil,
+                               appName: String? = nil)
         async throws(HostError) -> ExtensionHost
     {
-        let client = try DaemonClient(socketPath: socketPath, reconnectTimeout: reconnectTimeout, daemonUID: daemonUID)
+        let client = try DaemonClient(socketPath: socketPath, reconnectTimeout: reconnectTimeout, daemonUID: daemonUID,
+                                      appName: appName)
         let result = await withCheckedContinuation { (continuation: CheckedContinuation<Result<Void, HostError>, Never>) in
             client.waitUntilReady { continuation.resume(returning: $0) }
         }
@@ -324,6 +363,6 @@ extension ExtensionHost {
     /// The daemon's status report (daemon mode only); nil if the daemon cannot be reached.
     package func daemonStatus() async -> PlistValue? {
         guard let client = backend as? DaemonClient else { return nil }
-        return await withCheckedContinuation { continuation in client.status { continuation.resume(returning: $0) } }
+        return await withCheckedContinuation { continuation in client.report { continuation.resume(returning: $0) } }
     }
 }

@@ -58,6 +58,13 @@ public final class ExtensionHost: Sendable {
         backend.shutdown(completion: completion)
     }
 
+    /// The host's status: per extension its requests and their outcomes, latency, hangs, crash-loop state and
+    /// workers; the same figures as `sdk-host status --json`. Through the daemon, the daemon's status (nil if it
+    /// cannot be reached).
+    public func status() async -> HostStatus? {
+        await withCheckedContinuation { continuation in backend.status { continuation.resume(returning: $0) } }
+    }
+
     /// Counters, crash reports kept in memory and live workers of an embedded host, read on its loop.
     package func inspect(_ body: @escaping @Sendable (HostStatistics, [CrashReport], [WorkerSnapshot]) -> Void) {
         engine.snapshot { snapshot in body(snapshot.totals, snapshot.crashReports, snapshot.workers) }
@@ -182,6 +189,22 @@ public final class Extension: Sendable {
     /// request has already ended; the worker is told, and killed if it ignores the cancel past the grace period.
     public func cancelRequest(_ id: RequestID) {
         host.backend.cancel(id)
+    }
+
+    /// Starts a worker for this extension now, if none is ready, and returns its pid once it has handshaken, so
+    /// that a first request does not wait for the spawn. Through the daemon, the worker is this app's own.
+    /// It is retired when idle like any other (`IdleTimeoutSeconds`); `MinWarmWorkers` keeps workers for good.
+    ///
+    /// - Throws: `RequestFailure.interrupted` if no worker could be started (`launchFailed`, `quarantined`,
+    ///   `hostShutdown`, or the worker died before its handshake).
+    @discardableResult
+    public func prewarm() async throws(RequestFailure) -> pid_t {
+        let backend = host.backend
+        let id = identifier
+        let result = await withCheckedContinuation { (continuation: CheckedContinuation<Result<pid_t, RequestFailure>, Never>) in
+            backend.prewarm(id) { continuation.resume(returning: $0) }
+        }
+        return try result.get()
     }
 
     /// The pid of the worker running the request, or nil if it has not been sent to a worker or has ended.

@@ -15,6 +15,14 @@
 //       ReadablePaths             [absolute path]
 //       WritablePaths             [absolute path]
 //       Sandbox                   strict | bestEffort | none (strict)
+//       RestartLimitBurst         integer 1...1000 (5)
+//       RestartLimitIntervalSeconds number 0.1...3600 (10)
+//       QuarantineSeconds         number 0.1...300 (10)
+//       HangThresholdMilliseconds integer 1...3600000 (250)
+//       MinWarmWorkers            integer 0...MaxWorkers (0)
+//       MaxRequestsPerWorker      integer >= 1 (no limit)
+//       MaxWorkerRSSMB            integer 16...65536 (no limit)
+//       WorkerSharing             perApp | shared (perApp)
 // Other top-level and NSExtension keys are allowed, as in Apple's Info.plist files.
 
 #if canImport(Glibc)
@@ -94,6 +102,8 @@ extension ExtensionPolicy {
     static let keys: Set<String> = [
         "MaxConcurrentRequests", "MaxWorkers", "IdleTimeoutSeconds", "RequestDeadlineSeconds", "MemoryLimitMB",
         "NetworkAllowed", "AllowSubprocesses", "ReadablePaths", "WritablePaths", "Sandbox",
+        "RestartLimitBurst", "RestartLimitIntervalSeconds", "QuarantineSeconds", "HangThresholdMilliseconds",
+        "MinWarmWorkers", "MaxRequestsPerWorker", "MaxWorkerRSSMB", "WorkerSharing",
     ]
 
     /// Overrides the keys present in `p` (a manifest's SDKHostPolicy or the config's DefaultPolicy).
@@ -113,6 +123,24 @@ extension ExtensionPolicy {
                 throw p.fail("Sandbox", "'\(mode)' is not one of strict, bestEffort, none")
             }
             sandbox = parsed
+        }
+        restartLimitBurst = try p.integer("RestartLimitBurst", in: 1...1000) ?? restartLimitBurst
+        restartLimitInterval = try p.seconds("RestartLimitIntervalSeconds", minimum: 0.1) ?? restartLimitInterval
+        guard restartLimitInterval <= 3600 else { throw p.fail("RestartLimitIntervalSeconds", "at most 3600") }
+        quarantineSeconds = try p.seconds("QuarantineSeconds", minimum: 0.1) ?? quarantineSeconds
+        guard quarantineSeconds <= 300 else { throw p.fail("QuarantineSeconds", "at most 300") }
+        if let ms = try p.integer("HangThresholdMilliseconds", in: 1...3_600_000) { hangThreshold = Double(ms) / 1000 }
+        maxRequestsPerWorker = try p.integer("MaxRequestsPerWorker", in: 1...Int(Int32.max)) ?? maxRequestsPerWorker
+        maxWorkerRSSMB = try p.integer("MaxWorkerRSSMB", in: 16...65536) ?? maxWorkerRSSMB
+        if let mode = try p.string("WorkerSharing") {
+            guard let parsed = WorkerSharing(rawValue: mode) else {
+                throw p.fail("WorkerSharing", "'\(mode)' is not one of perApp, shared")
+            }
+            workerSharing = parsed
+        }
+        minWarmWorkers = try p.integer("MinWarmWorkers", in: 0...64) ?? minWarmWorkers
+        guard minWarmWorkers <= maxWorkers else {
+            throw p.fail("MinWarmWorkers", "\(minWarmWorkers) is more than MaxWorkers (\(maxWorkers))")
         }
     }
 

@@ -14,10 +14,14 @@ package struct SubmittedRequest: Sendable {
     package let deadline: Double?
     package let onWorkerAssigned: (@Sendable (pid_t) -> Void)?
     package let deliver: @Sendable (RequestOutcome) -> Void
+    /// The daemon client app that sent it (uid and name); nil in an embedded host.
+    package var app: String?
 
     package init(id: RequestID, extensionID: String, items: [ExtensionItem], deadline: Double?,
-                 onWorkerAssigned: (@Sendable (pid_t) -> Void)?, deliver: @escaping @Sendable (RequestOutcome) -> Void)
+                 onWorkerAssigned: (@Sendable (pid_t) -> Void)?, deliver: @escaping @Sendable (RequestOutcome) -> Void,
+                 app: String? = nil)
     {
+        self.app = app
         self.id = id
         self.extensionID = extensionID
         self.items = items
@@ -40,6 +44,10 @@ protocol HostBackend: AnyObject, Sendable {
     func pid(for id: RequestID) -> pid_t?
     /// Stops; `completion` runs when everything is released.
     func shutdown(completion: @escaping @Sendable () -> Void)
+    /// The status (`sdk-host status`); nil if it cannot be had (the daemon is unreachable).
+    func status(_ body: @escaping @Sendable (HostStatus?) -> Void)
+    /// Starts a handshaken worker for the extension (for this app, through the daemon) unless one is ready.
+    func prewarm(_ extensionID: String, _ done: @escaping @Sendable (Result<pid_t, RequestFailure>) -> Void)
 }
 
 extension InterruptionReason {
@@ -55,6 +63,7 @@ extension InterruptionReason {
         case .hostShutdown: ["kind": "shutdown"]
         case .timedOut: ["kind": "timedOut"]
         case .overloaded: ["kind": "overloaded"]
+        case .quarantined: ["kind": "quarantined"]
         }
     }
 
@@ -72,6 +81,7 @@ extension InterruptionReason {
         case "shutdown": self = .hostShutdown
         case "timedOut": self = .timedOut
         case "overloaded": self = .overloaded
+        case "quarantined": self = .quarantined
         default: self = .protocolViolation("unknown interruption reason \(plist)")
         }
     }

@@ -28,8 +28,41 @@ public struct ExtensionPolicy: Sendable, Equatable {
     /// How much of the sandbox the worker must run under. Manifest key `Sandbox`.
     public var sandbox = SandboxMode.strict
 
+    // Supervision (shared/DESIGN.md "Supervision and isolation").
+
+    /// Workers that die on their own this many times within `restartLimitInterval` quarantine the extension.
+    /// Manifest key `RestartLimitBurst`.
+    public var restartLimitBurst = 5
+    /// The window for `restartLimitBurst`, in seconds. Manifest key `RestartLimitIntervalSeconds`.
+    public var restartLimitInterval: Double = 10
+    /// The first quarantine, in seconds; each further one doubles it, up to 300. Manifest key
+    /// `QuarantineSeconds`.
+    public var quarantineSeconds: Double = 10
+    /// A request running longer than this is recorded as a hang (a report; it is not ended for it), in
+    /// seconds. Manifest key `HangThresholdMilliseconds`.
+    public var hangThreshold: Double = 0.25
+    /// Workers kept started and handshaken even with no request. Manifest key `MinWarmWorkers`.
+    public var minWarmWorkers = 0
+    /// A worker that has been sent this many requests takes no more, finishes them and exits; nil for no
+    /// limit. Manifest key `MaxRequestsPerWorker`.
+    public var maxRequestsPerWorker: Int?
+    /// A worker whose resident memory passes this many MiB is recycled the same way; nil for no limit.
+    /// Manifest key `MaxWorkerRSSMB`.
+    public var maxWorkerRSSMB: Int?
+    /// Whether the daemon gives each client app its own workers. Manifest key `WorkerSharing`.
+    public var workerSharing = WorkerSharing.perApp
+
     /// Creates the default policy.
     public init() {}
+}
+
+/// Whether the daemon's client apps share an extension's workers.
+public enum WorkerSharing: String, Sendable, Equatable, CaseIterable {
+    /// Each app (peer uid plus the app name its client library sends) gets its own workers: one app's
+    /// crash-inducing input never interrupts another app's request. The default.
+    case perApp
+    /// Every app's requests go to the same workers; for extensions that are safe to share.
+    case shared
 }
 
 /// Everything an embedded host needs to know.
@@ -40,10 +73,12 @@ public struct HostConfiguration: Sendable {
     public var executableSearchPaths: [String]
     /// Policy for extensions whose manifests leave a key out.
     public var defaultPolicy = ExtensionPolicy()
-    /// How often the host pings each worker, in seconds.
-    public var heartbeatInterval: Double = 1
-    /// A worker that has not answered a ping for this long is killed (interruption "hang"), in seconds.
-    public var heartbeatTimeout: Double = 10
+    /// How often the host pings each worker, in seconds. The worker's runtime answers from its own thread,
+    /// whatever its handlers are doing.
+    public var heartbeatInterval: Double = 0.5
+    /// A worker that has not answered a ping for this long is killed (interruption "hang"), in seconds. With
+    /// the defaults a stopped or wedged worker is killed 2.5 to 3 s after its last answer.
+    public var heartbeatTimeout: Double = 2.5
     /// How long a worker may take to honour a cancel before it is killed, in seconds.
     public var cancelGracePeriod: Double = 2
     /// Frame and decoding limits for worker traffic.
@@ -82,6 +117,15 @@ public struct HostConfiguration: Sendable {
         self.extensionSearchPaths = extensionSearchPaths
         self.executableSearchPaths = executableSearchPaths ?? [currentExecutableDirectory()].compactMap { $0 }
     }
+}
+
+/// The running executable's file name (/proc/self/exe), or nil.
+func currentExecutableName() -> String? {
+    var buffer = [CChar](repeating: 0, count: 4096)
+    let n = readlink("/proc/self/exe", &buffer, buffer.count - 1)
+    guard n > 0 else { return nil }
+    let path = String(decoding: buffer[0..<n].map { UInt8(bitPattern: $0) }, as: UTF8.self)
+    return path.split(separator: "/").last.map(String.init)
 }
 
 /// The folder of the running executable (/proc/self/exe), or nil.

@@ -14,7 +14,7 @@ import SDKPosix
 extension HostEngine {
     // MARK: Spawn
 
-    func spawnWorker(_ manifest: ExtensionManifest) throws(HostError) -> WorkerProcess {
+    func spawnWorker(_ manifest: ExtensionManifest, poolKey: String, app: String?) throws(HostError) -> WorkerProcess {
         guard let path = manifest.executablePath else {
             throw HostError(.executableNotFound, "\(manifest.identifier): executable '\(manifest.executableName)' "
                 + "not found in \(manifest.searchedPaths.joined(separator: ", "))")
@@ -51,11 +51,11 @@ extension HostEngine {
             if let folder = spawn.temporaryDirectory { removeTree(folder) }
             throw HostError(.system, "\(manifest.identifier): cannot launch \(path): \(error)")
         }
-        let worker = WorkerProcess(extensionID: manifest.identifier, policy: manifest.policy, launched: launched,
-                                   loop: loop, wireLimits: configuration.wireLimits)
+        let worker = WorkerProcess(extensionID: manifest.identifier, policy: manifest.policy, poolKey: poolKey, app: app,
+                                   launched: launched, loop: loop, wireLimits: configuration.wireLimits)
         worker.temporaryDirectory = spawn.temporaryDirectory
         count(manifest.identifier, \.spawns)
-        workers[manifest.identifier, default: []].append(worker)
+        workers[poolKey, default: []].append(worker)
         do throws(SystemError) {
             try loop.register(worker.exitFD, events: EventLoop.readable) { [unowned self, unowned worker] _ in
                 self.processExited(worker)
@@ -124,6 +124,12 @@ extension HostEngine {
                 return
             }
             worker.state = .ready
+            worker.welcomed = true
+            let waiters = worker.readyWaiters
+            worker.readyWaiters = []
+            for waiter in waiters { waiter(.success(worker.pid)) }
+            // A worker started with nothing to do (warm, or prewarmed) is retired when idle like any other.
+            if worker.inFlight.isEmpty { requestSlotFreed(worker) }
         case .complete(let id, let items):
             guard settle(id, on: worker) else { return }
             if !finish(id, .completed(items)) {
@@ -166,7 +172,8 @@ extension HostEngine {
             worker.launchFailure = String(decoding: Array(reason.utf8.prefix(1024)), as: UTF8.self)
         case .unknown(let type):
             log(.info, "\(worker.extensionID): unknown message type '\(OutputLines.escape(Array(type.utf8.prefix(64))))'; ignored")
-        case .hello, .begin, .cancel, .connect, .connected, .assigned, .interrupted, .status, .statusReport:
+        case .hello, .begin, .cancel, .connect, .connected, .assigned, .interrupted, .status, .statusReport, .prewarm,
+            .prewarmed:
             protocolViolation(worker, "worker sent '\(message.typeName)', which is not a worker's to send")
         }
     }
@@ -188,14 +195,19 @@ extension HostEngine {
     }
 
     func requestSlotFreed(_ worker: WorkerProcess) {
-        drainWaiting(worker.extensionID)
-        if worker.inFlight.isEmpty, worker.state == .ready || worker.state == .starting, worker.idleTimer == nil {
-            worker.idleTimer = loop.schedule(afterNanoseconds: nanoseconds(worker.policy.idleTimeout)) {
-                [unowned self, weak worker] in
-                guard let worker else { return }
-                worker.idleTimer = nil
-                if worker.inFlight.isEmpty { self.retire(worker, grace: 2) }
-            }
+        recycleIfDrained(worker)
+        drainWaiting(worker.poolKey)
+        scheduleIdleRetirement(worker)
+    }
+
+    func scheduleIdleRetirement(_ worker: WorkerProcess) {
+        guard worker.inFlight.isEmpty, worker.state == .ready || worker.state == .starting, worker.idleTimer == nil
+        else { return }
+        worker.idleTimer = loop.schedule(afterNanoseconds: nanoseconds(worker.policy.idleTimeout)) {
+            [unowned self, weak worker] in
+            guard let worker else { return }
+            worker.idleTimer = nil
+            if worker.inFlight.isEmpty, self.mayRetireIdle(worker) { self.retire(worker, grace: 2) }
         }
     }
 
@@ -256,7 +268,7 @@ extension HostEngine {
     }
 
     func kill(_ worker: WorkerProcess, _ reason: InterruptionReason) {
-        if worker.killReason == nil, reason == .hang { count(worker.extensionID, \.hangs) }
+        if worker.killReason == nil, reason == .hang { count(worker.extensionID, \.hangKills) }
         worker.kill(reason: reason)
     }
 
@@ -296,8 +308,8 @@ extension HostEngine {
         worker.closeChild()
         let wasRetiring = worker.state == .retiring
         worker.state = .dead
-        workers[worker.extensionID]?.removeAll { $0 === worker }
-        if workers[worker.extensionID]?.isEmpty == true { workers[worker.extensionID] = nil }
+        workers[worker.poolKey]?.removeAll { $0 === worker }
+        if workers[worker.poolKey]?.isEmpty == true { workers[worker.poolKey] = nil }
         for timer in [worker.idleTimer, worker.exitTimer, worker.reapPollTimer].compactMap({ $0 }) { loop.cancelTimer(timer) }
         for timer in worker.cancelTimers.values { loop.cancelTimer(timer) }
         worker.cancelTimers.removeAll()
@@ -331,18 +343,54 @@ extension HostEngine {
             case nil: reason = .exited(-1)
             }
         }
-        let inFlight = Array(worker.inFlight)
+        let inFlight = Array(worker.inFlight).sorted { $0.uuidString < $1.uuidString }
         worker.inFlight.removeAll()
         let clean = status == .exited(0) && inFlight.isEmpty && worker.killReason == nil
-        if !(clean || (wasRetiring && (worker.killReason == nil || worker.killReason == .hostShutdown))) {
+        let crashed = !(clean || (wasRetiring && (worker.killReason == nil || worker.killReason == .hostShutdown)))
+        if crashed {
             count(worker.extensionID, \.crashes)
             recordCrash(worker, reason: reason, inFlight: inFlight)
         } else {
             log(.info, "\(worker.extensionID): worker pid \(worker.pid) exited (\(status.map(String.init(describing:)) ?? "status unavailable"))")
         }
-        for id in inFlight { finish(id, .interrupted(reason)) }
-        drainWaiting(worker.extensionID)
+        let waiters = worker.readyWaiters
+        worker.readyWaiters = []
+        for waiter in waiters { waiter(.failure(.interrupted(reason))) }
+        // Died before its handshake, on its own: no handler ran, so its requests wait for the next worker (at
+        // most twice each; the restart limit ends a loop sooner).
+        let requeue = !worker.welcomed && worker.killReason == nil && worker.launchFailure == nil && !shuttingDown
+        // A death that quarantines the pool ends those requests as `quarantined`, like the ones waiting.
+        if crashed && diedOnItsOwn(worker) { workerDiedOnItsOwn(worker) }
+        let quarantined = pools[worker.poolKey].map { $0.health(now: loop.now) == .quarantined } ?? false
+        for id in inFlight.reversed() {
+            if requeue && quarantined {
+                finish(id, .interrupted(.quarantined))
+            } else if requeue, let record = requests[id], record.requeues < 2 {
+                record.requeues += 1
+                record.worker = nil
+                pids.withLock { _ = $0.removeValue(forKey: id) }
+                let queue = waiting[worker.poolKey] ?? RequestQueue()
+                waiting[worker.poolKey] = queue
+                queue.prepend(record)
+            } else {
+                finish(id, .interrupted(reason))
+            }
+        }
+        drainWaiting(worker.poolKey)
+        if let manifest = manifests[worker.extensionID], worker.poolKey == worker.extensionID {
+            topUpWarmWorkers(manifest)
+        }
         stopIfIdle()
+    }
+
+    /// Whether a worker that did not end cleanly died on its own: crashed, exited, broke the protocol, stopped
+    /// answering heartbeats or failed to launch; not killed by the host for a cancel or at shutdown.
+    func diedOnItsOwn(_ worker: WorkerProcess) -> Bool {
+        switch worker.killReason {
+        case nil, .protocolViolation: return true
+        case .hang: return !worker.killedForCancel
+        default: return false
+        }
     }
 
     func recordCrash(_ worker: WorkerProcess, reason: InterruptionReason, inFlight: [RequestID]) {
@@ -355,8 +403,10 @@ extension HostEngine {
             + "\(inFlight.count) request(s) interrupted")
         crashReports.append(report)
         crashStore?.save(report)
-        if crashReports.count > configuration.crashReportLimit {
-            crashReports.removeFirst(crashReports.count - configuration.crashReportLimit)
+        // A looping extension does not push the other extensions' reports out: each keeps a fair share.
+        let evicted = crashReportEvictions(crashReports.map(\.extensionIdentifier), limit: configuration.crashReportLimit)
+        if !evicted.isEmpty {
+            crashReports = crashReports.enumerated().filter { !evicted.contains($0.offset) }.map(\.element)
         }
     }
 
@@ -364,6 +414,10 @@ extension HostEngine {
     /// it is killed if it has not exited after `grace` seconds.
     func retire(_ worker: WorkerProcess, grace: Double) {
         guard worker.state == .ready || worker.state == .starting else { return }
+        if let timer = worker.idleTimer {
+            loop.cancelTimer(timer)
+            worker.idleTimer = nil
+        }
         worker.state = .retiring
         worker.connection.close()
         if let timer = worker.exitTimer { loop.cancelTimer(timer) }
@@ -389,6 +443,7 @@ extension HostEngine {
         var any = false
         for worker in workers.values.joined() where worker.connection.isOpen && worker.killReason == nil {
             any = true
+            checkResidentMemory(worker)
             if let sent = worker.pingSentAt {
                 if now &- sent > nanoseconds(configuration.heartbeatTimeout) {
                     log(.warning, "\(worker.extensionID) pid \(worker.pid) missed heartbeats for "

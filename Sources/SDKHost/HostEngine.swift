@@ -22,11 +22,13 @@ package struct HostStatistics: Sendable, Equatable {
     package var cancellations = 0
     package var interruptions = 0
     package var crashes = 0
-    package var hangs = 0
+    /// Workers killed as hung (missed heartbeats, or ignored a cancel).
+    package var hangKills = 0
     package var timeouts = 0
     package var overloads = 0
     package var protocolViolations = 0
     package var spawns = 0
+    package var requests = 0
     package init() {}
 }
 
@@ -64,11 +66,16 @@ package final class HostEngine: @unchecked Sendable {
     /// The sandbox launcher executable (nil: not found; only `Sandbox = none` extensions can run).
     let launcherPath: String?
     let pids = Mutex<[RequestID: pid_t]>([:])
+    /// When the engine started (monotonic), for `uptimeSeconds`.
+    package let startedAt = monotonicNanoseconds()
 
     // Loop-confined state.
+    /// Workers and waiting requests by pool (HostEngine+Supervision).
     var workers: [String: [WorkerProcess]] = [:]
     var requests: [RequestID: RequestRecord] = [:]
     var waiting: [String: RequestQueue] = [:]
+    var pools: [String: PoolState] = [:]
+    var activity: [String: ExtensionActivity] = [:]
     var crashReports: [CrashReport] = []
     var statistics = HostStatistics()
     var perExtension: [String: HostStatistics] = [:]
@@ -97,6 +104,13 @@ package final class HostEngine: @unchecked Sendable {
         } catch {
             throw HostError(.system, "cannot start the host event loop: \(error)")
         }
+        if manifests.values.contains(where: { $0.policy.minWarmWorkers > 0 }) {
+            loop.execute { [unowned self] in
+                for manifest in self.manifests.values.sorted(by: { $0.identifier < $1.identifier }) {
+                    self.topUpWarmWorkers(manifest)
+                }
+            }
+        }
     }
 
     /// Counts one event for `extensionID` and in the totals.
@@ -124,6 +138,7 @@ package final class HostEngine: @unchecked Sendable {
             deadline: request.deadline ?? manifests[request.extensionID]?.policy.requestDeadline,
             deliver: request.deliver)
         record.onWorkerAssigned = request.onWorkerAssigned
+        record.app = request.app
         start(record)
     }
 
@@ -139,6 +154,9 @@ package final class HostEngine: @unchecked Sendable {
             return
         }
         requests[record.id] = record
+        record.startedAt = loop.now
+        record.poolKey = poolKey(manifests[record.extensionID], app: record.app)
+        count(record.extensionID, \.requests)
         if let deadline = record.deadline {
             let id = record.id
             record.deadlineTimer = loop.schedule(afterNanoseconds: nanoseconds(deadline)) { [unowned self] in
@@ -155,15 +173,16 @@ package final class HostEngine: @unchecked Sendable {
             finish(record.id, .interrupted(.launchFailed("unknown extension \(record.extensionID)")))
             return
         }
-        switch workerWithRoom(manifest) {
+        if endIfQuarantined(record) { return }
+        switch workerWithRoom(manifest, pool: record.poolKey, app: record.app) {
         case .worker(let worker):
             send(record, to: worker)
         case .launchFailed(let error):
             finish(record.id, .interrupted(.launchFailed(error.description)))
         case .none:
-            let queue = waiting[record.extensionID] ?? {
+            let queue = waiting[record.poolKey] ?? {
                 let q = RequestQueue()
-                waiting[record.extensionID] = q
+                waiting[record.poolKey] = q
                 return q
             }()
             if queue.count >= configuration.maxQueuedRequests {
@@ -184,13 +203,14 @@ package final class HostEngine: @unchecked Sendable {
     /// A worker that can take a request now: a live one with room, else a new one if the pool has space. A
     /// worker that has not acknowledged a cancel yet comes last: it may be killed for ignoring it, and a request
     /// sent there would be interrupted with it.
-    func workerWithRoom(_ manifest: ExtensionManifest) -> Room {
-        let pool = workers[manifest.identifier] ?? []
+    func workerWithRoom(_ manifest: ExtensionManifest, pool key: String, app: String?) -> Room {
+        let pool = workers[key] ?? []
         if let worker = pool.first(where: { $0.acceptsRequests && $0.cancelTimers.isEmpty }) { return .worker(worker) }
-        let live = pool.reduce(0) { $0 + ($1.state == .starting || $1.state == .ready ? 1 : 0) }
+        let live = pool.reduce(0) { $0 + (isLive($1) ? 1 : 0) }
         if live < manifest.policy.maxWorkers {
+            if let spare = adoptSpare(manifest, into: key, app: app) { return .worker(spare) }
             do {
-                return .worker(try spawnWorker(manifest))
+                return .worker(try spawnWorker(manifest, poolKey: key, app: app))
             } catch {
                 log(.error, "\(manifest.identifier): cannot launch worker: \(error)")
                 return .launchFailed(error)
@@ -203,6 +223,11 @@ package final class HostEngine: @unchecked Sendable {
     func send(_ record: RequestRecord, to worker: WorkerProcess) {
         record.worker = worker
         worker.inFlight.insert(record.id)
+        worker.requestsSent += 1
+        if let limit = worker.policy.maxRequestsPerWorker, worker.requestsSent >= limit {
+            worker.recycling = true
+            worker.recycleReason = "MaxRequestsPerWorker \(limit)"
+        }
         if let timer = worker.idleTimer {
             loop.cancelTimer(timer)
             worker.idleTimer = nil
@@ -222,7 +247,7 @@ package final class HostEngine: @unchecked Sendable {
             loop.cancelTimer(timer)
             record.deadlineTimer = nil
         }
-        if record.isQueued { waiting[record.extensionID]?.remove(record) }
+        if record.isQueued { waiting[record.poolKey]?.remove(record) }
         if record.worker != nil { pids.withLock { _ = $0.removeValue(forKey: id) } }
         record.worker = nil
         record.onWorkerAssigned = nil
@@ -230,10 +255,13 @@ package final class HostEngine: @unchecked Sendable {
         let deliver = record.deliver
         record.deliver = nil
         switch outcome {
-        case .completed: count(record.extensionID, \.completions)
+        case .completed:
+            count(record.extensionID, \.completions)
+            poolSucceeded(record.poolKey)
         case .cancelled: count(record.extensionID, \.cancellations)
         case .interrupted: count(record.extensionID, \.interruptions)
         }
+        recordActivity(record, outcome)
         deliver?(outcome)
         return true
     }
@@ -273,16 +301,19 @@ package final class HostEngine: @unchecked Sendable {
             if worker.inFlight.contains(id), worker.state != .dead {
                 self.log(.warning, "\(worker.extensionID) pid \(worker.pid) ignored the cancel of \(id) for "
                     + "\(self.configuration.cancelGracePeriod) s; killing it")
+                if worker.killReason == nil { worker.killedForCancel = true }
                 self.kill(worker, .hang)
             }
         }
     }
 
     /// Hands queued requests to workers that have room, in order. O(1) per request handed over.
-    func drainWaiting(_ extensionID: String) {
-        guard let queue = waiting[extensionID], !queue.isEmpty, let manifest = manifests[extensionID] else { return }
+    func drainWaiting(_ key: String) {
+        guard let queue = waiting[key], !queue.isEmpty, let first = queue.first,
+            let manifest = manifests[first.extensionID]
+        else { return }
         while !queue.isEmpty {
-            switch workerWithRoom(manifest) {
+            switch workerWithRoom(manifest, pool: key, app: first.app) {
             case .worker(let worker):
                 if let next = queue.popFirst() { send(next, to: worker) }
             case .launchFailed(let error):
@@ -291,7 +322,7 @@ package final class HostEngine: @unchecked Sendable {
                 return
             }
         }
-        waiting[extensionID] = nil
+        waiting[key] = nil
     }
 
     // MARK: Shutdown
@@ -304,6 +335,10 @@ package final class HostEngine: @unchecked Sendable {
         keepAliveUntilStopped = self
         for id in Array(requests.keys) { finish(id, .interrupted(.hostShutdown)) }
         waiting.removeAll()
+        for state in pools.values {
+            if let timer = state.retryTimer { loop.cancelTimer(timer) }
+            state.retryTimer = nil
+        }
         // Ask every worker to exit (its socket closes; the runtime exits on EOF and flushes its output), and
         // kill those that have not exited after the grace period.
         for worker in workers.values.joined() { retire(worker, grace: configuration.workerExitGracePeriod) }
@@ -352,6 +387,16 @@ extension HostEngine: HostBackend {
     }
 
     func pid(for id: RequestID) -> pid_t? { pids.withLock { $0[id] } }
+
+    func status(_ body: @escaping @Sendable (HostStatus?) -> Void) {
+        if !loop.execute({ body(self.statusOnLoop(startedAt: self.startedAt)) }) { body(nil) }
+    }
+
+    func prewarm(_ extensionID: String, _ done: @escaping @Sendable (Result<pid_t, RequestFailure>) -> Void) {
+        if !loop.execute({ self.prewarmOnLoop(extensionID, app: nil, done: done) }) {
+            done(.failure(.interrupted(.hostShutdown)))
+        }
+    }
 
     package func shutdown(completion: @escaping @Sendable () -> Void) {
         if !loop.execute({ self.shutdownOnLoop(completion: completion) }) { completion() }

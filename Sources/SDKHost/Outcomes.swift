@@ -30,6 +30,26 @@ public enum InterruptionReason: Sendable, Equatable, CustomStringConvertible {
     /// Too many requests were waiting for this extension's workers (`MaxQueuedRequests`), or this client had
     /// too many in flight (`MaxInFlightRequests`): the request ended at once and touched no worker.
     case overloaded
+    /// The extension's workers kept dying on their own (`RestartLimitBurst` times within
+    /// `RestartLimitIntervalSeconds`), so it is quarantined: the request ended at once and spawned nothing.
+    case quarantined
+
+    /// The short name used on the wire, in `status` and in statistics: signal, exit, hang, protocol,
+    /// disconnected, launch, shutdown, timedOut, overloaded or quarantined.
+    public var kind: String {
+        switch self {
+        case .signal: "signal"
+        case .exited: "exit"
+        case .hang: "hang"
+        case .protocolViolation: "protocol"
+        case .disconnected: "disconnected"
+        case .launchFailed: "launch"
+        case .hostShutdown: "shutdown"
+        case .timedOut: "timedOut"
+        case .overloaded: "overloaded"
+        case .quarantined: "quarantined"
+        }
+    }
 
     public var description: String {
         switch self {
@@ -42,6 +62,7 @@ public enum InterruptionReason: Sendable, Equatable, CustomStringConvertible {
         case .hostShutdown: "host shut down"
         case .timedOut: "timed out"
         case .overloaded: "overloaded"
+        case .quarantined: "quarantined"
         }
     }
 }

@@ -27,6 +27,13 @@ final class RequestRecord {
     /// Cleared when the outcome is delivered, so nothing of the caller is retained afterwards.
     var deliver: (@Sendable (RequestOutcome) -> Void)?
     let deadline: Double?
+    /// The pool that serves it (the extension, or the extension for one daemon client app).
+    var poolKey: String = ""
+    var app: String?
+    /// When it began (loop clock), for latency and hang reports.
+    var startedAt: UInt64 = 0
+    /// Times it went back to the queue because its worker died before its handshake.
+    var requeues = 0
     var worker: WorkerProcess?
     var deadlineTimer: TimerID?
     /// Told the worker's pid when the request is sent to one (demo and tools; called on the loop thread).
@@ -54,6 +61,7 @@ final class RequestQueue {
     private unowned(unsafe) var tail: RequestRecord?
 
     var isEmpty: Bool { count == 0 }
+    var first: RequestRecord? { head }
 
     func append(_ record: RequestRecord) {
         precondition(!record.isQueued, "request \(record.id) queued twice")
@@ -62,6 +70,17 @@ final class RequestQueue {
         record.queueNext = nil
         if let tail { tail.queueNext = record } else { head = record }
         tail = record
+        count += 1
+    }
+
+    /// Puts `record` first (a request whose worker died before running it keeps its place).
+    func prepend(_ record: RequestRecord) {
+        precondition(!record.isQueued, "request \(record.id) queued twice")
+        record.isQueued = true
+        record.queuePrev = nil
+        record.queueNext = head
+        if let head { head.queuePrev = record } else { tail = record }
+        head = record
         count += 1
     }
 

@@ -22,6 +22,9 @@ final class WorkerProcess {
 
     let extensionID: String
     let policy: ExtensionPolicy
+    /// The pool it serves (see HostEngine+Supervision), and the daemon client app of that pool.
+    var poolKey: String
+    var app: String?
     let pid: pid_t
     let startedAt: UInt64
     var state = State.starting
@@ -66,12 +69,25 @@ final class WorkerProcess {
     var sandboxReported = false
     /// The launcher's reason when it could not apply the sandbox (`launchFailed`).
     var launchFailure: String?
+    /// Whether its `welcome` arrived. A worker that dies before it never ran a request's handler.
+    var welcomed = false
+    /// Killed because it ignored a cancel: the host's decision, not a death on its own.
+    var killedForCancel = false
+    /// Requests sent to it, ever.
+    var requestsSent = 0
+    /// Past `MaxRequestsPerWorker` or `MaxWorkerRSSMB`: takes no new request and exits once drained.
+    var recycling = false
+    var recycleReason: String?
+    /// `prewarm` calls waiting for its `welcome` (or its death).
+    var readyWaiters: [@Sendable (Result<pid_t, RequestFailure>) -> Void] = []
 
-    init(extensionID: String, policy: ExtensionPolicy, launched: consuming LaunchedWorker, loop: EventLoop,
-         wireLimits: WireLimits)
+    init(extensionID: String, policy: ExtensionPolicy, poolKey: String, app: String?,
+         launched: consuming LaunchedWorker, loop: EventLoop, wireLimits: WireLimits)
     {
         self.extensionID = extensionID
         self.policy = policy
+        self.poolKey = poolKey
+        self.app = app
         child = launched.child
         pid = child.pid
         exitFD = child.exitDescriptor
@@ -91,7 +107,7 @@ final class WorkerProcess {
 
     /// Whether a new request may be sent to it now.
     var acceptsRequests: Bool {
-        (state == .starting || state == .ready) && connection.isOpen && killReason == nil
+        (state == .starting || state == .ready) && connection.isOpen && killReason == nil && !recycling
             && inFlight.count < policy.maxConcurrentRequests
     }
 

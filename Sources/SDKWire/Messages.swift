@@ -14,12 +14,14 @@
 //   launcher -> host launchFailed {type, reason}   the sandbox could not be applied; the launcher exits 125
 //
 // Between a client library and the daemon, additionally:
-//   client -> daemon connect     {type, version}
+//   client -> daemon connect     {type, version, app?}         app: the client's name (default: its executable's)
 //   daemon -> client connected   {type, version, pid, extensions: [string]}
 //   daemon -> client assigned    {type, id, pid}              the request was sent to worker `pid`
 //   daemon -> client interrupted {type, id, reason: {kind, code?, detail?}}
 //                                kind: signal|exit|hang|protocol|disconnected|launch|shutdown
 //   client -> daemon status      {type, seq}    and    daemon -> client statusReport {type, seq, report}
+//   client -> daemon prewarm     {type, id, extension}         start a worker for this app now
+//   daemon -> client prewarmed   {type, id, pid}               ... it is handshaken (or: interrupted {id, reason})
 //
 //   item  = {title?: string, attachments: [value], userInfo: {string: value}}
 //   id    = UUID string, 8-4-4-4-12 upper-case hex
@@ -194,7 +196,7 @@ public enum Message: Sendable, Equatable {
     case ping(seq: Int64)
     case pong(seq: Int64)
     case error(message: String, id: RequestID?)
-    case connect(version: Int64)
+    case connect(version: Int64, app: String? = nil)
     case connected(version: Int64, pid: Int32, extensions: [String])
     case assigned(id: RequestID, pid: Int32)
     case interrupted(id: RequestID, reason: PlistValue)
@@ -202,6 +204,8 @@ public enum Message: Sendable, Equatable {
     case statusReport(seq: Int64, report: PlistValue)
     case sandboxed(layers: [String], skipped: [String])
     case launchFailed(reason: String)
+    case prewarm(id: RequestID, extensionID: String)
+    case prewarmed(id: RequestID, pid: Int32)
     /// A type this version does not know; ignored by receivers.
     case unknown(type: String)
 
@@ -233,8 +237,14 @@ public enum Message: Sendable, Equatable {
             var d: [String: PlistValue] = ["type": "error", "message": .string(message)]
             if let id { d["id"] = .string(id.uuidString) }
             return .dictionary(d)
-        case let .connect(version):
-            return ["type": "connect", "version": .integer(version)]
+        case let .connect(version, app):
+            var d: [String: PlistValue] = ["type": "connect", "version": .integer(version)]
+            if let app { d["app"] = .string(app) }
+            return .dictionary(d)
+        case let .prewarm(id, extensionID):
+            return ["type": "prewarm", "id": .string(id.uuidString), "extension": .string(extensionID)]
+        case let .prewarmed(id, pid):
+            return ["type": "prewarmed", "id": .string(id.uuidString), "pid": .integer(Int64(pid))]
         case let .connected(version, pid, extensions):
             return ["type": "connected", "version": .integer(version), "pid": .integer(Int64(pid)),
                     "extensions": .array(extensions.map(PlistValue.string))]
@@ -315,7 +325,13 @@ public enum Message: Sendable, Equatable {
         case "pong": self = .pong(seq: try integer("seq"))
         case "error":
             self = .error(message: try string("message"), id: d["id"] == nil ? nil : try id())
-        case "connect": self = .connect(version: try integer("version"))
+        case "connect":
+            self = .connect(version: try integer("version"), app: d["app"] == nil ? nil : try string("app"))
+        case "prewarm": self = .prewarm(id: try id(), extensionID: try string("extension"))
+        case "prewarmed":
+            let pid = try integer("pid")
+            guard let pid32 = Int32(exactly: pid) else { throw MessageError("'prewarmed' pid \(pid) is out of range") }
+            self = .prewarmed(id: try id(), pid: pid32)
         case "connected":
             let pid = try integer("pid")
             self = .connected(version: try integer("version"), pid: Int32(truncatingIfNeeded: pid),
@@ -360,6 +376,8 @@ extension Message {
         case .statusReport: "statusReport"
         case .sandboxed: "sandboxed"
         case .launchFailed: "launchFailed"
+        case .prewarm: "prewarm"
+        case .prewarmed: "prewarmed"
         case .unknown: "unknown"
         }
     }

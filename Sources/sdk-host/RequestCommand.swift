@@ -1,4 +1,4 @@
-// `sdk-host request <ext-id> [--text S]… [--embedded | --socket P] [--timeout S]`: one request, its outcome
+// `sdk-host request <ext-id> [--text S]… [--embedded | --socket P] [--app NAME] [--timeout S]`: one request, its outcome
 // and items. Exit status: 0 completed, 3 cancelled, 4 interrupted, 2 usage or configuration error.
 // Without --socket or --embedded it uses the daemon when one answers on the configured socket, else embedded.
 import Dispatch
@@ -9,10 +9,10 @@ import Glibc
 #endif
 
 enum RequestCommand {
-    static let usage = "usage: sdk-host request <extension-id> [--text S]... [--embedded | --socket PATH] [--timeout SECONDS] [--config PATH]"
+    static let usage = "usage: sdk-host request <extension-id> [--text S]... [--embedded | --socket PATH] [--app NAME] [--timeout SECONDS] [--config PATH]"
 
     static func run(_ arguments: [String]) -> Never {
-        let options = Options(arguments, valued: ["--text", "--timeout", "--socket", "--config"], boolean: ["--embedded"], usage: usage)
+        let options = Options(arguments, valued: ["--text", "--timeout", "--socket", "--config", "--app"], boolean: ["--embedded"], usage: usage)
         guard options.positionals.count == 1 else {
             fail(options.positionals.isEmpty ? "missing extension identifier\n\(usage)" : "unexpected argument '\(options.positionals[1])'\n\(usage)", status: 2)
         }
@@ -31,8 +31,14 @@ enum RequestCommand {
         } else {
             let socket = loadConfiguration(options).socketPath
             let explicit = options.value("--socket") != nil
+            // --app names this request's app to the daemon: apps get their own workers (WorkerSharing perApp).
+            let app = options.value("--app")
             let connected: Result<ExtensionHost, HostError> = runAsync {
-                do throws(HostError) { return .success(try await ExtensionHost.connect(socketPath: socket)) } catch { return .failure(error) }
+                do throws(HostError) {
+                    return .success(try await ExtensionHost.connect(socketPath: socket, appName: app))
+                } catch {
+                    return .failure(error)
+                }
             }
             switch connected {
             case .success(let h): host = h

@@ -22,33 +22,51 @@ enum StatusCommand {
             print(JSON.render(report))
             exit(0)
         }
-        let totals = report["totals"] ?? [:]
-        print("daemon pid \(report["pid"]?.integerValue ?? 0), up \(Int(report["uptimeSeconds"]?.doubleValue ?? 0)) s, socket \(socket)")
-        print(pad("extension", 24) + pad("workers (pid/uptime s/in flight)", 36) + pad("done", 7) + pad("cancel", 7)
-            + pad("intr", 7) + pad("crash", 7) + "hang")
-        for ext in report["extensions"]?.arrayValue ?? [] {
-            let workers = (ext["workers"]?.arrayValue ?? []).map {
-                "\($0["pid"]?.integerValue ?? 0)/\(Int($0["uptimeSeconds"]?.doubleValue ?? 0))/\($0["inFlight"]?.integerValue ?? 0)"
-            }.joined(separator: " ")
-            print(pad(ext["identifier"]?.stringValue ?? "?", 24) + pad(workers.isEmpty ? "-" : workers, 36)
-                + counters(ext))
+        let status = HostStatus(plist: report)
+        print("daemon pid \(status.pid), up \(Int(status.uptimeSeconds)) s, socket \(socket), "
+            + "\(status.activeRequests) request(s) active, \(status.queuedRequests) queued")
+        print(pad("extension", 24) + pad("state", 13) + pad("req", 7) + pad("done", 7) + pad("cancel", 7) + pad("intr", 7)
+            + pad("p50 ms", 9) + pad("p99 ms", 9) + pad("hangs", 7) + pad("/1000", 7) + pad("crash", 7) + "workers")
+        for ext in status.extensions {
+            var state = ext.state.rawValue
+            if let retry = ext.retryInSeconds { state += " \(Int(retry.rounded(.up)))s" }
+            let p50 = ext.latencyP50Milliseconds.map { format($0) } ?? "-"
+            let p99 = ext.latencyP99Milliseconds.map { format($0) } ?? "-"
+            var line = pad(ext.identifier, 24) + pad(state, 13) + pad(String(ext.requests), 7)
+            line += pad(String(ext.completions), 7) + pad(String(ext.cancellations), 7) + pad(String(ext.interruptions), 7)
+            line += pad(p50, 9) + pad(p99, 9) + pad(String(ext.hangs), 7) + pad(format(ext.hangRatePer1000), 7)
+            line += pad(String(ext.crashes), 7) + String(ext.workers.count)
+            print(line)
         }
-        print(pad("total", 24) + pad("", 36) + counters(totals))
-        for ext in report["extensions"]?.arrayValue ?? [] {
-            for worker in ext["workers"]?.arrayValue ?? [] {
-                let layers = (worker["sandbox"]?.arrayValue ?? []).compactMap(\.stringValue)
-                let skipped = (worker["sandboxSkipped"]?.arrayValue ?? []).compactMap(\.stringValue)
-                print("worker \(worker["pid"]?.integerValue ?? 0) (\(ext["identifier"]?.stringValue ?? "?")): sandbox "
-                    + (layers.isEmpty ? "not reported yet" : layers.joined(separator: ", "))
-                    + (skipped.isEmpty ? "" : "; skipped: " + skipped.joined(separator: "; ")))
+        for ext in status.extensions {
+            if !ext.interruptionsByReason.isEmpty {
+                print("\(ext.identifier): interrupted " + ext.interruptionsByReason.keys.sorted()
+                    .map { "\($0) \(ext.interruptionsByReason[$0]!)" }.joined(separator: ", "))
+            }
+            if ext.hangs > 0 { print("\(ext.identifier): \(ext.hangs) hang(s), \(format(ext.hungSeconds)) s hung in all") }
+            for pool in ext.pools where pool.state != .running || pool.crashCount > 0 {
+                var line = ext.identifier + (pool.app.map { " (app \($0))" } ?? "")
+                line += ": \(pool.state.rawValue), \(pool.crashCount) recent crash(es)"
+                if let retry = pool.retryInSeconds { line += ", retries in \(format(retry)) s" }
+                if pool.backoffSeconds > 0 { line += ", backoff \(format(pool.backoffSeconds)) s" }
+                print(line)
+            }
+            for worker in ext.workers {
+                let app = worker.app.map { ", app \($0)" } ?? ""
+                var line = "worker \(worker.pid) (\(ext.identifier)\(app)): up \(Int(worker.uptimeSeconds)) s, "
+                line += "\(worker.inFlight) in flight, \(worker.requestsServed) served"
+                if worker.recycling { line += ", recycling" }
+                line += "; sandbox " + (worker.sandbox.isEmpty ? "not reported yet" : worker.sandbox.joined(separator: ", "))
+                if !worker.sandboxSkipped.isEmpty { line += "; skipped: " + worker.sandboxSkipped.joined(separator: "; ") }
+                print(line)
             }
         }
         exit(0)
     }
 
-    static func counters(_ d: PlistValue) -> String {
-        ["completions", "cancellations", "interruptions", "crashes"].map { pad(String(d[$0]?.integerValue ?? 0), 7) }.joined()
-            + String(d["hangs"]?.integerValue ?? 0)
+    static func format(_ v: Double) -> String {
+        let rounded = (v * 100).rounded() / 100
+        return String(rounded)
     }
 
     static func pad(_ s: String, _ n: Int) -> String { s + String(repeating: " ", count: max(1, n - s.count)) }

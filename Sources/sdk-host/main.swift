@@ -6,7 +6,7 @@ import Glibc
 let usage = """
     usage: sdk-host <command> [options]
       demo                      run echo, every crash fault and a cancel through an embedded host
-      request <ext-id> [--text S]... [--embedded | --socket P] [--timeout S]
+      request <ext-id> [--text S]... [--embedded | --socket P] [--app NAME] [--timeout S]
                                 one request; exit 0 completed, 3 cancelled, 4 interrupted, 2 usage error
       serve [--config P] [--socket P]
                                 the daemon; SIGTERM/SIGINT drain in-flight requests, then stop

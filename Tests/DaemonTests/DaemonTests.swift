@@ -46,7 +46,7 @@ import Glibc
         let crasherStats = report["extensions"]?.arrayValue?.first { $0["identifier"] == "com.example.crasher" }
         #expect(crasherStats?["crashes"]?.integerValue == 2)
         #expect(crasherStats?["completions"]?.integerValue == 1)
-        #expect(crasherStats?["hangs"]?.integerValue == 1)
+        #expect(crasherStats?["hangKills"]?.integerValue == 1)
         #expect(crasherStats?["timeouts"]?.integerValue == 2)
         // Each worker's sandbox layers, as its launcher reported them.
         let layers = (crasherStats?["workers"]?.arrayValue?.first?["sandbox"]?.arrayValue ?? []).compactMap(\.stringValue)

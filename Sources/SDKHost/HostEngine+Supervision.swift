@@ -1,0 +1,320 @@
+// Supervision (shared/DESIGN.md "Supervision and isolation"): crash-loop quarantine, hang reports and latency,
+// warm workers, recycling, and the pools that keep one daemon client app's workers its own.
+//
+// A pool is the set of workers that may serve a request: one per extension in an embedded host and for a
+// `shared` extension, one per (extension, app) for a `perApp` extension in the daemon. Quarantine is per pool, so
+// one app's crash-inducing input can quarantine only that app. Warm workers live in the extension's base pool;
+// an app pool with no worker adopts one that has never served a request, so a spare carries no other app's data.
+
+#if canImport(Glibc)
+import Glibc
+#endif
+import SDKPosix
+
+/// Crash-loop state of one pool. Loop-confined.
+final class PoolState {
+    let key: String
+    let extensionID: String
+    /// The app (uid plus name) this pool serves; nil for the extension's base pool.
+    let app: String?
+    /// When its workers died on their own, within the restart interval (oldest first).
+    var recentDeaths: [UInt64] = []
+    /// Workers of this pool that died on their own, ever.
+    var deaths = 0
+    /// While set and in the future, new requests end at once as `quarantined`.
+    var quarantinedUntil: UInt64?
+    /// The backoff of the last quarantine, in seconds; 0 once a request has succeeded after it.
+    var backoff: Double = 0
+    var quarantines = 0
+    var retryTimer: TimerID?
+
+    init(key: String, extensionID: String, app: String?) {
+        self.key = key
+        self.extensionID = extensionID
+        self.app = app
+    }
+
+    enum Health: String { case running, quarantined, probation }
+
+    func health(now: UInt64) -> Health {
+        if let until = quarantinedUntil, until > now { return .quarantined }
+        return backoff > 0 ? .probation : .running
+    }
+}
+
+/// Request latencies, log-linear: 16 buckets per power of two of microseconds (within about 3%). Fixed size.
+struct LatencyHistogram: Sendable, Equatable {
+    private var counts = [UInt64](repeating: 0, count: 38 * 16)
+    private(set) var total: UInt64 = 0
+
+    private static func bucket(_ microseconds: UInt64) -> Int {
+        let v = max(microseconds, 1)
+        let e = UInt64.bitWidth - v.leadingZeroBitCount - 1
+        if e < 4 { return Int(v) }
+        let index = (e - 3) * 16 + Int((v >> UInt64(e - 4)) & 15)
+        return min(index, 38 * 16 - 1)
+    }
+
+    /// The middle of a bucket, in microseconds.
+    private static func value(_ index: Int) -> Double {
+        if index < 16 { return Double(index) }
+        let e = index / 16 + 3
+        let low = Double((16 + index % 16) << (e - 4))
+        return low + Double(1 << (e - 4)) / 2
+    }
+
+    mutating func record(nanoseconds: UInt64) {
+        counts[Self.bucket(nanoseconds / 1000)] += 1
+        total += 1
+    }
+
+    /// The `p`-th percentile (0...1) in seconds, or nil with no samples.
+    func percentile(_ p: Double) -> Double? {
+        guard total > 0 else { return nil }
+        let rank = max(1, UInt64((Double(total) * p).rounded(.up)))
+        var seen: UInt64 = 0
+        for (index, count) in counts.enumerated() where count > 0 {
+            seen += count
+            if seen >= rank { return Self.value(index) / 1e6 }
+        }
+        return nil
+    }
+}
+
+/// What an extension's requests did: the figures behind `status`'s per-extension report.
+struct ExtensionActivity {
+    var requests = 0
+    var interruptionsByKind: [String: Int] = [:]
+    var latency = LatencyHistogram()
+    /// Requests that ran past `HangThresholdMilliseconds`, and how long they ran in all.
+    var hangs = 0
+    var hungNanoseconds: UInt64 = 0
+    var recycles = 0
+    var quarantines = 0
+}
+
+extension HostEngine {
+    /// The pool a request of `app` for `manifest` goes to.
+    func poolKey(_ manifest: ExtensionManifest?, app: String?) -> String {
+        guard let manifest else { return "" }
+        guard let app, manifest.policy.workerSharing == .perApp else { return manifest.identifier }
+        return manifest.identifier + "\u{1F}" + app
+    }
+
+    func poolState(_ key: String, extensionID: String, app: String?) -> PoolState {
+        if let state = pools[key] { return state }
+        let state = PoolState(key: key, extensionID: extensionID, app: key == extensionID ? nil : app)
+        pools[key] = state
+        return state
+    }
+
+    /// Whether `worker` counts against MaxWorkers: starting or ready, and not on its way out.
+    func isLive(_ worker: WorkerProcess) -> Bool {
+        (worker.state == .starting || worker.state == .ready) && !worker.recycling && worker.killReason == nil
+    }
+
+    // MARK: Quarantine
+
+    /// Ends `record` as `quarantined` if its pool is; true if it did.
+    func endIfQuarantined(_ record: RequestRecord) -> Bool {
+        guard let state = pools[record.poolKey], let until = state.quarantinedUntil, until > loop.now else { return false }
+        finish(record.id, .interrupted(.quarantined))
+        return true
+    }
+
+    /// A worker of `pool` died on its own (not killed for a cancel, a deadline or shutdown). Past the restart
+    /// limit, or once in probation after a quarantine, the pool is quarantined and what waits for it ends.
+    func workerDiedOnItsOwn(_ worker: WorkerProcess) {
+        let policy = worker.policy
+        let state = poolState(worker.poolKey, extensionID: worker.extensionID, app: worker.app)
+        let now = loop.now
+        state.deaths += 1
+        state.recentDeaths.append(now)
+        let window = nanoseconds(policy.restartLimitInterval)
+        state.recentDeaths.removeAll { now &- $0 > window }
+        if state.recentDeaths.count > policy.restartLimitBurst { state.recentDeaths.removeFirst() }
+        let inProbation = state.backoff > 0 && state.health(now: now) == .probation
+        guard inProbation || state.recentDeaths.count >= policy.restartLimitBurst else { return }
+        state.backoff = state.backoff > 0 ? min(state.backoff * 2, maximumQuarantine) : policy.quarantineSeconds
+        state.quarantinedUntil = now &+ nanoseconds(state.backoff)
+        state.quarantines += 1
+        activity[worker.extensionID, default: ExtensionActivity()].quarantines += 1
+        log(.warning, "\(worker.extensionID)\(worker.app.map { " (app \($0))" } ?? ""): \(state.recentDeaths.count) "
+            + "worker(s) died on their own within \(policy.restartLimitInterval) s; quarantined for \(state.backoff) s")
+        if let timer = state.retryTimer { loop.cancelTimer(timer) }
+        state.retryTimer = loop.schedule(afterNanoseconds: nanoseconds(state.backoff)) { [unowned self, weak state] in
+            guard let state else { return }
+            state.retryTimer = nil
+            self.log(.info, "\(state.extensionID): quarantine over; the next request may start a worker")
+            if let manifest = self.manifests[state.extensionID], state.app == nil { self.topUpWarmWorkers(manifest) }
+        }
+        if let queue = waiting[worker.poolKey] {
+            for record in queue.removeAll() { finish(record.id, .interrupted(.quarantined)) }
+            waiting[worker.poolKey] = nil
+        }
+    }
+
+    /// A request of `key` completed: after a quarantine's backoff, that clears it.
+    func poolSucceeded(_ key: String) {
+        guard let state = pools[key], state.backoff > 0, state.health(now: loop.now) == .probation else { return }
+        log(.info, "\(state.extensionID)\(state.app.map { " (app \($0))" } ?? ""): a request completed after the "
+            + "quarantine; healthy again")
+        state.backoff = 0
+        state.recentDeaths.removeAll()
+    }
+
+    // MARK: Reports
+
+    /// Records how long a request ran, as latency (completions) and as a hang past the threshold.
+    func recordActivity(_ record: RequestRecord, _ outcome: RequestOutcome) {
+        let elapsed = loop.now &- record.startedAt
+        var a = activity[record.extensionID, default: ExtensionActivity()]
+        switch outcome {
+        case .completed: a.latency.record(nanoseconds: elapsed)
+        case .cancelled: break
+        case .interrupted(let reason): a.interruptionsByKind[reason.kind, default: 0] += 1
+        }
+        let threshold = manifests[record.extensionID]?.policy.hangThreshold ?? ExtensionPolicy().hangThreshold
+        if elapsed > nanoseconds(threshold) {
+            a.hangs += 1
+            a.hungNanoseconds &+= elapsed
+            log(.info, "\(record.extensionID): request \(record.id) ran \(Double(elapsed) / 1e6) ms (hang threshold "
+                + "\(threshold * 1000) ms)")
+        }
+        activity[record.extensionID] = a
+    }
+
+    // MARK: Warm workers
+
+    /// Starts workers in `manifest`'s base pool until `MinWarmWorkers` are live (not while it is quarantined
+    /// or the host is stopping).
+    func topUpWarmWorkers(_ manifest: ExtensionManifest) {
+        let target = manifest.policy.minWarmWorkers
+        guard target > 0, !shuttingDown, manifest.executablePath != nil else { return }
+        let key = manifest.identifier
+        if let state = pools[key], state.health(now: loop.now) == .quarantined { return }
+        var live = (workers[key] ?? []).reduce(0) { $0 + (isLive($1) ? 1 : 0) }
+        while live < target {
+            do {
+                _ = try spawnWorker(manifest, poolKey: key, app: nil)
+            } catch {
+                log(.error, "\(key): cannot start a warm worker: \(error)")
+                return
+            }
+            live += 1
+        }
+    }
+
+    /// A worker of the base pool that has never served a request, moved into the app pool `key`.
+    func adoptSpare(_ manifest: ExtensionManifest, into key: String, app: String?) -> WorkerProcess? {
+        let base = manifest.identifier
+        guard key != base, let index = workers[base]?.firstIndex(where: {
+            $0.requestsSent == 0 && $0.inFlight.isEmpty && $0.acceptsRequests
+        }) else { return nil }
+        let worker = workers[base]!.remove(at: index)
+        if workers[base]?.isEmpty == true { workers[base] = nil }
+        worker.poolKey = key
+        worker.app = app
+        if let timer = worker.idleTimer {
+            loop.cancelTimer(timer)
+            worker.idleTimer = nil
+        }
+        workers[key, default: []].append(worker)
+        log(.info, "\(base): warm worker pid \(worker.pid) now serves app \(app ?? "?")")
+        topUpWarmWorkers(manifest)
+        return worker
+    }
+
+    /// Whether an idle worker may be retired: not if that would leave its base pool below `MinWarmWorkers`.
+    func mayRetireIdle(_ worker: WorkerProcess) -> Bool {
+        guard worker.poolKey == worker.extensionID, worker.policy.minWarmWorkers > 0 else { return true }
+        let live = (workers[worker.poolKey] ?? []).reduce(0) { $0 + (isLive($1) ? 1 : 0) }
+        return live > worker.policy.minWarmWorkers
+    }
+
+    /// Starts (or finds) a handshaken worker for `extensionID`'s pool of `app`, and tells `done` its pid, or why
+    /// there is none.
+    package func prewarmOnLoop(_ extensionID: String, app: String?,
+                               done: @escaping @Sendable (Result<pid_t, RequestFailure>) -> Void)
+    {
+        guard let manifest = manifests[extensionID] else {
+            return done(.failure(.interrupted(.launchFailed("unknown extension \(extensionID)"))))
+        }
+        if shuttingDown { return done(.failure(.interrupted(.hostShutdown))) }
+        let key = poolKey(manifest, app: app)
+        if let state = pools[key], state.health(now: loop.now) == .quarantined { return done(.failure(.interrupted(.quarantined))) }
+        let pool = workers[key] ?? []
+        if let ready = pool.first(where: { $0.state == .ready && $0.acceptsRequests }) { return done(.success(ready.pid)) }
+        let worker: WorkerProcess
+        if let starting = pool.first(where: { $0.state == .starting && $0.acceptsRequests }) {
+            worker = starting
+        } else if let spare = adoptSpare(manifest, into: key, app: app) {
+            if spare.state == .ready { return done(.success(spare.pid)) }
+            worker = spare
+        } else if pool.reduce(0, { $0 + (isLive($1) ? 1 : 0) }) < manifest.policy.maxWorkers {
+            do {
+                worker = try spawnWorker(manifest, poolKey: key, app: app)
+            } catch {
+                return done(.failure(.interrupted(.launchFailed(error.description))))
+            }
+        } else {
+            // The pool is full and every worker is busy: they are all started.
+            return done(.success(pool.first?.pid ?? 0))
+        }
+        worker.readyWaiters.append(done)
+    }
+
+    // MARK: Recycling
+
+    /// Retires a worker past `MaxRequestsPerWorker` or `MaxWorkerRSSMB` once it has nothing in flight.
+    func recycleIfDrained(_ worker: WorkerProcess) {
+        guard worker.recycling, worker.inFlight.isEmpty, worker.state == .ready || worker.state == .starting else { return }
+        activity[worker.extensionID, default: ExtensionActivity()].recycles += 1
+        log(.info, "\(worker.extensionID): recycling worker pid \(worker.pid) after \(worker.requestsSent) request(s)"
+            + (worker.recycleReason.map { " (\($0))" } ?? ""))
+        retire(worker, grace: max(configuration.workerExitGracePeriod, 2))
+    }
+
+    /// Marks workers whose resident memory is past `MaxWorkerRSSMB` for recycling (heartbeat).
+    func checkResidentMemory(_ worker: WorkerProcess) {
+        guard let limit = worker.policy.maxWorkerRSSMB, !worker.recycling, worker.state == .ready,
+            let rss = residentBytes(worker.pid), rss > UInt64(limit) << 20
+        else { return }
+        worker.recycling = true
+        worker.recycleReason = "resident memory \(rss >> 20) MiB > MaxWorkerRSSMB \(limit)"
+        recycleIfDrained(worker)
+        drainWaiting(worker.poolKey)
+    }
+}
+
+/// Longest quarantine, in seconds (Kubernetes' CrashLoopBackOff cap).
+let maximumQuarantine: Double = 300
+
+/// A process's resident set size, from /proc/<pid>/statm.
+func residentBytes(_ pid: pid_t) -> UInt64? {
+    guard let bytes = try? readFile("/proc/\(pid)/statm") else { return nil }
+    let fields = String(decoding: bytes, as: UTF8.self).split(separator: " ")
+    guard fields.count > 1, let pages = UInt64(fields[1]) else { return nil }
+    return pages * UInt64(sysconf(Int32(_SC_PAGESIZE)))
+}
+
+/// Which reports to drop so that at most `limit` remain, each extension keeping a fair share: while over the
+/// limit, the extension with the most reports loses its oldest. `owners` are the reports' extensions, oldest
+/// first; the result is the indices to drop.
+func crashReportEvictions(_ owners: [String], limit: Int) -> Set<Int> {
+    guard owners.count > limit else { return [] }
+    var byOwner: [String: [Int]] = [:]
+    for (index, owner) in owners.enumerated() { byOwner[owner, default: []].append(index) }
+    var dropped: Set<Int> = []
+    var remaining = owners.count
+    while remaining > limit {
+        // The largest share; among equals, the one whose oldest report is oldest.
+        guard let (owner, indices) = byOwner.max(by: { a, b in
+            a.value.count != b.value.count ? a.value.count < b.value.count : a.value[0] > b.value[0]
+        }) else { break }
+        dropped.insert(indices[0])
+        byOwner[owner] = indices.count > 1 ? Array(indices.dropFirst()) : nil
+        remaining -= 1
+    }
+    return dropped
+}

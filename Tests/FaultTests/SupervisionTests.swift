@@ -1,0 +1,265 @@
+// Supervision, embedded (issue 10): crash-loop quarantine with backoff, a fair share of crash reports, hang
+// reports and latency in `status`, liveness of stopped or wedged workers, warm workers and prewarm(), and
+// recycling. Every worker is a real process; every crash is real.
+import HostTestSupport
+import SDKHost
+import SDKPosix
+import Synchronization
+import Testing
+
+#if canImport(Glibc)
+import Glibc
+#endif
+
+@Suite(.serialized) struct SupervisionTests {
+    /// A folder of the test's own.
+    static func makeFolder() -> String {
+        var template = "/tmp/sdkhost-supervision-XXXXXX".utf8CString
+        return template.withUnsafeMutableBufferPointer { String(cString: mkdtemp($0.baseAddress!)!) }
+    }
+
+    static func extensionStatus(_ host: ExtensionHost, _ id: String) async -> ExtensionStatus? {
+        await host.status()?.extensions.first { $0.identifier == id }
+    }
+
+    @Test func anExtensionThatAbortsAtStartIsQuarantinedAndSpawnsLittle() async throws {
+        try await withHost({
+            $0.workerEnvironment = ["CRASHER_FAULT_AT_START=abort"]
+            $0.defaultPolicy.quarantineSeconds = 60
+        }) { host, log in
+            let crasher = try host.extension(identifier: "com.example.crasher")
+            var outcomes: [RequestOutcome] = []
+            var slowestQuarantined = 0.0
+            // 40 requests in a row, each waiting for the previous one's outcome.
+            for _ in 0..<40 {
+                let start = monotonicNanoseconds()
+                do {
+                    _ = try await crasher.perform([ExtensionItem(title: "echo")])
+                    outcomes.append(.completed([]))
+                } catch let failure as RequestFailure {
+                    if case .interrupted(let reason) = failure {
+                        outcomes.append(.interrupted(reason))
+                        if reason == .quarantined {
+                            slowestQuarantined = max(slowestQuarantined, Double(monotonicNanoseconds() - start) / 1e9)
+                        }
+                    }
+                }
+            }
+            let quarantined = outcomes.filter { $0 == .interrupted(.quarantined) }.count
+            #expect(quarantined >= 30, "\(outcomes)")
+            #expect(slowestQuarantined < 2, "a quarantined request ends at once (took \(slowestQuarantined) s)")
+            let status = try #require(await Self.extensionStatus(host, "com.example.crasher"))
+            #expect(status.spawns <= 10, "spawns: \(status.spawns)")
+            #expect(status.state == .quarantined)
+            #expect(status.crashCount >= 5)
+            #expect((status.retryInSeconds ?? 0) > 30, "retry in \(String(describing: status.retryInSeconds))")
+            #expect(status.interruptionsByReason["quarantined"] == quarantined)
+            #expect(status.quarantines == 1)
+            #expect(log.contains("quarantined for 60.0 s"))
+        }
+    }
+
+    @Test func theBackoffDoublesAndASuccessClearsIt() async throws {
+        let folder = Self.makeFolder()
+        defer { removeTree(folder) }
+        let marker = "\(folder)/crash"
+        writeFile(marker, "while this file exists, Crasher aborts at start\n")
+        try await withHost({
+            $0.workerEnvironment = ["CRASHER_FAULT_AT_START=abort-while:\(marker)"]
+            $0.defaultPolicy.readablePaths = [folder]
+            $0.defaultPolicy.restartLimitBurst = 3
+            $0.defaultPolicy.quarantineSeconds = 0.5
+        }) { host, _ in
+            let crasher = try host.extension(identifier: "com.example.crasher")
+            func attempt() async -> RequestOutcome {
+                do {
+                    return .completed(try await crasher.perform([ExtensionItem(title: "echo")]))
+                } catch let failure as RequestFailure {
+                    switch failure {
+                    case .interrupted(let r): return .interrupted(r)
+                    case .cancelled(let e): return .cancelled(e)
+                    }
+                } catch {
+                    return .cancelled(.cancelledByHost)
+                }
+            }
+            // Burst 3: the first request is tried on three workers, then the pool is quarantined for 0.5 s.
+            #expect(await attempt() == .interrupted(.quarantined))
+            var pool = try #require(await Self.extensionStatus(host, "com.example.crasher")?.pools.first)
+            #expect(pool.state == .quarantined && pool.backoffSeconds == 0.5)
+            // After the backoff one more death quarantines it again at once, for twice as long.
+            try await Task.sleep(nanoseconds: 700_000_000)
+            #expect(await Self.extensionStatus(host, "com.example.crasher")?.state == .probation)
+            let second = await attempt()
+            #expect(second == .interrupted(.quarantined), "\(second)")
+            pool = try #require(await Self.extensionStatus(host, "com.example.crasher")?.pools.first)
+            #expect(pool.state == .quarantined && pool.backoffSeconds == 1.0, "\(pool)")
+            // The fault is gone: after the backoff the next request completes, and that clears the record.
+            unlink(marker)
+            try await Task.sleep(nanoseconds: 1_200_000_000)
+            #expect(await attempt() == .completed([ExtensionItem(title: "echo")]))
+            let status = try #require(await Self.extensionStatus(host, "com.example.crasher"))
+            #expect(status.state == .running && status.pools.first?.backoffSeconds == 0, "\(status)")
+            #expect(status.quarantines == 2)
+        }
+    }
+
+    @Test func aLoopingExtensionKeepsOnlyItsShareOfCrashReports() async throws {
+        let folder = Self.makeFolder()
+        defer { removeTree(folder) }
+        let other = TemporaryExtension(identifier: "com.example.other-crasher", executable: "Crasher")
+        defer { other.remove() }
+        let reports = "\(folder)/crashes"
+        try await withHost(extraSearchPaths: [other.root], {
+            $0.crashReportLimit = 8
+            $0.crashReportDirectory = reports
+            $0.defaultPolicy.restartLimitBurst = 1000
+        }) { host, _ in
+            let victim = try host.extension(identifier: "com.example.other-crasher")
+            for _ in 0..<2 {
+                await #expect(throws: RequestFailure.interrupted(.signal(SIGSEGV))) {
+                    try await victim.perform([ExtensionItem(title: "segv")])
+                }
+            }
+            let looper = try host.extension(identifier: "com.example.crasher")
+            for _ in 0..<12 {
+                await #expect(throws: RequestFailure.interrupted(.signal(SIGABRT))) {
+                    try await looper.perform([ExtensionItem(title: "abort")])
+                }
+            }
+            let (_, inMemory, _) = await host.inspect()
+            #expect(inMemory.count == 8)
+            #expect(inMemory.filter { $0.extensionIdentifier == "com.example.other-crasher" }.count == 2)
+            #expect(await eventually {
+                let onDisk = CrashReportStore.load(directory: reports)
+                return onDisk.count == 8 && onDisk.filter { $0.extensionIdentifier == "com.example.other-crasher" }.count == 2
+            })
+        }
+    }
+
+    @Test func slowRequestsAreReportedAsHangsWithLatency() async throws {
+        try await withHost { host, _ in
+            let crasher = try host.extension(identifier: "com.example.crasher")
+            _ = try await crasher.perform([ExtensionItem(title: "slow:400")])
+            for _ in 0..<3 { _ = try await crasher.perform([ExtensionItem(title: "echo")]) }
+            let status = try #require(await Self.extensionStatus(host, "com.example.crasher"))
+            #expect(status.requests == 4 && status.completions == 4)
+            #expect(status.hangs == 1)
+            #expect(status.hangRatePer1000 == 250)
+            #expect(status.hungSeconds >= 0.4 && status.hungSeconds < 30, "\(status.hungSeconds)")
+            let p50 = try #require(status.latencyP50Milliseconds)
+            let p99 = try #require(status.latencyP99Milliseconds)
+            #expect(p50 < 400 && p99 >= 380, "p50 \(p50) ms, p99 \(p99) ms")
+            // The same figures, as the plist `status --json` prints.
+            let plist = HostStatus(plist: try #require(await host.status()).plist)
+            #expect(plist.extensions.first { $0.identifier == "com.example.crasher" }?.hangs == 1)
+        }
+    }
+
+    @Test(arguments: ["stop", "stall"])
+    func aStoppedOrWedgedWorkerIsKilledWithinSeconds(_ fault: String) async throws {
+        // The default heartbeat settings: a worker that answers nothing is killed 2.5 to 3 s after its last
+        // answer. The bound here is generous for a loaded machine; the old default took 11 s.
+        try await withHost { host, _ in
+            let crasher = try host.extension(identifier: "com.example.crasher")
+            let start = monotonicNanoseconds()
+            await #expect(throws: RequestFailure.self) {
+                try await crasher.perform([ExtensionItem(title: fault)], deadline: 60)
+            }
+            let seconds = Double(monotonicNanoseconds() - start) / 1e9
+            #expect(seconds < 9, "took \(seconds) s")
+            let (stats, _, _) = await host.inspect()
+            #expect(stats.hangKills + stats.protocolViolations == 1)
+        }
+    }
+
+    @Test func minWarmWorkersStartsAWorkerBeforeAnyRequest() async throws {
+        let warm = TemporaryExtension(identifier: "com.example.warm-echo", executable: "Echo",
+                                      policy: "<key>MinWarmWorkers</key><integer>1</integer>")
+        defer { warm.remove() }
+        try await withHost(extraSearchPaths: [warm.root]) { host, _ in
+            #expect(await eventually {
+                await host.status()?.extensions.first { $0.identifier == "com.example.warm-echo" }?.workers.count == 1
+            })
+            let status = try #require(await Self.extensionStatus(host, "com.example.warm-echo"))
+            #expect(status.requests == 0 && status.spawns == 1)
+            let pid = try #require(status.workers.first?.pid)
+            // The first request goes to the warm worker.
+            let ext = try host.extension(identifier: "com.example.warm-echo")
+            #expect(try await ext.perform([ExtensionItem(title: "hi")]) == [ExtensionItem(title: "hi")])
+            let after = try #require(await Self.extensionStatus(host, "com.example.warm-echo"))
+            #expect(after.spawns == 1 && after.workers.map(\.pid) == [pid])
+            // A warm worker that dies is replaced.
+            kill(pid, SIGKILL)
+            #expect(await eventually {
+                let workers = await Self.extensionStatus(host, "com.example.warm-echo")?.workers ?? []
+                return workers.count == 1 && workers[0].pid != pid
+            })
+        }
+    }
+
+    @Test func prewarmReturnsAReadyWorkerThatServesTheFirstRequest() async throws {
+        try await withHost { host, _ in
+            let echo = try host.extension(identifier: "com.example.echo")
+            let pid = try await echo.prewarm()
+            #expect(pid > 0 && processIsAlive(pid))
+            #expect(try await echo.prewarm() == pid, "a second prewarm finds the ready worker")
+            let recorder = Recorder()
+            recorder.attach(to: echo)
+            let assigned = Mutex<pid_t>(0)
+            let id = echo.beginRequest(withInputItems: [ExtensionItem(title: "x")], deadline: nil) { p in
+                assigned.withLock { $0 = p }
+            }
+            #expect(await recorder.wait(for: id) == .completed([ExtensionItem(title: "x")]))
+            #expect(assigned.withLock { $0 } == pid)
+            #expect(await Self.extensionStatus(host, "com.example.echo")?.spawns == 1)
+        }
+    }
+
+    @Test func maxRequestsPerWorkerRecyclesWithoutInterruptingAnything() async throws {
+        let recycled = TemporaryExtension(identifier: "com.example.recycled", executable: "Crasher",
+                                          policy: "<key>MaxRequestsPerWorker</key><integer>5</integer>")
+        defer { recycled.remove() }
+        try await withHost(extraSearchPaths: [recycled.root]) { host, _ in
+            let ext = try host.extension(identifier: "com.example.recycled")
+            let recorder = Recorder()
+            recorder.attach(to: ext)
+            let pids = Mutex<Set<pid_t>>([])
+            let ids = (0..<16).map { n in
+                ext.beginRequest(withInputItems: [ExtensionItem(title: n % 2 == 0 ? "slow:30" : "echo")],
+                                 deadline: nil) { pid in _ = pids.withLock { $0.insert(pid) } }
+            }
+            let outcomes = try #require(await recorder.wait(for: ids))
+            #expect(ids.allSatisfy { kind(outcomes[$0]!) == "completed" }, "\(outcomes.values)")
+            let status = try #require(await Self.extensionStatus(host, "com.example.recycled"))
+            #expect(status.completions == 16 && status.interruptions == 0 && status.crashes == 0)
+            #expect(status.spawns >= 4, "16 requests, 5 per worker: at least 4 workers (spawns \(status.spawns))")
+            #expect(pids.withLock { $0.count } >= 3, "served by \(pids.withLock { $0 })")
+            #expect(await eventually { (await Self.extensionStatus(host, "com.example.recycled")?.recycles ?? 0) >= 3 })
+        }
+    }
+
+    @Test func maxWorkerRSSMBRecyclesAWorkerThatGrew() async throws {
+        let fat = TemporaryExtension(identifier: "com.example.fat", executable: "Crasher",
+                                     policy: "<key>MaxWorkerRSSMB</key><integer>64</integer><key>MaxWorkers</key><integer>1</integer>")
+        defer { fat.remove() }
+        try await withHost(extraSearchPaths: [fat.root], { $0.heartbeatInterval = 0.1 }) { host, _ in
+            let ext = try host.extension(identifier: "com.example.fat")
+            // A leak the extension keeps: glibc returns big freed blocks, so "alloc" alone would not stay
+            // resident; a slow request after it keeps the worker busy while the host notices.
+            _ = try await ext.perform([ExtensionItem(title: "leak:96")])
+            let before = try #require(await Self.extensionStatus(host, "com.example.fat")?.workers.first?.pid)
+            #expect(await eventually { (await Self.extensionStatus(host, "com.example.fat")?.recycles ?? 0) == 1 })
+            let recorder = Recorder()
+            recorder.attach(to: ext)
+            let served = Mutex<pid_t>(0)
+            let id = ext.beginRequest(withInputItems: [ExtensionItem(title: "echo")], deadline: nil) { pid in
+                served.withLock { $0 = pid }
+            }
+            #expect(await recorder.wait(for: id) == .completed([ExtensionItem(title: "echo")]))
+            #expect(served.withLock { $0 } != before, "a new worker took over")
+            let after = try #require(await Self.extensionStatus(host, "com.example.fat"))
+            #expect(after.interruptions == 0 && after.crashes == 0, "\(after)")
+        }
+    }
+}
