@@ -14,7 +14,7 @@ public final class ExtensionHost: Sendable {
     let backend: any HostBackend
 
     /// The embedded engine, when this host is embedded.
-    var engine: HostEngine { backend as! HostEngine }
+    package var engine: HostEngine { backend as! HostEngine }
 
     /// Creates an embedded host: discovers extension manifests and starts the host's event loop.
     ///

@@ -163,6 +163,19 @@ extension HostEngine {
         state.recentDeaths.removeAll()
     }
 
+    /// Forgets pools that have no worker, nothing waiting, and no crash record that still matters, so app
+    /// names that come and go leave nothing behind. Runs with the heartbeat.
+    func prunePools() {
+        let now = loop.now
+        for (key, state) in pools where workers[key] == nil && waiting[key] == nil && state.retryTimer == nil {
+            let window = nanoseconds(manifests[state.extensionID]?.policy.restartLimitInterval ?? 10)
+            let recent = state.recentDeaths.contains { now &- $0 <= window }
+            let probationOver = state.backoff == 0
+                || (state.quarantinedUntil.map { now &- $0 > nanoseconds(maximumQuarantine) } ?? true)
+            if !recent && probationOver { pools[key] = nil }
+        }
+    }
+
     // MARK: Reports
 
     /// Records how long a request ran, as latency (completions) and as a hang past the threshold.

@@ -380,6 +380,7 @@ extension HostEngine {
         if let manifest = manifests[worker.extensionID], worker.poolKey == worker.extensionID {
             topUpWarmWorkers(manifest)
         }
+        if workers[worker.poolKey] == nil { prunePools() }
         stopIfIdle()
     }
 
@@ -439,6 +440,7 @@ extension HostEngine {
 
     /// Pings every live worker; one whose previous ping is unanswered past the timeout is killed as hung.
     func heartbeat() {
+        prunePools()
         let now = loop.now
         var any = false
         for worker in workers.values.joined() where worker.connection.isOpen && worker.killReason == nil {

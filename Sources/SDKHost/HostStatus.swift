@@ -100,7 +100,11 @@ extension HostEngine {
         let extensions = ids.sorted().map { id -> ExtensionStatus in
             let c = perExtension[id] ?? HostStatistics()
             let a = activity[id] ?? ExtensionActivity()
-            let poolStates = pools.values.filter { $0.extensionID == id }.sorted { $0.key < $1.key }.map { p in
+            // Pools with a crash record, and pools that only have workers.
+            let keys = Set(pools.values.filter { $0.extensionID == id }.map(\.key))
+                .union(workers.filter { $0.value.first?.extensionID == id }.map(\.key))
+            let poolStates = keys.sorted().map { key in
+                let p = pools[key] ?? PoolState(key: key, extensionID: id, app: workers[key]?.first?.app)
                 let health = p.health(now: now)
                 return PoolStatus(
                     app: p.app, state: SupervisionState(rawValue: health.rawValue) ?? .running,

@@ -46,7 +46,7 @@ final class DaemonProcess {
     private let stderrPath: String?
 
     init(extraConfig: String = "", socketMode: Int = 0o600, folderMode: mode_t = 0o700, descriptorLimit: Int? = nil,
-         stderrPath: String? = nil) async throws
+         stderrPath: String? = nil, extraSearchPaths: [String] = []) async throws
     {
         self.descriptorLimit = descriptorLimit
         self.stderrPath = stderrPath
@@ -59,7 +59,8 @@ final class DaemonProcess {
         writeFile(configPath, """
             <?xml version="1.0" encoding="UTF-8"?>
             <plist version="1.0"><dict>
-              <key>ExtensionSearchPaths</key><array><string>\(packageRoot)/Extensions</string></array>
+              <key>ExtensionSearchPaths</key><array><string>\(packageRoot)/Extensions</string>\(
+                  extraSearchPaths.map { "<string>\($0)</string>" }.joined())</array>
               <key>SocketPath</key><string>\(socket)</string>
               <key>SocketMode</key><integer>\(socketMode)</integer>
               \(extraConfig.contains("<key>LogLevel</key>") ? "" : "<key>LogLevel</key><string>info</string>")

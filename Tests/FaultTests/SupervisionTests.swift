@@ -263,3 +263,53 @@ import Glibc
         }
     }
 }
+
+extension SupervisionTests {
+    @Test func badSupervisionKeysAreClearErrors() async throws {
+        let cases = [
+            ("<key>WorkerSharing</key><string>everyone</string>", "WorkerSharing: 'everyone' is not one of perApp, shared"),
+            ("<key>MaxWorkers</key><integer>2</integer><key>MinWarmWorkers</key><integer>3</integer>",
+             "MinWarmWorkers: 3 is more than MaxWorkers (2)"),
+            ("<key>HangThresholdMilliseconds</key><integer>0</integer>", "HangThresholdMilliseconds"),
+            ("<key>RestartLimitBurst</key><integer>0</integer>", "RestartLimitBurst"),
+            ("<key>QuarantineSeconds</key><real>301</real>", "QuarantineSeconds: at most 300"),
+            ("<key>MaxRequestsPerWorker</key><integer>0</integer>", "MaxRequestsPerWorker"),
+            ("<key>MaxWorkerRSSMB</key><string>lots</string>", "MaxWorkerRSSMB"),
+            ("<key>RestartLimitIntervalSeconds</key><real>0</real>", "RestartLimitIntervalSeconds"),
+        ]
+        for (policy, expected) in cases {
+            let temp = TemporaryExtension(identifier: "com.example.bad-supervision", executable: "Echo", policy: policy)
+            defer { temp.remove() }
+            do {
+                _ = try makeHost(extraSearchPaths: [temp.root])
+                Issue.record("\(policy) was accepted")
+            } catch let error as HostError {
+                #expect(error.code == .invalidManifest)
+                #expect(error.detail.contains(expected) && error.detail.contains("\(temp.root)/Ext/Info.plist"), "\(error.detail)")
+            }
+        }
+    }
+
+    @Test func appPoolsThatComeAndGoLeaveNothingBehind() async throws {
+        // Through the engine directly: 50 app names, one request each, then every worker retired.
+        let quick = TemporaryExtension(identifier: "com.example.quick-echo", executable: "Echo",
+                                       policy: "<key>IdleTimeoutSeconds</key><real>0.2</real>")
+        defer { quick.remove() }
+        try await withHost(extraSearchPaths: [quick.root]) { host, _ in
+            let engine = host.engine
+            for n in 0..<50 {
+                let done = await withCheckedContinuation { (c: CheckedContinuation<RequestOutcome, Never>) in
+                    let request = SubmittedRequest(id: RequestID(), extensionID: "com.example.quick-echo", items: [],
+                                                   deadline: nil, onWorkerAssigned: nil, deliver: { c.resume(returning: $0) },
+                                                   app: "0/app\(n)")
+                    engine.loop.execute { engine.start(request) }
+                }
+                #expect(kind(done) == "completed")
+            }
+            #expect(await eventually {
+                let echo = await host.status()?.extensions.first { $0.identifier == "com.example.quick-echo" }
+                return echo?.workers.isEmpty == true && echo?.pools.isEmpty == true && echo?.completions == 50
+            }, "idle workers retired and their pools forgotten")
+        }
+    }
+}
