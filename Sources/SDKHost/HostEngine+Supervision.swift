@@ -181,20 +181,28 @@ extension HostEngine {
     /// Records how long a request ran, as latency (completions) and as a hang past the threshold.
     func recordActivity(_ record: RequestRecord, _ outcome: RequestOutcome) {
         let elapsed = loop.now &- record.startedAt
-        var a = activity[record.extensionID, default: ExtensionActivity()]
-        switch outcome {
-        case .completed: a.latency.record(nanoseconds: elapsed)
-        case .cancelled: break
-        case .interrupted(let reason): a.interruptionsByKind[reason.kind, default: 0] += 1
+        let threshold = record.hangThreshold
+        // Mutated in place through the dictionary: a copy of the histogram per request would cost more than the
+        // rest of this function.
+        modifyActivity(record.extensionID) { a in
+            switch outcome {
+            case .completed: a.latency.record(nanoseconds: elapsed)
+            case .cancelled: break
+            case .interrupted(let reason): a.interruptionsByKind[reason.kind, default: 0] += 1
+            }
+            if elapsed > threshold {
+                a.hangs += 1
+                a.hungNanoseconds &+= elapsed
+            }
         }
-        let threshold = manifests[record.extensionID]?.policy.hangThreshold ?? ExtensionPolicy().hangThreshold
-        if elapsed > nanoseconds(threshold) {
-            a.hangs += 1
-            a.hungNanoseconds &+= elapsed
+        if elapsed > threshold {
             log(.info, "\(record.extensionID): request \(record.id) ran \(Double(elapsed) / 1e6) ms (hang threshold "
-                + "\(threshold * 1000) ms)")
+                + "\(Double(threshold) / 1e6) ms)")
         }
-        activity[record.extensionID] = a
+    }
+
+    func modifyActivity(_ id: String, _ body: (inout ExtensionActivity) -> Void) {
+        body(&activity[id, default: ExtensionActivity()])
     }
 
     // MARK: Warm workers

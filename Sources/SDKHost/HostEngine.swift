@@ -155,7 +155,9 @@ package final class HostEngine: @unchecked Sendable {
         }
         requests[record.id] = record
         record.startedAt = loop.now
-        record.poolKey = poolKey(manifests[record.extensionID], app: record.app)
+        let manifest = manifests[record.extensionID]
+        record.poolKey = poolKey(manifest, app: record.app)
+        if let manifest { record.hangThreshold = nanoseconds(manifest.policy.hangThreshold) }
         count(record.extensionID, \.requests)
         if let deadline = record.deadline {
             let id = record.id

@@ -32,6 +32,8 @@ final class RequestRecord {
     var app: String?
     /// When it began (loop clock), for latency and hang reports.
     var startedAt: UInt64 = 0
+    /// Its extension's `HangThresholdMilliseconds`, in nanoseconds.
+    var hangThreshold: UInt64 = .max
     /// Times it went back to the queue because its worker died before its handshake.
     var requeues = 0
     var worker: WorkerProcess?
