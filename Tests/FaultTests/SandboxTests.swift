@@ -211,17 +211,7 @@ extension FaultTests {
                 ("<key>WritablePaths</key><array><string>/tmp/../etc</string></array>", "WritablePaths: '/tmp/../etc'"),
                 ("<key>AllowSubprocesses</key><string>yes</string>", "AllowSubprocesses"),
             ]
-            for (policy, expected) in cases {
-                let temp = TemporaryExtension(identifier: "com.example.bad-sandbox", executable: "Escaper", policy: policy)
-                defer { temp.remove() }
-                do {
-                    _ = try makeHost(extraSearchPaths: [temp.root])
-                    Issue.record("\(policy) was accepted")
-                } catch let error as HostError {
-                    #expect(error.code == .invalidManifest)
-                    #expect(error.detail.contains(expected) && error.detail.contains("\(temp.root)/Ext/Info.plist"), "\(error.detail)")
-                }
-            }
+            expectManifestErrors(cases, executable: "Escaper")
         }
     }
 }

@@ -277,17 +277,7 @@ extension SupervisionTests {
             ("<key>MaxWorkerRSSMB</key><string>lots</string>", "MaxWorkerRSSMB"),
             ("<key>RestartLimitIntervalSeconds</key><real>0</real>", "RestartLimitIntervalSeconds"),
         ]
-        for (policy, expected) in cases {
-            let temp = TemporaryExtension(identifier: "com.example.bad-supervision", executable: "Echo", policy: policy)
-            defer { temp.remove() }
-            do {
-                _ = try makeHost(extraSearchPaths: [temp.root])
-                Issue.record("\(policy) was accepted")
-            } catch let error as HostError {
-                #expect(error.code == .invalidManifest)
-                #expect(error.detail.contains(expected) && error.detail.contains("\(temp.root)/Ext/Info.plist"), "\(error.detail)")
-            }
-        }
+        expectManifestErrors(cases, executable: "Echo")
     }
 
     @Test func appPoolsThatComeAndGoLeaveNothingBehind() async throws {

@@ -304,3 +304,24 @@ public func warmUpOnce() async {
     _ = await recorder.wait(for: ext.beginRequest(withInputItems: [ExtensionItem(title: "warm-up")]))
     await host.shutdown()
 }
+
+/// Expects each manifest policy (raw SDKHostPolicy XML) to be refused as `invalidManifest`, with an error that
+/// contains the expected text and names the manifest's file.
+public func expectManifestErrors(_ cases: [(policy: String, expected: String)], executable: String,
+                                 sourceLocation: SourceLocation = #_sourceLocation)
+{
+    for (policy, expected) in cases {
+        let temp = TemporaryExtension(identifier: "com.example.bad-manifest", executable: executable, policy: policy)
+        defer { temp.remove() }
+        do {
+            _ = try makeHost(extraSearchPaths: [temp.root])
+            Issue.record("\(policy) was accepted", sourceLocation: sourceLocation)
+        } catch let error as HostError {
+            #expect(error.code == .invalidManifest, sourceLocation: sourceLocation)
+            #expect(error.detail.contains(expected) && error.detail.contains("\(temp.root)/Ext/Info.plist"),
+                    "\(error.detail)", sourceLocation: sourceLocation)
+        } catch {
+            Issue.record("unexpected error \(error)", sourceLocation: sourceLocation)
+        }
+    }
+}
