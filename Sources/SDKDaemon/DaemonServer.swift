@@ -28,7 +28,6 @@ package final class DaemonServer: @unchecked Sendable {
     private var signals: FileDescriptor?
     private var sessions: [ObjectIdentifier: ClientSession] = [:]
     private var draining = false
-    private let startedAt = monotonicNanoseconds()
     private let finished = DispatchSemaphore(value: 0)
     private let inputBudget: InputBudget
     private var pendingRequestBytes = 0
@@ -297,7 +296,7 @@ package final class DaemonServer: @unchecked Sendable {
         case .cancel(let clientID):
             if let internalID = session.internalIDs[clientID] { engine.cancelOnLoop(internalID) }
         case .status(let seq):
-            session.send(.statusReport(seq: seq, report: engine.statusOnLoop(startedAt: startedAt).plist))
+            session.send(.statusReport(seq: seq, report: engine.statusOnLoop().plist))
         case .ping(let seq):
             session.send(.pong(seq: seq))
         case .pong, .unknown:

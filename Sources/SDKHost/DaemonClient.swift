@@ -120,13 +120,9 @@ final class DaemonClient: HostBackend, @unchecked Sendable {
             guard case .success = result else { return done(.failure(.interrupted(.disconnected))) }
             let accepted = loop.execute {
                 let id = RequestID()
+                guard let connection = self.connection, (try? connection.send(.prewarm(id: id, extensionID: extensionID))) != nil
+                else { return done(.failure(.interrupted(.disconnected))) }
                 self.prewarmWaiters[id] = done
-                do {
-                    try self.connection?.send(.prewarm(id: id, extensionID: extensionID))
-                } catch {
-                    self.prewarmWaiters.removeValue(forKey: id)?(.failure(.interrupted(.disconnected)))
-                }
-                if self.connection == nil { self.prewarmWaiters.removeValue(forKey: id)?(.failure(.interrupted(.disconnected))) }
             }
             if !accepted { done(.failure(.interrupted(.hostShutdown))) }
         }

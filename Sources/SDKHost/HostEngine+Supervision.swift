@@ -17,7 +17,9 @@ final class PoolState {
     let extensionID: String
     /// The app (uid plus name) this pool serves; nil for the extension's base pool.
     let app: String?
-    /// When its workers died on their own, within the restart interval (oldest first).
+    /// `RestartLimitIntervalSeconds` of its extension, in nanoseconds.
+    let restartWindow: UInt64
+    /// When its workers died on their own, within the restart window (oldest first).
     var recentDeaths: [UInt64] = []
     /// Workers of this pool that died on their own, ever.
     var deaths = 0
@@ -28,11 +30,15 @@ final class PoolState {
     var quarantines = 0
     var retryTimer: TimerID?
 
-    init(key: String, extensionID: String, app: String?) {
+    init(key: String, extensionID: String, app: String?, restartWindow: UInt64) {
         self.key = key
         self.extensionID = extensionID
         self.app = app
+        self.restartWindow = restartWindow
     }
+
+    /// Deaths on their own within the restart window.
+    func recentDeathCount(now: UInt64) -> Int { recentDeaths.filter { now &- $0 <= restartWindow }.count }
 
     enum Health: String { case running, quarantined, probation }
 
@@ -103,7 +109,8 @@ extension HostEngine {
 
     func poolState(_ key: String, extensionID: String, app: String?) -> PoolState {
         if let state = pools[key] { return state }
-        let state = PoolState(key: key, extensionID: extensionID, app: key == extensionID ? nil : app)
+        let window = nanoseconds(manifests[extensionID]?.policy.restartLimitInterval ?? ExtensionPolicy().restartLimitInterval)
+        let state = PoolState(key: key, extensionID: extensionID, app: key == extensionID ? nil : app, restartWindow: window)
         pools[key] = state
         return state
     }
@@ -111,6 +118,11 @@ extension HostEngine {
     /// Whether `worker` counts against MaxWorkers: starting or ready, and not on its way out.
     func isLive(_ worker: WorkerProcess) -> Bool {
         (worker.state == .starting || worker.state == .ready) && !worker.recycling && worker.killReason == nil
+    }
+
+    /// Workers of pool `key` that count against MaxWorkers.
+    func liveCount(_ key: String) -> Int {
+        (workers[key] ?? []).reduce(0) { $0 + (isLive($1) ? 1 : 0) }
     }
 
     // MARK: Quarantine
@@ -130,8 +142,7 @@ extension HostEngine {
         let now = loop.now
         state.deaths += 1
         state.recentDeaths.append(now)
-        let window = nanoseconds(policy.restartLimitInterval)
-        state.recentDeaths.removeAll { now &- $0 > window }
+        state.recentDeaths.removeAll { now &- $0 > state.restartWindow }
         if state.recentDeaths.count > policy.restartLimitBurst { state.recentDeaths.removeFirst() }
         let inProbation = state.backoff > 0 && state.health(now: now) == .probation
         guard inProbation || state.recentDeaths.count >= policy.restartLimitBurst else { return }
@@ -168,8 +179,7 @@ extension HostEngine {
     func prunePools() {
         let now = loop.now
         for (key, state) in pools where workers[key] == nil && waiting[key] == nil && state.retryTimer == nil {
-            let window = nanoseconds(manifests[state.extensionID]?.policy.restartLimitInterval ?? 10)
-            let recent = state.recentDeaths.contains { now &- $0 <= window }
+            let recent = state.recentDeathCount(now: now) > 0
             let probationOver = state.backoff == 0
                 || (state.quarantinedUntil.map { now &- $0 > nanoseconds(maximumQuarantine) } ?? true)
             if !recent && probationOver { pools[key] = nil }
@@ -214,7 +224,7 @@ extension HostEngine {
         guard target > 0, !shuttingDown, manifest.executablePath != nil else { return }
         let key = manifest.identifier
         if let state = pools[key], state.health(now: loop.now) == .quarantined { return }
-        var live = (workers[key] ?? []).reduce(0) { $0 + (isLive($1) ? 1 : 0) }
+        var live = liveCount(key)
         while live < target {
             do {
                 _ = try spawnWorker(manifest, poolKey: key, app: nil)
@@ -249,8 +259,7 @@ extension HostEngine {
     /// Whether an idle worker may be retired: not if that would leave its base pool below `MinWarmWorkers`.
     func mayRetireIdle(_ worker: WorkerProcess) -> Bool {
         guard worker.poolKey == worker.extensionID, worker.policy.minWarmWorkers > 0 else { return true }
-        let live = (workers[worker.poolKey] ?? []).reduce(0) { $0 + (isLive($1) ? 1 : 0) }
-        return live > worker.policy.minWarmWorkers
+        return liveCount(worker.poolKey) > worker.policy.minWarmWorkers
     }
 
     /// Starts (or finds) a handshaken worker for `extensionID`'s pool of `app`, and tells `done` its pid, or why
@@ -272,7 +281,7 @@ extension HostEngine {
         } else if let spare = adoptSpare(manifest, into: key, app: app) {
             if spare.state == .ready { return done(.success(spare.pid)) }
             worker = spare
-        } else if pool.reduce(0, { $0 + (isLive($1) ? 1 : 0) }) < manifest.policy.maxWorkers {
+        } else if liveCount(key) < manifest.policy.maxWorkers {
             do {
                 worker = try spawnWorker(manifest, poolKey: key, app: app)
             } catch {

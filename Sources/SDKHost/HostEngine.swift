@@ -208,8 +208,7 @@ package final class HostEngine: @unchecked Sendable {
     func workerWithRoom(_ manifest: ExtensionManifest, pool key: String, app: String?) -> Room {
         let pool = workers[key] ?? []
         if let worker = pool.first(where: { $0.acceptsRequests && $0.cancelTimers.isEmpty }) { return .worker(worker) }
-        let live = pool.reduce(0) { $0 + (isLive($1) ? 1 : 0) }
-        if live < manifest.policy.maxWorkers {
+        if liveCount(key) < manifest.policy.maxWorkers {
             if let spare = adoptSpare(manifest, into: key, app: app) { return .worker(spare) }
             do {
                 return .worker(try spawnWorker(manifest, poolKey: key, app: app))
@@ -391,7 +390,7 @@ extension HostEngine: HostBackend {
     func pid(for id: RequestID) -> pid_t? { pids.withLock { $0[id] } }
 
     func status(_ body: @escaping @Sendable (HostStatus?) -> Void) {
-        if !loop.execute({ body(self.statusOnLoop(startedAt: self.startedAt)) }) { body(nil) }
+        if !loop.execute({ body(self.statusOnLoop()) }) { body(nil) }
     }
 
     func prewarm(_ extensionID: String, _ done: @escaping @Sendable (Result<pid_t, RequestFailure>) -> Void) {

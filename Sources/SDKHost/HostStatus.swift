@@ -94,7 +94,7 @@ public struct WorkerStatus: Sendable, Equatable {
 
 extension HostEngine {
     /// The status, read on the loop.
-    package func statusOnLoop(startedAt: UInt64) -> HostStatus {
+    package func statusOnLoop() -> HostStatus {
         let now = loop.now
         let ids = Set(perExtension.keys).union(workers.values.joined().map(\.extensionID)).union(pools.values.map(\.extensionID))
         let extensions = ids.sorted().map { id -> ExtensionStatus in
@@ -104,11 +104,11 @@ extension HostEngine {
             let keys = Set(pools.values.filter { $0.extensionID == id }.map(\.key))
                 .union(workers.filter { $0.value.first?.extensionID == id }.map(\.key))
             let poolStates = keys.sorted().map { key in
-                let p = pools[key] ?? PoolState(key: key, extensionID: id, app: workers[key]?.first?.app)
+                let p = pools[key] ?? PoolState(key: key, extensionID: id, app: workers[key]?.first?.app, restartWindow: 0)
                 let health = p.health(now: now)
                 return PoolStatus(
                     app: p.app, state: SupervisionState(rawValue: health.rawValue) ?? .running,
-                    crashCount: p.recentDeaths.filter { now &- $0 <= nanoseconds(p.backoffWindow(manifests[id])) }.count,
+                    crashCount: p.recentDeathCount(now: now),
                     retryInSeconds: health == .quarantined ? Double((p.quarantinedUntil ?? now) &- now) / 1e9 : nil,
                     backoffSeconds: p.backoff)
             }
@@ -135,13 +135,6 @@ extension HostEngine {
         return HostStatus(pid: getpid(), uptimeSeconds: Double(monotonicNanoseconds() &- startedAt) / 1e9,
                           activeRequests: requests.count,
                           queuedRequests: waiting.values.reduce(0) { $0 + $1.count }, extensions: extensions)
-    }
-}
-
-extension PoolState {
-    /// The restart window of its extension.
-    func backoffWindow(_ manifest: ExtensionManifest?) -> Double {
-        manifest?.policy.restartLimitInterval ?? ExtensionPolicy().restartLimitInterval
     }
 }
 

@@ -3,7 +3,6 @@
 // interrupt the other's request; `shared` opts back into one set of workers.
 import HostTestSupport
 import SDKHost
-import Synchronization
 import Testing
 
 #if canImport(Glibc)
@@ -11,14 +10,11 @@ import Glibc
 #endif
 
 @Suite(.serialized) struct IsolationTests {
-    /// Begins a request and reports the worker pid the daemon assigned it.
+    /// Begins a request with a recorder of its own, noting the worker pid the daemon assigned it.
     static func run(_ ext: Extension, _ title: String) -> (RequestID, Recorder, AssignedPid) {
         let recorder = Recorder()
         recorder.attach(to: ext)
-        let pid = AssignedPid()
-        let id = ext.beginRequest(withInputItems: [ExtensionItem(title: title)], deadline: nil) { p in
-            pid.value.withLock { $0 = p }
-        }
+        let (id, pid) = beginNotingPid(ext, title)
         return (id, recorder, pid)
     }
 
@@ -132,8 +128,3 @@ import Glibc
     }
 }
 
-/// The worker pid the daemon assigned a request (0 until it has).
-final class AssignedPid: Sendable {
-    let value = Mutex<pid_t>(0)
-    var pid: pid_t { value.withLock { $0 } }
-}

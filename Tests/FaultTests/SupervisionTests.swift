@@ -4,7 +4,6 @@
 import HostTestSupport
 import SDKHost
 import SDKPosix
-import Synchronization
 import Testing
 
 #if canImport(Glibc)
@@ -206,12 +205,9 @@ import Glibc
             #expect(try await echo.prewarm() == pid, "a second prewarm finds the ready worker")
             let recorder = Recorder()
             recorder.attach(to: echo)
-            let assigned = Mutex<pid_t>(0)
-            let id = echo.beginRequest(withInputItems: [ExtensionItem(title: "x")], deadline: nil) { p in
-                assigned.withLock { $0 = p }
-            }
+            let (id, assigned) = beginNotingPid(echo, "x")
             #expect(await recorder.wait(for: id) == .completed([ExtensionItem(title: "x")]))
-            #expect(assigned.withLock { $0 } == pid)
+            #expect(assigned.pid == pid)
             #expect(await Self.extensionStatus(host, "com.example.echo")?.spawns == 1)
         }
     }
@@ -224,17 +220,15 @@ import Glibc
             let ext = try host.extension(identifier: "com.example.recycled")
             let recorder = Recorder()
             recorder.attach(to: ext)
-            let pids = Mutex<Set<pid_t>>([])
-            let ids = (0..<16).map { n in
-                ext.beginRequest(withInputItems: [ExtensionItem(title: n % 2 == 0 ? "slow:30" : "echo")],
-                                 deadline: nil) { pid in _ = pids.withLock { $0.insert(pid) } }
-            }
+            let begun = (0..<16).map { n in beginNotingPid(ext, n % 2 == 0 ? "slow:30" : "echo") }
+            let ids = begun.map(\.0)
             let outcomes = try #require(await recorder.wait(for: ids))
             #expect(ids.allSatisfy { kind(outcomes[$0]!) == "completed" }, "\(outcomes.values)")
             let status = try #require(await Self.extensionStatus(host, "com.example.recycled"))
             #expect(status.completions == 16 && status.interruptions == 0 && status.crashes == 0)
             #expect(status.spawns >= 4, "16 requests, 5 per worker: at least 4 workers (spawns \(status.spawns))")
-            #expect(pids.withLock { $0.count } >= 3, "served by \(pids.withLock { $0 })")
+            let pids = Set(begun.map(\.1.pid))
+            #expect(pids.count >= 3, "served by \(pids)")
             #expect(await eventually { (await Self.extensionStatus(host, "com.example.recycled")?.recycles ?? 0) >= 3 })
         }
     }
@@ -246,18 +240,15 @@ import Glibc
         try await withHost(extraSearchPaths: [fat.root], { $0.heartbeatInterval = 0.1 }) { host, _ in
             let ext = try host.extension(identifier: "com.example.fat")
             // A leak the extension keeps: glibc returns big freed blocks, so "alloc" alone would not stay
-            // resident; a slow request after it keeps the worker busy while the host notices.
+            // resident. The next heartbeat sees the resident memory past the limit and recycles the idle worker.
             _ = try await ext.perform([ExtensionItem(title: "leak:96")])
             let before = try #require(await Self.extensionStatus(host, "com.example.fat")?.workers.first?.pid)
             #expect(await eventually { (await Self.extensionStatus(host, "com.example.fat")?.recycles ?? 0) == 1 })
             let recorder = Recorder()
             recorder.attach(to: ext)
-            let served = Mutex<pid_t>(0)
-            let id = ext.beginRequest(withInputItems: [ExtensionItem(title: "echo")], deadline: nil) { pid in
-                served.withLock { $0 = pid }
-            }
+            let (id, served) = beginNotingPid(ext, "echo")
             #expect(await recorder.wait(for: id) == .completed([ExtensionItem(title: "echo")]))
-            #expect(served.withLock { $0 } != before, "a new worker took over")
+            #expect(served.pid != before, "a new worker took over")
             let after = try #require(await Self.extensionStatus(host, "com.example.fat"))
             #expect(after.interruptions == 0 && after.crashes == 0, "\(after)")
         }

@@ -50,6 +50,23 @@ public func makeHost(
     return (try ExtensionHost(configuration: configuration), log)
 }
 
+/// The worker pid a request was sent to (0 until it is).
+public final class AssignedPid: Sendable {
+    let value = Mutex<pid_t>(0)
+    public init() {}
+    public var pid: pid_t { value.withLock { $0 } }
+}
+
+/// Begins a request whose input is one item titled `title`, noting the pid of the worker it is sent to (through
+/// the daemon too: its `assigned` message).
+public func beginNotingPid(_ ext: Extension, _ title: String, deadline: Double? = nil) -> (RequestID, AssignedPid) {
+    let assigned = AssignedPid()
+    let id = ext.beginRequest(withInputItems: [ExtensionItem(title: title)], deadline: deadline) { pid in
+        assigned.value.withLock { $0 = pid }
+    }
+    return (id, assigned)
+}
+
 /// Records every terminal callback of the extensions it is attached to.
 public final class Recorder: Sendable {
     private let outcomes = Mutex<[RequestID: [RequestOutcome]]>([:])
