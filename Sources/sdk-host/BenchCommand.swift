@@ -116,8 +116,12 @@ enum DaemonBench {
         guard let daemon = try? spawnWithChannels(SpawnRequest(
             path: "/proc/self/exe", arguments: ["sdk-host", "serve", "--config", config], environment: []))
         else { fail("bench: cannot start the daemon") }
-        measure(daemonPid: daemon.process.pid, socket: socket, into: &results, scale: scale)
-        daemon.terminate(signal: SIGTERM)
+        // A bench stopped midway (Ctrl-C, SIGTERM) takes its daemon with it.
+        let daemonPid = daemon.process.pid
+        KillOnTermination.add(daemonPid)
+        measure(daemonPid: daemonPid, socket: socket, into: &results, scale: scale)
+        daemon.terminate(signal: SIGTERM)  // waits until it is reaped
+        KillOnTermination.remove(daemonPid)
         for path in [config, "\(folder)/crashes", folder] { if unlink(path) != 0 { rmdir(path) } }
     }
 

@@ -73,7 +73,9 @@ final class DaemonProcess {
     func start() async throws {
         var command = [sdkHostBinary, "serve", "--config", configPath]
         if let descriptorLimit { command = ["/bin/sh", "-c", "ulimit -n \(descriptorLimit) && exec \"$@\"", "sh"] + command }
+        if pid != 0 { KillOnTermination.remove(pid) }
         pid = spawnProgram(command, stderr: stderrPath ?? log)
+        KillOnTermination.add(pid)
         let up = await eventually(timeout: 30) {
             guard let fd = try? connectUnix(path: self.socket) else { return false }
             fd.close()
@@ -96,7 +98,9 @@ final class DaemonProcess {
 
     func stop() async -> Int32? {
         kill(pid, SIGTERM)
-        return await waitExit(pid)
+        let status = await waitExit(pid)
+        if status != nil { KillOnTermination.remove(pid) }  // reaped: the pid may be reused
+        return status
     }
 
     /// Kills the daemon if a failed test left it running (by pid, never by name), then removes the folder,
@@ -107,6 +111,7 @@ final class DaemonProcess {
             kill(pid, SIGKILL)
             while waitpid(pid, &status, 0) == -1 && errno == EINTR {}
         }
+        KillOnTermination.remove(pid)
         removeFolder(folder)
     }
 

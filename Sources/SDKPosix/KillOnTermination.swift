@@ -1,0 +1,43 @@
+// KillOnTermination: processes to kill if this process is ended by SIGTERM, SIGINT or SIGHUP, so that a test
+// run or a benchmark stopped midway leaves no daemon of its own behind. The handler only reads a fixed array
+// and calls kill(2), both safe in a signal handler, then dies of the same signal. (SIGKILL cannot be caught.)
+
+#if canImport(Glibc)
+import Glibc
+#endif
+import Synchronization
+
+package enum KillOnTermination {
+    static let capacity = 64
+    nonisolated(unsafe) static let pids: UnsafeMutablePointer<pid_t> = {
+        let p = UnsafeMutablePointer<pid_t>.allocate(capacity: capacity)
+        p.initialize(repeating: 0, count: capacity)
+        for sig in [SIGTERM, SIGINT, SIGHUP] {
+            var action = sigaction()
+            action.__sigaction_handler.sa_handler = { sig in
+                for i in 0..<KillOnTermination.capacity where KillOnTermination.pids[i] > 0 {
+                    kill(KillOnTermination.pids[i], SIGKILL)
+                }
+                signal(sig, SIG_DFL)
+                raise(sig)
+            }
+            sigaction(sig, &action, nil)
+        }
+        return p
+    }()
+    static let lock = Mutex(())
+
+    /// Kills `pid` (SIGKILL) if this process is terminated before `remove(pid)`. Installs the handlers on first use.
+    package static func add(_ pid: pid_t) {
+        lock.withLock { _ in
+            if let free = (0..<capacity).first(where: { pids[$0] == 0 }) { pids[free] = pid }
+        }
+    }
+
+    /// Forgets `pid`: call it once the process is reaped, before its pid can be reused.
+    package static func remove(_ pid: pid_t) {
+        lock.withLock { _ in
+            for i in 0..<capacity where pids[i] == pid { pids[i] = 0 }
+        }
+    }
+}
