@@ -369,9 +369,7 @@ extension HostEngine {
                 record.requeues += 1
                 record.worker = nil
                 pids.withLock { _ = $0.removeValue(forKey: id) }
-                let queue = waiting[worker.poolKey] ?? RequestQueue()
-                waiting[worker.poolKey] = queue
-                queue.prepend(record)
+                waitQueue(worker.poolKey).prepend(record)
             } else {
                 finish(id, .interrupted(reason))
             }

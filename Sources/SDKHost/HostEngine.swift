@@ -182,11 +182,7 @@ package final class HostEngine: @unchecked Sendable {
         case .launchFailed(let error):
             finish(record.id, .interrupted(.launchFailed(error.description)))
         case .none:
-            let queue = waiting[record.poolKey] ?? {
-                let q = RequestQueue()
-                waiting[record.poolKey] = q
-                return q
-            }()
+            let queue = waitQueue(record.poolKey)
             if queue.count >= configuration.maxQueuedRequests {
                 count(record.extensionID, \.overloads)
                 finish(record.id, .interrupted(.overloaded))
@@ -194,6 +190,14 @@ package final class HostEngine: @unchecked Sendable {
                 queue.append(record)
             }
         }
+    }
+
+    /// Pool `key`'s wait queue, made on first use.
+    func waitQueue(_ key: String) -> RequestQueue {
+        if let queue = waiting[key] { return queue }
+        let queue = RequestQueue()
+        waiting[key] = queue
+        return queue
     }
 
     enum Room {
