@@ -136,6 +136,10 @@ struct Crasher: RequestHandler {
             // Plain print() to stdout, then complete: the line must reach the host log even though stdout is a pipe.
             print(text.dropFirst(6))
             context.completeRequest(returningItems: context.inputItems)
+        case let name where name.hasPrefix("env:"):
+            // The value of one environment variable ("(unset)" if it is not set): what the host passed.
+            let value = getenv(String(name.dropFirst(4))).map { String(cString: $0) } ?? "(unset)"
+            context.completeRequest(returningItems: [ExtensionItem(title: value)])
         case "stderr":
             // Writes to stderr, then crashes: the crash report must carry the text.
             let text = "crasher: about to abort on request\n"

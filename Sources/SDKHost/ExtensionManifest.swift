@@ -103,7 +103,7 @@ extension ExtensionPolicy {
         "MaxConcurrentRequests", "MaxWorkers", "IdleTimeoutSeconds", "RequestDeadlineSeconds", "MemoryLimitMB",
         "NetworkAllowed", "AllowSubprocesses", "ReadablePaths", "WritablePaths", "Sandbox",
         "RestartLimitBurst", "RestartLimitIntervalSeconds", "QuarantineSeconds", "HangThresholdMilliseconds",
-        "MinWarmWorkers", "MaxRequestsPerWorker", "MaxWorkerRSSMB", "WorkerSharing",
+        "MinWarmWorkers", "MaxRequestsPerWorker", "MaxWorkerRSSMB", "WorkerSharing", "Environment",
     ]
 
     /// Overrides the keys present in `p` (a manifest's SDKHostPolicy or the config's DefaultPolicy).
@@ -142,6 +142,30 @@ extension ExtensionPolicy {
         guard minWarmWorkers <= maxWorkers else {
             throw p.fail("MinWarmWorkers", "\(minWarmWorkers) is more than MaxWorkers (\(maxWorkers))")
         }
+        if let env = try Self.environment(p, "Environment") { environment = env }
+    }
+
+    /// Names of letters, digits and `_` (not first a digit, not `SDKHOST_`); values without NUL; at most 256
+    /// variables and 64 KiB in all, so a manifest cannot make spawning fail with E2BIG.
+    static func environment(_ p: PlistFields, _ key: String) throws(HostError) -> [String: String]? {
+        guard let fields = try p.fields(key) else { return nil }
+        guard fields.entries.count <= 256 else { throw p.fail(key, "\(fields.entries.count) variables; at most 256") }
+        var out: [String: String] = [:]
+        var total = 0
+        for name in fields.entries.keys.sorted() {
+            guard let value = try fields.string(name) else { continue }
+            let bytes = Array(name.utf8)
+            let valid = !bytes.isEmpty && !(bytes[0] >= 0x30 && bytes[0] <= 0x39) && bytes.allSatisfy {
+                ($0 >= 0x30 && $0 <= 0x39) || ($0 >= 0x41 && $0 <= 0x5A) || ($0 >= 0x61 && $0 <= 0x7A) || $0 == 0x5F
+            }
+            guard valid else { throw fields.fail(name, "not a valid variable name (letters, digits and _)") }
+            guard !name.hasPrefix("SDKHOST_") else { throw fields.fail(name, "SDKHOST_ names are reserved for the host") }
+            guard !value.utf8.contains(0) else { throw fields.fail(name, "the value contains a NUL byte") }
+            total += bytes.count + value.utf8.count + 2
+            guard total <= 65536 else { throw p.fail(key, "more than 64 KiB of variables") }
+            out[name] = value
+        }
+        return out
     }
 
     /// Absolute paths without NUL or "..", at most 256 of them.

@@ -51,6 +51,10 @@ public struct ExtensionPolicy: Sendable, Equatable {
     public var maxWorkerRSSMB: Int?
     /// Whether the daemon gives each client app its own workers. Manifest key `WorkerSharing`.
     public var workerSharing = WorkerSharing.perApp
+    /// Environment variables given to the extension's workers, after the host's own (`PATH`, `LANG`,
+    /// `SDKHOST_*`) and the configuration's `workerEnvironment`; a name here replaces theirs, except that
+    /// `SDKHOST_` names are reserved. Manifest key `Environment` (a dictionary of strings); empty by default.
+    public var environment: [String: String] = [:]
 
     /// Creates the default policy.
     public init() {}

@@ -33,6 +33,12 @@ extension HostEngine {
             environment.append("MALLOC_ARENA_MAX=4")
         }
         environment += configuration.workerEnvironment
+        if !manifest.policy.environment.isEmpty {
+            // The manifest's variables replace any of the same name above (a later duplicate is not portable).
+            let names = Set(manifest.policy.environment.keys)
+            environment.removeAll { entry in names.contains(String(entry.prefix { $0 != "=" })) }
+            environment += manifest.policy.environment.sorted { $0.key < $1.key }.map { "\($0.key)=\($0.value)" }
+        }
         let spawn: SandboxedSpawn
         do throws(HostError) {
             spawn = try SandboxProfile.spawn(

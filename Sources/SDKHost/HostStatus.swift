@@ -96,7 +96,8 @@ extension HostEngine {
     /// The status, read on the loop.
     package func statusOnLoop() -> HostStatus {
         let now = loop.now
-        let ids = Set(perExtension.keys).union(workers.values.joined().map(\.extensionID)).union(pools.values.map(\.extensionID))
+        // Every installed extension, used or not, so an operator sees what could run.
+        let ids = Set(manifests.keys).union(perExtension.keys).union(workers.values.joined().map(\.extensionID)).union(pools.values.map(\.extensionID))
         let extensions = ids.sorted().map { id -> ExtensionStatus in
             let c = perExtension[id] ?? HostStatistics()
             let a = activity[id] ?? ExtensionActivity()

@@ -267,8 +267,35 @@ extension SupervisionTests {
             ("<key>MaxRequestsPerWorker</key><integer>0</integer>", "MaxRequestsPerWorker"),
             ("<key>MaxWorkerRSSMB</key><string>lots</string>", "MaxWorkerRSSMB"),
             ("<key>RestartLimitIntervalSeconds</key><real>0</real>", "RestartLimitIntervalSeconds"),
+            ("<key>Environment</key><array/>", "Environment: expected a dictionary"),
+            ("<key>Environment</key><dict><key>1X</key><string>a</string></dict>", "Environment.1X: not a valid variable name"),
+            ("<key>Environment</key><dict><key>A=B</key><string>a</string></dict>", "Environment.A=B: not a valid"),
+            ("<key>Environment</key><dict><key>SDKHOST_IPC_FD</key><string>5</string></dict>",
+             "Environment.SDKHOST_IPC_FD: SDKHOST_ names are reserved"),
+            ("<key>Environment</key><dict><key>N</key><integer>5</integer></dict>", "Environment.N: expected a string"),
         ]
         expectManifestErrors(cases, executable: "Echo")
+    }
+
+    @Test func theManifestEnvironmentReachesTheWorker() async throws {
+        let configured = TemporaryExtension(identifier: "com.example.configured", executable: "Crasher", policy: """
+            <key>Environment</key><dict>
+              <key>SDK_TOKEN</key><string>a b=c ü</string><key>LANG</key><string>C</string>
+            </dict>
+            """)
+        defer { configured.remove() }
+        try await withHost(extraSearchPaths: [configured.root]) { host, _ in
+            let ext = try host.extension(identifier: "com.example.configured")
+            func env(_ name: String) async throws -> String? {
+                try await ext.perform([ExtensionItem(title: "env:\(name)")]).first?.title
+            }
+            #expect(try await env("SDK_TOKEN") == "a b=c ü")
+            #expect(try await env("LANG") == "C", "the manifest's value replaces the host's")
+            #expect(try await env("SDKHOST_EXTENSION_ID") == "com.example.configured")
+            // Another extension does not see it.
+            let other = try host.extension(identifier: "com.example.crasher")
+            #expect(try await other.perform([ExtensionItem(title: "env:SDK_TOKEN")]).first?.title == "(unset)")
+        }
     }
 
     @Test func appPoolsThatComeAndGoLeaveNothingBehind() async throws {
