@@ -1,4 +1,4 @@
-// `sdk-host bench [--json] [--quick]`: every performance figure of shared/DESIGN.md measured in one run, each
+// `sdk-host bench [--json] [--quick]` (`bench codec` or `bench drain` for one part; `bench --soak N`, SoakCommand.swift): every performance figure of shared/DESIGN.md measured in one run, each
 // next to its ratio to the raw socketpair round trip between two processes on this machine (the physical limit),
 // or to Foundation for the codec. `sdk-host bench codec` runs the codec part alone. Build with -c release.
 import Dispatch
@@ -15,9 +15,16 @@ enum BenchCommand {
     static func run(_ arguments: [String]) {
         let json = arguments.contains("--json")
         let quick = arguments.contains("--quick")
+        if let at = arguments.firstIndex(of: "--soak") {
+            let count = arguments.dropFirst(at + 1).first.flatMap { Int($0) } ?? 0
+            SoakCommand.run(total: count, json: json)
+        }
         var results = Results()
         if arguments.first == "codec" {
             results.codec(CodecBench.measure(quick: quick))
+        } else if arguments.first == "drain" {
+            results.raw = RawBench.measure(roundTrips: 4000)
+            for queued in [2000, 32000] { results.drain[queued] = EmbeddedBench.shutdownDrain(queued: queued) }
         } else {
             let scale = quick ? 1 : 5
             results.raw = RawBench.measure(roundTrips: 4000 * scale)
@@ -35,6 +42,7 @@ enum BenchCommand {
             results.echoWorkerRSSKB = EmbeddedBench.echoWorkerRSS(host)
             results.kill = EmbeddedBench.killToInterruption(host, samples: 20 * scale)
             shutdown(host)
+            for queued in [2000, 32000] { results.drain[queued] = EmbeddedBench.shutdownDrain(queued: queued) }
             (results.cold, results.prewarmed) = EmbeddedBench.coldStarts(samples: 10 * scale)
             // The same cold start without the sandbox, and with the pid namespace AllowSubprocesses adds.
             results.coldUnsandboxed = EmbeddedBench.coldStarts(samples: 10 * scale) { $0.defaultPolicy.sandbox = .none }.cold
@@ -237,6 +245,37 @@ enum EmbeddedBench {
             samples.add(at.withLock { $0 } - start)
         }
         return samples
+    }
+
+    /// `queued` requests waiting behind busy workers, then `shutdown()`: µs per request from the call to the last
+    /// interruption callback. Equal figures at 2k and 32k show the drain is linear (the first slice was quadratic).
+    static func shutdownDrain(queued: Int) -> Double {
+        let host = EmbeddedHost.make {
+            $0.logHandler = { _, _ in }
+            $0.maxQueuedRequests = queued + 64
+        }
+        guard let ext = try? host.extension(identifier: "com.example.crasher") else { fail("bench: no crasher") }
+        let ended = Atomic<Int>(0)
+        let allEnded = DispatchSemaphore(value: 0)
+        let busy = 32  // the Crasher's MaxWorkers 4 × MaxConcurrentRequests 8
+        let total = busy + queued
+        ext.callsHandlersOnHostLoop = true
+        ext.requestInterruptionHandler = { _, _ in
+            if ended.add(1, ordering: .relaxed).newValue == total { allEnded.signal() }
+        }
+        let running = DispatchSemaphore(value: 0)
+        let long = [ExtensionItem(title: "slow:60000")]
+        for _ in 0..<busy {
+            _ = ext.beginRequest(withInputItems: long, deadline: 120, onWorkerAssigned: { _ in running.signal() })
+        }
+        for _ in 0..<busy { running.wait() }
+        for _ in 0..<queued { _ = ext.beginRequest(withInputItems: long, deadline: 120) }
+        let start = nowMicros()
+        host.shutdown {}
+        allEnded.wait()
+        let perRequest = (nowMicros() - start) / Double(total)
+        BenchCommand.shutdown(host)
+        return perRequest
     }
 
     /// A fresh host with no worker: beginRequest → completion, in µs; and the first request of another fresh

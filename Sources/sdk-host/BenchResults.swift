@@ -36,6 +36,7 @@ struct Results {
     var coldDirect: Samples?
     var prewarmed: Samples?
     var kill: Samples?
+    var drain: [Int: Double] = [:]
     var echoWorkerRSSKB: Int?
     var daemonWarm: Samples?
     var warmOnLoop: Samples?
@@ -94,6 +95,10 @@ struct Results {
         if let kill {
             out.append(("kill_to_interrupt_p50_us", kill.percentile(0.5), ratio(kill.percentile(0.5), rawP50), "SIGKILL → interruption callback p50 (µs)"))
             out.append(("kill_to_interrupt_p99_us", kill.percentile(0.99), ratio(kill.percentile(0.99), rawP50), "SIGKILL → interruption callback p99 (µs)"))
+        }
+        for queued in drain.keys.sorted() {
+            out.append(("shutdown_drain_us_per_request_\(queued)", drain[queued]!, ratio(drain[queued]!, rawP50),
+                        "shutdown with \(queued) queued, per request (µs)"))
         }
         if let daemonWarm {
             out.append(("daemon_rtt_p50_us", daemonWarm.percentile(0.5), ratio(daemonWarm.percentile(0.5), rawP50), "daemon warm echo p50 (µs)"))

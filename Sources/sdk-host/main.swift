@@ -17,6 +17,7 @@ let usage = """
       plist decode              bplist00 on stdin -> XML plist on stdout
       bench [codec] [--json] [--quick]
                                 performance figures next to the raw socketpair round trip (use -c release)
+      bench --soak N [--json]   N requests with crashes, cancels and deadlines: RSS, descriptors, threads, slope
     """
 
 /// Prints one line to stderr and exits with `status`: the CLI's error convention.
