@@ -117,6 +117,40 @@ import Glibc
         await host.shutdown()
     }
 
+    @Test func theClientRefusesADaemonItCannotTrust() async throws {
+        let daemon = try await DaemonProcess()
+        defer { daemon.remove() }
+        func refusal(daemonUID: uid_t? = nil) async -> String? {
+            do {
+                let host = try await ExtensionHost.connect(socketPath: daemon.socket, reconnectTimeout: 1, daemonUID: daemonUID)
+                await host.shutdown()
+                return nil
+            } catch {
+                #expect(error.code == .daemonUnavailable)
+                return error.detail
+            }
+        }
+        // A daemon running as a uid other than the one asked for (SO_PEERCRED on the connected socket).
+        let wrongUID = await refusal(daemonUID: 54321)
+        #expect(wrongUID?.contains("served by uid \(getuid())") == true && wrongUID?.contains("not by uid 54321") == true,
+                "\(String(describing: wrongUID))")
+        // A folder others may write to: anyone could have put their own socket there.
+        chmod(daemon.folder, 0o777)
+        let writable = await refusal()
+        #expect(writable?.contains("writable by others") == true, "\(String(describing: writable))")
+        chmod(daemon.folder, 0o700)
+        // A folder that belongs to another user (only root can hand one over; skipped otherwise).
+        if getuid() == 0 {
+            chown(daemon.folder, 65534, 65534)
+            let foreign = await refusal()
+            #expect(foreign?.contains("belongs to uid 65534") == true, "\(String(describing: foreign))")
+            chown(daemon.folder, 0, 0)
+        }
+        // And the same daemon, trusted again, serves.
+        #expect(await refusal() == nil)
+        #expect(await daemon.stop() == 0)
+    }
+
     @Test func uidNotAllowedIsRefusedBySOPeerCred() async throws {
         // Our own uid is not on the list: the daemon checks the kernel's peer credentials and refuses us.
         let daemon = try await DaemonProcess(extraConfig: "<key>AllowedUIDs</key><array><integer>54321</integer></array>")
