@@ -129,6 +129,27 @@ import Glibc
         }
     }
 
+    @Test func aDeadlineCancelsOnlyItsOwnRequestNotTheWorkersOthers() async throws {
+        // One worker, two requests on it. The first slice killed the worker at a deadline, so the neighbour
+        // ended as `hang`; now the late request is cancelled at the worker and only it ends (`timedOut`).
+        let single = TemporaryExtension(identifier: "com.example.single", executable: "Crasher",
+                                        policy: "<key>MaxWorkers</key><integer>1</integer>")
+        defer { single.remove() }
+        try await withHost(extraSearchPaths: [single.root]) { host, _ in
+            let ext = try host.extension(identifier: "com.example.single")
+            let recorder = Recorder()
+            recorder.attach(to: ext)
+            let (neighbour, neighbourPid) = beginNotingPid(ext, "slow:1500")
+            #expect(await eventually { neighbourPid.pid != 0 })
+            let late = ext.beginRequest(withInputItems: [ExtensionItem(title: "slow:30000")], deadline: 0.3)
+            #expect(await recorder.wait(for: late) == .interrupted(.timedOut))
+            #expect(await recorder.wait(for: neighbour) == .completed([ExtensionItem(title: "slow:1500")]))
+            #expect(processIsAlive(neighbourPid.pid), "the worker was not killed")
+            let (stats, _, _) = await host.inspect()
+            #expect(stats.hangKills == 0)
+        }
+    }
+
     @Test func idleWorkerIsRetiredWithoutACrashReport() async throws {
         let temp = TemporaryExtension(identifier: "com.example.brief", executable: "Echo",
                                       policy: "<key>IdleTimeoutSeconds</key><real>0.3</real>")
