@@ -1,0 +1,98 @@
+// greeter-app: embeds an ExtensionHost, finds the extensions of another package (GreeterExtension) by their
+// manifests and executables, and uses them through the public API only.
+//
+//   swift build --package-path Examples/GreeterExtension
+//   swift run --package-path Examples/GreeterApp greeter-app "$PWD/Examples/GreeterExtension" Ada Grace
+//
+// It greets each name through Greeter, then lets Snoop (an untrusted SDK) try its escapes under the default
+// sandbox and prints what each attempt got. Exit status 0 if every escape was refused, the controls worked and
+// the host still served afterwards; 1 otherwise.
+import SDKHost
+
+#if canImport(Glibc)
+import Glibc
+#endif
+
+var arguments = Array(CommandLine.arguments.dropFirst())
+guard let extensionPackage = arguments.first else {
+    print("usage: greeter-app <GreeterExtension folder> [--executables DIR] [name…]")
+    exit(2)
+}
+arguments.removeFirst()
+// Where the extension package's `swift build` put its executables (or --executables, for a --scratch-path build).
+var executables = ["\(extensionPackage)/.build/debug", "\(extensionPackage)/.build/release"]
+if arguments.first == "--executables", arguments.count > 1 {
+    executables = [arguments[1]]
+    arguments.removeFirst(2)
+}
+let names = arguments.isEmpty ? ["world"] : arguments
+
+var configuration = HostConfiguration(extensionSearchPaths: ["\(extensionPackage)/Manifests"])
+configuration.executableSearchPaths = executables
+let host: ExtensionHost
+do {
+    host = try ExtensionHost(configuration: configuration)
+} catch {
+    print("greeter-app: \(error)")
+    exit(2)
+}
+print("extensions: \(host.extensionIdentifiers.sorted().joined(separator: ", "))")
+
+/// A TCP listener on 127.0.0.1 (an ephemeral port), for Snoop to try to reach. Traffic never leaves this machine.
+func loopbackListener() -> (fd: Int32, port: UInt16) {
+    let fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
+    var address = sockaddr_in()
+    address.sin_family = sa_family_t(AF_INET)
+    address.sin_addr.s_addr = in_addr_t(0x7F00_0001).bigEndian
+    var length = socklen_t(MemoryLayout<sockaddr_in>.size)
+    _ = withUnsafeMutablePointer(to: &address) {
+        $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { pointer in
+            bind(fd, pointer, length)
+            listen(fd, 4)
+            return getsockname(fd, pointer, &length)
+        }
+    }
+    return (fd, UInt16(bigEndian: address.sin_port))
+}
+
+var ok = true
+do {
+    let greeter = try host.extension(identifier: "com.example.greeter")
+    let replies = try await greeter.perform(names.map { ExtensionItem(title: $0) })
+    for reply in replies { print("greeter: \(reply.title ?? "")") }
+    ok = ok && replies.count == names.count
+
+    let snoop = try host.extension(identifier: "com.example.snoop")
+    let listener = loopbackListener()
+    var scratch = "/tmp/greeter-app-XXXXXX".utf8CString
+    let folder = scratch.withUnsafeMutableBufferPointer { String(cString: mkdtemp($0.baseAddress!)!) }
+    let escapes = ["shadow", "host-environ", "host-mem", "signal-host", "fork", "tcp:\(listener.port)",
+                   "create:\(folder)/planted"]
+    for attempt in escapes {
+        let reply: String
+        do {
+            reply = try await snoop.perform([ExtensionItem(title: attempt)]).first?.title ?? "(no reply)"
+        } catch {
+            reply = "ended: \(error)"  // killing only its own worker also counts as stopped
+        }
+        let stopped = !reply.hasPrefix("ALLOWED") && !reply.hasPrefix("unknown")
+        print("snoop \(attempt): \(reply)\(stopped ? "" : "   <-- NOT STOPPED")")
+        ok = ok && stopped
+    }
+    let control = try await snoop.perform([ExtensionItem(title: "tmpdir")]).first?.title ?? ""
+    print("snoop tmpdir (control): \(control)")
+    ok = ok && control == "ALLOWED"
+    close(listener.fd)
+    rmdir(folder)
+
+    // The host still serves.
+    let again = try await greeter.perform([ExtensionItem(title: "again")])
+    print("greeter: \(again.first?.title ?? "")")
+    ok = ok && again.first?.title?.hasSuffix(", again!") == true
+} catch {
+    print("greeter-app: \(error)")
+    ok = false
+}
+await host.shutdown()
+print(ok ? "greeter-app: all escapes refused, controls worked" : "greeter-app: FAILED")
+exit(ok ? 0 : 1)

@@ -1,0 +1,79 @@
+// Snoop (com.example.snoop): an untrusted SDK that tries, with plain Glibc calls, what the sandbox must stop.
+// The first item's title picks one attempt; the reply is "refused: <why>" or "ALLOWED". Each attempt is
+// harmless if nothing stops it: signals are signal 0, files are only opened for reading or created in a
+// folder the caller names, and sockets only connect to 127.0.0.1.
+import SDKExtension
+
+#if canImport(Glibc)
+import Glibc
+#endif
+
+@main
+struct Snoop: RequestHandler {
+    func beginRequest(with context: ExtensionContext) {
+        let attempt = context.inputItems.first?.title ?? ""
+        context.completeRequest(returningItems: [ExtensionItem(title: Self.run(attempt))])
+    }
+
+    static func refused(_ what: String) -> String { "refused: \(what): \(String(cString: strerror(errno)))" }
+
+    static func run(_ attempt: String) -> String {
+        let host = getppid()
+        switch attempt {
+        case "shadow":
+            let fd = open("/etc/shadow", O_RDONLY)
+            if fd < 0 { return refused("open /etc/shadow") }
+            close(fd)
+            return "ALLOWED"
+        case "host-environ":
+            let fd = open("/proc/\(host)/environ", O_RDONLY)
+            if fd < 0 { return refused("open /proc/\(host)/environ") }
+            close(fd)
+            return "ALLOWED"
+        case "host-mem":
+            let fd = open("/proc/\(host)/mem", O_RDWR)
+            if fd < 0 { return refused("open /proc/\(host)/mem") }
+            close(fd)
+            return "ALLOWED"
+        case "signal-host":
+            return kill(host, 0) == 0 ? "ALLOWED" : refused("kill(host, 0)")
+        case "fork":
+            let pid = fork()
+            if pid == 0 { _exit(0) }
+            if pid < 0 { return refused("fork") }
+            var status: Int32 = 0
+            waitpid(pid, &status, 0)
+            return "ALLOWED"
+        case let tcp where tcp.hasPrefix("tcp:"):
+            let fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
+            if fd < 0 { return refused("socket(AF_INET)") }
+            defer { close(fd) }
+            var address = sockaddr_in()
+            address.sin_family = sa_family_t(AF_INET)
+            address.sin_port = in_port_t(UInt16(tcp.dropFirst(4)) ?? 0).bigEndian
+            address.sin_addr.s_addr = in_addr_t(0x7F00_0001).bigEndian
+            let r = withUnsafePointer(to: &address) {
+                $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { connect(fd, $0, socklen_t(MemoryLayout<sockaddr_in>.size)) }
+            }
+            return r == 0 ? "ALLOWED" : refused("connect 127.0.0.1")
+        case let create where create.hasPrefix("create:"):
+            let path = String(create.dropFirst(7))
+            let fd = open(path, O_WRONLY | O_CREAT | O_EXCL, 0o600)
+            if fd < 0 { return refused("create \(path)") }
+            close(fd)
+            unlink(path)
+            return "ALLOWED"
+        case "tmpdir":
+            // A control: the worker's private TMPDIR is writable.
+            let folder = getenv("TMPDIR").map { String(cString: $0) } ?? "/tmp"
+            let path = "\(folder)/snoop-\(getpid())"
+            let fd = open(path, O_WRONLY | O_CREAT | O_EXCL, 0o600)
+            if fd < 0 { return refused("create \(path)") }
+            close(fd)
+            unlink(path)
+            return "ALLOWED"
+        default:
+            return "unknown attempt '\(attempt)'"
+        }
+    }
+}
