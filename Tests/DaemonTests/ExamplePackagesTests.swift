@@ -40,7 +40,8 @@ import Glibc
         let text = readSmallFile(out) ?? ""
         #expect(status == 0, "\(text)")
         #expect(text.contains("greeter: Bonjour, Ada!") && text.contains("greeter: Bonjour, Grace!"), "\(text)")
-        for attempt in ["shadow", "host-environ", "host-mem", "signal-host", "fork", "tcp:", "create:"] {
+        for attempt in ["shadow", "host-environ", "host-mem", "signal-host", "fork", "tcp:", "create:", "read:", "unix:",
+                        "shared-memory"] {
             #expect(text.contains("snoop \(attempt)") && !text.contains("NOT STOPPED"), "\(attempt): \(text)")
         }
         #expect(text.contains("snoop tmpdir (control): ALLOWED"), "\(text)")

@@ -66,8 +66,22 @@ do {
     let listener = loopbackListener()
     var scratch = "/tmp/greeter-app-XXXXXX".utf8CString
     let folder = scratch.withUnsafeMutableBufferPointer { String(cString: mkdtemp($0.baseAddress!)!) }
+    // A file and a Unix socket of the app's own, outside anything the manifest grants.
+    let secret = "\(folder)/secret"
+    close(open(secret, O_WRONLY | O_CREAT, 0o600))
+    let socketPath = "\(folder)/app.sock"
+    let unixListener = socket(AF_UNIX, Int32(SOCK_STREAM.rawValue), 0)
+    var unixAddress = sockaddr_un()
+    unixAddress.sun_family = sa_family_t(AF_UNIX)
+    withUnsafeMutableBytes(of: &unixAddress.sun_path) { raw in
+        for (i, byte) in socketPath.utf8.enumerated() { raw[i] = byte }
+    }
+    _ = withUnsafePointer(to: &unixAddress) {
+        $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { bind(unixListener, $0, socklen_t(MemoryLayout<sockaddr_un>.size)) }
+    }
+    listen(unixListener, 4)
     let escapes = ["shadow", "host-environ", "host-mem", "signal-host", "fork", "tcp:\(listener.port)",
-                   "create:\(folder)/planted"]
+                   "create:\(folder)/planted", "read:\(secret)", "unix:\(socketPath)", "shared-memory"]
     for attempt in escapes {
         let reply: String
         do {
@@ -83,6 +97,9 @@ do {
     print("snoop tmpdir (control): \(control)")
     ok = ok && control == "ALLOWED"
     close(listener.fd)
+    close(unixListener)
+    unlink(socketPath)
+    unlink(secret)
     rmdir(folder)
 
     // The host still serves.

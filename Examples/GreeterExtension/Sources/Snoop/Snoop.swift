@@ -63,6 +63,35 @@ struct Snoop: RequestHandler {
             close(fd)
             unlink(path)
             return "ALLOWED"
+        case let read where read.hasPrefix("read:"):
+            // Another file of the app's: its config, another extension's crash report.
+            let path = String(read.dropFirst(5))
+            let fd = open(path, O_RDONLY)
+            if fd < 0 { return refused("open \(path)") }
+            close(fd)
+            return "ALLOWED"
+        case let unix where unix.hasPrefix("unix:"):
+            // A Unix socket outside the sandbox, such as the daemon's: talking to it would run other extensions.
+            let path = String(unix.dropFirst(5))
+            let fd = socket(AF_UNIX, Int32(SOCK_STREAM.rawValue), 0)
+            if fd < 0 { return refused("socket(AF_UNIX)") }
+            defer { close(fd) }
+            var address = sockaddr_un()
+            address.sun_family = sa_family_t(AF_UNIX)
+            withUnsafeMutableBytes(of: &address.sun_path) { raw in
+                for (i, byte) in path.utf8.prefix(raw.count - 1).enumerated() { raw[i] = byte }
+            }
+            let r = withUnsafePointer(to: &address) {
+                $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { connect(fd, $0, socklen_t(MemoryLayout<sockaddr_un>.size)) }
+            }
+            return r == 0 ? "ALLOWED" : refused("connect \(path)")
+        case "shared-memory":
+            // 1 GiB of shared memory, more than the manifest's MemoryLimitMB; never touched, so harmless if granted.
+            let size = 1 << 30
+            let p = mmap(nil, size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0)
+            if p == MAP_FAILED { return refused("mmap 1 GiB shared") }
+            munmap(p, size)
+            return "ALLOWED"
         case "tmpdir":
             // A control: the worker's private TMPDIR is writable.
             let folder = getenv("TMPDIR").map { String(cString: $0) } ?? "/tmp"
