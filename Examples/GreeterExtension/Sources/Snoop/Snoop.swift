@@ -17,24 +17,24 @@ struct Snoop: RequestHandler {
 
     static func refused(_ what: String) -> String { "refused: \(what): \(String(cString: strerror(errno)))" }
 
+    /// Opens `path` with `flags` and closes it again: "ALLOWED", or what refused it.
+    static func tryOpen(_ path: String, _ flags: Int32) -> String {
+        let fd = open(path, flags, 0o600)
+        if fd < 0 { return refused("open \(path)") }
+        close(fd)
+        if flags & O_CREAT != 0 { unlink(path) }
+        return "ALLOWED"
+    }
+
     static func run(_ attempt: String) -> String {
         let host = getppid()
         switch attempt {
         case "shadow":
-            let fd = open("/etc/shadow", O_RDONLY)
-            if fd < 0 { return refused("open /etc/shadow") }
-            close(fd)
-            return "ALLOWED"
+            return tryOpen("/etc/shadow", O_RDONLY)
         case "host-environ":
-            let fd = open("/proc/\(host)/environ", O_RDONLY)
-            if fd < 0 { return refused("open /proc/\(host)/environ") }
-            close(fd)
-            return "ALLOWED"
+            return tryOpen("/proc/\(host)/environ", O_RDONLY)
         case "host-mem":
-            let fd = open("/proc/\(host)/mem", O_RDWR)
-            if fd < 0 { return refused("open /proc/\(host)/mem") }
-            close(fd)
-            return "ALLOWED"
+            return tryOpen("/proc/\(host)/mem", O_RDWR)
         case "signal-host":
             return kill(host, 0) == 0 ? "ALLOWED" : refused("kill(host, 0)")
         case "fork":
@@ -57,19 +57,10 @@ struct Snoop: RequestHandler {
             }
             return r == 0 ? "ALLOWED" : refused("connect 127.0.0.1")
         case let create where create.hasPrefix("create:"):
-            let path = String(create.dropFirst(7))
-            let fd = open(path, O_WRONLY | O_CREAT | O_EXCL, 0o600)
-            if fd < 0 { return refused("create \(path)") }
-            close(fd)
-            unlink(path)
-            return "ALLOWED"
+            return tryOpen(String(create.dropFirst(7)), O_WRONLY | O_CREAT | O_EXCL)
         case let read where read.hasPrefix("read:"):
             // Another file of the app's: its config, another extension's crash report.
-            let path = String(read.dropFirst(5))
-            let fd = open(path, O_RDONLY)
-            if fd < 0 { return refused("open \(path)") }
-            close(fd)
-            return "ALLOWED"
+            return tryOpen(String(read.dropFirst(5)), O_RDONLY)
         case let unix where unix.hasPrefix("unix:"):
             // A Unix socket outside the sandbox, such as the daemon's: talking to it would run other extensions.
             let path = String(unix.dropFirst(5))
@@ -95,12 +86,7 @@ struct Snoop: RequestHandler {
         case "tmpdir":
             // A control: the worker's private TMPDIR is writable.
             let folder = getenv("TMPDIR").map { String(cString: $0) } ?? "/tmp"
-            let path = "\(folder)/snoop-\(getpid())"
-            let fd = open(path, O_WRONLY | O_CREAT | O_EXCL, 0o600)
-            if fd < 0 { return refused("create \(path)") }
-            close(fd)
-            unlink(path)
-            return "ALLOWED"
+            return tryOpen("\(folder)/snoop-\(getpid())", O_WRONLY | O_CREAT | O_EXCL)
         default:
             return "unknown attempt '\(attempt)'"
         }
