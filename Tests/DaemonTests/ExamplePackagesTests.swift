@@ -24,11 +24,12 @@ import Glibc
         let folder = template.withUnsafeMutableBufferPointer { String(cString: mkdtemp($0.baseAddress!)!) }
         defer { removeFolder(folder) }
         let extensionPackage = "\(packageRoot)/Examples/GreeterExtension"
-        // Builds go to the test's own folder (--scratch-path), not into the checkout.
+        // Builds go to the test's own folder (--scratch-path), not into the checkout or /tmp.
         for (package, scratch) in [(extensionPackage, "ext"), ("\(packageRoot)/Examples/GreeterApp", "app")] {
             let log = "\(folder)/\(scratch).log"
-            let pid = spawnProgram([Self.swift!, "build", "--package-path", package, "--scratch-path", "\(folder)/\(scratch)"],
-                                   stdout: log, stderr: log)
+            // TMPDIR too: SwiftPM puts lock files named after the scratch path there.
+            let pid = spawnProgram(["/usr/bin/env", "TMPDIR=\(folder)", Self.swift!, "build", "--package-path", package,
+                                    "--scratch-path", "\(folder)/\(scratch)"], stdout: log, stderr: log)
             let status = await waitExit(pid, timeout: 900)
             #expect(status == 0, "swift build of \(package) failed:\n\(readSmallFile(log) ?? "")")
             guard status == 0 else { return }
