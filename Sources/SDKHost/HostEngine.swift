@@ -13,6 +13,7 @@
 #if canImport(Glibc)
 import Glibc
 #endif
+import Dispatch
 import SDKPosix
 import Synchronization
 
@@ -103,6 +104,11 @@ package final class HostEngine: @unchecked Sendable {
             loop = try EventLoop(name: "sdk-host", clock: configuration.clock)
         } catch {
             throw HostError(.system, "cannot start the host event loop: \(error)")
+        }
+        // Off the caller's thread and the loop: the temp folder may be large.
+        let temporaryBase = configuration.temporaryDirectory
+        DispatchQueue.global(qos: .utility).async {
+            SandboxProfile.removeOrphanedWorkerDirectories(in: temporaryBase)
         }
         if manifests.values.contains(where: { $0.policy.minWarmWorkers > 0 }) {
             loop.execute { [unowned self] in

@@ -99,13 +99,35 @@ package enum SandboxProfile {
     }
 
     /// A new folder `<base>/sdk-host-worker.XXXXXX`, mode 0700.
+    static let workerDirectoryPrefix = "sdk-host-worker."
+
+    /// A private folder for one worker, named `sdk-host-worker.<host pid>.XXXXXX` so that a later host can tell
+    /// whose it was (`removeOrphanedWorkerDirectories`).
     static func makeWorkerDirectory(in base: String) throws(HostError) -> String {
-        var template = Array("\(base)/sdk-host-worker.XXXXXX".utf8CString)
+        var template = Array("\(base)/\(workerDirectoryPrefix)\(getpid()).XXXXXX".utf8CString)
         let made = template.withUnsafeMutableBufferPointer { mkdtemp($0.baseAddress!) != nil }
         guard made else {
             throw HostError(.system, "cannot make a temp folder in \(base): \(SystemError("mkdtemp", errno: errno))")
         }
         return String(decoding: template.dropLast().map { UInt8(bitPattern: $0) }, as: UTF8.self)
+    }
+
+    /// A host killed with SIGKILL cannot remove its workers' folders (the workers die with it). The next host
+    /// removes the folders in `base` whose host pid no longer exists, if they are real folders owned by this
+    /// user; another user's, or a live host's, are never touched. Returns how many it removed.
+    @discardableResult
+    static func removeOrphanedWorkerDirectories(in base: String) -> Int {
+        var removed = 0
+        for name in listDirectory(base) ?? [] where name.hasPrefix(workerDirectoryPrefix) {
+            let fields = name.dropFirst(workerDirectoryPrefix.count).split(separator: ".", maxSplits: 1)
+            guard fields.count == 2, let pid = pid_t(fields[0]), pid > 0, pid != getpid() else { continue }
+            guard kill(pid, 0) != 0, errno == ESRCH else { continue }  // its host is alive (or not ours to ask)
+            let path = "\(base)/\(name)"
+            var info = stat()
+            guard lstat(path, &info) == 0, info.st_mode & S_IFMT == S_IFDIR, info.st_uid == geteuid() else { continue }
+            if removeTree(path) { removed += 1 }
+        }
+        return removed
     }
 }
 

@@ -148,6 +148,35 @@ extension FaultTests {
             }
         }
 
+        @Test func aNewHostRemovesTheWorkerFoldersOfAHostThatWasKilled() async throws {
+            var template = "/tmp/sdkhost-orphans-XXXXXX".utf8CString
+            let base = template.withUnsafeMutableBufferPointer { String(cString: mkdtemp($0.baseAddress!)!) }
+            defer { _ = removeTree(base) }
+            // A pid that is certainly gone: a child that has exited and been reaped.
+            var dead: pid_t = 0
+            var argv: [UnsafeMutablePointer<CChar>?] = [strdup("/bin/true"), nil]
+            defer { free(argv[0]) }
+            #expect(posix_spawn(&dead, "/bin/true", nil, nil, &argv, nil) == 0)
+            var status: Int32 = 0
+            waitpid(dead, &status, 0)
+            let orphan = "\(base)/sdk-host-worker.\(dead).AbCdEf"
+            let live = "\(base)/sdk-host-worker.1.GhIjKl"  // pid 1 is alive: a running host's folder
+            let foreign = "\(base)/sdk-host-worker.\(dead).MnOpQr"
+            let plainFile = "\(base)/sdk-host-worker.\(dead).StUvWx"
+            for folder in [orphan, live, foreign] { mkdir(folder, 0o700) }
+            mkdir("\(orphan)/nested", 0o700)
+            writeFile("\(orphan)/nested/left-by-the-worker", "x")
+            writeFile(plainFile, "not a folder")
+            let root = getuid() == 0
+            if root { chown(foreign, 65534, 65534) }  // another user's: never ours to remove
+            try await withHost({ $0.temporaryDirectory = base }) { _, _ in
+                #expect(await eventually { access(orphan, F_OK) != 0 }, "the killed host's worker folder is removed")
+                #expect(access(live, F_OK) == 0, "a live host's folder is kept")
+                #expect(access(plainFile, F_OK) == 0, "only folders are removed")
+                if root { #expect(access(foreign, F_OK) == 0, "another user's folder is kept") }
+            }
+        }
+
         @Test func manifestKeysOpenExactlyWhatTheyName() async throws {
             let targets = try ProbeTargets()
             defer { targets.remove() }
