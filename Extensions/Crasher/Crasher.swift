@@ -9,6 +9,8 @@ import Synchronization
 /// What `leak:` keeps.
 enum Leak {
     static let chunks = Mutex<[[UInt8]]>([])
+    /// Contexts kept for good by "hoard": the leak the runtime's check reports.
+    static let contexts = Mutex<[ExtensionContext]>([])
 }
 
 @main
@@ -135,6 +137,10 @@ struct Crasher: RequestHandler {
         case let text where text.hasPrefix("print:"):
             // Plain print() to stdout, then complete: the line must reach the host log even though stdout is a pipe.
             print(text.dropFirst(6))
+            context.completeRequest(returningItems: context.inputItems)
+        case "hoard":
+            // Keeps every request's context in a global array: an SDK that caches what it should not.
+            Leak.contexts.withLock { $0.append(context) }
             context.completeRequest(returningItems: context.inputItems)
         case let name where name.hasPrefix("env:"):
             // The value of one environment variable ("(unset)" if it is not set): what the host passed.

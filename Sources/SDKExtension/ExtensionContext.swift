@@ -11,6 +11,8 @@ public final class ExtensionContext: Sendable {
 
     private let state = Mutex<State>(State())
     private let finishBody: @Sendable (Message) -> Void
+    /// Called when the context is released, after its request ended (the runtime's leak check).
+    private let onRelease: (@Sendable (RequestID) -> Void)?
 
     struct State {
         var finished = false
@@ -18,11 +20,16 @@ public final class ExtensionContext: Sendable {
         var task: Task<Void, Never>?
     }
 
-    init(requestID: RequestID, inputItems: [ExtensionItem], finish: @escaping @Sendable (Message) -> Void) {
+    package init(requestID: RequestID, inputItems: [ExtensionItem], finish: @escaping @Sendable (Message) -> Void,
+                 onRelease: (@Sendable (RequestID) -> Void)? = nil)
+    {
         self.requestID = requestID
         self.inputItems = inputItems
         self.finishBody = finish
+        self.onRelease = onRelease
     }
+
+    deinit { onRelease?(requestID) }
 
     /// True once the host has cancelled this request. Long-running work should check it and stop with
     /// `cancelRequest(withError:)`. Async handlers also see Task cancellation.
@@ -55,7 +62,7 @@ public final class ExtensionContext: Sendable {
     }
 
     /// The host cancelled: raise the flag and cancel the handler's Task, if any.
-    func markCancelledByHost() {
+    package func markCancelledByHost() {
         let task = state.withLock { s -> Task<Void, Never>? in
             s.cancelledByHost = true
             return s.task
@@ -63,11 +70,35 @@ public final class ExtensionContext: Sendable {
         task?.cancel()
     }
 
-    func attach(_ task: Task<Void, Never>) {
+    package func attach(_ task: Task<Void, Never>) {
         let cancelled = state.withLock { s -> Bool in
             s.task = task
             return s.cancelledByHost
         }
         if cancelled { task.cancel() }
+    }
+}
+
+extension ExtensionContext {
+    /// Runs an async handler for this request in a Task of its own, as the runtime and the test harness both do:
+    /// a host cancel cancels the Task, and a handler that returns without finishing the request has it finished
+    /// for it (cancelled by the host if it was, else cancelled with an error saying so). `ended` runs when the
+    /// Task is over.
+    package func runAsync(_ body: @escaping @Sendable (ExtensionContext) async -> Void,
+                          ended: (@Sendable () -> Void)? = nil)
+    {
+        attach(Task.detached { [self] in
+            await body(self)
+            if !isFinished {
+                if isCancelled {
+                    cancelRequest(withError: .cancelledByHost)
+                } else {
+                    WorkerLog.write("handler returned without finishing request \(requestID)")
+                    cancelRequest(withError: ExtensionError(
+                        domain: "SDKExtension", code: 2, message: "the handler returned without completing the request"))
+                }
+            }
+            ended?()
+        })
     }
 }

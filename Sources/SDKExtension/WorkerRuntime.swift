@@ -32,7 +32,16 @@ final class HostConnection: Sendable {
         var writing = false
     }
     private let outbox = Mutex(Outbox())
-    private let contexts = Mutex<[RequestID: ExtensionContext]>([:])
+    private let registry = Mutex(Registry())
+
+    /// Requests in progress, and (for the leak check) those that ended while their context was still held.
+    private struct Registry {
+        var active: [RequestID: ExtensionContext] = [:]
+        /// Ended, context not yet released: when it ended, and whether a leak was reported for it.
+        var lingering: [RequestID: (endedAt: UInt64, reported: Bool)] = [:]
+        /// Async handlers' Tasks still running.
+        var runningTasks: Set<RequestID> = []
+    }
 
     init(fd: Int32) { self.fd = fd }
 
@@ -82,10 +91,39 @@ final class HostConnection: Sendable {
         }
     }
 
-    func register(_ context: ExtensionContext) { contexts.withLock { $0[context.requestID] = context } }
-    func context(for id: RequestID) -> ExtensionContext? { contexts.withLock { $0[id] } }
-    func remove(_ id: RequestID) { _ = contexts.withLock { $0.removeValue(forKey: id) } }
-    var activeCount: Int { contexts.withLock { $0.count } }
+    func register(_ context: ExtensionContext) { registry.withLock { $0.active[context.requestID] = context } }
+    func context(for id: RequestID) -> ExtensionContext? { registry.withLock { $0.active[id] } }
+    var activeCount: Int { registry.withLock { $0.active.count } }
+
+    /// The request ended. With the leak check on, it lingers until its context is released.
+    func ended(_ id: RequestID, watch: Bool) {
+        let now = watch ? monotonicNanoseconds() : 0
+        registry.withLock { r in
+            guard r.active.removeValue(forKey: id) != nil, watch else { return }
+            r.lingering[id] = (now, false)
+        }
+    }
+
+    /// The context of an ended request was released: nothing of it is left.
+    func released(_ id: RequestID) { _ = registry.withLock { $0.lingering.removeValue(forKey: id) } }
+
+    func taskStarted(_ id: RequestID) { _ = registry.withLock { $0.runningTasks.insert(id) } }
+    func taskEnded(_ id: RequestID) { _ = registry.withLock { $0.runningTasks.remove(id) } }
+
+    /// Requests that ended at least `delay` ago and still hold their context (and maybe their Task), each
+    /// reported once.
+    func leaks(olderThan delay: UInt64) -> [Message] {
+        let now = monotonicNanoseconds()
+        return registry.withLock { r in
+            var found: [Message] = []
+            for (id, entry) in r.lingering where !entry.reported && now &- entry.endedAt >= delay {
+                r.lingering[id]?.reported = true
+                let alive = r.runningTasks.contains(id) ? ["context", "task"] : ["context"]
+                found.append(.leak(id: id, alive: alive, afterMs: Int64((now &- entry.endedAt) / 1_000_000)))
+            }
+            return found
+        }
+    }
 }
 
 enum WorkerRuntime {
@@ -105,12 +143,20 @@ enum WorkerRuntime {
         var buffer = [UInt8](repeating: 0, count: 64 * 1024)
         var idleTimeoutMs = env.idleTimeoutMs
         var lastBegin = monotonicNanoseconds()
+        // The leak check: a request's context (and an async handler's Task) should be gone this long after the
+        // request ended; checked at most every quarter second, from this loop.
+        let leakDelay = env.leakCheckMs > 0 ? UInt64(env.leakCheckMs) * 1_000_000 : nil
+        var nextLeakCheck = lastBegin
 
         while true {
             // The idle backstop is twice the host's idle timeout: the host retires us first in normal operation.
             var pfd = pollfd(fd: connection.fd, events: Int16(POLLIN), revents: 0)
             let timeout: Int32 = idleTimeoutMs > 0 ? Int32(min(idleTimeoutMs, 1000)) : 1000
-            let ready = poll(&pfd, 1, timeout)
+            let ready = poll(&pfd, 1, leakDelay == nil ? timeout : min(timeout, 250))
+            if let leakDelay, monotonicNanoseconds() >= nextLeakCheck {
+                nextLeakCheck = monotonicNanoseconds() + 250_000_000
+                for leak in connection.leaks(olderThan: leakDelay) { connection.send(leak) }
+            }
             if ready < 0 {
                 if errno == EINTR { continue }
                 WorkerLog.write("poll failed: \(String(cString: strerror(errno)))")
@@ -150,10 +196,15 @@ enum WorkerRuntime {
                     connection.send(.welcome(version: protocolVersion, identifier: env.identifier, pid: getpid()))
                 case .begin(let id, let items, _, _):
                     lastBegin = monotonicNanoseconds()
-                    let context = ExtensionContext(requestID: id, inputItems: items) { [connection] message in
-                        connection.remove(id)
-                        connection.send(message)
-                    }
+                    let watch = leakDelay != nil
+                    let onRelease: (@Sendable (RequestID) -> Void)? = watch ? { @Sendable [connection] id in connection.released(id) } : nil
+                    let context = ExtensionContext(
+                        requestID: id, inputItems: items,
+                        finish: { [connection] message in
+                            connection.ended(id, watch: watch)
+                            connection.send(message)
+                        },
+                        onRelease: onRelease)
                     connection.register(context)
                     if let sync {
                         if inline {
@@ -162,26 +213,16 @@ enum WorkerRuntime {
                             DispatchQueue.global().async { sync(context) }
                         }
                     } else if let asyncBody {
-                        context.attach(Task.detached {
-                            await asyncBody(context)
-                            if !context.isFinished {
-                                if context.isCancelled {
-                                    context.cancelRequest(withError: .cancelledByHost)
-                                } else {
-                                    WorkerLog.write("handler returned without finishing request \(id)")
-                                    context.cancelRequest(withError: ExtensionError(
-                                        domain: "SDKExtension", code: 2,
-                                        message: "the handler returned without completing the request"))
-                                }
-                            }
-                        })
+                        if watch { connection.taskStarted(id) }
+                        let ended: (@Sendable () -> Void)? = watch ? { @Sendable [connection] in connection.taskEnded(id) } : nil
+                        context.runAsync(asyncBody, ended: ended)
                     }
                 case .cancel(let id):
                     connection.context(for: id)?.markCancelledByHost()
                 case .ping(let seq):
                     connection.send(.pong(seq: seq))
                 case .pong, .welcome, .complete, .cancelled, .connect, .connected, .assigned, .interrupted, .status,
-                    .statusReport, .sandboxed, .launchFailed, .prewarm, .prewarmed:
+                    .statusReport, .sandboxed, .launchFailed, .prewarm, .prewarmed, .leak:
                     WorkerLog.write("unexpected '\(message.typeName)' from host; ignored")
                 case .error(let text, _):
                     WorkerLog.write("host reported: \(text)")
@@ -198,12 +239,15 @@ struct Environment {
     let ipcFD: Int32
     let identifier: String
     var idleTimeoutMs: Int64
+    /// LeakCheckDelaySeconds in ms; 0 turns the check off.
+    let leakCheckMs: Int64
 
     init() {
         func value(_ name: String) -> String? { getenv(name).map { String(cString: $0) } }
         ipcFD = value("SDKHOST_IPC_FD").flatMap { Int32($0) } ?? 3
         identifier = value("SDKHOST_EXTENSION_ID") ?? "unknown"
         idleTimeoutMs = value("SDKHOST_IDLE_TIMEOUT_MS").flatMap { Int64($0) } ?? 0
+        leakCheckMs = value("SDKHOST_LEAK_CHECK_MS").flatMap { Int64($0) } ?? 0
         var st = stat()
         if fstat(ipcFD, &st) != 0 {
             WorkerLog.write("no host connection on fd \(ipcFD): this program is an sdk-host extension; run it through sdk-host")

@@ -29,6 +29,45 @@ extension CrashReport {
     }
 }
 
+/// A worker's report that a request's context (or its async handler's Task) outlived the request.
+package struct LeakReport: Sendable, Equatable {
+    package var extensionIdentifier: String
+    package var pid: Int32
+    package var requestID: RequestID
+    /// "context", "task".
+    package var alive: [String]
+    /// How long after the request ended the worker found them alive.
+    package var afterMilliseconds: Int64
+    /// Seconds since the Unix epoch.
+    package var time: Double
+
+    package var plist: PlistValue {
+        ["extension": .string(extensionIdentifier), "pid": .integer(Int64(pid)), "request": .string(requestID.uuidString),
+         "alive": .array(alive.map(PlistValue.string)), "afterMs": .integer(afterMilliseconds),
+         "time": .date(PlistDate(secondsSince1970: time))]
+    }
+
+    package init(extensionIdentifier: String, pid: Int32, requestID: RequestID, alive: [String],
+                 afterMilliseconds: Int64, time: Double)
+    {
+        self.extensionIdentifier = extensionIdentifier
+        self.pid = pid
+        self.requestID = requestID
+        self.alive = alive
+        self.afterMilliseconds = afterMilliseconds
+        self.time = time
+    }
+
+    package init?(plist: PlistValue) {
+        guard let ext = plist["extension"]?.stringValue, let pid = plist["pid"]?.integerValue,
+            let id = plist["request"]?.stringValue.flatMap(RequestID.init(uuidString:)), let time = plist["time"]?.dateValue
+        else { return nil }
+        self.init(extensionIdentifier: ext, pid: Int32(truncatingIfNeeded: pid), requestID: id,
+                  alive: (plist["alive"]?.arrayValue ?? []).compactMap(\.stringValue),
+                  afterMilliseconds: plist["afterMs"]?.integerValue ?? 0, time: time.secondsSince1970)
+    }
+}
+
 package final class CrashReportStore: Sendable {
     package let directory: String
     let limit: Int
@@ -45,18 +84,29 @@ package final class CrashReportStore: Sendable {
 
     /// Writes `report` in the background, then removes the oldest files beyond the limit.
     func save(_ report: CrashReport) {
+        write(report.plist, time: report.time, pid: report.pid, extensionID: report.extensionIdentifier, kind: Self.crashSuffix)
+    }
+
+    /// Writes a leak report beside the crash reports (`….leak.plist`), pruned the same way, separately.
+    func saveLeak(_ report: LeakReport) {
+        write(report.plist, time: report.time, pid: report.pid, extensionID: report.extensionIdentifier, kind: Self.leakSuffix)
+    }
+
+    static let crashSuffix = ".crash.plist", leakSuffix = ".leak.plist"
+
+    private func write(_ value: PlistValue, time: Double, pid: Int32, extensionID: String, kind: String) {
         queue.async { [directory, limit] in
-            let name = crashFileName(time: report.time, pid: report.pid, extensionID: report.extensionIdentifier)
-            let bytes = BinaryPlistEncoder.encode(report.plist)
+            let name = crashFileName(time: time, pid: pid, extensionID: extensionID, suffix: kind)
+            let bytes = BinaryPlistEncoder.encode(value)
             let temporary = "\(directory)/.\(name).tmp"
             let fd = open(temporary, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0o600)
             guard fd >= 0 else { return }
-            let ok = bytes.withUnsafeBytes { raw in write(fd, raw.baseAddress, raw.count) == raw.count }
+            let ok = bytes.withUnsafeBytes { raw in Glibc.write(fd, raw.baseAddress, raw.count) == raw.count }
             close(fd)
             if ok { rename(temporary, "\(directory)/\(name)") } else { unlink(temporary) }
             // Pruned by fair share, as in memory: a looping extension loses its own oldest reports first.
-            let reports = CrashReportStore.fileNames(in: directory)
-            for index in crashReportEvictions(reports.map(crashFileExtension), limit: limit) {
+            let reports = CrashReportStore.fileNames(in: directory, suffix: kind)
+            for index in crashReportEvictions(reports.map { crashFileExtension($0, suffix: kind) }, limit: limit) {
                 unlink("\(directory)/\(reports[index])")
             }
         }
@@ -65,8 +115,17 @@ package final class CrashReportStore: Sendable {
     /// Waits for pending writes (tests and tools).
     package func flush() { queue.sync {} }
 
-    static func fileNames(in directory: String) -> [String] {
-        (listDirectory(directory) ?? []).filter { $0.hasSuffix(".crash.plist") && !$0.hasPrefix(".") }.sorted()
+    static func fileNames(in directory: String, suffix: String = crashSuffix) -> [String] {
+        (listDirectory(directory) ?? []).filter { $0.hasSuffix(suffix) && !$0.hasPrefix(".") }.sorted()
+    }
+
+    /// Every readable leak report in `directory`, oldest first.
+    package static func loadLeaks(directory: String) -> [LeakReport] {
+        fileNames(in: directory, suffix: leakSuffix).compactMap { name in
+            guard let bytes = try? readFile("\(directory)/\(name)"), let value = try? BinaryPlistDecoder.decode(bytes)
+            else { return nil }
+            return LeakReport(plist: value)
+        }
     }
 
     /// Every readable report in `directory`, oldest first; unreadable files are skipped.
@@ -80,17 +139,17 @@ package final class CrashReportStore: Sendable {
     }
 }
 
-/// "<17-digit microseconds since 1970>-<extension>-<pid>.crash.plist": name order is time order.
-func crashFileName(time: Double, pid: Int32, extensionID: String) -> String {
+/// "<17-digit microseconds since 1970>-<extension>-<pid>.crash.plist" (or `.leak.plist`): name order is time order.
+func crashFileName(time: Double, pid: Int32, extensionID: String, suffix: String = CrashReportStore.crashSuffix) -> String {
     let micros = String(UInt64(max(0, time) * 1e6))
-    return String(repeating: "0", count: max(0, 17 - micros.count)) + micros + "-\(extensionID)-\(pid).crash.plist"
+    return String(repeating: "0", count: max(0, 17 - micros.count)) + micros + "-\(extensionID)-\(pid)\(suffix)"
 }
 
 
 /// The extension a crash file name belongs to (the part between the time and the pid).
-func crashFileExtension(_ name: String) -> String {
+func crashFileExtension(_ name: String, suffix: String = CrashReportStore.crashSuffix) -> String {
     guard let firstDash = name.firstIndex(of: "-") else { return name }
-    let rest = name[name.index(after: firstDash)...].dropLast(".crash.plist".count)
+    let rest = name[name.index(after: firstDash)...].dropLast(suffix.count)
     guard let lastDash = rest.lastIndex(of: "-") else { return String(rest) }
     return String(rest[..<lastDash])
 }

@@ -104,6 +104,7 @@ extension ExtensionPolicy {
         "NetworkAllowed", "AllowSubprocesses", "ReadablePaths", "WritablePaths", "Sandbox",
         "RestartLimitBurst", "RestartLimitIntervalSeconds", "QuarantineSeconds", "HangThresholdMilliseconds",
         "MinWarmWorkers", "MaxRequestsPerWorker", "MaxWorkerRSSMB", "WorkerSharing", "Environment",
+        "LeakCheckDelaySeconds",
     ]
 
     /// Overrides the keys present in `p` (a manifest's SDKHostPolicy or the config's DefaultPolicy).
@@ -143,6 +144,8 @@ extension ExtensionPolicy {
             throw p.fail("MinWarmWorkers", "\(minWarmWorkers) is more than MaxWorkers (\(maxWorkers))")
         }
         if let env = try Self.environment(p, "Environment") { environment = env }
+        leakCheckDelay = try p.seconds("LeakCheckDelaySeconds", minimum: 0) ?? leakCheckDelay
+        guard leakCheckDelay <= 3600 else { throw p.fail("LeakCheckDelaySeconds", "at most 3600") }
     }
 
     /// Names of letters, digits and `_` (not first a digit, not `SDKHOST_`); values without NUL; at most 256

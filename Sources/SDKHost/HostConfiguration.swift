@@ -55,6 +55,10 @@ public struct ExtensionPolicy: Sendable, Equatable {
     /// `SDKHOST_*`) and the configuration's `workerEnvironment`; a name here replaces theirs, except that
     /// `SDKHOST_` names are reserved. Manifest key `Environment` (a dictionary of strings); empty by default.
     public var environment: [String: String] = [:]
+    /// Seconds after a request ends by which the worker runtime expects its `ExtensionContext` (and an async
+    /// handler's Task) to be gone; if not, it reports a leak. 0 turns the check off. Manifest key
+    /// `LeakCheckDelaySeconds`.
+    public var leakCheckDelay: Double = 2
 
     /// Creates the default policy.
     public init() {}

@@ -26,6 +26,7 @@ extension HostEngine {
             "SWIFT_BACKTRACE=enable=no",
             "SDKHOST_IPC_FD=3", "SDKHOST_EXTENSION_ID=\(manifest.identifier)",
             "SDKHOST_IDLE_TIMEOUT_MS=\(idleMs)",
+            "SDKHOST_LEAK_CHECK_MS=\(Int64(manifest.policy.leakCheckDelay * 1000))",
         ]
         // Under an address-space limit every malloc arena's 64 MiB reservation counts, and glibc makes up to 8
         // per core: four arenas keep a threaded worker well inside a few hundred MiB. The config may override.
@@ -176,11 +177,35 @@ extension HostEngine {
             }
             worker.sandboxReported = true
             worker.launchFailure = String(decoding: Array(reason.utf8.prefix(1024)), as: UTF8.self)
+        case .leak(let id, let alive, let afterMs):
+            leakReported(id, alive: alive, afterMs: afterMs, by: worker)
         case .unknown(let type):
             log(.info, "\(worker.extensionID): unknown message type '\(OutputLines.escape(Array(type.utf8.prefix(64))))'; ignored")
         case .hello, .begin, .cancel, .connect, .connected, .assigned, .interrupted, .status, .statusReport, .prewarm,
             .prewarmed:
             protocolViolation(worker, "worker sent '\(message.typeName)', which is not a worker's to send")
+        }
+    }
+
+    /// A worker says request `id` ended `afterMs` ago and `alive` still lives. Counted at most once per request
+    /// the worker was sent (a lying worker can inflate its own count no further), never for one in flight;
+    /// logged (the first few per worker, then every hundredth) and, in the daemon, written beside crash reports.
+    func leakReported(_ id: RequestID, alive: [String], afterMs: Int64, by worker: WorkerProcess) {
+        guard !worker.inFlight.contains(id), worker.leaksReported < worker.requestsSent else {
+            log(.debug, "\(worker.extensionID) pid \(worker.pid): leak report for \(id) ignored")
+            return
+        }
+        worker.leaksReported += 1
+        count(worker.extensionID, \.leaks)
+        let what = alive.prefix(4).map { OutputLines.escape(Array($0.utf8.prefix(32))) }.joined(separator: " and ")
+        if worker.leaksReported <= 8 || worker.leaksReported % 100 == 0 {
+            log(.warning, "\(worker.extensionID) pid \(worker.pid): leak: request \(id) ended \(Double(afterMs) / 1000) s ago "
+                + "and its \(what) is still alive (\(worker.leaksReported) leak(s) from this worker)")
+        }
+        if worker.leaksReported <= 8 {
+            crashStore?.saveLeak(LeakReport(
+                extensionIdentifier: worker.extensionID, pid: worker.pid, requestID: id, alive: Array(alive.prefix(4)),
+                afterMilliseconds: afterMs, time: timespec.now.seconds))
         }
     }
 
@@ -402,7 +427,7 @@ extension HostEngine {
         let now = timespec.now
         let report = CrashReport(
             extensionIdentifier: worker.extensionID, pid: worker.pid, reason: reason,
-            time: Double(now.tv_sec) + Double(now.tv_nsec) / 1e9, inFlightRequests: inFlight,
+            time: now.seconds, inFlightRequests: inFlight,
             stderrTail: worker.stderrTail.text)
         log(.warning, "\(worker.extensionID): worker pid \(worker.pid) ended: \(reason); "
             + "\(inFlight.count) request(s) interrupted")
@@ -472,4 +497,7 @@ extension timespec {
         clock_gettime(CLOCK_REALTIME, &ts)
         return ts
     }
+
+    /// Seconds since the epoch, with the fraction.
+    var seconds: Double { Double(tv_sec) + Double(tv_nsec) / 1e9 }
 }

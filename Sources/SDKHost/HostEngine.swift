@@ -30,6 +30,8 @@ package struct HostStatistics: Sendable, Equatable {
     package var protocolViolations = 0
     package var spawns = 0
     package var requests = 0
+    /// Requests whose context (or async Task) a worker reported alive `LeakCheckDelaySeconds` after they ended.
+    package var leaks = 0
     package init() {}
 }
 

@@ -60,6 +60,9 @@ public struct ExtensionStatus: Sendable, Equatable {
     public var spawns: Int
     public var recycles: Int
     public var quarantines: Int
+    /// Requests its workers reported as leaked: the request's context, or an async handler's Task, still alive
+    /// `LeakCheckDelaySeconds` after the request ended.
+    public var leaks: Int
     /// Its pools: one in an embedded host; in the daemon one per client app of a `perApp` extension.
     public var pools: [PoolStatus]
     public var workers: [WorkerStatus]
@@ -130,7 +133,7 @@ extension HostEngine {
                 hangs: a.hangs, hangRatePer1000: c.requests > 0 ? Double(a.hangs) * 1000 / Double(c.requests) : 0,
                 hungSeconds: Double(a.hungNanoseconds) / 1e9, crashes: c.crashes, hangKills: c.hangKills,
                 timeouts: c.timeouts, overloads: c.overloads, protocolViolations: c.protocolViolations,
-                spawns: c.spawns, recycles: a.recycles, quarantines: a.quarantines, pools: poolStates,
+                spawns: c.spawns, recycles: a.recycles, quarantines: a.quarantines, leaks: c.leaks, pools: poolStates,
                 workers: workerStates)
         }
         return HostStatus(pid: getpid(), uptimeSeconds: Double(monotonicNanoseconds() &- startedAt) / 1e9,
@@ -166,7 +169,7 @@ extension HostStatus {
 extension ExtensionStatus {
     static let counterKeys = ["requests", "completions", "cancellations", "interruptions", "hangs", "crashes",
                               "hangKills", "timeouts", "overloads", "protocolViolations", "spawns", "recycles",
-                              "quarantines"]
+                              "quarantines", "leaks"]
 
     func counter(_ key: String) -> Int? {
         switch key {
@@ -183,6 +186,7 @@ extension ExtensionStatus {
         case "spawns": spawns
         case "recycles": recycles
         case "quarantines": quarantines
+        case "leaks": leaks
         default: nil
         }
     }
@@ -229,7 +233,7 @@ extension ExtensionStatus {
             hangs: int("hangs"), hangRatePer1000: e["hangRatePer1000"]?.doubleValue ?? 0,
             hungSeconds: e["hungSeconds"]?.doubleValue ?? 0, crashes: int("crashes"), hangKills: int("hangKills"),
             timeouts: int("timeouts"), overloads: int("overloads"), protocolViolations: int("protocolViolations"),
-            spawns: int("spawns"), recycles: int("recycles"), quarantines: int("quarantines"),
+            spawns: int("spawns"), recycles: int("recycles"), quarantines: int("quarantines"), leaks: int("leaks"),
             pools: (e["pools"]?.arrayValue ?? []).map { p in
                 PoolStatus(app: p["app"]?.stringValue, state: state(p["state"]),
                            crashCount: Int(p["crashCount"]?.integerValue ?? 0), retryInSeconds: p["retryInSeconds"]?.doubleValue,

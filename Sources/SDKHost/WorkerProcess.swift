@@ -44,6 +44,8 @@ final class WorkerProcess {
 
     /// Requests sent to this worker whose `complete`/`cancelled` has not arrived.
     var inFlight: Set<RequestID> = []
+    /// Leaks this worker has reported (at most one per request it was sent is counted).
+    var leaksReported = 0
     /// Ids this worker finished recently, to tell a late duplicate (dropped) from an unknown id (a violation).
     var recentlyFinished = RecentIDs(capacity: 256)
     /// Set when the host decides to kill it; the interruption reason for its in-flight requests.

@@ -12,6 +12,8 @@
 //   either way       error     {type, message, id?}
 //   launcher -> host sandboxed {type, layers: [string], skipped: [string]}   first, before the extension runs
 //   launcher -> host launchFailed {type, reason}   the sandbox could not be applied; the launcher exits 125
+//   worker -> host   leak      {type, id, alive: [string], afterMs}   the request ended afterMs ago and these
+//                              still live: "context" (its ExtensionContext), "task" (an async handler's Task)
 //
 // Between a client library and the daemon, additionally:
 //   client -> daemon connect     {type, version, app?}         app: the client's name (default: its executable's)
@@ -206,6 +208,7 @@ public enum Message: Sendable, Equatable {
     case launchFailed(reason: String)
     case prewarm(id: RequestID, extensionID: String)
     case prewarmed(id: RequestID, pid: Int32)
+    case leak(id: RequestID, alive: [String], afterMs: Int64)
     /// A type this version does not know; ignored by receivers.
     case unknown(type: String)
 
@@ -261,6 +264,9 @@ public enum Message: Sendable, Equatable {
             return ["type": "status", "seq": .integer(seq)]
         case let .statusReport(seq, report):
             return ["type": "statusReport", "seq": .integer(seq), "report": report]
+        case let .leak(id, alive, afterMs):
+            return ["type": "leak", "id": .string(id.uuidString), "alive": .array(alive.map(PlistValue.string)),
+                    "afterMs": .integer(afterMs)]
         case let .unknown(type):
             return ["type": .string(type)]
         }
@@ -349,6 +355,7 @@ public enum Message: Sendable, Equatable {
         case "statusReport":
             guard let report = d["report"] else { throw MessageError("'statusReport' needs a 'report'") }
             self = .statusReport(seq: try integer("seq"), report: report)
+        case "leak": self = .leak(id: try id(), alive: try strings("alive"), afterMs: try integer("afterMs"))
         default: self = .unknown(type: type)
         }
     }
@@ -378,6 +385,7 @@ extension Message {
         case .launchFailed: "launchFailed"
         case .prewarm: "prewarm"
         case .prewarmed: "prewarmed"
+        case .leak: "leak"
         case .unknown: "unknown"
         }
     }

@@ -1,4 +1,5 @@
-// `sdk-host crashes [--json] [--config P] [--dir D]`: the crash reports the daemon wrote, oldest first.
+// `sdk-host crashes [--leaks] [--json] [--config P] [--dir D]`: the crash reports the daemon wrote, oldest first;
+// with --leaks, the leak reports beside them.
 import SDKHost
 
 #if canImport(Glibc)
@@ -6,13 +7,14 @@ import Glibc
 #endif
 
 enum CrashesCommand {
-    static let usage = "usage: sdk-host crashes [--json] [--config PATH] [--dir FOLDER]"
+    static let usage = "usage: sdk-host crashes [--leaks] [--json] [--config PATH] [--dir FOLDER]"
 
     static func run(_ arguments: [String]) -> Never {
-        let options = Options(arguments, valued: ["--config", "--dir"], boolean: ["--json"], usage: usage)
+        let options = Options(arguments, valued: ["--config", "--dir"], boolean: ["--json", "--leaks"], usage: usage)
         guard let directory = options.value("--dir") ?? loadConfiguration(options).host.crashReportDirectory else {
             fail("crashes: no crash report folder configured", status: 2)
         }
+        if options.has("--leaks") { leaks(in: directory, json: options.has("--json")) }
         let reports = CrashReportStore.load(directory: directory)
         if options.has("--json") {
             print(JSON.render(.array(reports.map(\.plist))))
@@ -26,6 +28,20 @@ enum CrashesCommand {
             let lastLine = r.stderrTail.split(separator: "\n").last.map(String.init) ?? ""
             print("\(formatTime(r.time))  \(r.extensionIdentifier)  pid \(r.pid)  \(r.reason)  "
                 + "in flight: \(r.inFlightRequests.count)\(lastLine.isEmpty ? "" : "  stderr: \(lastLine.prefix(80))")")
+        }
+        exit(0)
+    }
+
+    static func leaks(in directory: String, json: Bool) -> Never {
+        let reports = CrashReportStore.loadLeaks(directory: directory)
+        if json {
+            print(JSON.render(.array(reports.map(\.plist))))
+            exit(0)
+        }
+        if reports.isEmpty { print("no leak reports in \(directory)") }
+        for r in reports {
+            print("\(formatTime(r.time))  \(r.extensionIdentifier)  pid \(r.pid)  request \(r.requestID)  "
+                + "\(r.alive.joined(separator: " and ")) alive \(Double(r.afterMilliseconds) / 1000) s after it ended")
         }
         exit(0)
     }

@@ -43,6 +43,7 @@ enum StatusCommand {
                 print("\(ext.identifier): interrupted " + ext.interruptionsByReason.keys.sorted()
                     .map { "\($0) \(ext.interruptionsByReason[$0]!)" }.joined(separator: ", "))
             }
+            if ext.leaks > 0 { print("\(ext.identifier): \(ext.leaks) leak(s) (contexts or Tasks alive after their request)") }
             if ext.hangs > 0 { print("\(ext.identifier): \(ext.hangs) hang(s), \(format(ext.hungSeconds)) s hung in all") }
             for pool in ext.pools where pool.state != .running || pool.crashCount > 0 {
                 var line = ext.identifier + (pool.app.map { " (app \($0))" } ?? "")

@@ -12,7 +12,7 @@ let usage = """
                                 the daemon; SIGTERM/SIGINT drain in-flight requests, then stop
       status [--json]           the daemon's extensions, workers (with their sandbox layers) and counters
       doctor [--json]           which sandbox layers this machine offers, and why not
-      crashes [--json]          the crash reports the daemon wrote
+      crashes [--leaks] [--json] the crash (or leak) reports the daemon wrote
       plist encode              XML plist on stdin -> bplist00 on stdout
       plist decode              bplist00 on stdin -> XML plist on stdout
       bench [codec] [--json] [--quick]
