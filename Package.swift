@@ -12,6 +12,8 @@ let package = Package(
     products: [
         .library(name: "SDKHost", targets: ["SDKHost"]),
         .library(name: "SDKExtension", targets: ["SDKExtension"]),
+        // For extension authors' tests: a leak assertion (Swift Testing and XCTest) and an in-process harness.
+        .library(name: "SDKExtensionTesting", targets: ["SDKExtensionTesting"]),
         .executable(name: "sdk-host", targets: ["sdk-host"]),
         // The sandbox launcher every worker is spawned through. An app that embeds the host depends on this
         // product too, so that `swift build` puts it next to the app's executable, where the host looks for it.
@@ -30,6 +32,8 @@ let package = Package(
         .target(name: "SDKHost", dependencies: ["SDKWire", "SDKPosix"]),
         // Worker-side runtime that extension executables link.
         .target(name: "SDKExtension", dependencies: ["SDKWire", "SDKPosix", "CSDKShim"]),
+        // Testing an extension's handlers in process, and anything's object graph for leaks.
+        .target(name: "SDKExtensionTesting", dependencies: ["SDKExtension"]),
         // Bundled extensions: one executable target per Extensions/<Name>, each with an Info.plist manifest.
         // They link the Swift stdlib statically: fewer shared objects to map and relocate at every spawn.
         .executableTarget(
@@ -73,6 +77,7 @@ let package = Package(
         .target(name: "HostTestSupport", dependencies: ["SDKHost", "SDKPosix"], path: "Tests/HostTestSupport"),
         .testTarget(name: "SDKPosixTests", dependencies: ["SDKPosix"]),
         .testTarget(name: "SDKExtensionTests", dependencies: ["SDKExtension"]),
+        .testTarget(name: "SDKExtensionTestingTests", dependencies: ["SDKExtensionTesting", "SDKHost"]),
         .testTarget(name: "SDKHostTests", dependencies: ["SDKHost", "SDKPosix", "CSDKShim", "HostTestSupport"]),
         .testTarget(name: "DaemonTests", dependencies: ["SDKDaemon", "SDKHost", "SDKPosix", "HostTestSupport"]),
         // Crash and fault injection, in its own target so it can run alone: swift test --filter FaultTests

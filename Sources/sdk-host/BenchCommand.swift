@@ -42,6 +42,14 @@ enum BenchCommand {
             results.echoWorkerRSSKB = EmbeddedBench.echoWorkerRSS(host)
             results.kill = EmbeddedBench.killToInterruption(host, samples: 20 * scale)
             shutdown(host)
+            // The same warm path with the runtime's leak check off: what the check costs per request.
+            let unchecked = EmbeddedHost.make {
+                $0.logHandler = { _, _ in }
+                $0.defaultPolicy.leakCheckDelay = 0
+            }
+            results.warmNoLeakCheck = EmbeddedBench.warmRoundTrips(unchecked, count: 4000 * scale)
+            results.rpsNoLeakCheck64 = EmbeddedBench.pipelined(unchecked, inFlight: 64, total: 4000 * scale)
+            shutdown(unchecked)
             for queued in [2000, 32000] { results.drain[queued] = EmbeddedBench.shutdownDrain(queued: queued) }
             (results.cold, results.prewarmed) = EmbeddedBench.coldStarts(samples: 10 * scale)
             // The same cold start without the sandbox, and with the pid namespace AllowSubprocesses adds.

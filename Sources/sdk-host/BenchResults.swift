@@ -36,6 +36,8 @@ struct Results {
     var coldDirect: Samples?
     var prewarmed: Samples?
     var kill: Samples?
+    var warmNoLeakCheck: Samples?
+    var rpsNoLeakCheck64: Double?
     var drain: [Int: Double] = [:]
     var echoWorkerRSSKB: Int?
     var daemonWarm: Samples?
@@ -69,6 +71,12 @@ struct Results {
         }
         for depth in rps.keys.sorted() {
             out.append(("embedded_rps_\(depth)", rps[depth]!, ratio(rps[depth]!, rawRPS), "embedded requests/s, \(depth) in flight"))
+        }
+        if let w = warmNoLeakCheck {
+            out.append(("embedded_rtt_no_leak_check_p50_us", w.percentile(0.5), ratio(w.percentile(0.5), rawP50), "embedded echo p50, leak check off (µs)"))
+        }
+        if let r = rpsNoLeakCheck64 {
+            out.append(("embedded_rps_64_no_leak_check", r, ratio(r, rawRPS), "embedded requests/s, 64, leak check off"))
         }
         if let r = rpsOnLoop64 {
             out.append(("embedded_rps_loop_64", r, ratio(r, rawRPS), "embedded requests/s, 64, handlers on loop"))

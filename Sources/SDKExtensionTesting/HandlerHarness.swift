@@ -1,0 +1,144 @@
+// Runs a handler in the test's own process: no host, no worker, no socket. The handler gets a real
+// ExtensionContext, as the worker runtime would give it; the harness plays the host (cancel, wait, time out).
+import Synchronization
+@_exported import SDKExtension
+
+/// How a request ended under the harness.
+public enum HandlerOutcome: Sendable, Equatable {
+    /// `completeRequest(returningItems:)` with these items.
+    case completed([ExtensionItem])
+    /// `cancelRequest(withError:)` with this error (`ExtensionError.cancelledByHost` after `HandlerRun.cancel()`).
+    case cancelled(ExtensionError)
+    /// Not finished within the time waited.
+    case timedOut
+}
+
+/// One request running under the harness.
+public final class HandlerRun: Sendable {
+    /// The request's identifier, as its context has it.
+    public let requestID = RequestID()
+    private let state = Mutex<State>(State())
+    private let weakContext = WeakContext()
+
+    private struct State {
+        var outcome: HandlerOutcome?
+        var context: ExtensionContext?
+        var waiters: [Int: CheckedContinuation<HandlerOutcome, Never>] = [:]
+        var nextWaiter = 0
+    }
+
+    private final class WeakContext: @unchecked Sendable {
+        weak var value: ExtensionContext?
+    }
+
+    init(items: [ExtensionItem], start: (ExtensionContext) -> Void) {
+        let context = ExtensionContext(requestID: requestID, inputItems: items, finish: { [weak self] message in
+            self?.finished(message)
+        })
+        weakContext.value = context
+        state.withLock { $0.context = context }
+        start(context)
+    }
+
+    private func finished(_ message: Message) {
+        let outcome: HandlerOutcome
+        switch message {
+        case .complete(_, let items): outcome = .completed(items)
+        case .cancelled(_, let error): outcome = .cancelled(error)
+        default: return
+        }
+        let waiters = state.withLock { s -> [CheckedContinuation<HandlerOutcome, Never>] in
+            s.outcome = outcome
+            s.context = nil  // from here on, only the handler can keep the context alive
+            defer { s.waiters = [:] }
+            return Array(s.waiters.values)
+        }
+        for waiter in waiters { waiter.resume(returning: outcome) }
+    }
+
+    /// Cancels the request as the host does: `isCancelled` becomes true and an async handler's Task is cancelled.
+    public func cancel() {
+        state.withLock { $0.context }?.markCancelledByHost()
+    }
+
+    /// The outcome, waiting up to `timeout` for it; `.timedOut` if the handler has not finished by then (it may
+    /// still finish later, and a later call returns that).
+    public func outcome(timeout: Duration = .seconds(5)) async -> HandlerOutcome {
+        let ticket = state.withLock { s -> Int? in
+            if s.outcome != nil { return nil }
+            s.nextWaiter += 1
+            return s.nextWaiter
+        }
+        guard let ticket else { return state.withLock { $0.outcome! } }
+        let timer = Task { [weak self] in
+            try? await Task.sleep(for: timeout)
+            guard !Task.isCancelled else { return }
+            self?.state.withLock { $0.waiters.removeValue(forKey: ticket) }?.resume(returning: .timedOut)
+        }
+        defer { timer.cancel() }
+        return await withCheckedContinuation { continuation in
+            let early = state.withLock { s -> HandlerOutcome? in
+                if let outcome = s.outcome { return outcome }
+                s.waiters[ticket] = continuation
+                return nil
+            }
+            if let early { continuation.resume(returning: early) }
+        }
+    }
+
+    /// Whether the request's context is gone within `timeout` after the request ended: false if the handler (or
+    /// something it started) still holds it, which the worker runtime would report as a leak.
+    public func contextIsReleased(within timeout: Duration = .seconds(1)) async -> Bool {
+        let clock = ContinuousClock()
+        let end = clock.now.advanced(by: timeout)
+        while weakContext.value != nil, clock.now < end {
+            try? await Task.sleep(for: .milliseconds(10))
+        }
+        return weakContext.value == nil
+    }
+}
+
+/// Runs `RequestHandler`s and `AsyncRequestHandler`s in process, as the worker runtime would.
+///
+/// ```swift
+/// let run = HandlerHarness.start(MyHandler(), items: [ExtensionItem(title: "hi")])
+/// #expect(await run.outcome() == .completed([ExtensionItem(title: "HI")]))
+/// #expect(await run.contextIsReleased())
+/// ```
+public enum HandlerHarness {
+    /// Starts one request on a synchronous handler (on a global queue, as the runtime does unless the handler
+    /// `runsInline`, in which case on this thread).
+    public static func start<Handler: RequestHandler>(_ handler: Handler, items: [ExtensionItem]) -> HandlerRun {
+        HandlerRun(items: items) { context in
+            if Handler.runsInline {
+                handler.beginRequest(with: context)
+            } else {
+                DispatchQueue.global().async { handler.beginRequest(with: context) }
+            }
+        }
+    }
+
+    /// Starts one request on an async handler, in a Task of its own that `HandlerRun.cancel()` cancels. A handler
+    /// that returns without finishing has the request finished for it, as in a worker.
+    public static func start<Handler: AsyncRequestHandler>(_ handler: Handler, items: [ExtensionItem]) -> HandlerRun {
+        HandlerRun(items: items) { context in
+            context.runAsync { await handler.beginRequest(with: $0) }
+        }
+    }
+
+    /// Runs one request to its outcome (or `.timedOut`).
+    public static func run<Handler: RequestHandler>(
+        _ handler: Handler, items: [ExtensionItem], timeout: Duration = .seconds(5)
+    ) async -> HandlerOutcome {
+        await start(handler, items: items).outcome(timeout: timeout)
+    }
+
+    /// Runs one request of an async handler to its outcome (or `.timedOut`).
+    public static func run<Handler: AsyncRequestHandler>(
+        _ handler: Handler, items: [ExtensionItem], timeout: Duration = .seconds(5)
+    ) async -> HandlerOutcome {
+        await start(handler, items: items).outcome(timeout: timeout)
+    }
+}
+
+import Dispatch

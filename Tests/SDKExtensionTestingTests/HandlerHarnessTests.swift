@@ -1,0 +1,95 @@
+// The in-process harness: handlers run against items with a real ExtensionContext, no worker spawned; every
+// outcome (completed, cancelled by the harness or by the handler, timed out) and the context's release.
+import SDKExtensionTesting
+import Synchronization
+import Testing
+
+#if canImport(Glibc)
+import Glibc
+#endif
+
+struct Upper: RequestHandler {
+    static var runsInline: Bool { true }
+    func beginRequest(with context: ExtensionContext) {
+        context.completeRequest(returningItems: context.inputItems.map { ExtensionItem(title: $0.title?.uppercased()) })
+    }
+}
+
+/// Works until cancelled, as a long-running handler should.
+struct Patient: RequestHandler {
+    func beginRequest(with context: ExtensionContext) {
+        while !context.isCancelled { usleep(1000) }
+        context.cancelRequest(withError: .cancelledByHost)
+    }
+}
+
+/// Never finishes, and does not hold on to the context either.
+struct Forgetful: RequestHandler {
+    func beginRequest(with context: ExtensionContext) {}
+}
+
+enum Hoard {
+    static let contexts = Mutex<[ExtensionContext]>([])
+}
+
+/// Finishes, but keeps the context: a leak.
+struct Hoarder: RequestHandler {
+    func beginRequest(with context: ExtensionContext) {
+        Hoard.contexts.withLock { $0.append(context) }
+        context.completeRequest(returningItems: [])
+    }
+}
+
+struct AsyncSleeper: AsyncRequestHandler {
+    func beginRequest(with context: ExtensionContext) async {
+        do {
+            try await Task.sleep(for: .seconds(30))
+            context.completeRequest(returningItems: [ExtensionItem(title: "woke")])
+        } catch {}  // cancelled: the runtime (here the harness) finishes the request as cancelled by the host
+    }
+}
+
+struct AsyncReturnsEarly: AsyncRequestHandler {
+    func beginRequest(with context: ExtensionContext) async {}
+}
+
+@Suite struct HandlerHarnessTests {
+    @Test func aSyncHandlerCompletesAndLetsGoOfItsContext() async {
+        let run = HandlerHarness.start(Upper(), items: [ExtensionItem(title: "hi"), ExtensionItem(title: "there")])
+        #expect(await run.outcome() == .completed([ExtensionItem(title: "HI"), ExtensionItem(title: "THERE")]))
+        #expect(await run.contextIsReleased())
+        #expect(await HandlerHarness.run(Upper(), items: [ExtensionItem(title: "x")]) == .completed([ExtensionItem(title: "X")]))
+    }
+
+    @Test func cancellingReachesTheHandler() async {
+        let run = HandlerHarness.start(Patient(), items: [])
+        #expect(await run.outcome(timeout: .milliseconds(100)) == .timedOut, "still working")
+        run.cancel()
+        #expect(await run.outcome() == .cancelled(.cancelledByHost))
+        #expect(await run.contextIsReleased())
+    }
+
+    @Test func aHandlerThatNeverFinishesTimesOut() async {
+        #expect(await HandlerHarness.run(Forgetful(), items: [], timeout: .milliseconds(200)) == .timedOut)
+    }
+
+    @Test func aHandlerThatKeepsItsContextIsCaught() async {
+        defer { Hoard.contexts.withLock { $0 = [] } }
+        let run = HandlerHarness.start(Hoarder(), items: [])
+        #expect(await run.outcome() == .completed([]))
+        #expect(await run.contextIsReleased(within: .milliseconds(200)) == false)
+    }
+
+    @Test func asyncHandlersAreCancelledThroughTheirTaskAndFinishedIfTheyReturnEarly() async {
+        let sleeper = HandlerHarness.start(AsyncSleeper(), items: [])
+        try? await Task.sleep(for: .milliseconds(50))
+        sleeper.cancel()
+        #expect(await sleeper.outcome() == .cancelled(.cancelledByHost))
+        #expect(await sleeper.contextIsReleased())
+        guard case .cancelled(let error) = await HandlerHarness.run(AsyncReturnsEarly(), items: []) else {
+            Issue.record("not cancelled")
+            return
+        }
+        #expect(error.domain == "SDKExtension" && error.code == 2, "\(error)")
+    }
+}
