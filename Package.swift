@@ -77,7 +77,7 @@ let package = Package(
         .target(name: "HostTestSupport", dependencies: ["SDKHost", "SDKPosix"], path: "Tests/HostTestSupport"),
         .testTarget(name: "SDKPosixTests", dependencies: ["SDKPosix"]),
         .testTarget(name: "SDKExtensionTests", dependencies: ["SDKExtension"]),
-        .testTarget(name: "SDKExtensionTestingTests", dependencies: ["SDKExtensionTesting", "SDKHost"]),
+        .testTarget(name: "SDKExtensionTestingTests", dependencies: ["SDKExtensionTesting", "SDKHost", "HostTestSupport"]),
         .testTarget(name: "SDKHostTests", dependencies: ["SDKHost", "SDKPosix", "CSDKShim", "HostTestSupport"]),
         .testTarget(name: "DaemonTests", dependencies: ["SDKDaemon", "SDKHost", "SDKPosix", "HostTestSupport"]),
         // Crash and fault injection, in its own target so it can run alone: swift test --filter FaultTests

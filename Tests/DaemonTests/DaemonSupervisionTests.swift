@@ -26,6 +26,7 @@ struct StatusJSON: Decodable {
         var spawns: Int
         var recycles: Int
         var interruptionsByReason: [String: Int]
+        var leaks: Int
         var workers: [Worker]
     }
     struct Worker: Decodable {

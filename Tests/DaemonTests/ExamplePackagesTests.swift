@@ -4,6 +4,8 @@
 // extension that knows nothing of the sandbox, try its escapes: every one must be refused under the default
 // profile, the controls must work, and the host must still serve afterwards.
 import HostTestSupport
+import SDKHost
+import SDKPosix
 import Testing
 
 #if canImport(Glibc)
@@ -47,5 +49,40 @@ import Glibc
         }
         #expect(text.contains("snoop tmpdir (control): ALLOWED"), "\(text)")
         #expect(text.contains("greeter: Bonjour, again!"), "\(text)")
+
+        // The extension package's own tests depend on SDKExtensionTesting: the handler in process, and a
+        // retain cycle among its helpers caught.
+        let testLog = "\(folder)/ext-test.log"
+        let tests = spawnProgram(["/usr/bin/env", "TMPDIR=\(folder)", Self.swift!, "test", "--package-path", extensionPackage,
+                                  "--scratch-path", "\(folder)/ext"], stdout: testLog, stderr: testLog)
+        let testStatus = await waitExit(tests, timeout: 900)
+        let testText = readSmallFile(testLog) ?? ""
+        #expect(testStatus == 0, "\(testText)")
+        #expect(testText.contains("caught: 2 of 2 object(s) still alive: root (CyclicGreeter), root.partner (CyclicGreeter)"),
+                "\(testText)")
+
+        // Through a daemon: the package's leaky extensions are reported within seconds, the clean one is not.
+        let daemon = try await DaemonProcess(extraConfig: """
+            <key>ExecutableSearchPaths</key><array>
+              <string>\(currentExecutableDirectory() ?? ".")</string><string>\(folder)/ext/debug</string>
+            </array>
+            """, extraSearchPaths: ["\(extensionPackage)/Manifests"])
+        defer { daemon.remove() }
+        for ext in ["com.example.hoarder", "com.example.watcher", "com.example.greeter"] {
+            let request = spawnProgram([sdkHostBinary, "request", ext, "--socket", daemon.socket, "--text", "x"])
+            #expect(await waitExit(request) == 0, "\(ext)")
+        }
+        func leaks(_ status: StatusJSON, _ id: String) -> Int { status.extensions.first { $0.identifier == id }?.leaks ?? -1 }
+        var report = try await StatusJSON.read(daemon)
+        let reported = await eventually(timeout: 20) {
+            guard let now = try? await StatusJSON.read(daemon) else { return false }
+            report = now
+            return leaks(now, "com.example.hoarder") >= 1 && leaks(now, "com.example.watcher") >= 1
+        }
+        #expect(reported, "\(report.extensions.map { ($0.identifier, $0.leaks) })")
+        #expect(leaks(report, "com.example.greeter") == 0)
+        #expect(daemon.logText.contains("com.example.hoarder pid") && daemon.logText.contains(": leak: request"),
+                "\(daemon.logText)")
+        #expect(await daemon.stop() == 0)
     }
 }

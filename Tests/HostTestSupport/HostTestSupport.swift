@@ -276,10 +276,17 @@ public func readSmallFile(_ path: String) -> String? {
     let fd = open(path, O_RDONLY | O_CLOEXEC)
     guard fd >= 0 else { return nil }
     defer { close(fd) }
-    var buffer = [UInt8](repeating: 0, count: 4096)
-    let n = read(fd, &buffer, 4096)
-    guard n >= 0 else { return nil }
-    return String(decoding: buffer[0..<n], as: UTF8.self)
+    // Up to 1 MiB: command output and logs, not data.
+    var bytes: [UInt8] = []
+    var buffer = [UInt8](repeating: 0, count: 65536)
+    while bytes.count < 1 << 20 {
+        let n = read(fd, &buffer, buffer.count)
+        if n < 0 && errno == EINTR { continue }
+        guard n >= 0 else { return nil }
+        if n == 0 { break }
+        bytes += buffer[0..<n]
+    }
+    return String(decoding: bytes, as: UTF8.self)
 }
 
 import Testing
