@@ -2,7 +2,9 @@
 // package, each depending on sdk-host by path and using only its public products. The app embeds the host,
 // greets through Greeter (whose greeting comes from the manifest's Environment key), and lets Snoop, an
 // extension that knows nothing of the sandbox, try its escapes: every one must be refused under the default
-// profile, the controls must work, and the host must still serve afterwards.
+// profile, the controls must work, and the host must still serve afterwards. Then the extension package's own
+// tests run (they use SDKExtensionTesting), and a daemon serving its manifests reports its two leaky
+// extensions, and not the clean one.
 import HostTestSupport
 import SDKHost
 import SDKPosix
@@ -83,6 +85,13 @@ import Glibc
         #expect(leaks(report, "com.example.greeter") == 0)
         #expect(daemon.logText.contains("com.example.hoarder pid") && daemon.logText.contains(": leak: request"),
                 "\(daemon.logText)")
+        // ... and wrote leak reports beside its crash reports.
+        let leakList = "\(folder)/leaks.txt"
+        let crashes = spawnProgram([sdkHostBinary, "crashes", "--leaks", "--dir", daemon.crashFolder], stdout: leakList)
+        #expect(await waitExit(crashes) == 0)
+        let leakText = readSmallFile(leakList) ?? ""
+        #expect(leakText.contains("com.example.hoarder") && leakText.contains("com.example.watcher")
+                && leakText.contains("context alive"), "\(leakText)")
         #expect(await daemon.stop() == 0)
     }
 }
