@@ -121,20 +121,19 @@ package final class CrashReportStore: Sendable {
 
     /// Every readable leak report in `directory`, oldest first.
     package static func loadLeaks(directory: String) -> [LeakReport] {
-        fileNames(in: directory, suffix: leakSuffix).compactMap { name in
-            guard let bytes = try? readFile("\(directory)/\(name)"), let value = try? BinaryPlistDecoder.decode(bytes)
-            else { return nil }
-            return LeakReport(plist: value)
-        }
+        plists(in: directory, suffix: leakSuffix).compactMap(LeakReport.init(plist:))
     }
 
     /// Every readable report in `directory`, oldest first; unreadable files are skipped.
     package static func load(directory: String) -> [CrashReport] {
-        fileNames(in: directory).compactMap { name in
-            guard let bytes = try? readFile("\(directory)/\(name)"),
-                let value = try? BinaryPlistDecoder.decode(bytes)
-            else { return nil }
-            return CrashReport(plist: value)
+        plists(in: directory, suffix: crashSuffix).compactMap(CrashReport.init(plist:))
+    }
+
+    /// The decoded files with `suffix`, oldest first; unreadable ones are skipped.
+    static func plists(in directory: String, suffix: String) -> [PlistValue] {
+        fileNames(in: directory, suffix: suffix).compactMap { name in
+            guard let bytes = try? readFile("\(directory)/\(name)") else { return nil }
+            return try? BinaryPlistDecoder.decode(bytes)
         }
     }
 }
