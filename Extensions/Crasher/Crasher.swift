@@ -16,12 +16,14 @@ enum Leak {
 @main
 struct Crasher: RequestHandler {
     /// CRASHER_FAULT_AT_START=abort makes the worker die before the handshake (tests of a crash at launch);
-    /// `abort-while:<path>` only while that file exists (a crash loop a test can end).
+    /// `abort-while:<path>` only while that file exists (a crash loop a test can end); `sleep:<ms>` starts slowly.
     init() {
         guard let raw = getenv("CRASHER_FAULT_AT_START") else { return }
         let fault = String(cString: raw)
         if fault == "abort" { abort() }
         if fault.hasPrefix("abort-while:"), access(String(fault.dropFirst(12)), F_OK) == 0 { abort() }
+        // `sleep:<ms>`: a slow start, so that a test can kill the worker before its handshake for certain.
+        if fault.hasPrefix("sleep:"), let ms = UInt32(fault.dropFirst(6)) { usleep(ms * 1000) }
     }
 
     func beginRequest(with context: ExtensionContext) {

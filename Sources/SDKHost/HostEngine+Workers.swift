@@ -132,6 +132,8 @@ extension HostEngine {
             }
             worker.state = .ready
             worker.welcomed = true
+            // Requests sent before the handshake kept their items in case it never came; it has.
+            for id in worker.inFlight { requests[id]?.items = [] }
             let waiters = worker.readyWaiters
             worker.readyWaiters = []
             for waiter in waiters { waiter(.success(worker.pid)) }

@@ -248,7 +248,9 @@ package final class HostEngine: @unchecked Sendable {
         pids.withLock { $0[record.id] = worker.pid }
         record.onWorkerAssigned?(worker.pid)
         let items = record.items
-        record.items = []  // the worker has them now; the host keeps no copy
+        // The worker has them now and the host keeps no copy, once the worker has said hello: one that dies
+        // before its handshake ran no handler, and its requests are sent again, items and all.
+        if worker.welcomed { record.items = [] }
         send(.begin(id: record.id, items: items), to: worker)
     }
 

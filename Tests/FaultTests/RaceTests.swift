@@ -42,10 +42,14 @@ extension FaultTests {
                 let ext = try host.extension(identifier: temp.identifier)
                 let recorder = Recorder()
                 recorder.attach(to: ext)
+                // A worker that has finished its handshake: one killed before it would have its requests sent
+                // again (no handler ran), which crashDuringHandshakeRequeuesWithTheItems covers.
+                let ready = try await ext.prewarm()
                 let victims = (0..<3).map { _ in ext.beginRequest(withInputItems: [ExtensionItem(title: "slow:20000")], deadline: 60) }
                 let bystander = ext.beginRequest(withInputItems: [ExtensionItem(title: "slow:1500")], deadline: 60)
                 #expect(await eventually { (victims + [bystander]).allSatisfy { ext.pid(for: $0) != nil } })
                 let victimPid = try #require(ext.pid(for: victims[0]))
+                #expect(victimPid == ready)
                 #expect(victims.allSatisfy { ext.pid(for: $0) == victimPid })
                 #expect(ext.pid(for: bystander) != victimPid)
                 kill(victimPid, SIGKILL)
@@ -54,6 +58,24 @@ extension FaultTests {
                 #expect(outcomes?[bystander] == .completed([ExtensionItem(title: "slow:1500")]))
                 let (_, crashes, _) = await host.inspect()
                 #expect(Set(crashes.first?.inFlightRequests ?? []) == Set(victims))
+            }
+        }
+
+        @Test func aWorkerKilledBeforeItsHandshakeHasItsRequestsSentAgainWithTheirItems() async throws {
+            // The first slice of the requeue sent them again with no items: a request "slow:20000" came back
+            // completed at once with nothing.
+            try await withHost({ $0.workerEnvironment = ["CRASHER_FAULT_AT_START=sleep:400"] }) { host, _ in
+                let ext = try host.extension(identifier: "com.example.crasher")
+                let recorder = Recorder()
+                recorder.attach(to: ext)
+                let begun = (0..<3).map { n in beginNotingPid(ext, "slow:\(n * 10)") }
+                #expect(await eventually { begun.allSatisfy { $0.1.pid != 0 } })
+                kill(begun[0].1.pid, SIGKILL)  // asleep before its handshake
+                let outcomes = try #require(await recorder.wait(for: begun.map(\.0)))
+                for (n, (id, _)) in begun.enumerated() {
+                    #expect(outcomes[id] == .completed([ExtensionItem(title: "slow:\(n * 10)")]))
+                    #expect(recorder.callbacks(id).count == 1)
+                }
             }
         }
 
