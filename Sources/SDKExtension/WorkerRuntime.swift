@@ -37,8 +37,9 @@ final class HostConnection: Sendable {
     /// Requests in progress, and (for the leak check) those that ended while their context was still held.
     private struct Registry {
         var active: [RequestID: ExtensionContext] = [:]
-        /// Ended, context not yet released: when it ended, and whether a leak was reported for it.
-        var lingering: [RequestID: (endedAt: UInt64, reported: Bool)] = [:]
+        /// Ended, context not yet released, not yet reported: when it ended. A reported one leaves (a hoarding
+        /// extension must not make this scan, or this table, grow with every request it leaks).
+        var lingering: [RequestID: UInt64] = [:]
         /// Async handlers' Tasks still running.
         var runningTasks: Set<RequestID> = []
     }
@@ -100,7 +101,7 @@ final class HostConnection: Sendable {
         let now = watch ? monotonicNanoseconds() : 0
         registry.withLock { r in
             guard r.active.removeValue(forKey: id) != nil, watch else { return }
-            r.lingering[id] = (now, false)
+            r.lingering[id] = now
         }
     }
 
@@ -115,12 +116,13 @@ final class HostConnection: Sendable {
     func leaks(olderThan delay: UInt64) -> [Message] {
         let now = monotonicNanoseconds()
         return registry.withLock { r in
+            guard !r.lingering.isEmpty else { return [] }
             var found: [Message] = []
-            for (id, entry) in r.lingering where !entry.reported && now &- entry.endedAt >= delay {
-                r.lingering[id]?.reported = true
+            for (id, endedAt) in r.lingering where now &- endedAt >= delay {
                 let alive = r.runningTasks.contains(id) ? ["context", "task"] : ["context"]
-                found.append(.leak(id: id, alive: alive, afterMs: Int64((now &- entry.endedAt) / 1_000_000)))
+                found.append(.leak(id: id, alive: alive, afterMs: Int64((now &- endedAt) / 1_000_000)))
             }
+            for case .leak(let id, _, _) in found { r.lingering.removeValue(forKey: id) }
             return found
         }
     }

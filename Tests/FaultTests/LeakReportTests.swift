@@ -80,6 +80,21 @@ import Glibc
         }
     }
 
+    @Test func eachLeakedRequestIsReportedOnce() async throws {
+        let quick = TemporaryExtension(identifier: "com.example.hoarding", executable: "Crasher",
+                                       policy: "<key>LeakCheckDelaySeconds</key><real>0.3</real><key>MaxWorkers</key><integer>1</integer>")
+        defer { quick.remove() }
+        try await withHost(extraSearchPaths: [quick.root]) { host, log in
+            let ext = try host.extension(identifier: quick.identifier)
+            for _ in 0..<20 { _ = try await ext.perform([ExtensionItem(title: "hoard")]) }
+            #expect(await eventually(timeout: 15) { await Self.leaks(host, quick.identifier) == 20 })
+            try await Task.sleep(nanoseconds: 1_000_000_000)
+            #expect(await Self.leaks(host, quick.identifier) == 20, "a leak is reported once, not at every check")
+            // The log names the first few and then stays quiet (every hundredth): a leaky SDK cannot flood it.
+            #expect(log.all.filter { $0.contains(": leak: request") }.count == 8)
+        }
+    }
+
     @Test func badLeakCheckDelaysAreClearErrors() {
         expectManifestErrors([
             ("<key>LeakCheckDelaySeconds</key><integer>-1</integer>", "LeakCheckDelaySeconds"),
