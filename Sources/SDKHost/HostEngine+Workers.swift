@@ -199,14 +199,16 @@ extension HostEngine {
         }
         worker.leaksReported += 1
         count(worker.extensionID, \.leaks)
-        let what = alive.prefix(4).map { OutputLines.escape(Array($0.utf8.prefix(32))) }.joined(separator: " and ")
+        // The worker's words: at most four short names, escaped for the log, cut for the report.
+        let alive = alive.prefix(4).map { String(decoding: Array($0.utf8.prefix(32)), as: UTF8.self) }
+        let what = alive.map { OutputLines.escape(Array($0.utf8)) }.joined(separator: " and ")
         if worker.leaksReported <= 8 || worker.leaksReported % 100 == 0 {
             log(.warning, "\(worker.extensionID) pid \(worker.pid): leak: request \(id) ended \(Double(afterMs) / 1000) s ago "
                 + "and its \(what) is still alive (\(worker.leaksReported) leak(s) from this worker)")
         }
         if worker.leaksReported <= 8 {
             crashStore?.saveLeak(LeakReport(
-                extensionIdentifier: worker.extensionID, pid: worker.pid, requestID: id, alive: Array(alive.prefix(4)),
+                extensionIdentifier: worker.extensionID, pid: worker.pid, requestID: id, alive: alive,
                 afterMilliseconds: afterMs, time: timespec.now.seconds))
         }
     }
