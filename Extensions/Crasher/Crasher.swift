@@ -140,6 +140,18 @@ struct Crasher: RequestHandler {
             // Plain print() to stdout, then complete: the line must reach the host log even though stdout is a pipe.
             print(text.dropFirst(6))
             context.completeRequest(returningItems: context.inputItems)
+        case "fakeleaks":
+            // 1000 forged leak reports for ids the host never sent, with oversized names: a worker inflating
+            // its leak count and the host's log. Then it completes.
+            var encoder = BinaryPlistEncoder()
+            var frames: [UInt8] = []
+            let name = String(repeating: "x\u{1B}[2J", count: 200)
+            for _ in 0..<1000 {
+                try? Frame.encode(Message.leak(id: RequestID(), alive: [name, name, name, name, name], afterMs: -1).plist,
+                                  with: &encoder, appendingTo: &frames)
+            }
+            _ = frames.withUnsafeBytes { write(3, $0.baseAddress, $0.count) }
+            context.completeRequest(returningItems: context.inputItems)
         case "hoard":
             // Keeps every request's context in a global array: an SDK that caches what it should not.
             Leak.contexts.withLock { $0.append(context) }

@@ -95,6 +95,19 @@ import Glibc
         }
     }
 
+    @Test func forgedLeakReportsCannotInflateTheCountOrTheLog() async throws {
+        try await withHost { host, log in
+            let crasher = try host.extension(identifier: "com.example.crasher")
+            // One request sent, 1000 leak reports back for ids it never had: at most one can count.
+            #expect(try await crasher.perform([ExtensionItem(title: "fakeleaks")]) == [ExtensionItem(title: "fakeleaks")])
+            try await Task.sleep(nanoseconds: 300_000_000)
+            #expect(await Self.leaks(host, "com.example.crasher") <= 1)
+            let lines = log.all.filter { $0.contains(": leak: request") }
+            #expect(lines.count <= 1 && lines.allSatisfy { $0.utf8.count < 600 && !$0.contains("\u{1B}") }, "\(lines)")
+            #expect(try await crasher.perform([ExtensionItem(title: "echo")]) == [ExtensionItem(title: "echo")])
+        }
+    }
+
     @Test func badLeakCheckDelaysAreClearErrors() {
         expectManifestErrors([
             ("<key>LeakCheckDelaySeconds</key><integer>-1</integer>", "LeakCheckDelaySeconds"),
