@@ -1,6 +1,5 @@
 // Supervision through the daemon (issue 10): the same promises as the embedded SupervisionTests, checked the
 // way an operator sees them, with `sdk-host status --json` and `sdk-host status` run as real commands.
-import FoundationEssentials
 import HostTestSupport
 import SDKHost
 import SDKPosix
@@ -37,12 +36,8 @@ struct StatusJSON: Decodable {
 
     /// Runs `sdk-host status --json` against the daemon and decodes what it printed.
     static func read(_ daemon: DaemonProcess) async throws -> StatusJSON {
-        let out = "\(daemon.folder)/status-\(monotonicNanoseconds()).json"
-        let pid = spawnProgram([sdkHostBinary, "status", "--json", "--socket", daemon.socket], stdout: out)
-        #expect(await waitExit(pid) == 0)
-        let text = readSmallFile(out) ?? ""
-        unlink(out)
-        return try JSONDecoder().decode(StatusJSON.self, from: Data(text.utf8))
+        try await decodeOutput(StatusJSON.self, of: [sdkHostBinary, "status", "--json", "--socket", daemon.socket],
+                               in: daemon.folder)
     }
 
     subscript(_ identifier: String) -> Extension? { extensions.first { $0.identifier == identifier } }

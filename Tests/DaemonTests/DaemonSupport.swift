@@ -1,7 +1,9 @@
 // A real `sdk-host serve` process for the daemon tests: its own folder, config, socket and log.
+import FoundationEssentials
 import HostTestSupport
 import SDKHost
 import SDKPosix
+import Testing
 
 #if canImport(Glibc)
 import Glibc
@@ -32,6 +34,22 @@ func waitExit(_ pid: pid_t, timeout: Double = 60) async -> Int32? {
         try? await Task.sleep(nanoseconds: 5_000_000)
     }
     return nil
+}
+
+/// Runs a command that prints JSON (its stdout to a file in `folder`), expects exit status 0 (its stderr in the
+/// message otherwise), and decodes what it printed with Foundation's JSONDecoder, a reader independent of ours.
+func decodeOutput<T: Decodable>(
+    _ type: T.Type, of arguments: [String], in folder: String, timeout: Double = 60,
+    sourceLocation: SourceLocation = #_sourceLocation
+) async throws -> T {
+    let out = "\(folder)/out-\(monotonicNanoseconds()).json", err = out + ".err"
+    defer {
+        unlink(out)
+        unlink(err)
+    }
+    let pid = spawnProgram(arguments, stdout: out, stderr: err)
+    #expect(await waitExit(pid, timeout: timeout) == 0, "\(readSmallFile(err) ?? "")", sourceLocation: sourceLocation)
+    return try JSONDecoder().decode(T.self, from: Data((readSmallFile(out) ?? "").utf8))
 }
 
 final class DaemonProcess {

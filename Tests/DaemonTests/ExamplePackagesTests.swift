@@ -74,7 +74,7 @@ import Glibc
             let request = spawnProgram([sdkHostBinary, "request", ext, "--socket", daemon.socket, "--text", "x"])
             #expect(await waitExit(request) == 0, "\(ext)")
         }
-        func leaks(_ status: StatusJSON, _ id: String) -> Int { status.extensions.first { $0.identifier == id }?.leaks ?? -1 }
+        func leaks(_ status: StatusJSON, _ id: String) -> Int { status[id]?.leaks ?? -1 }
         var report = try await StatusJSON.read(daemon)
         let reported = await eventually(timeout: 20) {
             guard let now = try? await StatusJSON.read(daemon) else { return false }

@@ -81,7 +81,7 @@ import Glibc
         defer { daemon.remove() }
         let alpha = try await ExtensionHost.connect(socketPath: daemon.socket, appName: "alpha")
         func workers() async -> [WorkerStatus] {
-            await alpha.status()?.extensions.first { $0.identifier == "com.example.warm-echo" }?.workers ?? []
+            await alpha.status(of: "com.example.warm-echo")?.workers ?? []
         }
         // A spare before any request, serving no app.
         #expect(await eventually { await workers().count == 1 })

@@ -1,7 +1,6 @@
 // `sdk-host bench --soak N`, the short version the suite can afford (README quotes the long runs): real crashes,
 // cancels and deadlines in an embedded host, then every request ended once, no worker or descriptor left, and
 // resident memory that does not grow with the request count.
-import FoundationEssentials
 import HostTestSupport
 import Testing
 
@@ -24,10 +23,8 @@ import Glibc
         var template = "/tmp/sdkhost-soak-XXXXXX".utf8CString
         let folder = template.withUnsafeMutableBufferPointer { String(cString: mkdtemp($0.baseAddress!)!) }
         defer { removeFolder(folder) }
-        let out = "\(folder)/soak.json"
-        let pid = spawnProgram([sdkHostBinary, "bench", "--soak", "12000", "--json"], stdout: out, stderr: "\(folder)/err")
-        #expect(await waitExit(pid, timeout: 300) == 0, "\(readSmallFile("\(folder)/err") ?? "")")
-        let report = try JSONDecoder().decode(Report.self, from: Data((readSmallFile(out) ?? "").utf8))
+        let report = try await decodeOutput(Report.self, of: [sdkHostBinary, "bench", "--soak", "12000", "--json"],
+                                            in: folder, timeout: 300)
         #expect(report.requests == 12000 && report.callbacks == 12000)
         #expect(report.outcomes.values.reduce(0, +) == 12000)
         for kind in ["completed", "cancelled", "signal", "timedOut"] {

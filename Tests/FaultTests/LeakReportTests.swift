@@ -12,7 +12,7 @@ import Glibc
 
 @Suite(.serialized) struct LeakReportTests {
     static func leaks(_ host: ExtensionHost, _ id: String) async -> Int {
-        await host.status()?.extensions.first { $0.identifier == id }?.leaks ?? -1
+        await host.status(of: id)?.leaks ?? -1
     }
 
     @Test func aHandlerThatKeepsItsContextIsReportedWithinSeconds() async throws {

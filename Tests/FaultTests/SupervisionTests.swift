@@ -17,10 +17,6 @@ import Glibc
         return template.withUnsafeMutableBufferPointer { String(cString: mkdtemp($0.baseAddress!)!) }
     }
 
-    static func extensionStatus(_ host: ExtensionHost, _ id: String) async -> ExtensionStatus? {
-        await host.status()?.extensions.first { $0.identifier == id }
-    }
-
     @Test func anExtensionThatAbortsAtStartIsQuarantinedAndSpawnsLittle() async throws {
         try await withHost({
             $0.workerEnvironment = ["CRASHER_FAULT_AT_START=abort"]
@@ -47,7 +43,7 @@ import Glibc
             let quarantined = outcomes.filter { $0 == .interrupted(.quarantined) }.count
             #expect(quarantined >= 30, "\(outcomes)")
             #expect(slowestQuarantined < 2, "a quarantined request ends at once (took \(slowestQuarantined) s)")
-            let status = try #require(await Self.extensionStatus(host, "com.example.crasher"))
+            let status = try #require(await host.status(of: "com.example.crasher"))
             #expect(status.spawns <= 10, "spawns: \(status.spawns)")
             #expect(status.state == .quarantined)
             #expect(status.crashCount >= 5)
@@ -84,20 +80,20 @@ import Glibc
             }
             // Burst 3: the first request is tried on three workers, then the pool is quarantined for 0.5 s.
             #expect(await attempt() == .interrupted(.quarantined))
-            var pool = try #require(await Self.extensionStatus(host, "com.example.crasher")?.pools.first)
+            var pool = try #require(await host.status(of: "com.example.crasher")?.pools.first)
             #expect(pool.state == .quarantined && pool.backoffSeconds == 0.5)
             // After the backoff one more death quarantines it again at once, for twice as long.
             try await Task.sleep(nanoseconds: 700_000_000)
-            #expect(await Self.extensionStatus(host, "com.example.crasher")?.state == .probation)
+            #expect(await host.status(of: "com.example.crasher")?.state == .probation)
             let second = await attempt()
             #expect(second == .interrupted(.quarantined), "\(second)")
-            pool = try #require(await Self.extensionStatus(host, "com.example.crasher")?.pools.first)
+            pool = try #require(await host.status(of: "com.example.crasher")?.pools.first)
             #expect(pool.state == .quarantined && pool.backoffSeconds == 1.0, "\(pool)")
             // The fault is gone: after the backoff the next request completes, and that clears the record.
             unlink(marker)
             try await Task.sleep(nanoseconds: 1_200_000_000)
             #expect(await attempt() == .completed([ExtensionItem(title: "echo")]))
-            let status = try #require(await Self.extensionStatus(host, "com.example.crasher"))
+            let status = try #require(await host.status(of: "com.example.crasher"))
             #expect(status.state == .running && status.pools.first?.backoffSeconds == 0, "\(status)")
             #expect(status.quarantines == 2)
         }
@@ -141,7 +137,7 @@ import Glibc
             let crasher = try host.extension(identifier: "com.example.crasher")
             _ = try await crasher.perform([ExtensionItem(title: "slow:400")])
             for _ in 0..<3 { _ = try await crasher.perform([ExtensionItem(title: "echo")]) }
-            let status = try #require(await Self.extensionStatus(host, "com.example.crasher"))
+            let status = try #require(await host.status(of: "com.example.crasher"))
             #expect(status.requests == 4 && status.completions == 4)
             #expect(status.hangs == 1)
             #expect(status.hangRatePer1000 == 250)
@@ -178,20 +174,20 @@ import Glibc
         defer { warm.remove() }
         try await withHost(extraSearchPaths: [warm.root]) { host, _ in
             #expect(await eventually {
-                await host.status()?.extensions.first { $0.identifier == "com.example.warm-echo" }?.workers.count == 1
+                await host.status(of: "com.example.warm-echo")?.workers.count == 1
             })
-            let status = try #require(await Self.extensionStatus(host, "com.example.warm-echo"))
+            let status = try #require(await host.status(of: "com.example.warm-echo"))
             #expect(status.requests == 0 && status.spawns == 1)
             let pid = try #require(status.workers.first?.pid)
             // The first request goes to the warm worker.
             let ext = try host.extension(identifier: "com.example.warm-echo")
             #expect(try await ext.perform([ExtensionItem(title: "hi")]) == [ExtensionItem(title: "hi")])
-            let after = try #require(await Self.extensionStatus(host, "com.example.warm-echo"))
+            let after = try #require(await host.status(of: "com.example.warm-echo"))
             #expect(after.spawns == 1 && after.workers.map(\.pid) == [pid])
             // A warm worker that dies is replaced.
             kill(pid, SIGKILL)
             #expect(await eventually {
-                let workers = await Self.extensionStatus(host, "com.example.warm-echo")?.workers ?? []
+                let workers = await host.status(of: "com.example.warm-echo")?.workers ?? []
                 return workers.count == 1 && workers[0].pid != pid
             })
         }
@@ -208,7 +204,7 @@ import Glibc
             let (id, assigned) = beginNotingPid(echo, "x")
             #expect(await recorder.wait(for: id) == .completed([ExtensionItem(title: "x")]))
             #expect(assigned.pid == pid)
-            #expect(await Self.extensionStatus(host, "com.example.echo")?.spawns == 1)
+            #expect(await host.status(of: "com.example.echo")?.spawns == 1)
         }
     }
 
@@ -224,12 +220,12 @@ import Glibc
             let ids = begun.map(\.0)
             let outcomes = try #require(await recorder.wait(for: ids))
             #expect(ids.allSatisfy { kind(outcomes[$0]!) == "completed" }, "\(outcomes.values)")
-            let status = try #require(await Self.extensionStatus(host, "com.example.recycled"))
+            let status = try #require(await host.status(of: "com.example.recycled"))
             #expect(status.completions == 16 && status.interruptions == 0 && status.crashes == 0)
             #expect(status.spawns >= 4, "16 requests, 5 per worker: at least 4 workers (spawns \(status.spawns))")
             let pids = Set(begun.map(\.1.pid))
             #expect(pids.count >= 3, "served by \(pids)")
-            #expect(await eventually { (await Self.extensionStatus(host, "com.example.recycled")?.recycles ?? 0) >= 3 })
+            #expect(await eventually { (await host.status(of: "com.example.recycled")?.recycles ?? 0) >= 3 })
         }
     }
 
@@ -242,14 +238,14 @@ import Glibc
             // A leak the extension keeps: glibc returns big freed blocks, so "alloc" alone would not stay
             // resident. The next heartbeat sees the resident memory past the limit and recycles the idle worker.
             _ = try await ext.perform([ExtensionItem(title: "leak:96")])
-            let before = try #require(await Self.extensionStatus(host, "com.example.fat")?.workers.first?.pid)
-            #expect(await eventually { (await Self.extensionStatus(host, "com.example.fat")?.recycles ?? 0) == 1 })
+            let before = try #require(await host.status(of: "com.example.fat")?.workers.first?.pid)
+            #expect(await eventually { (await host.status(of: "com.example.fat")?.recycles ?? 0) == 1 })
             let recorder = Recorder()
             recorder.attach(to: ext)
             let (id, served) = beginNotingPid(ext, "echo")
             #expect(await recorder.wait(for: id) == .completed([ExtensionItem(title: "echo")]))
             #expect(served.pid != before, "a new worker took over")
-            let after = try #require(await Self.extensionStatus(host, "com.example.fat"))
+            let after = try #require(await host.status(of: "com.example.fat"))
             #expect(after.interruptions == 0 && after.crashes == 0, "\(after)")
         }
     }
@@ -315,7 +311,7 @@ extension SupervisionTests {
                 #expect(kind(done) == "completed")
             }
             #expect(await eventually {
-                let echo = await host.status()?.extensions.first { $0.identifier == "com.example.quick-echo" }
+                let echo = await host.status(of: "com.example.quick-echo")
                 return echo?.workers.isEmpty == true && echo?.pools.isEmpty == true && echo?.completions == 50
             }, "idle workers retired and their pools forgotten")
         }

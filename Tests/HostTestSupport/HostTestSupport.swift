@@ -50,6 +50,13 @@ public func makeHost(
     return (try ExtensionHost(configuration: configuration), log)
 }
 
+extension ExtensionHost {
+    /// One extension's entry of `status()`, embedded or through the daemon; nil if absent or unreachable.
+    public func status(of identifier: String) async -> ExtensionStatus? {
+        await status()?.extensions.first { $0.identifier == identifier }
+    }
+}
+
 /// The worker pid a request was sent to (0 until it is).
 public final class AssignedPid: Sendable {
     let value = Mutex<pid_t>(0)
