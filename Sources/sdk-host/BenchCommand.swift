@@ -327,11 +327,17 @@ func firstRequest(_ ext: Extension) -> Double {
     return nowMicros() - start
 }
 
-func rssKB(of pid: pid_t) -> Int {
-    guard let bytes = try? readFile("/proc/\(pid)/status"),
-        let line = String(decoding: bytes, as: UTF8.self).split(separator: "\n").first(where: { $0.hasPrefix("VmRSS:") })
-    else { return -1 }
-    return Int(line.split(separator: " ", omittingEmptySubsequences: true)[1]) ?? -1
+func rssKB(of pid: pid_t) -> Int { procStatus("\(pid)", ["VmRSS:"])[0] }
+
+/// Numeric fields of /proc/<process>/status (`process` a pid or "self"), such as "VmRSS:" (KiB) or "Threads:",
+/// in the order asked; -1 for one that is absent.
+func procStatus(_ process: String, _ names: [String]) -> [Int] {
+    let lines = (try? readFile("/proc/\(process)/status")).map { String(decoding: $0, as: UTF8.self) }?
+        .split(separator: "\n") ?? []
+    return names.map { name in
+        guard let line = lines.first(where: { $0.hasPrefix(name) }) else { return -1 }
+        return line.split(whereSeparator: { $0 == " " || $0 == "\t" }).dropFirst().first.flatMap { Int($0) } ?? -1
+    }
 }
 
 enum CodecBench {

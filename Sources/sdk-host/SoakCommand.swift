@@ -123,13 +123,9 @@ enum SoakCommand {
     }
 
     static func snapshot(requests: Int) -> Sample {
-        let status = (try? readFile("/proc/self/status")).map { String(decoding: $0, as: UTF8.self) } ?? ""
-        func field(_ name: String) -> Int {
-            guard let line = status.split(separator: "\n").first(where: { $0.hasPrefix(name) }) else { return -1 }
-            return line.split(whereSeparator: { $0 == " " || $0 == "\t" }).dropFirst().first.flatMap { Int($0) } ?? -1
-        }
-        return Sample(requests: requests, rssKB: field("VmRSS:"), descriptors: (listDirectory("/proc/self/fd") ?? []).count - 1,
-                      threads: field("Threads:"), workers: liveChildren())
+        let fields = procStatus("self", ["VmRSS:", "Threads:"])
+        return Sample(requests: requests, rssKB: fields[0], descriptors: (listDirectory("/proc/self/fd") ?? []).count - 1,
+                      threads: fields[1], workers: liveChildren())
     }
 
     /// Children of this process that are not zombies (every thread's `children` list).
