@@ -89,11 +89,7 @@ public final class HandlerRun: Sendable {
     /// Whether the request's context is gone within `timeout` after the request ended: false if the handler (or
     /// something it started) still holds it, which the worker runtime would report as a leak.
     public func contextIsReleased(within timeout: Duration = .seconds(1)) async -> Bool {
-        let clock = ContinuousClock()
-        let end = clock.now.advanced(by: timeout)
-        while weakContext.value != nil, clock.now < end {
-            try? await Task.sleep(for: .milliseconds(10))
-        }
+        await waitWhile(timeout: timeout) { weakContext.value != nil }
         return weakContext.value == nil
     }
 }

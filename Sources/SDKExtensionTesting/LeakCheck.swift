@@ -57,11 +57,7 @@ public enum LeakCheck {
     ) async rethrows -> LeakReport {
         let watched = try watch(make)
         try? await Task.sleep(for: delay)
-        let clock = ContinuousClock()
-        let end = clock.now.advanced(by: timeout)
-        while watched.contains(where: \.isAlive), clock.now < end {
-            try? await Task.sleep(for: .milliseconds(10))
-        }
+        await waitWhile(timeout: timeout) { watched.contains(where: \.isAlive) }
         let survivors = watched.filter(\.isAlive).map { LeakReport.Survivor(path: $0.path, typeName: $0.typeName) }
         return LeakReport(survivors: survivors, objectsChecked: watched.count)
     }
@@ -122,6 +118,15 @@ public enum LeakCheck {
             guard let label else { return "\(path)[\(index)]" }
             return "\(path).\(label)"
         }
+    }
+}
+
+/// Polls `condition` every 10 ms while it holds, for at most `timeout`.
+func waitWhile(timeout: Duration, _ condition: () -> Bool) async {
+    let clock = ContinuousClock()
+    let end = clock.now.advanced(by: timeout)
+    while condition(), clock.now < end {
+        try? await Task.sleep(for: .milliseconds(10))
     }
 }
 
