@@ -1,5 +1,5 @@
 // Supervision (shared/DESIGN.md "Supervision and isolation"): crash-loop quarantine, hang reports and latency,
-// warm workers, recycling, and the pools that keep one daemon client app's workers its own.
+// warm workers, recycling, the pools that keep one daemon client app's workers its own, and workers' leak reports.
 //
 // A pool is the set of workers that may serve a request: one per extension in an embedded host and for a
 // `shared` extension, one per (extension, app) for a `perApp` extension in the daemon. Quarantine is per pool, so
@@ -347,4 +347,32 @@ func crashReportEvictions(_ owners: [String], limit: Int) -> Set<Int> {
         remaining -= 1
     }
     return dropped
+}
+
+// MARK: Leak reports
+
+extension HostEngine {
+    /// A worker says request `id` ended `afterMs` ago and `alive` still lives. Counted at most once per request
+    /// the worker was sent (a lying worker can inflate its own count no further), never for one in flight;
+    /// logged (the first few per worker, then every hundredth) and, in the daemon, written beside crash reports.
+    func leakReported(_ id: RequestID, alive: [String], afterMs: Int64, by worker: WorkerProcess) {
+        guard !worker.inFlight.contains(id), worker.leaksReported < worker.requestsSent else {
+            log(.debug, "\(worker.extensionID) pid \(worker.pid): leak report for \(id) ignored")
+            return
+        }
+        worker.leaksReported += 1
+        count(worker.extensionID, \.leaks)
+        // The worker's words: at most four short names, escaped for the log, cut for the report.
+        let alive = alive.prefix(4).map { String(decoding: Array($0.utf8.prefix(32)), as: UTF8.self) }
+        let what = alive.map { OutputLines.escape(Array($0.utf8)) }.joined(separator: " and ")
+        if worker.leaksReported <= 8 || worker.leaksReported % 100 == 0 {
+            log(.warning, "\(worker.extensionID) pid \(worker.pid): leak: request \(id) ended \(Double(afterMs) / 1000) s ago "
+                + "and its \(what) is still alive (\(worker.leaksReported) leak(s) from this worker)")
+        }
+        if worker.leaksReported <= 8 {
+            crashStore?.saveLeak(LeakReport(
+                extensionIdentifier: worker.extensionID, pid: worker.pid, requestID: id, alive: alive,
+                afterMilliseconds: afterMs, time: timespec.now.seconds))
+        }
+    }
 }

@@ -189,30 +189,6 @@ extension HostEngine {
         }
     }
 
-    /// A worker says request `id` ended `afterMs` ago and `alive` still lives. Counted at most once per request
-    /// the worker was sent (a lying worker can inflate its own count no further), never for one in flight;
-    /// logged (the first few per worker, then every hundredth) and, in the daemon, written beside crash reports.
-    func leakReported(_ id: RequestID, alive: [String], afterMs: Int64, by worker: WorkerProcess) {
-        guard !worker.inFlight.contains(id), worker.leaksReported < worker.requestsSent else {
-            log(.debug, "\(worker.extensionID) pid \(worker.pid): leak report for \(id) ignored")
-            return
-        }
-        worker.leaksReported += 1
-        count(worker.extensionID, \.leaks)
-        // The worker's words: at most four short names, escaped for the log, cut for the report.
-        let alive = alive.prefix(4).map { String(decoding: Array($0.utf8.prefix(32)), as: UTF8.self) }
-        let what = alive.map { OutputLines.escape(Array($0.utf8)) }.joined(separator: " and ")
-        if worker.leaksReported <= 8 || worker.leaksReported % 100 == 0 {
-            log(.warning, "\(worker.extensionID) pid \(worker.pid): leak: request \(id) ended \(Double(afterMs) / 1000) s ago "
-                + "and its \(what) is still alive (\(worker.leaksReported) leak(s) from this worker)")
-        }
-        if worker.leaksReported <= 8 {
-            crashStore?.saveLeak(LeakReport(
-                extensionIdentifier: worker.extensionID, pid: worker.pid, requestID: id, alive: alive,
-                afterMilliseconds: afterMs, time: timespec.now.seconds))
-        }
-    }
-
     /// Marks `id` as no longer in flight on `worker`. A duplicate of a recent reply is dropped and logged;
     /// a reply to an id this worker never had is a protocol violation.
     func settle(_ id: RequestID, on worker: WorkerProcess) -> Bool {
