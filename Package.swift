@@ -40,7 +40,7 @@ let package = Package(
             name: "Echo", dependencies: ["SDKExtension"], path: "Extensions/Echo", exclude: ["Info.plist"],
             linkerSettings: staticExecutable),
         .executableTarget(
-            name: "Crasher", dependencies: ["SDKExtension"], path: "Extensions/Crasher", exclude: ["Info.plist"],
+            name: "Crasher", dependencies: ["SDKExtension", "SDKWire"], path: "Extensions/Crasher", exclude: ["Info.plist"],
             linkerSettings: staticExecutable),
         .executableTarget(
             name: "AsyncEcho", dependencies: ["SDKExtension"], path: "Extensions/AsyncEcho", exclude: ["Info.plist"],
@@ -58,7 +58,7 @@ let package = Package(
             name: "sdk-host-launcher", path: "Sources/sdk-host-launcher",
             cSettings: [.unsafeFlags(["-O2"])], linkerSettings: staticExecutable),
         // The daemon: the engine behind a Unix socket, its configuration file.
-        .target(name: "SDKDaemon", dependencies: ["SDKHost", "SDKPosix"]),
+        .target(name: "SDKDaemon", dependencies: ["SDKWire", "SDKHost", "SDKPosix"]),
         // The CLI and daemon. No Foundation (daemon RSS is a target) and a static stdlib (spawn and RSS).
         .executableTarget(
             name: "sdk-host",
@@ -74,14 +74,14 @@ let package = Package(
             exclude: ["Fixtures"]
         ),
         // Helpers shared by the host and fault tests (hosts, recorders, leak snapshots).
-        .target(name: "HostTestSupport", dependencies: ["SDKHost", "SDKPosix"], path: "Tests/HostTestSupport"),
+        .target(name: "HostTestSupport", dependencies: ["SDKWire", "SDKHost", "SDKPosix"], path: "Tests/HostTestSupport"),
         .testTarget(name: "SDKPosixTests", dependencies: ["SDKPosix"]),
-        .testTarget(name: "SDKExtensionTests", dependencies: ["SDKExtension"]),
-        .testTarget(name: "SDKExtensionTestingTests", dependencies: ["SDKExtensionTesting", "SDKHost", "HostTestSupport"]),
-        .testTarget(name: "SDKHostTests", dependencies: ["SDKHost", "SDKPosix", "CSDKShim", "HostTestSupport"]),
-        .testTarget(name: "DaemonTests", dependencies: ["SDKDaemon", "SDKHost", "SDKPosix", "HostTestSupport"]),
+        .testTarget(name: "SDKExtensionTests", dependencies: ["SDKWire", "SDKExtension"]),
+        .testTarget(name: "SDKExtensionTestingTests", dependencies: ["SDKWire", "SDKExtensionTesting", "SDKHost", "HostTestSupport"]),
+        .testTarget(name: "SDKHostTests", dependencies: ["SDKWire", "SDKHost", "SDKPosix", "CSDKShim", "HostTestSupport"]),
+        .testTarget(name: "DaemonTests", dependencies: ["SDKWire", "SDKDaemon", "SDKHost", "SDKPosix", "HostTestSupport"]),
         // Crash and fault injection, in its own target so it can run alone: swift test --filter FaultTests
-        .testTarget(name: "FaultTests", dependencies: ["SDKHost", "HostTestSupport"]),
+        .testTarget(name: "FaultTests", dependencies: ["SDKWire", "SDKHost", "HostTestSupport"]),
     ],
     swiftLanguageModes: [.v6]
 )

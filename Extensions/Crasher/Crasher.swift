@@ -4,6 +4,7 @@
 import Glibc
 #endif
 import SDKExtension
+import SDKWire  // Crasher forges wire messages on purpose (garbage, unknown ids, forged leak reports)
 import Synchronization
 
 /// What `leak:` keeps.

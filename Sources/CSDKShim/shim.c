@@ -14,6 +14,7 @@
 #include <sys/socket.h>
 #include <sys/un.h>
 #include <sys/wait.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/syscall.h>
@@ -166,6 +167,7 @@ int sdk_termination_signalfd(void) {
     sigemptyset(&set);
     sigaddset(&set, SIGTERM);
     sigaddset(&set, SIGINT);
+    sigaddset(&set, SIGHUP);
     if (pthread_sigmask(SIG_BLOCK, &set, NULL) != 0) return -1;
     return signalfd(-1, &set, SFD_CLOEXEC | SFD_NONBLOCK);
 }
@@ -179,3 +181,51 @@ int sdk_read_signalfd(int fd) {
 }
 
 void sdk_line_buffer_stdout(void) { setvbuf(stdout, NULL, _IOLBF, 0); }
+
+int sdk_is_listening_unix_stream(int fd) {
+    int value = 0;
+    socklen_t len = sizeof(value);
+    if (getsockopt(fd, SOL_SOCKET, SO_DOMAIN, &value, &len) != 0 || value != AF_UNIX) return 0;
+    len = sizeof(value);
+    if (getsockopt(fd, SOL_SOCKET, SO_TYPE, &value, &len) != 0 || value != SOCK_STREAM) return 0;
+    len = sizeof(value);
+    if (getsockopt(fd, SOL_SOCKET, SO_ACCEPTCONN, &value, &len) != 0 || value == 0) return 0;
+    return 1;
+}
+
+int sdk_socket_path(int fd, char *buffer, size_t size) {
+    struct sockaddr_un address;
+    socklen_t len = sizeof(address);
+    memset(&address, 0, sizeof(address));
+    if (getsockname(fd, (struct sockaddr *)&address, &len) != 0) return -1;
+    if (len <= offsetof(struct sockaddr_un, sun_path) || address.sun_path[0] == 0 || size == 0) {
+        errno = EINVAL;
+        return -1;
+    }
+    size_t n = strnlen(address.sun_path, len - offsetof(struct sockaddr_un, sun_path));
+    if (n >= size) n = size - 1;
+    memcpy(buffer, address.sun_path, n);
+    buffer[n] = 0;
+    return 0;
+}
+
+int sdk_notify_datagram(const char *path, const char *message, size_t length) {
+    struct sockaddr_un address;
+    memset(&address, 0, sizeof(address));
+    address.sun_family = AF_UNIX;
+    size_t n = strlen(path);
+    if (n == 0 || n >= sizeof(address.sun_path)) {
+        errno = EINVAL;
+        return -1;
+    }
+    memcpy(address.sun_path, path, n);
+    if (path[0] == '@') address.sun_path[0] = 0;  // an abstract socket
+    int fd = socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+    if (fd < 0) return -1;
+    ssize_t sent = sendto(fd, message, length, MSG_NOSIGNAL | MSG_DONTWAIT, (struct sockaddr *)&address,
+                          (socklen_t)(offsetof(struct sockaddr_un, sun_path) + n));
+    int saved = errno;
+    close(fd);
+    errno = saved;
+    return sent == (ssize_t)length ? 0 : -1;
+}

@@ -27,6 +27,7 @@
 //                                       stalled reader to catch up
 //   DefaultPolicy             dict      SDKHostPolicy keys, for manifests that leave them out
 
+import SDKWire
 import SDKHost
 import SDKPosix
 

@@ -11,6 +11,7 @@
 // after the timeout, it is disconnected), and the time to say `connect` (HandshakeTimeoutSeconds). At the
 // descriptor limit the listener backs off instead of spinning on a readable socket it cannot accept from.
 
+import SDKWire
 import Dispatch
 import SDKHost
 import SDKPosix
@@ -34,11 +35,23 @@ package final class DaemonServer: @unchecked Sendable {
     private var acceptBackoff = 0.0
     private var acceptBackoffTimer: TimerID?
     private var refusedWhileFull = 0
+    /// The socket's path: the configured one, or the one systemd bound (socket activation).
+    package let socketPath: String
+    /// Whether the listener came from systemd: then systemd owns the path and it is not removed at stop.
+    package let socketActivated: Bool
+    private var watchdogTimer: TimerID?
 
     /// Blocks SIGTERM/SIGINT (call before any other thread starts), discovers extensions and binds the socket.
     ///
     /// - Throws: `HostError` for a bad manifest or configuration, or a socket that is in use or cannot be bound.
     package init(configuration: DaemonConfiguration) throws(HostError) {
+        var configuration = configuration
+        if configuration.host.logHandler == nil, Systemd.stderrIsJournal() {
+            configuration.host.logHandler = Systemd.journalLogHandler()
+        }
+        let inherited = try Systemd.inheritedListener()
+        socketActivated = inherited != nil
+        socketPath = inherited.flatMap(boundSocketPath) ?? configuration.socketPath
         self.configuration = configuration
         inputBudget = InputBudget(limit: configuration.inputBudgetBytes)
         let signals: FileDescriptor
@@ -108,16 +121,59 @@ package final class DaemonServer: @unchecked Sendable {
         do {
             try engine.loop.register(listenFD, events: EventLoop.readable) { [unowned self] _ in self.acceptClients() }
             try engine.loop.register(signalFD, events: EventLoop.readable) { [unowned self] _ in
-                while let signal = readSignal(signalFD) { self.beginDrain(signal) }
+                while let signal = readSignal(signalFD) {
+                    if signal == SIGHUP { self.reload() } else { self.beginDrain(signal) }
+                }
             }
             scheduleSweep()
+            engine.eventObserver = { [unowned self] event in
+                let message = Message.event(event.plist)
+                for session in self.sessions.values where session.subscribed { session.send(message) }
+            }
         } catch {
             engine.log(.error, "cannot watch the listening socket: \(error)")
             beginDrain(0)
             return
         }
-        engine.log(.info, "serving \(engine.manifestIdentifiers.joined(separator: ", ")) on \(configuration.socketPath) "
-            + "(pid \(getpid()), uids \(configuration.allowedUIDs.map(String.init).joined(separator: ",")))")
+        engine.log(.info, "serving \(engine.manifestIdentifiers.joined(separator: ", ")) on \(socketPath) "
+            + "(pid \(getpid()), uids \(configuration.allowedUIDs.map(String.init).joined(separator: ","))"
+            + (socketActivated ? ", socket from systemd" : "") + ")")
+        Systemd.notify("READY=1\nMAINPID=\(getpid())\nSTATUS=\(statusLine)")
+        if let interval = Systemd.watchdogPingInterval() { pingWatchdog(every: interval) }
+    }
+
+    /// The one-line STATUS= for systemctl status.
+    private var statusLine: String {
+        "serving \(engine.manifestIdentifiers.count) extension(s) on \(socketPath); \(sessions.count) client(s)"
+    }
+
+    /// WATCHDOG=1 from the loop itself: if the loop is stuck, the pings stop and systemd restarts the daemon.
+    private func pingWatchdog(every interval: UInt64) {
+        Systemd.notify("WATCHDOG=1")
+        watchdogTimer = engine.loop.schedule(afterNanoseconds: interval) { [unowned self] in
+            self.watchdogTimer = nil
+            if !self.draining { self.pingWatchdog(every: interval) }
+        }
+    }
+
+    // MARK: Reload (SIGHUP)
+
+    /// Rescans the manifests: new workers use the new ones, running workers finish what they have and retire.
+    /// Clients are sent the new extension list. A bad manifest keeps the old set (and says so in the log).
+    private func reload() {
+        guard !draining else { return }
+        Systemd.notify("RELOADING=1\nMONOTONIC_USEC=\(monotonicNanoseconds() / 1000)")
+        if case .success = engine.reloadManifestsOnLoop() {
+            let message = connectedMessage()
+            for session in sessions.values where session.handshaken { session.send(message) }
+        }
+        Systemd.notify("READY=1\nSTATUS=\(statusLine)")
+    }
+
+    private func connectedMessage() -> Message {
+        let infos = engine.extensions
+        return .connected(version: protocolVersion, pid: getpid(), extensions: infos.map(\.identifier),
+                          extensionPoints: Dictionary(uniqueKeysWithValues: infos.map { ($0.identifier, $0.extensionPointIdentifier) }))
     }
 
     // MARK: Clients
@@ -133,7 +189,7 @@ package final class DaemonServer: @unchecked Sendable {
                 if [EMFILE, ENFILE, ENOBUFS, ENOMEM].contains(error.errno) {
                     backOffAccepting(error)
                 } else {
-                    engine.log(.error, "accept on \(configuration.socketPath): \(error)")
+                    engine.log(.error, "accept on \(socketPath): \(error)")
                 }
                 return
             }
@@ -183,7 +239,7 @@ package final class DaemonServer: @unchecked Sendable {
     private func backOffAccepting(_ error: SystemError) {
         guard let listenFD = listener?.rawValue, acceptBackoffTimer == nil else { return }
         if acceptBackoff == 0 {
-            engine.log(.error, "cannot accept clients on \(configuration.socketPath): \(error); pausing accepts")
+            engine.log(.error, "cannot accept clients on \(socketPath): \(error); pausing accepts")
         }
         acceptBackoff = min(max(acceptBackoff * 2, 0.05), 1)
         engine.loop.unregister(listenFD)
@@ -238,7 +294,7 @@ package final class DaemonServer: @unchecked Sendable {
             // The app is the peer's uid (from the kernel) and the name it gives; a name is only a label within
             // its own uid, so no client can join another user's workers by naming itself after them.
             session.app = "\(session.credentials.uid)/" + Self.appLabel(app)
-            session.send(.connected(version: protocolVersion, pid: getpid(), extensions: engine.manifestIdentifiers))
+            session.send(connectedMessage())
         case .begin(let clientID, let items, let extensionID, let deadlineMs):
             guard let extensionID else {
                 session.send(.error(message: "begin without 'extension'", id: clientID))
@@ -297,6 +353,8 @@ package final class DaemonServer: @unchecked Sendable {
             if let internalID = session.internalIDs[clientID] { engine.cancelOnLoop(internalID) }
         case .status(let seq):
             session.send(.statusReport(seq: seq, report: engine.statusOnLoop().plist))
+        case .subscribe:
+            session.subscribed = true
         case .ping(let seq):
             session.send(.pong(seq: seq))
         case .pong, .unknown:
@@ -337,11 +395,13 @@ package final class DaemonServer: @unchecked Sendable {
         draining = true
         engine.log(.info, "\(signal > 0 ? signalName(signal) : "stop"): no longer accepting; draining "
             + "\(engine.activeRequestCount) request(s) for up to \(configuration.drainTimeout) s")
+        Systemd.notify("STOPPING=1\nSTATUS=draining \(engine.activeRequestCount) request(s)")
         if let fd = listener.take() {
             engine.loop.unregister(fd.rawValue)
             fd.close()
-            unlink(configuration.socketPath)
+            if !socketActivated { unlink(socketPath) }  // systemd owns an activated socket's path
         }
+        if let timer = watchdogTimer { engine.loop.cancelTimer(timer) }
         if let timer = acceptBackoffTimer { engine.loop.cancelTimer(timer) }
         let deadline = monotonicNanoseconds() + UInt64(configuration.drainTimeout * 1e9)
         waitForDrain(until: deadline)
@@ -377,6 +437,8 @@ final class ClientSession: @unchecked Sendable {
     let credentials: PeerCredentials
     let connectedAt: UInt64
     var handshaken = false
+    /// Whether the client asked for worker events (`subscribe`).
+    var subscribed = false
     /// "uid/name": the pool of workers this client's requests go to (`WorkerSharing` perApp).
     var app: String?
     /// The client's request id → the engine's.

@@ -1,5 +1,6 @@
 // ExtensionContext: one request as the extension sees it. Finishing is idempotent: the first of
 // completeRequest/cancelRequest wins, later calls are logged and ignored.
+import SDKWire
 import Synchronization
 
 /// One request inside the extension: its input, its cancellation state, and how to finish it.

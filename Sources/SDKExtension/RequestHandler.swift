@@ -2,7 +2,7 @@
 // An extension declares one type conforming to RequestHandler (sync) or AsyncRequestHandler and marks it
 // @main; the runtime owns the socket, handshake, heartbeat, idle exit and exit when the host goes away.
 // Extension code never sees a descriptor. This module never imports the host engine.
-@_exported import SDKWire
+import SDKWire
 
 /// A type that handles requests synchronously. Mark it `@main`.
 ///

@@ -5,6 +5,7 @@
 // or after a long idle period (a backstop: the host normally retires idle workers itself by closing the socket).
 
 #if canImport(Glibc)
+import SDKWire
 import Glibc
 #endif
 import Dispatch
@@ -223,7 +224,7 @@ enum WorkerRuntime {
                     connection.context(for: id)?.markCancelledByHost()
                 case .ping(let seq):
                     connection.send(.pong(seq: seq))
-                case .pong, .welcome, .complete, .cancelled, .connect, .connected, .assigned, .interrupted, .status,
+                case .pong, .welcome, .complete, .cancelled, .connect, .connected, .subscribe, .event, .assigned, .interrupted, .status,
                     .statusReport, .sandboxed, .launchFailed, .prewarm, .prewarmed, .leak:
                     WorkerLog.write("unexpected '\(message.typeName)' from host; ignored")
                 case .error(let text, _):

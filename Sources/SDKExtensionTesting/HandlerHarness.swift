@@ -1,5 +1,6 @@
 // Runs a handler in the test's own process: no host, no worker, no socket. The handler gets a real
 // ExtensionContext, as the worker runtime would give it; the harness plays the host (cancel, wait, time out).
+import SDKWire
 import Synchronization
 @_exported import SDKExtension
 

@@ -1,5 +1,6 @@
 // CrashReportStore: crash reports on disk, one binary plist per crash, named so that name order is time order,
 // and pruned to the newest `limit`. Writes happen on a serial utility queue, never on the event loop.
+import SDKWire
 import Dispatch
 import SDKPosix
 
@@ -9,15 +10,17 @@ import Glibc
 
 extension CrashReport {
     /// The on-disk form (read it with `sdk-host plist decode` or `sdk-host crashes`).
-    package var plist: PlistValue {
+    public var plist: PlistValue {
         [
             "extension": .string(extensionIdentifier), "pid": .integer(Int64(pid)), "reason": reason.plist,
             "reasonText": .string(reason.description), "time": .date(PlistDate(secondsSince1970: time)),
             "inFlight": .array(inFlightRequests.map { .string($0.uuidString) }), "stderrTail": .string(stderrTail),
+            "fatalError": .string(fatalErrorLine ?? ""),
         ]
     }
 
-    package init?(plist: PlistValue) {
+    /// Reads the on-disk form; nil if a required field is missing.
+    public init?(plist: PlistValue) {
         guard let ext = plist["extension"]?.stringValue, let pid = plist["pid"]?.integerValue,
             let reason = plist["reason"], let time = plist["time"]?.dateValue
         else { return nil }
@@ -25,29 +28,32 @@ extension CrashReport {
             extensionIdentifier: ext, pid: Int32(truncatingIfNeeded: pid), reason: InterruptionReason(plist: reason),
             time: time.secondsSince1970,
             inFlightRequests: (plist["inFlight"]?.arrayValue ?? []).compactMap { $0.stringValue.flatMap(RequestID.init(uuidString:)) },
-            stderrTail: plist["stderrTail"]?.stringValue ?? "")
+            stderrTail: plist["stderrTail"]?.stringValue ?? "",
+            fatalErrorLine: plist["fatalError"]?.stringValue.flatMap { $0.isEmpty ? nil : $0 })
     }
 }
 
 /// A worker's report that a request's context (or its async handler's Task) outlived the request.
-package struct LeakReport: Sendable, Equatable {
-    package var extensionIdentifier: String
-    package var pid: Int32
-    package var requestID: RequestID
+public struct LeakReport: Sendable, Equatable {
+    public var extensionIdentifier: String
+    public var pid: Int32
+    public var requestID: RequestID
     /// "context", "task".
-    package var alive: [String]
+    public var alive: [String]
     /// How long after the request ended the worker found them alive.
-    package var afterMilliseconds: Int64
+    public var afterMilliseconds: Int64
     /// Seconds since the Unix epoch.
-    package var time: Double
+    public var time: Double
 
-    package var plist: PlistValue {
+    /// The on-disk form.
+    public var plist: PlistValue {
         ["extension": .string(extensionIdentifier), "pid": .integer(Int64(pid)), "request": .string(requestID.uuidString),
          "alive": .array(alive.map(PlistValue.string)), "afterMs": .integer(afterMilliseconds),
          "time": .date(PlistDate(secondsSince1970: time))]
     }
 
-    package init(extensionIdentifier: String, pid: Int32, requestID: RequestID, alive: [String],
+    /// Creates a report.
+    public init(extensionIdentifier: String, pid: Int32, requestID: RequestID, alive: [String],
                  afterMilliseconds: Int64, time: Double)
     {
         self.extensionIdentifier = extensionIdentifier
@@ -58,7 +64,8 @@ package struct LeakReport: Sendable, Equatable {
         self.time = time
     }
 
-    package init?(plist: PlistValue) {
+    /// Reads the on-disk form; nil if a required field is missing.
+    public init?(plist: PlistValue) {
         guard let ext = plist["extension"]?.stringValue, let pid = plist["pid"]?.integerValue,
             let id = plist["request"]?.stringValue.flatMap(RequestID.init(uuidString:)), let time = plist["time"]?.dateValue
         else { return nil }
@@ -68,7 +75,9 @@ package struct LeakReport: Sendable, Equatable {
     }
 }
 
-package final class CrashReportStore: Sendable {
+/// Crash and leak reports on disk: the daemon's `CrashReportDirectory`, or an embedded host's. Read them with
+/// `load(directory:)` and `loadLeaks(directory:)`, or `sdk-host crashes [--leaks]`.
+public final class CrashReportStore: Sendable {
     package let directory: String
     let limit: Int
     private let queue = DispatchQueue(label: "sdk-host.crash-reports", qos: .utility)
@@ -120,12 +129,12 @@ package final class CrashReportStore: Sendable {
     }
 
     /// Every readable leak report in `directory`, oldest first.
-    package static func loadLeaks(directory: String) -> [LeakReport] {
+    public static func loadLeaks(directory: String) -> [LeakReport] {
         plists(in: directory, suffix: leakSuffix).compactMap(LeakReport.init(plist:))
     }
 
-    /// Every readable report in `directory`, oldest first; unreadable files are skipped.
-    package static func load(directory: String) -> [CrashReport] {
+    /// Every readable crash report in `directory`, oldest first; unreadable files are skipped.
+    public static func load(directory: String) -> [CrashReport] {
         plists(in: directory, suffix: crashSuffix).compactMap(CrashReport.init(plist:))
     }
 

@@ -2,6 +2,7 @@
 // a Unix socket, on an event loop of its own. When the daemon goes away every in-flight request is interrupted
 // (`disconnected`) exactly once; the next request reconnects, with backoff, without the app doing anything.
 
+import SDKWire
 import Dispatch
 import SDKPosix
 import Synchronization
@@ -17,7 +18,10 @@ final class DaemonClient: HostBackend, @unchecked Sendable {
     let limits = WireLimits()
     /// How long a request waits for a connection before it is interrupted (`disconnected`).
     let reconnectTimeout: Double
-    private let known = Mutex<[String]>([])
+    private let known = Mutex<(extensions: [ExtensionInfo], daemonPid: Int32)>(([], 0))
+    /// Worker events from the daemon; the first stream subscribes (and every later connection does again).
+    private var eventHub: EventHub!
+    private var subscribed = false
     private let pids = Mutex<[RequestID: pid_t]>([:])
 
     private var connection: FramedConnection?
@@ -48,6 +52,13 @@ final class DaemonClient: HostBackend, @unchecked Sendable {
         } catch {
             throw HostError(.system, "cannot start the client event loop: \(error)")
         }
+        eventHub = EventHub { [weak self] in
+            guard let self else { return }
+            self.loop.execute {
+                self.subscribed = true
+                if self.ready { try? self.connection?.send(.subscribe) } else { self.connectNow() }
+            }
+        }
     }
 
     /// Connects (or waits for the connection in progress) and calls `done` once the daemon has answered.
@@ -62,10 +73,13 @@ final class DaemonClient: HostBackend, @unchecked Sendable {
 
     // MARK: HostBackend
 
-    var extensionIdentifiers: [String] { known.withLock { $0 } }
+    var extensionIdentifiers: [String] { extensions.map(\.identifier) }
+    var extensions: [ExtensionInfo] { known.withLock { $0.extensions } }
+    var mode: HostMode { .daemon(socketPath: socketPath, pid: known.withLock { $0.daemonPid }) }
+    func workerEvents() -> AsyncStream<WorkerEvent> { eventHub.stream() }
 
     func lookupProblem(_ identifier: String) -> HostError? {
-        let names = known.withLock { $0 }
+        let names = extensionIdentifiers
         if names.contains(identifier) { return nil }
         return HostError(.unknownExtension, "unknown extension '\(identifier)' at daemon \(socketPath) "
             + "(known: \(names.isEmpty ? "none" : names.joined(separator: ", ")))")
@@ -105,6 +119,7 @@ final class DaemonClient: HostBackend, @unchecked Sendable {
             self.connection?.close()
             self.connection = nil
             self.failAll(.hostShutdown)
+            self.eventHub.finishAll()
             self.loop.stop { completion() }
         }
         if !accepted { completion() }
@@ -201,7 +216,7 @@ final class DaemonClient: HostBackend, @unchecked Sendable {
         for waiter in waiters { waiter(.failure(HostError(.daemonUnavailable, detail))) }
         if refusal != nil {
             failQueued(.disconnected)  // refused, not down: retrying cannot help
-        } else if !queued.isEmpty {
+        } else if !queued.isEmpty || (subscribed && eventHub.hasSubscribers) {
             retryTimer = loop.schedule(afterNanoseconds: nanoseconds(backoff)) { [unowned self] in self.connectNow() }
             backoff = min(backoff * 2, 1)
         }
@@ -215,7 +230,7 @@ final class DaemonClient: HostBackend, @unchecked Sendable {
         if wasReady {
             // Lost a working connection: the next request reconnects.
             backoff = 0.02
-            if !queued.isEmpty { connectNow() }
+            if !queued.isEmpty || (subscribed && eventHub.hasSubscribers) { connectNow() }
         } else {
             connectFailed(refusal.map { "the daemon refused the connection: \($0)" } ?? "the daemon closed the connection (\(end))")
         }
@@ -223,10 +238,14 @@ final class DaemonClient: HostBackend, @unchecked Sendable {
 
     private func handle(_ message: Message) {
         switch message {
-        case .connected(_, _, let extensions):
+        case .connected(_, let pid, let extensions, let points):
+            // Also sent again after the daemon rescanned its manifests (SIGHUP): then only the list changes.
+            let infos = extensions.sorted().map { ExtensionInfo(identifier: $0, extensionPointIdentifier: points[$0] ?? "") }
+            known.withLock { $0 = (infos, pid) }
+            if ready { return }
             ready = true
             backoff = 0.02
-            known.withLock { $0 = extensions.sorted() }
+            if subscribed { try? connection?.send(.subscribe) }
             let pending = queued
             queued = []
             for (request, _) in pending { send(request) }
@@ -249,6 +268,8 @@ final class DaemonClient: HostBackend, @unchecked Sendable {
             }
         case .prewarmed(let id, let pid):
             prewarmWaiters.removeValue(forKey: id)?(.success(pid))
+        case .event(let plist):
+            if let event = WorkerEvent(plist: plist) { eventHub.publish(event) }
         case .statusReport(let seq, let report):
             statusWaiters.removeValue(forKey: seq)?(report)
         case .ping(let seq):

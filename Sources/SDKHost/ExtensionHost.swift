@@ -2,6 +2,7 @@
 // to the engine's event loop, and outcomes come back on the caller's queue.
 
 #if canImport(Glibc)
+import SDKWire
 import Glibc
 #endif
 import Dispatch
@@ -27,12 +28,39 @@ public final class ExtensionHost: Sendable {
 
     init(backend: any HostBackend) { self.backend = backend }
 
+    /// This library's version, as `sdk-host --version` prints it.
+    public static let version = "0.2.0"
+
     deinit {
         backend.shutdown {}
     }
 
     /// Identifiers of every extension this host serves, sorted.
     public var extensionIdentifiers: [String] { backend.extensionIdentifiers }
+
+    /// Every extension this host serves with its extension point, sorted by identifier. Through a daemon, the
+    /// daemon's list (updated when it rescans its manifests).
+    public var extensions: [ExtensionInfo] { backend.extensions }
+
+    /// The extensions of one extension point (`NSExtensionPointIdentifier`), sorted by identifier.
+    public func extensions(forExtensionPoint point: String) -> [ExtensionInfo] {
+        backend.extensions.filter { $0.extensionPointIdentifier == point }
+    }
+
+    /// Whether this host is embedded or a daemon's client (and which daemon).
+    public var mode: HostMode { backend.mode }
+
+    /// Worker lifecycle events from now on: spawned, ready, exited (with the reason), recycled, quarantined.
+    /// Each call returns a new sequence; it ends when the host shuts down, and keeps at most the newest 1024
+    /// events a slow reader has not taken. Through a daemon, the daemon's events for every app.
+    public func workerEvents() -> AsyncStream<WorkerEvent> { backend.workerEvents() }
+
+    /// The newest crash reports (at most 8; stderr tails cut to 2 KiB), oldest first. All of them are files in the
+    /// crash report folder: `CrashReportStore.load(directory:)`.
+    public func crashReports() async -> [CrashReport] { await status()?.recentCrashes ?? [] }
+
+    /// The newest leak reports (at most 32), oldest first.
+    public func leakReports() async -> [LeakReport] { await status()?.recentLeaks ?? [] }
 
     /// Looks up an extension.
     ///
@@ -86,6 +114,8 @@ final class HandlerBox: Sendable {
         var interruption: (@Sendable (RequestID, InterruptionReason) -> Void)?
         var queue: DispatchQueue
         var onHostLoop = false
+        /// `outcomes()` streams.
+        var streams: [AsyncStream<EndedRequest>.Continuation] = []
     }
 
     let state: Mutex<Handlers>
@@ -100,6 +130,15 @@ final class HandlerBox: Sendable {
         case .cancelled(let error): handlers.cancellation?(id, error)
         case .interrupted(let reason): handlers.interruption?(id, reason)
         }
+        for stream in handlers.streams { stream.yield(EndedRequest(id: id, outcome: outcome)) }
+    }
+
+    func finishStreams() {
+        let streams = state.withLock { h in
+            defer { h.streams = [] }
+            return h.streams
+        }
+        for stream in streams { stream.finish() }
     }
 }
 
@@ -115,6 +154,10 @@ public final class Extension: Sendable {
         self.identifier = identifier
         self.host = host
         handlers = HandlerBox(queue: DispatchQueue(label: "sdk-host.callbacks.\(identifier)"))
+    }
+
+    deinit {
+        handlers.finishStreams()
     }
 
     /// Called when the worker completed a request, with the items it returned.
@@ -157,11 +200,17 @@ public final class Extension: Sendable {
     ///
     /// - Parameters:
     ///   - items: The input items.
-    ///   - deadline: Seconds before the request counts as hung (its worker is killed and the request
+    ///   - deadline: How long before the request counts as hung (its worker is killed and the request
     ///     interrupted with `.hang`); nil for the manifest's `RequestDeadlineSeconds`.
     /// - Returns: The request's identifier.
     @discardableResult
-    public func beginRequest(withInputItems items: [ExtensionItem], deadline: Double? = nil) -> RequestID {
+    public func beginRequest(withInputItems items: [ExtensionItem], deadline: Duration? = nil) -> RequestID {
+        beginRequest(withInputItems: items, deadline: deadline.map(seconds), onWorkerAssigned: nil)
+    }
+
+    /// `beginRequest` with the deadline in seconds (the package's own tools and tests).
+    @discardableResult
+    package func beginRequest(withInputItems items: [ExtensionItem], deadline: Double?) -> RequestID {
         beginRequest(withInputItems: items, deadline: deadline, onWorkerAssigned: nil)
     }
 
@@ -213,7 +262,7 @@ public final class Extension: Sendable {
     }
 
     /// Runs one request and returns the items it completed with. Its outcome goes only to this call, not to the
-    /// handlers.
+    /// handlers. For the request's id and worker pid while it runs, use `start(_:deadline:)`.
     ///
     /// - Parameters:
     ///   - items: The input items.
@@ -222,41 +271,65 @@ public final class Extension: Sendable {
     /// - Throws: `CancellationError` when the calling Task is cancelled (the request is cancelled at the
     ///   worker); `RequestFailure.cancelled` when the extension cancels; `RequestFailure.interrupted` when the
     ///   request is interrupted.
-    public func perform(_ items: [ExtensionItem], deadline: Double? = nil) async throws -> [ExtensionItem] {
-        let id = RequestID()
-        let gate = Mutex<PerformGate>(.notStarted)
-        let backend = host.backend
-        return try await withTaskCancellationHandler {
-            let outcome = await withCheckedContinuation { (continuation: CheckedContinuation<RequestOutcome, Never>) in
-                submit(id: id, items: items, deadline: deadline, onWorkerAssigned: nil) { outcome in
-                    continuation.resume(returning: outcome)
-                }
-                let cancelNow = gate.withLock { g -> Bool in
-                    defer { g = .started }
-                    return g == .cancelledBeforeStart
-                }
-                if cancelNow { backend.cancel(id) }
-            }
-            switch outcome {
-            case .completed(let result):
-                return result
-            case .cancelled(let error):
-                if error == .cancelledByHost, Task.isCancelled { throw CancellationError() }
-                throw RequestFailure.cancelled(error)
-            case .interrupted(let reason):
-                throw RequestFailure.interrupted(reason)
-            }
-        } onCancel: {
-            let started = gate.withLock { g -> Bool in
-                if g == .started { return true }
-                g = .cancelledBeforeStart
-                return false
-            }
-            if started { backend.cancel(id) }
-        }
+    public func perform(_ items: [ExtensionItem], deadline: Duration? = nil) async throws -> [ExtensionItem] {
+        try await start(items, deadline: deadline).value
     }
 
-    private enum PerformGate { case notStarted, cancelledBeforeStart, started }
+    /// `perform` with the deadline in seconds (the package's own tools and tests).
+    package func perform(_ items: [ExtensionItem], deadline: Double?) async throws -> [ExtensionItem] {
+        try await start(items, deadline: deadline).value
+    }
+
+    /// Sends `request` as one item (`ExtensionItem(encoding:)`) and decodes the first returned item as `Response`.
+    ///
+    /// - Throws: As `perform(_:deadline:)`; `EncodingError` or `DecodingError` when a value does not fit
+    ///   (`RequestFailure.emptyResponse`... see `ExtensionItem.decode`).
+    public func perform<Request: Encodable, Response: Decodable>(
+        _ request: Request, returning: Response.Type, deadline: Duration? = nil
+    ) async throws -> Response {
+        let items = try await perform([ExtensionItem(encoding: request)], deadline: deadline)
+        guard let first = items.first else {
+            throw DecodingError.valueNotFound(Response.self, .init(codingPath: [], debugDescription: "the extension returned no items"))
+        }
+        return try first.decode(Response.self)
+    }
+
+    /// Starts a request and returns a handle to it at once: its id, the pid of the worker running it, `cancel()`,
+    /// and its result (`value`, `outcome`). Like `perform`, its outcome goes only to the handle.
+    public func start(_ items: [ExtensionItem], deadline: Duration? = nil) -> RequestTask {
+        start(items, deadline: deadline.map(seconds))
+    }
+
+    package func start(_ items: [ExtensionItem], deadline: Double?) -> RequestTask {
+        let task = RequestTask(id: RequestID(), backend: host.backend)
+        submit(id: task.id, items: items, deadline: deadline, onWorkerAssigned: { [task] pid in task.assigned(pid) }) {
+            [task] outcome in task.ended(outcome)
+        }
+        return task
+    }
+
+    /// Every request's end, for `for await` loops (in `@MainActor` code, say) instead of handlers: each request
+    /// begun with `beginRequest` ends here as well as in its handler. The stream keeps the newest 4096 ends a slow
+    /// reader has not taken; it finishes when this `Extension` is released.
+    public func outcomes() -> AsyncStream<EndedRequest> {
+        let (stream, continuation) = AsyncStream<EndedRequest>.makeStream(bufferingPolicy: .bufferingNewest(4096))
+        handlers.state.withLock { $0.streams.append(continuation) }
+        return stream
+    }
+
+    /// Sets the three handlers to run on the main actor, so that they can update `@MainActor` state directly.
+    /// Each runs in its own main-actor task, so the main actor must be serviced (an app's run loop, or an
+    /// `async` main).
+    public func setMainActorHandlers(
+        completion: @escaping @MainActor @Sendable (RequestID, [ExtensionItem]) -> Void,
+        cancellation: @escaping @MainActor @Sendable (RequestID, ExtensionError) -> Void,
+        interruption: @escaping @MainActor @Sendable (RequestID, InterruptionReason) -> Void
+    ) {
+        callsHandlersOnHostLoop = true  // the hop to the main actor is the only hand-off needed
+        requestCompletionHandler = { id, items in Task { @MainActor in completion(id, items) } }
+        requestCancellationHandler = { id, error in Task { @MainActor in cancellation(id, error) } }
+        requestInterruptionHandler = { id, reason in Task { @MainActor in interruption(id, reason) } }
+    }
 
     private func submit(id: RequestID, items: [ExtensionItem], deadline: Double?,
                         onWorkerAssigned: (@Sendable (pid_t) -> Void)?,

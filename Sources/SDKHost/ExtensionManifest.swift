@@ -26,6 +26,7 @@
 // Other top-level and NSExtension keys are allowed, as in Apple's Info.plist files.
 
 #if canImport(Glibc)
+import SDKWire
 import Glibc
 #endif
 

@@ -1,5 +1,6 @@
 // Small file helpers for manifests, configuration, crash reports and the CLI: whole-file reads and writes,
 // directory listings, mkdir -p. Plain libc, no Foundation.
+import SDKWire
 import SDKPosix
 
 #if canImport(Glibc)

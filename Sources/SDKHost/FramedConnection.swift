@@ -10,6 +10,7 @@
 // and since when output has been stuck, so its owner can time either out; and it charges its input buffer to a
 // budget shared by all connections, so many half-sent frames cannot add up without bound.
 
+import SDKWire
 import SDKPosix
 
 /// Why a connection ended.

@@ -2,6 +2,7 @@
 // is the other. Both take requests without blocking and deliver exactly one outcome per request.
 
 #if canImport(Glibc)
+import SDKWire
 import Glibc
 #endif
 
@@ -34,6 +35,12 @@ package struct SubmittedRequest: Sendable {
 protocol HostBackend: AnyObject, Sendable {
     /// Identifiers of the extensions this backend serves, sorted.
     var extensionIdentifiers: [String] { get }
+    /// The same extensions with their extension points.
+    var extensions: [ExtensionInfo] { get }
+    /// Embedded, or which daemon.
+    var mode: HostMode { get }
+    /// A new stream of worker lifecycle events.
+    func workerEvents() -> AsyncStream<WorkerEvent>
     /// Why `identifier` cannot be used, or nil if it can.
     func lookupProblem(_ identifier: String) -> HostError?
     /// Starts a request; never blocks.

@@ -1,5 +1,6 @@
 // HostConfiguration: where extensions are and how the host treats them. Embedded mode builds one in code;
 // the daemon reads config/sdk-host.plist into the same struct.
+import SDKWire
 import Dispatch
 import SDKPosix
 
@@ -136,8 +137,14 @@ func currentExecutableName() -> String? {
     return path.split(separator: "/").last.map(String.init)
 }
 
+extension HostConfiguration {
+    /// The folder of the running executable (/proc/self/exe), or nil: the default executable search path, where
+    /// SwiftPM puts an app's extension executables and `sdk-host-launcher` beside the app.
+    public static var executableDirectory: String? { currentExecutableDirectory() }
+}
+
 /// The folder of the running executable (/proc/self/exe), or nil.
-public func currentExecutableDirectory() -> String? {
+package func currentExecutableDirectory() -> String? {
     var buffer = [CChar](repeating: 0, count: 4096)
     let n = readlink("/proc/self/exe", &buffer, buffer.count - 1)
     guard n > 0 else { return nil }

@@ -7,6 +7,7 @@
 // an app pool with no worker adopts one that has never served a request, so a spare carries no other app's data.
 
 #if canImport(Glibc)
+import SDKWire
 import Glibc
 #endif
 import SDKPosix
@@ -152,6 +153,7 @@ extension HostEngine {
         activity[worker.extensionID, default: ExtensionActivity()].quarantines += 1
         log(.warning, "\(worker.extensionID)\(worker.app.map { " (app \($0))" } ?? ""): \(state.recentDeaths.count) "
             + "worker(s) died on their own within \(policy.restartLimitInterval) s; quarantined for \(state.backoff) s")
+        emit(.quarantined, worker, detail: "\(state.recentDeaths.count) death(s) within \(policy.restartLimitInterval) s; for \(state.backoff) s")
         if let timer = state.retryTimer { loop.cancelTimer(timer) }
         state.retryTimer = loop.schedule(afterNanoseconds: nanoseconds(state.backoff)) { [unowned self, weak state] in
             guard let state else { return }
@@ -302,6 +304,7 @@ extension HostEngine {
         activity[worker.extensionID, default: ExtensionActivity()].recycles += 1
         log(.info, "\(worker.extensionID): recycling worker pid \(worker.pid) after \(worker.requestsSent) request(s)"
             + (worker.recycleReason.map { " (\($0))" } ?? ""))
+        emit(.recycled, worker, detail: worker.recycleReason)
         retire(worker, grace: max(configuration.workerExitGracePeriod, 2))
     }
 
@@ -370,9 +373,11 @@ extension HostEngine {
                 + "and its \(what) is still alive (\(worker.leaksReported) leak(s) from this worker)")
         }
         if worker.leaksReported <= 8 {
-            crashStore?.saveLeak(LeakReport(
-                extensionIdentifier: worker.extensionID, pid: worker.pid, requestID: id, alive: alive,
-                afterMilliseconds: afterMs, time: timespec.now.seconds))
+            let report = LeakReport(extensionIdentifier: worker.extensionID, pid: worker.pid, requestID: id, alive: alive,
+                                    afterMilliseconds: afterMs, time: timespec.now.seconds)
+            crashStore?.saveLeak(report)
+            recentLeaks.append(report)
+            if recentLeaks.count > Self.recentLeakLimit { recentLeaks.removeFirst() }
         }
     }
 }

@@ -7,6 +7,7 @@
 // it dies, so a dead worker and its buffers are released at once.
 
 #if canImport(Glibc)
+import SDKWire
 import Glibc
 #endif
 import SDKPosix
@@ -63,6 +64,7 @@ extension HostEngine {
         worker.temporaryDirectory = spawn.temporaryDirectory
         count(manifest.identifier, \.spawns)
         workers[poolKey, default: []].append(worker)
+        emit(.spawned, worker)
         do throws(SystemError) {
             try loop.register(worker.exitFD, events: EventLoop.readable) { [unowned self, unowned worker] _ in
                 self.processExited(worker)
@@ -132,6 +134,7 @@ extension HostEngine {
             }
             worker.state = .ready
             worker.welcomed = true
+            emit(.ready, worker)
             // Requests sent before the handshake kept their items in case it never came; it has.
             for id in worker.inFlight { requests[id]?.items = [] }
             let waiters = worker.readyWaiters
@@ -184,7 +187,7 @@ extension HostEngine {
         case .unknown(let type):
             log(.info, "\(worker.extensionID): unknown message type '\(OutputLines.escape(Array(type.utf8.prefix(64))))'; ignored")
         case .hello, .begin, .cancel, .connect, .connected, .assigned, .interrupted, .status, .statusReport, .prewarm,
-            .prewarmed:
+            .prewarmed, .subscribe, .event:
             protocolViolation(worker, "worker sent '\(message.typeName)', which is not a worker's to send")
         }
     }
@@ -358,12 +361,14 @@ extension HostEngine {
         worker.inFlight.removeAll()
         let clean = status == .exited(0) && inFlight.isEmpty && worker.killReason == nil
         let crashed = !(clean || (wasRetiring && (worker.killReason == nil || worker.killReason == .hostShutdown)))
+        let statusText = status.map(String.init(describing:)) ?? "status unavailable"
         if crashed {
             count(worker.extensionID, \.crashes)
             recordCrash(worker, reason: reason, inFlight: inFlight)
         } else {
-            log(.info, "\(worker.extensionID): worker pid \(worker.pid) exited (\(status.map(String.init(describing:)) ?? "status unavailable"))")
+            log(.info, "\(worker.extensionID): worker pid \(worker.pid) exited (\(statusText))")
         }
+        emit(.exited, worker, reason: crashed ? reason : nil, detail: statusText)
         let waiters = worker.readyWaiters
         worker.readyWaiters = []
         for waiter in waiters { waiter(.failure(.interrupted(reason))) }

@@ -11,6 +11,7 @@
 // and the worker is killed only if it ignores the cancel past the grace period.
 
 #if canImport(Glibc)
+import SDKWire
 import Glibc
 #endif
 import Dispatch
@@ -63,7 +64,14 @@ package struct EngineSnapshot: Sendable {
 package final class HostEngine: @unchecked Sendable {
     package let loop: EventLoop
     let configuration: HostConfiguration
-    let manifests: [String: ExtensionManifest]
+    /// The manifests in use (loop thread); a SIGHUP rescan (`reloadManifestsOnLoop`) replaces them.
+    var manifests: [String: ExtensionManifest]
+    /// The same manifests for other threads (`extension(identifier:)`, `extensions`).
+    let manifestSnapshot: Mutex<[String: ExtensionManifest]>
+    /// Worker lifecycle events for `ExtensionHost.workerEvents()`.
+    let events = EventHub()
+    /// Also told each event, on the loop (the daemon forwards them to subscribed clients).
+    package var eventObserver: ((WorkerEvent) -> Void)?
     let crashStore: CrashReportStore?
     let launcher: any WorkerLauncher
     /// The sandbox launcher executable (nil: not found; only `Sandbox = none` extensions can run).
@@ -80,6 +88,9 @@ package final class HostEngine: @unchecked Sendable {
     var pools: [String: PoolState] = [:]
     var activity: [String: ExtensionActivity] = [:]
     var crashReports: [CrashReport] = []
+    /// The newest leak reports (at most `recentLeakLimit`), for `status`.
+    var recentLeaks: [LeakReport] = []
+    static let recentLeakLimit = 32
     var statistics = HostStatistics()
     var perExtension: [String: HostStatistics] = [:]
     var readBuffer = [UInt8](repeating: 0, count: 64 * 1024)
@@ -99,6 +110,7 @@ package final class HostEngine: @unchecked Sendable {
         launcherPath = SandboxProfile.findLauncher(configured: configuration.launcherPath,
                                                    searchPaths: configuration.executableSearchPaths)
         manifests = try ExtensionManifest.discover(in: configuration)
+        manifestSnapshot = Mutex(manifests)
         crashStore = try configuration.crashReportDirectory.map { directory throws(HostError) in
             try CrashReportStore(directory: directory, limit: configuration.crashReportLimit)
         }
@@ -369,19 +381,75 @@ package final class HostEngine: @unchecked Sendable {
         // The loop runs this after its last task, when no handler or timer can reach the engine any more.
         loop.stop { [self] in
             keepAliveUntilStopped = nil
+            events.finishAll()
             for completion in completions { completion() }
         }
+    }
+
+    /// Tells event streams and the observer that `kind` happened to `worker`.
+    func emit(_ kind: WorkerEvent.Kind, _ worker: WorkerProcess, reason: InterruptionReason? = nil, detail: String? = nil) {
+        guard eventObserver != nil || events.hasSubscribers else { return }
+        let event = WorkerEvent(kind: kind, extensionIdentifier: worker.extensionID, pid: worker.pid, app: worker.app,
+                                reason: reason, detail: detail)
+        events.publish(event)
+        eventObserver?(event)
+    }
+
+    // MARK: Reload
+
+    /// Reads the manifests again (SIGHUP). New workers use the new manifests; running ones finish what they have
+    /// and are retired. Returns the identifiers now served, or the error that left the old manifests in place.
+    package func reloadManifestsOnLoop() -> Result<[String], HostError> {
+        loop.preconditionInLoop()
+        let fresh: [String: ExtensionManifest]
+        do {
+            fresh = try ExtensionManifest.discover(in: configuration)
+        } catch {
+            log(.error, "reload: \(error); keeping the \(manifests.count) manifest(s) in use")
+            return .failure(error)
+        }
+        let before = Set(manifests.keys)
+        manifests = fresh
+        manifestSnapshot.withLock { $0 = fresh }
+        runtimePathCache = [:]
+        for worker in workers.values.joined() where !worker.recycling && worker.killReason == nil {
+            worker.recycling = true
+            worker.recycleReason = "manifests reloaded"
+            recycleIfDrained(worker)
+        }
+        let added = Set(fresh.keys).subtracting(before).sorted(), removed = before.subtracting(fresh.keys).sorted()
+        log(.info, "reload: \(fresh.count) extension(s)"
+            + (added.isEmpty ? "" : "; added \(added.joined(separator: ", "))")
+            + (removed.isEmpty ? "" : "; removed \(removed.joined(separator: ", "))"))
+        // Requests waiting for an extension that is gone end now rather than waiting for a worker that cannot come.
+        for (key, queue) in waiting where queue.first.map({ fresh[$0.extensionID] == nil }) == true {
+            for record in queue.removeAll() {
+                finish(record.id, .interrupted(.launchFailed("\(record.extensionID) was removed by a manifest reload")))
+            }
+            waiting[key] = nil
+        }
+        for manifest in fresh.values.sorted(by: { $0.identifier < $1.identifier }) { topUpWarmWorkers(manifest) }
+        return .success(fresh.keys.sorted())
     }
 }
 
 extension HostEngine: HostBackend {
-    var extensionIdentifiers: [String] { manifests.keys.sorted() }
+    var extensionIdentifiers: [String] { manifestSnapshot.withLock { $0.keys.sorted() } }
     /// Identifiers of the discovered extensions, sorted.
-    package var manifestIdentifiers: [String] { manifests.keys.sorted() }
+    package var manifestIdentifiers: [String] { extensionIdentifiers }
+    /// The extensions and their extension points, by identifier.
+    package var extensions: [ExtensionInfo] {
+        manifestSnapshot.withLock { m in
+            m.values.map { ExtensionInfo(identifier: $0.identifier, extensionPointIdentifier: $0.extensionPoint) }
+        }.sorted { $0.identifier < $1.identifier }
+    }
+    var mode: HostMode { .embedded }
+    func workerEvents() -> AsyncStream<WorkerEvent> { events.stream() }
     /// Requests that have begun and not ended (loop thread).
     package var activeRequestCount: Int { requests.count }
 
     func lookupProblem(_ identifier: String) -> HostError? {
+        let manifests = manifestSnapshot.withLock { $0 }
         guard let manifest = manifests[identifier] else {
             let known = manifests.keys.sorted().joined(separator: ", ")
             return HostError(.unknownExtension, "unknown extension '\(identifier)' (known: \(known.isEmpty ? "none" : known))")

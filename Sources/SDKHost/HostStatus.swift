@@ -2,6 +2,7 @@
 // an embedded host builds it on its loop. Both read the same engine figures.
 
 #if canImport(Glibc)
+import SDKWire
 import Glibc
 #endif
 import SDKPosix
@@ -16,6 +17,10 @@ public struct HostStatus: Sendable, Equatable {
     public var queuedRequests: Int
     /// One entry per extension that has had a request or a worker, sorted by identifier.
     public var extensions: [ExtensionStatus]
+    /// The newest crash reports (at most 8, oldest first; each stderr tail cut to its last 2 KiB).
+    public var recentCrashes: [CrashReport] = []
+    /// The newest leak reports (at most 32, oldest first).
+    public var recentLeaks: [LeakReport] = []
 }
 
 /// Whether an extension (or one app's pool of it) may start workers.
@@ -136,9 +141,15 @@ extension HostEngine {
                 spawns: c.spawns, recycles: a.recycles, quarantines: a.quarantines, leaks: c.leaks, pools: poolStates,
                 workers: workerStates)
         }
+        let crashes = crashReports.suffix(8).map { report in
+            var report = report
+            report.stderrTail = String(decoding: Array(report.stderrTail.utf8.suffix(2048)), as: UTF8.self)
+            return report
+        }
         return HostStatus(pid: getpid(), uptimeSeconds: Double(monotonicNanoseconds() &- startedAt) / 1e9,
                           activeRequests: requests.count,
-                          queuedRequests: waiting.values.reduce(0) { $0 + $1.count }, extensions: extensions)
+                          queuedRequests: waiting.values.reduce(0) { $0 + $1.count }, extensions: extensions,
+                          recentCrashes: Array(crashes), recentLeaks: recentLeaks)
     }
 }
 
@@ -153,7 +164,8 @@ extension HostStatus {
         }
         return ["pid": .integer(Int64(pid)), "uptimeSeconds": .real(uptimeSeconds),
                 "activeRequests": .integer(Int64(activeRequests)), "queuedRequests": .integer(Int64(queuedRequests)),
-                "totals": .dictionary(totals), "extensions": .array(extensions.map(\.plist))]
+                "totals": .dictionary(totals), "extensions": .array(extensions.map(\.plist)),
+                "recentCrashes": .array(recentCrashes.map(\.plist)), "recentLeaks": .array(recentLeaks.map(\.plist))]
     }
 
     /// Reads a `statusReport` plist; missing fields read as zero.
@@ -163,6 +175,8 @@ extension HostStatus {
         activeRequests = Int(p["activeRequests"]?.integerValue ?? 0)
         queuedRequests = Int(p["queuedRequests"]?.integerValue ?? 0)
         extensions = (p["extensions"]?.arrayValue ?? []).map(ExtensionStatus.init(plist:))
+        recentCrashes = (p["recentCrashes"]?.arrayValue ?? []).compactMap(CrashReport.init(plist:))
+        recentLeaks = (p["recentLeaks"]?.arrayValue ?? []).compactMap(LeakReport.init(plist:))
     }
 }
 

@@ -1,7 +1,7 @@
 // SDKHost: the app-facing client library (shared/DESIGN.md "Host API"): Host, Extension, and the values
 // their callbacks carry. This file holds those values: why a request was interrupted, the errors `perform`
 // throws, host errors, crash reports and log levels.
-@_exported import SDKWire
+import SDKWire
 
 #if canImport(Glibc)
 import Glibc
@@ -132,19 +132,46 @@ public struct HostError: Error, Hashable, Sendable, CustomStringConvertible {
 }
 
 /// What the host recorded about a worker that died other than by being retired.
-package struct CrashReport: Sendable, Equatable {
+public struct CrashReport: Sendable, Equatable {
     /// The extension's identifier.
-    package var extensionIdentifier: String
+    public var extensionIdentifier: String
     /// The worker's pid.
-    package var pid: Int32
+    public var pid: Int32
     /// How it ended, or why the host killed it.
-    package var reason: InterruptionReason
+    public var reason: InterruptionReason
     /// Seconds since the Unix epoch.
-    package var time: Double
+    public var time: Double
     /// Requests that were in flight on it.
-    package var inFlightRequests: [RequestID]
+    public var inFlightRequests: [RequestID]
     /// The last bytes (up to 64 KiB) the worker wrote to stderr.
-    package var stderrTail: String
+    public var stderrTail: String
+
+    /// The line that says why the worker died: the Swift runtime's `Fatal error: …` (an out-of-range index, a
+    /// failed `precondition`, `fatalError`), else the backtracer's "crashed" line, else the last line of the
+    /// stderr tail; nil when the worker wrote nothing.
+    public var fatalErrorLine: String?
+
+    /// Creates a report; `fatalErrorLine` is found in `stderrTail` unless given.
+    public init(extensionIdentifier: String, pid: Int32, reason: InterruptionReason, time: Double,
+                inFlightRequests: [RequestID], stderrTail: String, fatalErrorLine: String? = nil)
+    {
+        self.extensionIdentifier = extensionIdentifier
+        self.pid = pid
+        self.reason = reason
+        self.time = time
+        self.inFlightRequests = inFlightRequests
+        self.stderrTail = stderrTail
+        self.fatalErrorLine = fatalErrorLine ?? Self.fatalErrorLine(in: stderrTail)
+    }
+
+    static func fatalErrorLine(in stderrTail: String) -> String? {
+        let lines = stderrTail.split(separator: "\n", omittingEmptySubsequences: true)
+        if let fatal = lines.first(where: { $0.contains("Fatal error:") || $0.contains("fatal error:") }) {
+            return String(fatal.drop { $0 == " " })
+        }
+        if let crashed = lines.first(where: { $0.contains("crashed:") }) { return String(crashed) }
+        return lines.last.map(String.init)
+    }
 }
 
 /// Log severity, lowest first.

@@ -4,6 +4,7 @@
 // queued leaves the queue at once with everything it held.
 
 #if canImport(Glibc)
+import SDKWire
 import Glibc
 #endif
 import SDKPosix

@@ -7,6 +7,7 @@
 // manifest's paths; and a private temp folder, made before the spawn and removed once the worker has exited.
 
 #if canImport(Glibc)
+import SDKWire
 import Glibc
 #endif
 import SDKPosix

@@ -5,6 +5,7 @@
 // that live in the test process. The engine handles each of those paths the same way for every launcher.
 
 #if canImport(Glibc)
+import SDKWire
 import Glibc
 #endif
 import SDKPosix

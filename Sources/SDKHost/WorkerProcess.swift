@@ -3,6 +3,7 @@
 // exit descriptor, and closes each exactly once.
 
 #if canImport(Glibc)
+import SDKWire
 import Glibc
 #endif
 import SDKPosix

@@ -60,3 +60,22 @@ public func readSignal(_ fd: Int32) -> Int32? {
     let s = sdk_read_signalfd(fd)
     return s > 0 ? s : nil
 }
+
+/// Whether `fd` is a listening Unix stream socket.
+public func isListeningUnixStreamSocket(_ fd: Int32) -> Bool { sdk_is_listening_unix_stream(fd) == 1 }
+
+/// The path a Unix socket is bound to, or nil.
+public func boundSocketPath(_ fd: Int32) -> String? {
+    var buffer = [CChar](repeating: 0, count: 110)
+    guard sdk_socket_path(fd, &buffer, buffer.count) == 0 else { return nil }
+    return String(decoding: buffer.prefix { $0 != 0 }.map { UInt8(bitPattern: $0) }, as: UTF8.self)
+}
+
+/// Sends `message` as one datagram to the Unix socket at `path` ("@name": abstract). Never blocks.
+public func sendDatagram(_ message: String, to path: String) throws(SystemError) {
+    var message = message
+    let rc = message.withUTF8 { bytes in
+        bytes.withMemoryRebound(to: CChar.self) { sdk_notify_datagram(path, $0.baseAddress, $0.count) }
+    }
+    guard rc == 0 else { throw SystemError("sendto(\(path))", errno: errno) }
+}

@@ -17,15 +17,19 @@
 //
 // Between a client library and the daemon, additionally:
 //   client -> daemon connect     {type, version, app?}         app: the client's name (default: its executable's)
-//   daemon -> client connected   {type, version, pid, extensions: [string]}
+//   daemon -> client connected   {type, version, pid, extensions: [string], points?: {id: extension point}}
+//                                sent again after a SIGHUP rescan, with the new list
 //   daemon -> client assigned    {type, id, pid}              the request was sent to worker `pid`
 //   daemon -> client interrupted {type, id, reason: {kind, code?, detail?}}
 //                                kind: signal|exit|hang|protocol|disconnected|launch|shutdown
 //   client -> daemon status      {type, seq}    and    daemon -> client statusReport {type, seq, report}
 //   client -> daemon prewarm     {type, id, extension}         start a worker for this app now
 //   daemon -> client prewarmed   {type, id, pid}               ... it is handshaken (or: interrupted {id, reason})
+//   client -> daemon subscribe   {type}                        send worker lifecycle events from now on
+//   daemon -> client event       {type, event: {kind, extension, pid, app?, reason?, detail?}}
+//                                kind: spawned|ready|exited|recycled|quarantined
 //
-//   item  = {title?: string, attachments: [value], userInfo: {string: value}}
+//   item  = {title?: string, text?: string, attachments: [value], userInfo: {string: value}}
 //   id    = UUID string, 8-4-4-4-12 upper-case hex
 //
 // A message with an unknown `type` decodes as `.unknown` so that later versions can add types; the receiver
@@ -106,33 +110,60 @@ public struct RequestID: Hashable, Sendable, CustomStringConvertible {
 public struct ExtensionItem: Equatable, Sendable {
     /// A short title.
     public var title: String?
+    /// The item's text content (NSExtensionItem's `attributedContentText`, as plain text).
+    public var text: String?
     /// The payloads.
     public var attachments: [PlistValue]
     /// Anything else the two sides agree on.
     public var userInfo: [String: PlistValue]
 
     /// Creates an item.
-    public init(title: String? = nil, attachments: [PlistValue] = [], userInfo: [String: PlistValue] = [:]) {
+    public init(title: String? = nil, text: String? = nil, attachments: [PlistValue] = [],
+                userInfo: [String: PlistValue] = [:])
+    {
         self.title = title
+        self.text = text
         self.attachments = attachments
         self.userInfo = userInfo
+    }
+
+    /// An item that carries `value` as its one attachment, encoded with `PlistValueEncoder`.
+    ///
+    /// - Throws: `EncodingError` for a value a property list cannot hold.
+    public init<T: Encodable>(encoding value: T, title: String? = nil) throws {
+        self.init(title: title, attachments: [try PlistValueEncoder().encode(value)])
+    }
+
+    /// The item's first attachment decoded as `T`: the inverse of `init(encoding:)`.
+    ///
+    /// - Throws: `DecodingError` when there is no attachment or it does not decode as `T`.
+    public func decode<T: Decodable>(_ type: T.Type) throws -> T {
+        guard let first = attachments.first else {
+            throw DecodingError.valueNotFound(type, .init(codingPath: [], debugDescription: "the item has no attachment to decode"))
+        }
+        return try PlistValueDecoder().decode(type, from: first)
     }
 
     /// The wire form.
     public var plist: PlistValue {
         var d: [String: PlistValue] = ["attachments": .array(attachments), "userInfo": .dictionary(userInfo)]
         if let title { d["title"] = .string(title) }
+        if let text { d["text"] = .string(text) }
         return .dictionary(d)
     }
 
     /// Parses the wire form; missing `attachments`/`userInfo` mean empty.
     public init(plist: PlistValue) throws(MessageError) {
         guard case .dictionary(let d) = plist else { throw MessageError("item is a \(plist.kindName), not a dictionary") }
-        switch d["title"] {
-        case nil: title = nil
-        case .string(let s)?: title = s
-        case let other?: throw MessageError("item title is a \(other.kindName), not a string")
+        func optionalString(_ key: String) throws(MessageError) -> String? {
+            switch d[key] {
+            case nil: return nil
+            case .string(let s)?: return s
+            case let other?: throw MessageError("item \(key) is a \(other.kindName), not a string")
+            }
         }
+        title = try optionalString("title")
+        text = try optionalString("text")
         switch d["attachments"] {
         case nil: attachments = []
         case .array(let a)?: attachments = a
@@ -199,7 +230,7 @@ public enum Message: Sendable, Equatable {
     case pong(seq: Int64)
     case error(message: String, id: RequestID?)
     case connect(version: Int64, app: String? = nil)
-    case connected(version: Int64, pid: Int32, extensions: [String])
+    case connected(version: Int64, pid: Int32, extensions: [String], extensionPoints: [String: String] = [:])
     case assigned(id: RequestID, pid: Int32)
     case interrupted(id: RequestID, reason: PlistValue)
     case status(seq: Int64)
@@ -209,6 +240,8 @@ public enum Message: Sendable, Equatable {
     case prewarm(id: RequestID, extensionID: String)
     case prewarmed(id: RequestID, pid: Int32)
     case leak(id: RequestID, alive: [String], afterMs: Int64)
+    case subscribe
+    case event(PlistValue)
     /// A type this version does not know; ignored by receivers.
     case unknown(type: String)
 
@@ -248,9 +281,13 @@ public enum Message: Sendable, Equatable {
             return ["type": "prewarm", "id": .string(id.uuidString), "extension": .string(extensionID)]
         case let .prewarmed(id, pid):
             return ["type": "prewarmed", "id": .string(id.uuidString), "pid": .integer(Int64(pid))]
-        case let .connected(version, pid, extensions):
+        case let .connected(version, pid, extensions, points):
             return ["type": "connected", "version": .integer(version), "pid": .integer(Int64(pid)),
-                    "extensions": .array(extensions.map(PlistValue.string))]
+                    "extensions": .array(extensions.map(PlistValue.string)), "points": .dictionary(points.mapValues(PlistValue.string))]
+        case .subscribe:
+            return ["type": "subscribe"]
+        case let .event(event):
+            return ["type": "event", "event": event]
         case let .assigned(id, pid):
             return ["type": "assigned", "id": .string(id.uuidString), "pid": .integer(Int64(pid))]
         case let .interrupted(id, reason):
@@ -340,8 +377,18 @@ public enum Message: Sendable, Equatable {
             self = .prewarmed(id: try id(), pid: pid32)
         case "connected":
             let pid = try integer("pid")
+            var points: [String: String] = [:]
+            switch d["points"] {
+            case nil: break
+            case .dictionary(let raw)?:
+                for (key, value) in raw {
+                    guard let point = value.stringValue else { throw MessageError("'connected' points must be strings") }
+                    points[key] = point
+                }
+            case let other?: throw MessageError("'connected' points is a \(other.kindName), not a dictionary")
+            }
             self = .connected(version: try integer("version"), pid: Int32(truncatingIfNeeded: pid),
-                              extensions: try strings("extensions"))
+                              extensions: try strings("extensions"), extensionPoints: points)
         case "sandboxed": self = .sandboxed(layers: try strings("layers"), skipped: try strings("skipped"))
         case "launchFailed": self = .launchFailed(reason: try string("reason"))
         case "assigned":
@@ -356,6 +403,10 @@ public enum Message: Sendable, Equatable {
             guard let report = d["report"] else { throw MessageError("'statusReport' needs a 'report'") }
             self = .statusReport(seq: try integer("seq"), report: report)
         case "leak": self = .leak(id: try id(), alive: try strings("alive"), afterMs: try integer("afterMs"))
+        case "subscribe": self = .subscribe
+        case "event":
+            guard let event = d["event"], case .dictionary = event else { throw MessageError("'event' needs a dictionary 'event'") }
+            self = .event(event)
         default: self = .unknown(type: type)
         }
     }
@@ -386,6 +437,8 @@ extension Message {
         case .prewarm: "prewarm"
         case .prewarmed: "prewarmed"
         case .leak: "leak"
+        case .subscribe: "subscribe"
+        case .event: "event"
         case .unknown: "unknown"
         }
     }

@@ -12,17 +12,37 @@ import Glibc
 #endif
 
 enum BenchCommand {
+    static let usage = """
+        usage: sdk-host bench [codec | drain] [--json] [--quick] [--config PATH]
+               sdk-host bench --soak N [--json]
+          (none)     raw socketpair round trip, then embedded and daemon echo, throughput, cold starts, kills,
+                     drain: every figure also as a ratio to the raw round trip (build with -c release)
+          codec      the wire codec beside Foundation's
+          drain      shutdown with 2k and 32k requests queued
+          --soak N   N requests with crashes, cancels and deadlines; RSS, descriptors and threads over time
+          --quick    fewer samples
+          --json     machine output
+          --config   the configuration of the embedded hosts (extension paths; limits apply to the figures)
+        A bench stopped midway (Ctrl-C, SIGTERM, or SIGKILL) takes the daemon it started with it.
+        """
+
     static func run(_ arguments: [String]) {
-        let json = arguments.contains("--json")
-        let quick = arguments.contains("--quick")
-        if let at = arguments.firstIndex(of: "--soak") {
-            let count = arguments.dropFirst(at + 1).first.flatMap { Int($0) } ?? 0
+        let options = Options(arguments, valued: ["--soak", "--config"], boolean: ["--json", "--quick"], usage: usage)
+        EmbeddedHost.configure(from: options)
+        let json = options.has("--json")
+        let quick = options.has("--quick")
+        if let raw = options.value("--soak") {
+            guard let count = Int(raw), count > 0 else { fail("--soak: '\(raw)' is not a positive request count\n\(usage)", status: ExitStatus.usage) }
             SoakCommand.run(total: count, json: json)
         }
+        let mode = options.positionals.first
+        guard options.positionals.count <= 1, mode == nil || mode == "codec" || mode == "drain" else {
+            fail("unexpected argument '\(options.positionals.last ?? "")'\n\(usage)", status: ExitStatus.usage)
+        }
         var results = Results()
-        if arguments.first == "codec" {
+        if mode == "codec" {
             results.codec(CodecBench.measure(quick: quick))
-        } else if arguments.first == "drain" {
+        } else if mode == "drain" {
             results.raw = RawBench.measure(roundTrips: 4000)
             for queued in [2000, 32000] { results.drain[queued] = EmbeddedBench.shutdownDrain(queued: queued) }
         } else {
@@ -130,7 +150,8 @@ enum DaemonBench {
             + "<key>ExtensionSearchPaths</key><array><string>\(extensions.hasPrefix("/") ? extensions : cwd() + "/" + extensions)</string></array></dict></plist>"
         _ = try? writeFile(config, Array(xml.utf8))
         guard let daemon = try? spawnWithChannels(SpawnRequest(
-            path: "/proc/self/exe", arguments: ["sdk-host", "serve", "--config", config], environment: []))
+            path: "/proc/self/exe", arguments: ["sdk-host", "serve", "--config", config, "--exit-with-parent", String(getpid())],
+            environment: []))
         else { fail("bench: cannot start the daemon") }
         // A bench stopped midway (Ctrl-C, SIGTERM) takes its daemon with it.
         let daemonPid = daemon.process.pid

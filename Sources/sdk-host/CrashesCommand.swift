@@ -7,12 +7,17 @@ import Glibc
 #endif
 
 enum CrashesCommand {
-    static let usage = "usage: sdk-host crashes [--leaks] [--json] [--config PATH] [--dir FOLDER]"
+    static let usage = """
+        usage: sdk-host crashes [--leaks] [--json] [--config PATH] [--dir FOLDER]
+          The crash reports in the configuration's CrashReportDirectory (or FOLDER), oldest first: time, extension,
+          pid, reason, requests in flight, and the line that says why it died (the Swift runtime's "Fatal error: …").
+          --leaks: the leak reports instead. --json: every field, the stderr tail included.
+        """
 
     static func run(_ arguments: [String]) -> Never {
         let options = Options(arguments, valued: ["--config", "--dir"], boolean: ["--json", "--leaks"], usage: usage)
         guard let directory = options.value("--dir") ?? loadConfiguration(options).host.crashReportDirectory else {
-            fail("crashes: no crash report folder configured", status: 2)
+            fail("crashes: no crash report folder configured", status: ExitStatus.usage)
         }
         if options.has("--leaks") { leaks(in: directory, json: options.has("--json")) }
         let reports = CrashReportStore.load(directory: directory)
@@ -25,9 +30,8 @@ enum CrashesCommand {
             exit(0)
         }
         for r in reports {
-            let lastLine = r.stderrTail.split(separator: "\n").last.map(String.init) ?? ""
-            print("\(formatTime(r.time))  \(r.extensionIdentifier)  pid \(r.pid)  \(r.reason)  "
-                + "in flight: \(r.inFlightRequests.count)\(lastLine.isEmpty ? "" : "  stderr: \(lastLine.prefix(80))")")
+            print("\(formatTime(r.time))  \(r.extensionIdentifier)  pid \(r.pid)  \(r.reason)  in flight: \(r.inFlightRequests.count)")
+            if let line = r.fatalErrorLine { print("    \(line.prefix(200))") }
         }
         exit(0)
     }

@@ -36,7 +36,16 @@ enum DemoCommand {
         Step(label: "escaper tcp 127.0.0.1:9", extensionID: "com.example.escaper", input: "tcp:9"),
     ]
 
+    static let usage = """
+        usage: sdk-host demo [--config PATH]
+          Runs echo, every crash fault, a hang, a cancel and the sandbox escapes through an embedded host and prints
+          what happened to each request. --config (or $SDKHOST_CONFIG) gives the extension paths and limits.
+        """
+
     static func run(_ arguments: [String]) {
+        let options = Options(arguments, valued: ["--config"], boolean: [], usage: usage)
+        if let extra = options.positionals.first { fail("unexpected argument '\(extra)'\n\(usage)", status: ExitStatus.usage) }
+        EmbeddedHost.configure(from: options)
         // The table reports every outcome; the host's own log lines would only interleave with it.
         let host = EmbeddedHost.make { $0.logHandler = { _, _ in } }
         var extensions: [String: (ext: Extension, waiter: OutcomeWaiter)] = [:]
@@ -52,7 +61,7 @@ enum DemoCommand {
                 do {
                     ext = try host.extension(identifier: step.extensionID)
                 } catch {
-                    fail("demo: \(error) (build the extensions with `swift build`)", status: 2)
+                    fail("demo: \(error) (build the extensions with `swift build`)", status: ExitStatus.usage)
                 }
                 waiter = OutcomeWaiter(attachingTo: ext)
                 extensions[step.extensionID] = (ext, waiter)

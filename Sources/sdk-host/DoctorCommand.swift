@@ -1,19 +1,26 @@
 // `sdk-host doctor [--json]`: which sandbox layers this machine offers, and why not. It runs the launcher in
 // its `--doctor` mode, which tries each layer in a throwaway child process, so the answer is the kernel's own.
 // Exit 0 when every layer the default profile (Sandbox = strict) needs is available, 1 otherwise.
+import SDKDaemon
 import SDKHost
+import SDKPosix
 
 #if canImport(Glibc)
 import Glibc
 #endif
 
 enum DoctorCommand {
-    static let usage = "usage: sdk-host doctor [--json]"
+    static let usage = """
+        usage: sdk-host doctor [--json] [--config PATH] [--socket PATH]
+          Kernel features and sandbox layers (each tried in a throwaway child), the configuration and its
+          extensions (manifests, executables), and the daemon's socket. Exit 0 when the default sandbox can launch
+          workers and the configuration loads, 1 otherwise.
+        """
     /// What a strict worker needs; the namespaces matter only to extensions with AllowSubprocesses.
     static let requiredByDefault = ["noNewPrivs", "capabilities", "landlock", "seccomp", "rlimits"]
 
     static func run(_ arguments: [String]) -> Never {
-        let options = Options(arguments, valued: [], boolean: ["--json"], usage: usage)
+        let options = Options(arguments, valued: ["--config", "--socket"], boolean: ["--json"], usage: usage)
         guard let launcher = SandboxProfile.findLauncher(configured: nil, searchPaths: []) else {
             fail("doctor: sdk-host-launcher not found next to \(currentExecutableDirectory() ?? "this executable"); "
                 + "build it with `swift build`", status: 1)
@@ -34,11 +41,13 @@ enum DoctorCommand {
                     detail: fields.count > 2 ? fields[2] : "")
         }
         let missing = requiredByDefault.filter { name in !rows.contains { $0.name == name && $0.available } }
+        let setup = checkSetup(options)
         if options.has("--json") {
             let value: PlistValue = [
                 "launcher": .string(launcher), "uid": .integer(Int64(geteuid())),
                 "layers": .array(rows.map { ["name": .string($0.name), "available": .bool($0.available), "detail": .string($0.detail)] }),
                 "strictReady": .bool(missing.isEmpty),
+                "checks": .array(setup.map { ["name": .string($0.name), "ok": .bool($0.ok), "detail": .string($0.detail)] }),
             ]
             print(JSON.render(value))
         } else {
@@ -55,7 +64,63 @@ enum DoctorCommand {
                 print("Sandbox = strict cannot launch workers here: \(missing.joined(separator: ", ")) unavailable. "
                     + "Use Sandbox = bestEffort to run with what the kernel offers.")
             }
+            print("setup:")
+            for check in setup {
+                print("  " + StatusCommand.pad(check.name, 16) + StatusCommand.pad(check.ok ? "ok" : "NO", 5) + check.detail)
+            }
         }
-        exit(missing.isEmpty ? 0 : 1)
+        exit(missing.isEmpty && setup.allSatisfy(\.ok) ? ExitStatus.success : ExitStatus.failure)
+    }
+
+    /// The configuration loads, its extensions load and have executables, and the socket's folder is usable.
+    /// A daemon that is not running is not a failure: only reported.
+    static func checkSetup(_ options: Options) -> [(name: String, ok: Bool, detail: String)] {
+        var checks: [(name: String, ok: Bool, detail: String)] = []
+        var path = options.value("--config")
+        if path == nil, access("config/sdk-host.plist", R_OK) == 0 { path = "config/sdk-host.plist" }
+        if path == nil, let env = getenv("SDKHOST_CONFIG") { path = String(cString: env) }
+        let configuration: DaemonConfiguration
+        do {
+            configuration = try path.map { p throws(HostError) in
+                try DaemonConfiguration(contentsOf: p, defaultExtensionSearchPaths: EmbeddedHost.extensionSearchPaths())
+            } ?? DaemonConfiguration(defaultExtensionSearchPaths: EmbeddedHost.extensionSearchPaths())
+            checks.append(("configuration", true, path ?? "built-in defaults"))
+        } catch {
+            checks.append(("configuration", false, "\(error)"))
+            return checks
+        }
+        var host = configuration.host
+        host.logHandler = { _, _ in }
+        do {
+            let embedded = try ExtensionHost(configuration: host)
+            let infos = embedded.extensions
+            var missing: [String] = []
+            for info in infos {
+                do { _ = try embedded.extension(identifier: info.identifier) } catch { missing.append("\(error)") }
+            }
+            embedded.shutdown {}
+            checks.append(("extensions", missing.isEmpty && !infos.isEmpty,
+                           infos.isEmpty ? "none found in \(host.extensionSearchPaths.joined(separator: ", "))"
+                               : missing.isEmpty ? infos.map(\.description).joined(separator: ", ") : missing.joined(separator: "; ")))
+        } catch {
+            checks.append(("extensions", false, "\(error)"))
+        }
+        let socket = options.value("--socket") ?? configuration.socketPath
+        let folder = String(socket[..<(socket.lastIndex(of: "/") ?? socket.startIndex)])
+        var st = stat()
+        if stat(folder.isEmpty ? "." : folder, &st) == 0 {
+            let safe = (st.st_uid == geteuid() || st.st_uid == 0) && st.st_mode & 0o022 == 0
+            checks.append(("socket folder", safe, "\(folder) " + (safe ? "belongs to uid \(st.st_uid), not writable by others"
+                : "must belong to you or root and not be writable by group or others (mode \(String(st.st_mode & 0o777, radix: 8)))")))
+        } else {
+            checks.append(("socket folder", true, "\(folder) does not exist yet; `serve` creates it (mode 700)"))
+        }
+        var answering = false
+        if let fd = try? connectUnix(path: socket) {
+            fd.close()
+            answering = true
+        }
+        checks.append(("daemon", true, answering ? "answering on \(socket)" : "not running on \(socket) (not an error)"))
+        return checks
     }
 }

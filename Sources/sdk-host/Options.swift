@@ -16,8 +16,12 @@ struct Options {
         var i = 0
         while i < arguments.count {
             let arg = arguments[i]
+            if arg == "--help" || arg == "-h" {
+                print(usage)
+                exit(ExitStatus.success)
+            }
             if valued.contains(arg) {
-                guard i + 1 < arguments.count else { fail("\(arg) needs a value\n\(usage)", status: 2) }
+                guard i + 1 < arguments.count else { fail("\(arg) needs a value\n\(usage)", status: ExitStatus.usage) }
                 values[arg, default: []].append(arguments[i + 1])
                 i += 2
                 continue
@@ -25,7 +29,7 @@ struct Options {
             if boolean.contains(arg) {
                 flags.insert(arg)
             } else if arg.hasPrefix("-") {
-                fail("unknown option \(arg)\n\(usage)", status: 2)
+                fail("unknown option \(arg)\n\(usage)", status: ExitStatus.usage)
             } else {
                 positionals.append(arg)
             }

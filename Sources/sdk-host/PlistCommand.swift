@@ -7,9 +7,16 @@ import Glibc
 #endif
 
 enum PlistCommand {
+    static let usage = """
+        usage: sdk-host plist encode|decode
+          encode   an XML property list on stdin -> the wire's bplist00 on stdout
+          decode   bplist00 on stdin -> an XML property list on stdout
+        """
+
     static func run(_ arguments: [String]) {
-        guard arguments.count == 1, let mode = arguments.first, mode == "encode" || mode == "decode" else {
-            fail("usage: sdk-host plist encode|decode  (input on stdin, output on stdout)", status: 2)
+        let options = Options(arguments, valued: [], boolean: [], usage: usage)
+        guard options.positionals.count == 1, let mode = options.positionals.first, mode == "encode" || mode == "decode" else {
+            fail(usage, status: ExitStatus.usage)
         }
         let input = readAll(0)
         do {

@@ -1,6 +1,8 @@
-// `sdk-host request <ext-id> [--text S]… [--embedded | --socket P] [--app NAME] [--timeout S]`: one request, its outcome
-// and items. Exit status: 0 completed, 3 cancelled, 4 interrupted, 2 usage or configuration error.
-// Without --socket or --embedded it uses the daemon when one answers on the configured socket, else embedded.
+// `sdk-host request <ext-id> [--text S]… [--embedded | --socket P] [--app NAME] [--timeout S] [--config P]`: one
+// request; prints which host served it, the outcome and the items. Exit status (main.swift's table): 0 completed,
+// 3 cancelled, 4 interrupted, 2 usage or configuration error, 1 no daemon at an explicit --socket or no outcome.
+// Without --socket or --embedded it uses the daemon when one answers on the configured socket, else an embedded
+// host built from --config (or $SDKHOST_CONFIG), and says so on stderr.
 import Dispatch
 import SDKHost
 
@@ -9,21 +11,36 @@ import Glibc
 #endif
 
 enum RequestCommand {
-    static let usage = "usage: sdk-host request <extension-id> [--text S]... [--embedded | --socket PATH] [--app NAME] [--timeout SECONDS] [--config PATH]"
+    static let usage = """
+        usage: sdk-host request <extension-id> [--text S]... [--embedded | --socket PATH] [--app NAME]
+                                [--timeout SECONDS] [--config PATH]
+          --text S        an input item with title S (repeatable; default: one empty item)
+          --embedded      run the worker in this process's own host, from --config's extension paths
+          --socket PATH   use the daemon at PATH (an error if none answers)
+          --app NAME      the app name the daemon pools workers by (default: sdk-host)
+          --timeout S     the request's deadline in seconds (default \(Int(defaultTimeout))): past it the worker
+                          is killed and the request interrupted (hang); this command gives up 10 s later
+          --config PATH   the configuration: the daemon's socket, or the embedded host's extensions and limits
+        Prints "served by: …" (the embedded host or the daemon, with the worker's pid), the outcome and the items.
+        Exit status 0 completed, 3 cancelled, 4 interrupted, 2 usage or configuration error, 1 no daemon at
+        --socket, or no outcome in time.
+        """
+    static let defaultTimeout = 60.0
 
     static func run(_ arguments: [String]) -> Never {
         let options = Options(arguments, valued: ["--text", "--timeout", "--socket", "--config", "--app"], boolean: ["--embedded"], usage: usage)
         guard options.positionals.count == 1 else {
-            fail(options.positionals.isEmpty ? "missing extension identifier\n\(usage)" : "unexpected argument '\(options.positionals[1])'\n\(usage)", status: 2)
+            fail(options.positionals.isEmpty ? "missing extension identifier\n\(usage)" : "unexpected argument '\(options.positionals[1])'\n\(usage)", status: ExitStatus.usage)
         }
+        EmbeddedHost.configure(from: options)
         let identifier = options.positionals[0]
-        var timeout: Double?
+        var timeout = defaultTimeout
         if let raw = options.value("--timeout") {
-            guard let t = Double(raw), t > 0 else { fail("--timeout: '\(raw)' is not a positive number of seconds", status: 2) }
+            guard let t = Double(raw), t > 0, t <= 86_400 else { fail("--timeout: '\(raw)' is not a number of seconds in (0, 86400]", status: ExitStatus.usage) }
             timeout = t
         }
         if options.has("--embedded") && options.value("--socket") != nil {
-            fail("--embedded and --socket exclude each other\n\(usage)", status: 2)
+            fail("--embedded and --socket exclude each other\n\(usage)", status: ExitStatus.usage)
         }
         let host: ExtensionHost
         if options.has("--embedded") {
@@ -42,37 +59,56 @@ enum RequestCommand {
             }
             switch connected {
             case .success(let h): host = h
-            case .failure(let error) where explicit: fail("\(error)", status: 2)
-            case .failure: host = EmbeddedHost.make()  // no daemon: embedded, as documented
+            case .failure(let error) where explicit: fail("\(error)", status: ExitStatus.failure)
+            case .failure:
+                // No daemon: embedded, as documented, and said so (stdout stays the outcome's).
+                host = EmbeddedHost.make()
+                var line = "sdk-host: no daemon answering on \(socket); using an embedded host\n"
+                line.withUTF8 { _ = write(2, $0.baseAddress, $0.count) }
             }
         }
         let ext: Extension
         do {
             ext = try host.extension(identifier: identifier)
         } catch {
-            fail("\(error)", status: 2)
+            fail("\(error)", status: ExitStatus.usage)
         }
         let texts = options.values["--text"] ?? []
         let items = texts.isEmpty ? [ExtensionItem()] : texts.map { ExtensionItem(title: $0) }
         let waiter = OutcomeWaiter(attachingTo: ext)
-        let id = ext.beginRequest(withInputItems: items, deadline: timeout)
-        let outcome = waiter.wait(for: id)
+        let workerPid = Mutex<pid_t?>(nil)
+        let id = ext.beginRequest(withInputItems: items, deadline: timeout, onWorkerAssigned: { pid in workerPid.withLock { $0 = pid } })
+        // The deadline ends the request at the host; the extra 10 s covers a daemon that never answers at all.
+        let outcome = waiter.wait(for: id, timeout: timeout + 10)
+        let mode = host.mode
         let finished = DispatchSemaphore(value: 0)
         host.shutdown { finished.signal() }
         finished.wait()
-        switch outcome! {
+        let worker = workerPid.withLock { $0 }.map { "worker pid \($0)" } ?? "no worker"
+        switch mode {
+        case .embedded:
+            print("served by: embedded host (\(EmbeddedHost.baseConfiguration().source)), \(worker)")
+        case .daemon(let path, let pid):
+            print("served by: daemon pid \(pid) at \(path), \(worker)")
+        }
+        guard let outcome else { fail("request \(id): no outcome within \(Int(timeout + 10)) s", status: ExitStatus.failure) }
+        switch outcome {
         case .completed(let items):
             print("completed \(id)")
             for (n, item) in items.enumerated() {
-                print("  item \(n): title=\(item.title.map { "\"\($0)\"" } ?? "nil") attachments=\(PlistValue.array(item.attachments)) userInfo=\(PlistValue.dictionary(item.userInfo))")
+                print("  item \(n): title=\(item.title.map { "\"\($0)\"" } ?? "nil")"
+                    + (item.text.map { " text=\"\($0)\"" } ?? "")
+                    + " attachments=\(PlistValue.array(item.attachments)) userInfo=\(PlistValue.dictionary(item.userInfo))")
             }
-            exit(0)
+            exit(ExitStatus.success)
         case .cancelled(let error):
             print("cancelled \(id): \(error)")
-            exit(3)
+            exit(ExitStatus.cancelled)
         case .interrupted(let reason):
             print("interrupted \(id): \(reason)")
-            exit(4)
+            exit(ExitStatus.interrupted)
         }
     }
 }
+
+import Synchronization

@@ -1,34 +1,65 @@
 // sdk-host: the command-line entry point (shared/DESIGN.md "CLI"). Each subcommand lives in its own file.
+// Every command answers --help (exit 0) and shares one exit-status table (ExitStatus).
+import SDKHost
+
 #if canImport(Glibc)
 import Glibc
 #endif
 
 let usage = """
-    usage: sdk-host <command> [options]
-      demo                      run echo, every crash fault and a cancel through an embedded host
-      request <ext-id> [--text S]... [--embedded | --socket P] [--app NAME] [--timeout S]
-                                one request; exit 0 completed, 3 cancelled, 4 interrupted, 2 usage error
+    usage: sdk-host <command> [options]        (sdk-host <command> --help for one command's options)
+      demo [--config P]         run echo, every crash fault and a cancel through an embedded host
+      request <ext-id> [--text S]... [--embedded | --socket P] [--app NAME] [--timeout S] [--config P]
+                                one request; prints which host served it, the outcome and the items
       serve [--config P] [--socket P]
-                                the daemon; SIGTERM/SIGINT drain in-flight requests, then stop
-      status [--json]           the daemon's extensions, workers (with their sandbox layers) and counters
-      doctor [--json]           which sandbox layers this machine offers, and why not
-      crashes [--leaks] [--json] the crash (or leak) reports the daemon wrote
-      plist encode              XML plist on stdin -> bplist00 on stdout
-      plist decode              bplist00 on stdin -> XML plist on stdout
-      bench [codec] [--json] [--quick]
+                                the daemon; SIGTERM/SIGINT drain in-flight requests, then stop; SIGHUP rescans
+                                manifests; systemd socket activation and sd_notify when started by systemd
+      status [--json] [--socket P] [--config P]
+                                the daemon's extensions, workers (with their sandbox layers) and counters
+      doctor [--json] [--config P]
+                                kernel features and sandbox layers, the configuration, the socket
+      crashes [--leaks] [--json] [--config P] [--dir D]
+                                the crash (or leak) reports the daemon wrote, each with its fatal-error line
+      plist encode|decode       XML plist on stdin -> bplist00 on stdout, and back
+      bench [codec|drain] [--json] [--quick] [--config P]
                                 performance figures next to the raw socketpair round trip (use -c release)
       bench --soak N [--json]   N requests with crashes, cancels and deadlines: RSS, descriptors, threads, slope
+      --version                 the version
+
+    exit status (every command):
+      0  success; for request: completed
+      1  failure at run time: no daemon answering, no outcome in time, doctor found a layer missing, I/O error
+      2  usage or configuration error: bad option or value, bad configuration key or manifest, unknown extension
+      3  request cancelled (by the extension, or by the host: deadline, --timeout)
+      4  request interrupted (the worker crashed, hung or broke the protocol; the daemon went away)
+
+    environment:
+      SDKHOST_CONFIG       configuration file when --config is not given and ./config/sdk-host.plist is absent
+      SDKHOST_EXTENSIONS   extension search paths (colon-separated) when the configuration names none
+      XDG_RUNTIME_DIR      the default socket is $XDG_RUNTIME_DIR/sdk-host/sdk-host.sock (else /tmp/sdk-host-<uid>/)
+      TMPDIR               where workers' private temporary folders are made (default /tmp)
+      LISTEN_FDS, LISTEN_PID, NOTIFY_SOCKET, WATCHDOG_USEC, WATCHDOG_PID, JOURNAL_STREAM
+                           set by systemd for `serve`: socket activation, readiness, watchdog, journal log lines
     """
 
+/// The exit statuses every command shares (printed in `usage`).
+enum ExitStatus {
+    static let success: Int32 = 0
+    static let failure: Int32 = 1
+    static let usage: Int32 = 2
+    static let cancelled: Int32 = 3
+    static let interrupted: Int32 = 4
+}
+
 /// Prints one line to stderr and exits with `status`: the CLI's error convention.
-func fail(_ message: String, status: Int32 = 1) -> Never {
+func fail(_ message: String, status: Int32 = ExitStatus.failure) -> Never {
     var line = "sdk-host: " + message + "\n"
     line.withUTF8 { _ = write(2, $0.baseAddress, $0.count) }
     exit(status)
 }
 
 var arguments = Array(CommandLine.arguments.dropFirst())
-guard let command = arguments.first else { fail("missing command\n" + usage, status: 2) }
+guard let command = arguments.first else { fail("missing command\n" + usage, status: ExitStatus.usage) }
 arguments.removeFirst()
 switch command {
 case "plist": PlistCommand.run(arguments)
@@ -42,5 +73,6 @@ case "doctor": DoctorCommand.run(arguments)
 case "crashes": CrashesCommand.run(arguments)
 case "hammer": HammerCommand.run(arguments)  // internal: load client for tests
 case "help", "--help", "-h": print(usage)
-default: fail("unknown command '\(command)'\n" + usage, status: 2)
+case "version", "--version": print("sdk-host \(ExtensionHost.version)")
+default: fail("unknown command '\(command)'\n" + usage, status: ExitStatus.usage)
 }

@@ -1,5 +1,6 @@
 // The CLI contract of shared/DESIGN.md: request exit statuses (0 completed, 3 cancelled, 4 interrupted, 2 usage
 // or configuration error), and bad input as one clear line on stderr with a non-zero exit.
+import SDKWire
 import HostTestSupport
 import SDKHost
 import Testing
@@ -39,7 +40,7 @@ import Glibc
     @Test func usageAndConfigurationErrorsExitTwoWithOneLine() async throws {
         let cases: [([String], String)] = [
             (["request", "com.example.nope", "--embedded"], "unknown extension 'com.example.nope'"),
-            (["request", "com.example.echo", "--timeout", "soon"], "--timeout: 'soon' is not a positive number"),
+            (["request", "com.example.echo", "--timeout", "soon"], "--timeout: 'soon' is not a number of seconds"),
             (["request"], "missing extension identifier"),
             (["request", "com.example.echo", "--bogus"], "unknown option --bogus"),
             (["frobnicate"], "unknown command 'frobnicate'"),

@@ -1,5 +1,6 @@
 // Supervision through the daemon (issue 10): the same promises as the embedded SupervisionTests, checked the
 // way an operator sees them, with `sdk-host status --json` and `sdk-host status` run as real commands.
+import SDKWire
 import HostTestSupport
 import SDKHost
 import SDKPosix

@@ -1,4 +1,5 @@
 // A real `sdk-host serve` process for the daemon tests: its own folder, config, socket and log.
+import SDKWire
 import FoundationEssentials
 import HostTestSupport
 import SDKHost

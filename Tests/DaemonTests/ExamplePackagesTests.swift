@@ -5,6 +5,7 @@
 // profile, the controls must work, and the host must still serve afterwards. Then the extension package's own
 // tests run (they use SDKExtensionTesting), and a daemon serving its manifests reports its two leaky
 // extensions, and not the clean one.
+import SDKWire
 import HostTestSupport
 import SDKHost
 import SDKPosix

@@ -1,6 +1,7 @@
 // HostileClient: a client that speaks the daemon's wire protocol badly on purpose, over a raw socket, so the
 // tests can send what the client library never would: huge deadlines, amplifying frames, half frames, floods,
 // and never read a reply.
+import SDKWire
 import HostTestSupport
 import SDKHost
 import SDKPosix

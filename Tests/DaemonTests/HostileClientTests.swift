@@ -2,6 +2,7 @@
 // through raw sockets, and then checks the same things: the daemon is alive, its RSS is under 512 MB, a second
 // well-behaved client is served, the log stayed bounded, and every request the attacker began got exactly one
 // outcome or its connection was dropped.
+import SDKWire
 import HostTestSupport
 import SDKHost
 import SDKPosix
@@ -142,8 +143,9 @@ func expectHealthy(_ daemon: DaemonProcess, maxLogBytes: Int = 2 << 20, sourceLo
         var idle: [HostileClient] = []
         for _ in 0..<120 { idle.append(try HostileClient(daemon.socket)) }
         // Beyond MaxClients: refused at once with a reason. The rest never say `connect`: closed after 4 s.
-        // Which 40 get a slot is not fixed: the start-up probe's connection may still hold one when the first
-        // of these arrive, and free it a moment later. So count over all 120: 80 refused, 40 timed out.
+        // Which 40 get a slot is not fixed, nor is it always 40: the start-up probe's connection may still hold a
+        // slot when these arrive, and free it a moment later or only after all 120 were accepted. So count over
+        // all 120: 80 refused (81 while the probe held its slot throughout), the rest timed out.
         var accepted: [HostileClient] = []
         var refused = 0
         for client in idle {
@@ -153,8 +155,8 @@ func expectHealthy(_ daemon: DaemonProcess, maxLogBytes: Int = 2 << 20, sourceLo
                 accepted.append(client)
             }
         }
-        #expect(refused == 80)
-        #expect(accepted.count == 40)
+        #expect(refused == 80 || refused == 81, "\(refused) refused")
+        #expect(accepted.count == 120 - refused)
         for client in accepted { #expect(client.isClosedByDaemon()) }
         idle.removeAll()
         try await expectHealthy(daemon)

@@ -1,6 +1,7 @@
 // One app's faults stay its own (issue 10): through a real daemon, two client apps (the same uid, different app
 // names) get their own workers of a `perApp` extension, so one app's crash-inducing input and crash loop never
 // interrupt the other's request; `shared` opts back into one set of workers.
+import SDKWire
 import HostTestSupport
 import SDKHost
 import Testing

@@ -1,5 +1,6 @@
 // Crash injection, one test per Crasher fault: each kills, hangs or corrupts a real worker process and checks
 // the single outcome DESIGN.md's failure model gives it, the crash report, and that the next request is served.
+import SDKWire
 import HostTestSupport
 import SDKHost
 import Testing

@@ -1,6 +1,7 @@
 // The host against extensions that attack it: floods of output with forged log lines, a reply for a request
 // on another worker, a worker that stops itself, and plain print() that must not be lost. Each test checks the
 // host keeps serving and every request ends exactly once.
+import SDKWire
 import HostTestSupport
 import SDKHost
 import SDKPosix

@@ -1,6 +1,7 @@
 // Leak reports at run time (issue 11): after a request ends, the worker runtime checks that its
 // ExtensionContext is gone (and an async handler's Task has finished) within LeakCheckDelaySeconds; if not, it
 // tells the host, which logs it naming the extension and counts it in status. Real workers, real leaks.
+import SDKWire
 import HostTestSupport
 import SDKHost
 import SDKPosix

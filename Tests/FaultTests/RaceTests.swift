@@ -1,6 +1,7 @@
 // Races and compound failures: cancel against completion, a crash with several requests in flight, a crash
 // before the handshake, a missing executable, a worker that ignores cancel or stops answering heartbeats,
 // shutdown with requests in flight, and 200 requests against workers killed at random.
+import SDKWire
 import HostTestSupport
 import SDKHost
 import Testing

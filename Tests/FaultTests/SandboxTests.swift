@@ -2,6 +2,7 @@
 // default profile and must be refused; the controls (threads, /dev/urandom, TMPDIR, a ReadablePaths entry,
 // NetworkAllowed, AllowSubprocesses) must still work. Every target is the test's own: a folder it made, a
 // listener it opened on 127.0.0.1 or in its folder, its own pid (signal 0, ptrace seize and detach).
+import SDKWire
 import HostTestSupport
 import SDKHost
 import Testing

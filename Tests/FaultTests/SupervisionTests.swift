@@ -1,6 +1,7 @@
 // Supervision, embedded (issue 10): crash-loop quarantine with backoff, a fair share of crash reports, hang
 // reports and latency in `status`, liveness of stopped or wedged workers, warm workers and prewarm(), and
 // recycling. Every worker is a real process; every crash is real.
+import SDKWire
 import HostTestSupport
 import SDKHost
 import SDKPosix

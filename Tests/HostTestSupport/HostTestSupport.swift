@@ -1,5 +1,6 @@
 // Shared by the host and fault tests: hosts wired to the bundled extensions, a recorder of callbacks, temporary
 // extension folders, and resource snapshots for leak checks (descriptors, worker children, loop threads).
+import SDKWire
 import Dispatch
 import SDKHost
 import SDKPosix

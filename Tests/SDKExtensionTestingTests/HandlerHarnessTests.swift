@@ -1,5 +1,6 @@
 // The in-process harness: handlers run against items with a real ExtensionContext, no worker spawned; every
 // outcome (completed, cancelled by the harness or by the handler, timed out) and the context's release.
+import SDKWire
 import SDKExtensionTesting
 import Synchronization
 import Testing

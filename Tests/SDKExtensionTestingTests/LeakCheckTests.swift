@@ -1,4 +1,5 @@
 // The leak assertion's own tests: each leaky graph is found, with its paths; the same graph fixed is clean.
+import SDKWire
 import SDKExtensionTesting
 import Synchronization
 import Testing

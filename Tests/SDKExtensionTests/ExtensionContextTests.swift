@@ -1,5 +1,6 @@
 // ExtensionContext: the first finish wins; later ones are no-ops (logged), never a second message.
 @testable import SDKExtension
+import SDKWire
 import Synchronization
 import Testing
 

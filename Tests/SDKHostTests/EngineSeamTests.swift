@@ -1,6 +1,7 @@
 // The engine's rare error paths, made deterministic through its seams: a launcher whose spawn fails, one whose
 // reap loses the status (an app that ignores SIGCHLD), one whose exit descriptor cannot be watched; and what a
 // request leaves behind after it ends in a queue, by a cancel or a deadline, or as `overloaded`.
+import SDKWire
 import HostTestSupport
 @testable import SDKHost
 import SDKPosix

@@ -1,5 +1,6 @@
 // The public API in embedded mode: lookups and their errors, handlers and their queue, pid(for:), perform with
 // Task cancellation, per-request deadlines, worker reuse and idle retirement. Real workers throughout.
+import SDKWire
 import Dispatch
 import HostTestSupport
 @testable import SDKHost

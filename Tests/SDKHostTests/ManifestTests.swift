@@ -1,4 +1,5 @@
 // Manifests: the bundled ones load with their policies; a bad one is a startup error naming the file and key.
+import SDKWire
 import HostTestSupport
 @testable import SDKHost
 import Testing

@@ -3,6 +3,7 @@
 // pipes and an eventfd that stands for its exit; the simulation decides, from a seeded generator, what each
 // worker does and when: welcome, complete, complete twice, acknowledge a cancel, reply for an unknown id,
 // crash, exit, and what the clock does. Every schedule is reproducible from its seed.
+import SDKWire
 import HostTestSupport
 @testable import SDKHost
 import CSDKShim

@@ -3,6 +3,7 @@
 // fake worker was reaped and its exit descriptor closed. A failure prints its seed; rerun one schedule with
 // SDKHOST_SIM_SEED=<seed>, or many with SDKHOST_SIM_SCHEDULES=<n>:
 //   SDKHOST_SIM_SCHEDULES=100000 swift test --filter SimulationTests
+import SDKWire
 import HostTestSupport
 @testable import SDKHost
 import SDKPosix

@@ -58,10 +58,17 @@ int sdk_unix_connect(const char *path);
 int sdk_accept(int listen_fd);
 /// SO_PEERCRED of a connected Unix socket. Returns 0 or -1 with errno.
 int sdk_peer_credentials(int fd, pid_t *pid, uid_t *uid, gid_t *gid);
-/// Blocks SIGTERM and SIGINT in the calling thread (threads it creates inherit the mask) and returns a
+/// Blocks SIGTERM, SIGINT and SIGHUP in the calling thread (threads it creates inherit the mask) and returns a
 /// signalfd (close-on-exec, non-blocking) that reads them; -1 with errno on failure.
 int sdk_termination_signalfd(void);
 /// Reads one pending signal from a signalfd; returns the signal number, 0 if none, -1 with errno.
 int sdk_read_signalfd(int fd);
+/// 1 if `fd` is a listening Unix stream socket (what systemd passes for our .socket unit), else 0.
+int sdk_is_listening_unix_stream(int fd);
+/// The filesystem path a Unix socket is bound to, NUL-terminated in `buffer`. 0, or -1 with errno.
+int sdk_socket_path(int fd, char *buffer, size_t size);
+/// Sends one datagram to the Unix socket `path` ("@name" for an abstract one): the sd_notify protocol.
+/// Non-blocking. 0, or -1 with errno.
+int sdk_notify_datagram(const char *path, const char *message, size_t length);
 
 #endif
