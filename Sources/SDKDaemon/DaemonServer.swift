@@ -64,9 +64,14 @@ package final class DaemonServer: @unchecked Sendable {
             engine = try HostEngine(configuration: configuration.host)
         } catch {
             signals.close()
+            if let inherited { close(inherited) }
             throw error
         }
         self.signals = consume signals
+        if let inherited {
+            listener = FileDescriptor(adopting: inherited)
+            return
+        }
         do throws(HostError) {
             try configuration.prepareSocketDirectory()
             listener = try Self.bind(configuration.socketPath, mode: configuration.socketMode, log: engine)

@@ -192,6 +192,16 @@ final class DaemonClient: HostBackend, @unchecked Sendable {
             return connectFailed("cannot talk to \(socketPath): \(error)")
         }
         connection = c
+        // A peer that accepts but never answers `connect` (a stuck daemon, or a socket whose listener nobody
+        // serves) must not hold the caller forever.
+        loop.schedule(afterNanoseconds: nanoseconds(reconnectTimeout)) { [weak self, weak c] in
+            guard let self, let c, self.connection === c, !self.ready else { return }
+            self.refusal = "the daemon at \(self.socketPath) did not answer 'connect' within \(self.reconnectTimeout) s"
+            c.close()
+            self.connection = nil
+            self.failInFlight(.disconnected)
+            self.connectFailed(self.refusal!)
+        }
     }
 
     /// Why the socket's folder cannot be trusted (another user owns it, or others may write to it and so could

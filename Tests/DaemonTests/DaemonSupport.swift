@@ -13,14 +13,20 @@ import Glibc
 let sdkHostBinary = (currentExecutableDirectory() ?? ".") + "/sdk-host"
 
 /// Runs a program with the given stdout/stderr files (or inherited), returning its pid.
-func spawnProgram(_ arguments: [String], stdout: String? = nil, stderr: String? = nil) -> pid_t {
-    var script = "exec \"$@\""
+func spawnProgram(_ arguments: [String], stdout: String? = nil, stderr: String? = nil, environment: [String] = [],
+                  fd3: Int32? = nil) -> pid_t {
+    // `VAR=value exec` sets them for the program only; LISTEN_PID=$$ is the pid the program keeps after exec.
+    var script = environment.map { "\($0) " }.joined() + "exec \"$@\""
     if let stdout { script += " >'\(stdout)'" }
     if let stderr { script += " 2>'\(stderr)'" }
     var pid: pid_t = 0
     let argv = (["/bin/sh", "-c", script, "sh"] + arguments).map { strdup($0) } + [nil]
     defer { for p in argv { free(p) } }
-    precondition(posix_spawn(&pid, "/bin/sh", nil, nil, argv, environ) == 0)
+    var actions = posix_spawn_file_actions_t()
+    posix_spawn_file_actions_init(&actions)
+    defer { posix_spawn_file_actions_destroy(&actions) }
+    if let fd3 { posix_spawn_file_actions_adddup2(&actions, fd3, 3) }  // dup2 clears close-on-exec
+    precondition(posix_spawn(&pid, "/bin/sh", &actions, nil, argv, environ) == 0)
     return pid
 }
 
@@ -63,16 +69,28 @@ final class DaemonProcess {
     /// Writes a config (extra keys as raw XML) and starts the daemon; waits until its socket answers.
     private let descriptorLimit: Int?
     private let stderrPath: String?
+    /// Variables set for the daemon only (systemd's, in SystemdTests).
+    private let environment: [String]
+    /// With socket activation: the listening socket this test made, passed as fd 3 (as systemd does).
+    private(set) var activatedListener: Int32?
 
     init(extraConfig: String = "", socketMode: Int = 0o600, folderMode: mode_t = 0o700, descriptorLimit: Int? = nil,
-         stderrPath: String? = nil, extraSearchPaths: [String] = []) async throws
+         stderrPath: String? = nil, extraSearchPaths: [String] = [], environment: [String] = [],
+         socketActivated: Bool = false, beforeStart: (String) -> Void = { _ in }) async throws
     {
         self.descriptorLimit = descriptorLimit
         self.stderrPath = stderrPath
+        self.environment = environment
         var template = "/tmp/sdkhost-daemon-XXXXXX".utf8CString
         folder = template.withUnsafeMutableBufferPointer { String(cString: mkdtemp($0.baseAddress!)!) }
         chmod(folder, folderMode)
-        socket = "\(folder)/d.sock"
+        if socketActivated {
+            // The configured SocketPath stays unused: the daemon must serve the socket it inherits.
+            socket = "\(folder)/activated.sock"
+            activatedListener = try listenUnix(path: socket).release()
+        } else {
+            socket = "\(folder)/d.sock"
+        }
         configPath = "\(folder)/sdk-host.plist"
         log = "\(folder)/daemon.log"
         writeFile(configPath, """
@@ -80,12 +98,13 @@ final class DaemonProcess {
             <plist version="1.0"><dict>
               <key>ExtensionSearchPaths</key><array><string>\(packageRoot)/Extensions</string>\(
                   extraSearchPaths.map { "<string>\($0)</string>" }.joined())</array>
-              <key>SocketPath</key><string>\(socket)</string>
+              <key>SocketPath</key><string>\(socketActivated ? "\(folder)/configured.sock" : socket)</string>
               <key>SocketMode</key><integer>\(socketMode)</integer>
               \(extraConfig.contains("<key>LogLevel</key>") ? "" : "<key>LogLevel</key><string>info</string>")
               \(extraConfig)
             </dict></plist>
             """)
+        beforeStart(folder)
         try await start()
     }
 
@@ -93,7 +112,9 @@ final class DaemonProcess {
         var command = [sdkHostBinary, "serve", "--config", configPath]
         if let descriptorLimit { command = ["/bin/sh", "-c", "ulimit -n \(descriptorLimit) && exec \"$@\"", "sh"] + command }
         if pid != 0 { KillOnTermination.remove(pid) }
-        pid = spawnProgram(command, stderr: stderrPath ?? log)
+        var environment = self.environment
+        if activatedListener != nil { environment += ["LISTEN_PID=$$", "LISTEN_FDS=1", "LISTEN_FDNAMES=sdk-host"] }
+        pid = spawnProgram(command, stderr: stderrPath ?? log, environment: environment, fd3: activatedListener)
         KillOnTermination.add(pid)
         let up = await eventually(timeout: 30) {
             guard let fd = try? connectUnix(path: self.socket) else { return false }
@@ -131,6 +152,8 @@ final class DaemonProcess {
             while waitpid(pid, &status, 0) == -1 && errno == EINTR {}
         }
         KillOnTermination.remove(pid)
+        if let fd = activatedListener { close(fd) }
+        activatedListener = nil
         removeFolder(folder)
     }
 

@@ -143,7 +143,22 @@ public func eventually(timeout: Double = 30, _ condition: () -> Bool) async -> B
     return condition()
 }
 
-// MARK: Temporary extensions
+// MARK: Temporary folders and extensions
+
+/// A folder of the test's own under /tmp, removed (with everything in it) when the value is released.
+public final class TemporaryFolder {
+    public let path: String
+
+    public init(_ prefix: String = "sdkhost-test") throws {
+        var template = "/tmp/\(prefix)-XXXXXX".utf8CString
+        guard let made = template.withUnsafeMutableBufferPointer({ mkdtemp($0.baseAddress!) }) else {
+            throw SystemError("mkdtemp", errno: errno)
+        }
+        path = String(cString: made)
+    }
+
+    deinit { _ = removeTree(path) }
+}
 
 /// A temporary extension folder holding one manifest that points at a bundled executable.
 public struct TemporaryExtension {
