@@ -37,6 +37,80 @@ import Glibc
         #expect(try await run(["request", "com.example.crasher", "--embedded", "--text", "hang", "--timeout", "0.3"]).0 == 4)
     }
 
+    @Test func everyCommandAnswersHelpAndTheVersion() async throws {
+        for command in ["demo", "request", "serve", "status", "doctor", "crashes", "plist", "bench"] {
+            let (status, out, err) = try await run([command, "--help"])
+            #expect(status == 0, "\(command) --help: \(err)")
+            #expect(out.hasPrefix("usage: sdk-host \(command)"), "\(command) --help printed \(out)")
+        }
+        let (status, out, _) = try await run(["--help"])
+        #expect(status == 0 && out.contains("exit status (every command)") && out.contains("SDKHOST_CONFIG"))
+        let (versionStatus, version, _) = try await run(["--version"])
+        #expect(versionStatus == 0 && version == "sdk-host \(ExtensionHost.version)\n")
+    }
+
+    @Test func embeddedRequestUsesTheConfigsExtensionPathsAndSaysWhichHost() async throws {
+        // An extension that exists only in this configuration's search path (the Echo executable, renamed).
+        let own = try TemporaryFolder()
+        mkdir("\(own.path)/exts", 0o700)
+        mkdir("\(own.path)/exts/Only", 0o700)
+        writeFile("\(own.path)/exts/Only/Info.plist", """
+            <?xml version="1.0" encoding="UTF-8"?>
+            <plist version="1.0"><dict>
+              <key>CFBundleIdentifier</key><string>com.example.only-here</string>
+              <key>NSExtension</key><dict>
+                <key>NSExtensionPointIdentifier</key><string>com.sdk-host.service</string>
+                <key>NSExtensionExecutable</key><string>Echo</string>
+              </dict>
+            </dict></plist>
+            """)
+        let config = "\(own.path)/sdk-host.plist"
+        writeFile(config, """
+            <plist version="1.0"><dict>
+              <key>ExtensionSearchPaths</key><array><string>exts</string></array>
+              <key>SocketPath</key><string>\(own.path)/none.sock</string>
+            </dict></plist>
+            """)
+        let (status, out, err) = try await run(["request", "com.example.only-here", "--embedded", "--config", config, "--text", "x"])
+        #expect(status == 0, "\(err)")
+        #expect(out.contains("served by: embedded host (\(config)), worker pid "), "\(out)")
+        let (unknown, _, unknownErr) = try await run(["request", "com.example.only-here", "--embedded"])
+        #expect(unknown == 2 && unknownErr.contains("unknown extension"), "\(unknownErr)")
+        // No daemon on the configured socket: embedded from the same configuration, said on stderr.
+        let (fallback, fallbackOut, fallbackErr) = try await run(["request", "com.example.only-here", "--config", config])
+        #expect(fallback == 0 && fallbackOut.contains("served by: embedded host"), "\(fallbackOut)")
+        #expect(fallbackErr.contains("no daemon answering on \(own.path)/none.sock; using an embedded host"))
+    }
+
+    @Test func requestThroughTheDaemonSaysSoAndCrashesShowTheFatalErrorLine() async throws {
+        let daemon = try await DaemonProcess()
+        defer { daemon.remove() }
+        let (status, out, err) = try await run(["request", "com.example.crasher", "--config", daemon.configPath, "--text", "range"])
+        #expect(status == 4, "\(err)")
+        #expect(out.contains("served by: daemon pid \(daemon.pid) at \(daemon.socket), worker pid "), "\(out)")
+        #expect(await eventually(timeout: 20) { !CrashReportStore.load(directory: daemon.crashFolder).isEmpty })
+        let (listed, crashes, _) = try await run(["crashes", "--config", daemon.configPath])
+        #expect(listed == 0)
+        #expect(crashes.contains("com.example.crasher") && crashes.contains("Fatal error: Index out of range"), "\(crashes)")
+        #expect(await daemon.stop() == 0)
+    }
+
+    @Test func aDaemonClientSeesWorkerEventsAndExtensionPoints() async throws {
+        let daemon = try await DaemonProcess()
+        defer { daemon.remove() }
+        let host = try await ExtensionHost.connect(socketPath: daemon.socket)
+        #expect(host.extensions.first { $0.identifier == "com.example.echo" }?.extensionPointIdentifier == "com.sdk-host.service")
+        let events = host.workerEvents()
+        // No wait needed: `subscribe` goes out on the client's loop before the request's `begin`.
+        let task = try host.extension(identifier: "com.example.crasher").start([ExtensionItem(title: "kill")])
+        #expect(await task.outcome == .interrupted(.signal(SIGKILL)))
+        let seen = await eventsUntilExit(events)
+        #expect(seen.map(\.kind) == [.spawned, .ready, .exited], "\(seen)")
+        #expect(seen.last?.pid == task.pid && seen.last?.reason == .signal(SIGKILL))
+        await host.shutdown()
+        #expect(await daemon.stop() == 0)
+    }
+
     @Test func usageAndConfigurationErrorsExitTwoWithOneLine() async throws {
         let cases: [([String], String)] = [
             (["request", "com.example.nope", "--embedded"], "unknown extension 'com.example.nope'"),

@@ -372,3 +372,23 @@ public func expectManifestErrors(_ cases: [(policy: String, expected: String)], 
         }
     }
 }
+
+/// Worker events from `stream` up to and including the first `.exited` one, or what came within `timeout`
+/// seconds (a test must not hang on a stream that never yields).
+public func eventsUntilExit(_ stream: AsyncStream<WorkerEvent>, timeout: Double = 30) async -> [WorkerEvent] {
+    let collector = Task {
+        var seen: [WorkerEvent] = []
+        for await event in stream {
+            seen.append(event)
+            if event.kind == .exited { break }
+        }
+        return seen
+    }
+    let timer = Task {
+        try await Task.sleep(nanoseconds: UInt64(timeout * 1e9))
+        collector.cancel()
+    }
+    let seen = await collector.value
+    timer.cancel()
+    return seen
+}

@@ -1,0 +1,175 @@
+// The second slice's public API for app authors (shared/DESIGN.md "For app and extension authors"): typed
+// payloads, extension points, the request id and pid of a perform, worker lifecycle events, outcomes as an
+// AsyncSequence, main-actor handlers, Duration deadlines, and crash reports with their fatal-error line.
+import SDKHost
+import SDKWire
+import Synchronization
+import Testing
+import HostTestSupport
+
+#if canImport(Glibc)
+import Glibc
+#endif
+
+struct Greeting: Codable, Equatable {
+    var name: String
+    var times: Int
+    var scores: [Double]
+    var nickname: String?
+    var tags: [String: Bool]
+    var when: PlistDate
+    var nested: [Inner]
+
+    struct Inner: Codable, Equatable {
+        var id: UInt32
+        var flag: Bool
+    }
+}
+
+@MainActor final class Model {
+    var completed: [RequestID] = []
+    var interrupted: [RequestID: InterruptionReason] = [:]
+}
+
+@Suite struct PlistCoderTests {
+    @Test func codableValuesRoundTripThroughPlistValueAndTheWire() throws {
+        let value = Greeting(name: "Ada", times: 3, scores: [1.5, -2], nickname: nil, tags: ["x": true],
+                             when: PlistDate(secondsSince1970: 1_700_000_000), nested: [.init(id: 7, flag: false)])
+        let plist = try PlistValueEncoder().encode(value)
+        #expect(plist["nickname"] == nil, "nil is left out: property lists have no null")
+        #expect(plist["when"] == .date(PlistDate(secondsSince1970: 1_700_000_000)))
+        // Through the binary codec and back, as the worker would see it.
+        let wire = try BinaryPlistDecoder.decode(BinaryPlistEncoder.encode(plist))
+        #expect(try PlistValueDecoder().decode(Greeting.self, from: wire) == value)
+        let item = try ExtensionItem(encoding: value, title: "greeting")
+        #expect(try item.decode(Greeting.self) == value)
+    }
+
+    @Test func decodingErrorsNameThePath() throws {
+        let bad: PlistValue = ["name": "Ada", "times": "three", "scores": [], "tags": [:], "when": .date(PlistDate(secondsSince1970: 0)), "nested": []]
+        do {
+            _ = try PlistValueDecoder().decode(Greeting.self, from: bad)
+            Issue.record("decoded a string as an Int")
+        } catch let DecodingError.typeMismatch(_, context) {
+            #expect(context.codingPath.map(\.stringValue) == ["times"])
+        }
+        #expect(throws: EncodingError.self) { try PlistValueEncoder().encode([UInt64.max]) }
+        #expect(throws: EncodingError.self) { try PlistValueEncoder().encode([Int?.none]) }
+        #expect(throws: DecodingError.self) { try ExtensionItem().decode(Greeting.self) }
+    }
+
+    @Test func itemTextTravelsAndIllTypedTextIsRefused() throws {
+        let item = ExtensionItem(title: "t", text: "body")
+        #expect(try ExtensionItem(plist: try BinaryPlistDecoder.decode(BinaryPlistEncoder.encode(item.plist))) == item)
+        #expect(throws: MessageError.self) { try ExtensionItem(plist: ["text": 5]) }
+    }
+}
+
+@Suite struct PublicAPITests {
+    @Test func typedPerformThroughARealWorker() async throws {
+        try await withHost { host, _ in
+            let echo = try host.extension(identifier: "com.example.echo")
+            let value = Greeting(name: "Grace", times: 1, scores: [], nickname: "amazing", tags: [:],
+                                 when: PlistDate(secondsSinceReferenceDate: 0), nested: [])
+            // Echo returns its input: the response decodes as the request's own type.
+            #expect(try await echo.perform(value, returning: Greeting.self, deadline: .seconds(30)) == value)
+            struct Other: Decodable { var missing: Int }
+            await #expect(throws: DecodingError.self) { try await echo.perform(value, returning: Other.self) }
+        }
+    }
+
+    @Test func extensionsCarryTheirExtensionPoints() async throws {
+        try await withHost { host, _ in
+            #expect(host.mode == .embedded)
+            #expect(host.extensions.map(\.identifier) == host.extensionIdentifiers)
+            let echo = try #require(host.extensions.first { $0.identifier == "com.example.echo" })
+            #expect(echo.extensionPointIdentifier == "com.sdk-host.service")
+            #expect(host.extensions(forExtensionPoint: "com.sdk-host.service").contains(echo))
+            #expect(host.extensions(forExtensionPoint: "no.such.point").isEmpty)
+        }
+    }
+
+    @Test func startGivesTheIdAndPidOfARequest() async throws {
+        try await withHost { host, _ in
+            let crasher = try host.extension(identifier: "com.example.crasher")
+            let task = crasher.start([ExtensionItem(title: "slow:20000")], deadline: .seconds(60))
+            #expect(await eventually(timeout: 20) { task.pid != nil })
+            let pid = try #require(task.pid)
+            #expect(crasher.pid(for: task.id) == pid)
+            #expect(kill(pid, 0) == 0)
+            task.cancel()
+            #expect(await task.outcome == .cancelled(.cancelledByHost))
+            #expect(task.pid == pid, "the pid that served it stays known after the end")
+            await #expect(throws: RequestFailure.self) { try await task.value }
+        }
+    }
+
+    @Test func cancellingThePerformingTaskCancelsTheRequest() async throws {
+        try await withHost { host, _ in
+            let crasher = try host.extension(identifier: "com.example.crasher")
+            let waiting = Task { try await crasher.perform([ExtensionItem(title: "slow:20000")], deadline: .seconds(60)) }
+            try await Task.sleep(nanoseconds: 300_000_000)
+            waiting.cancel()
+            await #expect(throws: CancellationError.self) { try await waiting.value }
+        }
+    }
+
+    @Test func workerEventsFollowALifeAndACrash() async throws {
+        try await withHost { host, _ in
+            let events = host.workerEvents()
+            let crasher = try host.extension(identifier: "com.example.crasher")
+            let task = crasher.start([ExtensionItem(title: "segv")])
+            #expect(await task.outcome == .interrupted(.signal(SIGSEGV)))
+            let seen = await eventsUntilExit(events)
+            #expect(seen.map(\.kind) == [.spawned, .ready, .exited], "\(seen)")
+            #expect(Set(seen.map(\.pid)) == [task.pid ?? -1])
+            #expect(seen.last?.reason == .signal(SIGSEGV))
+            #expect(seen.allSatisfy { $0.extensionIdentifier == "com.example.crasher" })
+        }
+    }
+
+    @Test func outcomesAsAnAsyncSequenceAndOnTheMainActor() async throws {
+        try await withHost { host, _ in
+            let echo = try host.extension(identifier: "com.example.echo")
+            let ended = echo.outcomes()
+            let ids = (0..<3).map { echo.beginRequest(withInputItems: [ExtensionItem(title: "\($0)")], deadline: .seconds(30)) }
+            var got: [RequestID: RequestOutcome] = [:]
+            for await end in ended {
+                got[end.id] = end.outcome
+                if got.count == ids.count { break }
+            }
+            #expect(Set(got.keys) == Set(ids))
+            #expect(got.values.allSatisfy { if case .completed = $0 { true } else { false } })
+
+            // Handlers that touch @MainActor state directly.
+            let model = await MainActor.run { Model() }
+            let crasher = try host.extension(identifier: "com.example.crasher")
+            crasher.setMainActorHandlers(
+                completion: { id, _ in model.completed.append(id) },
+                cancellation: { _, _ in },
+                interruption: { id, reason in model.interrupted[id] = reason })
+            let done = crasher.beginRequest(withInputItems: [ExtensionItem(title: "echo")])
+            let crashed = crasher.beginRequest(withInputItems: [ExtensionItem(title: "abort")])
+            #expect(await eventually(timeout: 30) { await MainActor.run { model.completed == [done] && model.interrupted[crashed] != nil } })
+            #expect(await MainActor.run { model.interrupted[crashed] } == .signal(SIGABRT))
+        }
+    }
+
+    @Test func crashReportsCarryTheFatalErrorLine() async throws {
+        try await withHost { host, _ in
+            let crasher = try host.extension(identifier: "com.example.crasher")
+            let outcome = await crasher.start([ExtensionItem(title: "range")]).outcome
+            guard case .interrupted = outcome else {
+                Issue.record("range ended \(outcome)")
+                return
+            }
+            let reports = await host.crashReports()
+            let report = try #require(reports.last)
+            #expect(report.extensionIdentifier == "com.example.crasher")
+            #expect(report.fatalErrorLine?.contains("Fatal error: Index out of range") == true,
+                    "\(report.fatalErrorLine ?? "nil") from \(report.stderrTail)")
+            // The status carries the same reports, and the plist form keeps the line.
+            #expect(CrashReport(plist: report.plist)?.fatalErrorLine == report.fatalErrorLine)
+        }
+    }
+}
