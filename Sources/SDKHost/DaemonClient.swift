@@ -363,14 +363,15 @@ extension ExtensionHost {
     ///
     /// - Parameters:
     ///   - socketPath: The daemon's socket.
-    ///   - reconnectTimeout: Seconds a request waits for a connection before it is interrupted.
-    /// - Throws: `HostError.Code.daemonUnavailable` if the daemon cannot be reached, refuses this user, or cannot
-    ///   be trusted (its folder or its uid).
+    ///   - reconnectTimeout: Seconds a request waits for a connection (and `connect` for the daemon's answer)
+    ///     before it is interrupted.
     ///   - daemonUID: The uid the daemon must run as (checked with SO_PEERCRED at every connect); nil accepts this
     ///     process's own uid or root. The socket's folder must also belong to you or root and not be writable by
     ///     others.
     ///   - appName: This app's name, sent to the daemon: requests of one app (this uid and name) share workers
     ///     that no other app's requests reach (`WorkerSharing` perApp). Default: the executable's file name.
+    /// - Throws: `HostError.Code.daemonUnavailable` if the daemon cannot be reached, refuses this user, cannot be
+    ///   trusted (its folder or its uid), or does not answer.
     public static func connect(socketPath: String, reconnectTimeout: Double = 5, daemonUID: uid_t? = nil,
                                appName: String? = nil)
         async throws(HostError) -> ExtensionHost

@@ -181,4 +181,17 @@ final class NotifyListener {
         }
         #expect(monotonicNanoseconds() - started < 30_000_000_000)
     }
+
+    @Test func theUnitFilesMatchWhatTheDaemonDoes() throws {
+        // No systemd here to load them; check that they ask for what the daemon implements.
+        let service = try #require(readSmallFile("\(packageRoot)/config/sdk-host.service"))
+        let socket = try #require(readSmallFile("\(packageRoot)/config/sdk-host.socket"))
+        for line in ["Type=notify", "ExecReload=/bin/kill -HUP $MAINPID", "WatchdogSec=", "Requires=sdk-host.socket"] {
+            #expect(service.contains("\n\(line)"), "sdk-host.service lacks \(line)")
+        }
+        #expect(service.contains("ExecStart=") && service.contains(" serve "))
+        // One stream socket, where clients look by default ($XDG_RUNTIME_DIR/sdk-host/sdk-host.sock).
+        #expect(socket.components(separatedBy: "\nListenStream=").count == 2)
+        #expect(socket.contains("ListenStream=%t/sdk-host/sdk-host.sock"))
+    }
 }
