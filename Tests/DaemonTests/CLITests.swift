@@ -3,6 +3,7 @@
 import SDKWire
 import HostTestSupport
 import SDKHost
+import SDKPosix
 import Testing
 
 #if canImport(Glibc)
@@ -109,6 +110,25 @@ import Glibc
         #expect(seen.last?.pid == task.pid && seen.last?.reason == .signal(SIGKILL))
         await host.shutdown()
         #expect(await daemon.stop() == 0)
+    }
+
+    @Test func aDaemonStartedByBenchDiesWithItsParentEvenOnSIGKILL() async throws {
+        // bench starts its daemon with --exit-with-parent; a bench killed with SIGKILL left it behind before.
+        let own = try TemporaryFolder()
+        let shell = spawnProgram(["/bin/sh", "-c", "\"$0\" serve --socket '\(own.path)/d.sock' --exit-with-parent $$ 2>/dev/null & "
+            + "echo $! > '\(own.path)/pid'; wait", sdkHostBinary])
+        KillOnTermination.add(shell)
+        defer { KillOnTermination.remove(shell) }
+        #expect(await eventually(timeout: 30) {
+            guard let fd = try? connectUnix(path: "\(own.path)/d.sock") else { return false }
+            fd.close()
+            return true
+        })
+        let daemon = try #require(readSmallFile("\(own.path)/pid").flatMap { pid_t($0.trimmingCharacters(in: .whitespacesAndNewlines)) })
+        kill(shell, SIGKILL)
+        _ = await waitExit(shell)
+        // The daemon was reparented; it got SIGTERM, drained nothing and exited (signal 0 only probes).
+        #expect(await eventually(timeout: 30) { kill(daemon, 0) != 0 || procStatFields("\(daemon)")?.first == "Z" })
     }
 
     @Test func usageAndConfigurationErrorsExitTwoWithOneLine() async throws {
