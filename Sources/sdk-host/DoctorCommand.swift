@@ -76,14 +76,10 @@ enum DoctorCommand {
     /// A daemon that is not running is not a failure: only reported.
     static func checkSetup(_ options: Options) -> [(name: String, ok: Bool, detail: String)] {
         var checks: [(name: String, ok: Bool, detail: String)] = []
-        var path = options.value("--config")
-        if path == nil, access("config/sdk-host.plist", R_OK) == 0 { path = "config/sdk-host.plist" }
-        if path == nil, let env = getenv("SDKHOST_CONFIG") { path = String(cString: env) }
+        let path = configurationFile(options)
         let configuration: DaemonConfiguration
         do {
-            configuration = try path.map { p throws(HostError) in
-                try DaemonConfiguration(contentsOf: p, defaultExtensionSearchPaths: EmbeddedHost.extensionSearchPaths())
-            } ?? DaemonConfiguration(defaultExtensionSearchPaths: EmbeddedHost.extensionSearchPaths())
+            configuration = try readConfiguration(path)
             checks.append(("configuration", true, path ?? "built-in defaults"))
         } catch {
             checks.append(("configuration", false, "\(error)"))

@@ -1,7 +1,6 @@
 // Building an embedded host for the CLI (demo, request --embedded or without a daemon, bench): from the
 // configuration file given with --config (or $SDKHOST_CONFIG) when there is one, else from the built-in defaults
 // with the bundled extensions of the checkout around the running binary.
-import SDKDaemon
 import SDKHost
 
 #if canImport(Glibc)
@@ -34,7 +33,7 @@ enum EmbeddedHost {
             return (HostConfiguration(extensionSearchPaths: extensionSearchPaths()), "built-in defaults")
         }
         do {
-            return (try DaemonConfiguration(contentsOf: file, defaultExtensionSearchPaths: extensionSearchPaths()).host, file)
+            return (try readConfiguration(file).host, file)
         } catch {
             fail("configuration error: \(error)", status: ExitStatus.usage)
         }

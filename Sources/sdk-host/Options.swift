@@ -41,25 +41,31 @@ struct Options {
     func has(_ flag: String) -> Bool { flags.contains(flag) }
 }
 
+/// Which configuration file the daemon-side commands read: --config P, else config/sdk-host.plist when present,
+/// else $SDKHOST_CONFIG; nil for the defaults.
+func configurationFile(_ options: Options) -> String? {
+    if let path = options.value("--config") { return path }
+    if access("config/sdk-host.plist", R_OK) == 0 { return "config/sdk-host.plist" }
+    return getenv("SDKHOST_CONFIG").map { String(cString: $0) }
+}
+
 /// The daemon configuration: --config P, else config/sdk-host.plist when present, else $SDKHOST_CONFIG,
 /// else defaults. A bad file is a usage/config error (exit 2) naming the key and the file.
 func loadConfiguration(_ options: Options) -> DaemonConfiguration {
-    var path = options.value("--config")
-    if path == nil, access("config/sdk-host.plist", R_OK) == 0 { path = "config/sdk-host.plist" }
-    if path == nil, let env = getenv("SDKHOST_CONFIG") { path = String(cString: env) }
     var configuration: DaemonConfiguration
     do {
-        if let path {
-            configuration = try DaemonConfiguration(
-                contentsOf: path, defaultExtensionSearchPaths: EmbeddedHost.extensionSearchPaths())
-        } else {
-            configuration = DaemonConfiguration(defaultExtensionSearchPaths: EmbeddedHost.extensionSearchPaths())
-        }
+        configuration = try readConfiguration(configurationFile(options))
     } catch {
-        fail("configuration error: \(error)", status: 2)
+        fail("configuration error: \(error)", status: ExitStatus.usage)
     }
     if let socket = options.value("--socket") { configuration.socketPath = socket }
     return configuration
+}
+
+/// The configuration in `path`, or the defaults for nil; extension search paths default to the bundled ones.
+func readConfiguration(_ path: String?) throws(HostError) -> DaemonConfiguration {
+    guard let path else { return DaemonConfiguration(defaultExtensionSearchPaths: EmbeddedHost.extensionSearchPaths()) }
+    return try DaemonConfiguration(contentsOf: path, defaultExtensionSearchPaths: EmbeddedHost.extensionSearchPaths())
 }
 
 /// Runs an async body from synchronous CLI code (the CLI's main thread may wait; library calls never do).
