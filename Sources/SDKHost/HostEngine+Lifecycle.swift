@@ -1,0 +1,51 @@
+// Worker lifecycle events (for `ExtensionHost.workerEvents()` and the daemon's subscribers) and the SIGHUP
+// rescan of manifests: new workers use the new manifests, running ones finish and retire.
+import SDKWire
+
+extension HostEngine {
+    /// Tells event streams and the observer that `kind` happened to `worker`.
+    func emit(_ kind: WorkerEvent.Kind, _ worker: WorkerProcess, reason: InterruptionReason? = nil, detail: String? = nil) {
+        guard eventObserver != nil || events.hasSubscribers else { return }
+        let event = WorkerEvent(kind: kind, extensionIdentifier: worker.extensionID, pid: worker.pid, app: worker.app,
+                                reason: reason, detail: detail)
+        events.publish(event)
+        eventObserver?(event)
+    }
+
+    // MARK: Reload
+
+    /// Reads the manifests again (SIGHUP). New workers use the new manifests; running ones finish what they have
+    /// and are retired. Returns the identifiers now served, or the error that left the old manifests in place.
+    package func reloadManifestsOnLoop() -> Result<[String], HostError> {
+        loop.preconditionInLoop()
+        let fresh: [String: ExtensionManifest]
+        do {
+            fresh = try ExtensionManifest.discover(in: configuration)
+        } catch {
+            log(.error, "reload: \(error); keeping the \(manifests.count) manifest(s) in use")
+            return .failure(error)
+        }
+        let before = Set(manifests.keys)
+        manifests = fresh
+        manifestSnapshot.withLock { $0 = fresh }
+        runtimePathCache = [:]
+        for worker in workers.values.joined() where !worker.recycling && worker.killReason == nil {
+            worker.recycling = true
+            worker.recycleReason = "manifests reloaded"
+            recycleIfDrained(worker)
+        }
+        let added = Set(fresh.keys).subtracting(before).sorted(), removed = before.subtracting(fresh.keys).sorted()
+        log(.info, "reload: \(fresh.count) extension(s)"
+            + (added.isEmpty ? "" : "; added \(added.joined(separator: ", "))")
+            + (removed.isEmpty ? "" : "; removed \(removed.joined(separator: ", "))"))
+        // Requests waiting for an extension that is gone end now rather than waiting for a worker that cannot come.
+        for (key, queue) in waiting where queue.first.map({ fresh[$0.extensionID] == nil }) == true {
+            for record in queue.removeAll() {
+                finish(record.id, .interrupted(.launchFailed("\(record.extensionID) was removed by a manifest reload")))
+            }
+            waiting[key] = nil
+        }
+        for manifest in fresh.values.sorted(by: { $0.identifier < $1.identifier }) { topUpWarmWorkers(manifest) }
+        return .success(fresh.keys.sorted())
+    }
+}
