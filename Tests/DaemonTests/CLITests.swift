@@ -119,11 +119,7 @@ import Glibc
             + "echo $! > '\(own.path)/pid'; wait", sdkHostBinary])
         KillOnTermination.add(shell)
         defer { KillOnTermination.remove(shell) }
-        #expect(await eventually(timeout: 30) {
-            guard let fd = try? connectUnix(path: "\(own.path)/d.sock") else { return false }
-            fd.close()
-            return true
-        })
+        #expect(await eventually(timeout: 30) { socketAccepts("\(own.path)/d.sock") })
         let daemon = try #require(readSmallFile("\(own.path)/pid").flatMap { pid_t($0.trimmingCharacters(in: .whitespacesAndNewlines)) })
         kill(shell, SIGKILL)
         _ = await waitExit(shell)

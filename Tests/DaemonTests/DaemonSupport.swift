@@ -30,6 +30,13 @@ func spawnProgram(_ arguments: [String], stdout: String? = nil, stderr: String? 
     return pid
 }
 
+/// Whether something accepts connections on the Unix socket at `path` (the connection is closed at once).
+func socketAccepts(_ path: String) -> Bool {
+    guard let fd = try? connectUnix(path: path) else { return false }
+    fd.close()
+    return true
+}
+
 /// Waits for `pid` to exit (up to `timeout` seconds) and returns its exit status, or nil on timeout.
 func waitExit(_ pid: pid_t, timeout: Double = 60) async -> Int32? {
     let deadline = monotonicNanoseconds() + UInt64(timeout * 1e9)
@@ -116,11 +123,7 @@ final class DaemonProcess {
         if activatedListener != nil { environment += ["LISTEN_PID=$$", "LISTEN_FDS=1", "LISTEN_FDNAMES=sdk-host"] }
         pid = spawnProgram(command, stderr: stderrPath ?? log, environment: environment, fd3: activatedListener)
         KillOnTermination.add(pid)
-        let up = await eventually(timeout: 30) {
-            guard let fd = try? connectUnix(path: self.socket) else { return false }
-            fd.close()
-            return true
-        }
+        let up = await eventually(timeout: 30) { socketAccepts(self.socket) }
         guard up else { throw SystemError("daemon start", errno: ETIMEDOUT, detail: readSmallFile(log) ?? "") }
     }
 
