@@ -20,8 +20,9 @@ let package = Package(
         .executable(name: "sdk-host-launcher", targets: ["sdk-host-launcher"]),
     ],
     targets: [
-        // Wire codec: property-list values, bplist00, frames. Depends on nothing but the stdlib.
-        .target(name: "SDKWire"),
+        // Wire codec: property-list values, bplist00, frames, and descriptor attachments (which need the shim's
+        // memfd and copy calls).
+        .target(name: "SDKWire", dependencies: ["CSDKShim"]),
         // Linux calls Swift cannot make directly: posix_spawn setup, variadic prctl/syscall, packed epoll_event.
         .target(name: "CSDKShim"),
         // POSIX layer: owned descriptors, sockets, spawn/reap via pidfd, the epoll event loop.
@@ -45,6 +46,9 @@ let package = Package(
         .executableTarget(
             name: "AsyncEcho", dependencies: ["SDKExtension"], path: "Extensions/AsyncEcho", exclude: ["Info.plist"],
             linkerSettings: staticExecutable),
+        .executableTarget(
+            name: "Ticker", dependencies: ["SDKExtension"], path: "Extensions/Ticker", exclude: ["Info.plist"],
+            linkerSettings: staticExecutable),
         // Tries every sandbox escape (Extensions/Escaper). Linked the ordinary way, dynamically against the
         // toolchain's Swift runtime, as an extension in another package would be.
         .executableTarget(
@@ -64,7 +68,7 @@ let package = Package(
             name: "sdk-host",
             // Depending on the extensions and the Foundation codec helper makes `swift run sdk-host …` build them
             // next to it.
-            dependencies: ["SDKWire", "SDKPosix", "SDKHost", "SDKDaemon", "Echo", "Crasher", "AsyncEcho", "Escaper", "foundation-codec-bench", "sdk-host-launcher"],
+            dependencies: ["SDKWire", "SDKPosix", "SDKHost", "SDKDaemon", "Echo", "Crasher", "AsyncEcho", "Ticker", "Escaper", "foundation-codec-bench", "sdk-host-launcher"],
             linkerSettings: staticExecutable),
         // Times Foundation's PropertyListSerialization for `sdk-host bench`, in its own process.
         .executableTarget(name: "foundation-codec-bench", dependencies: ["SDKPosix"]),

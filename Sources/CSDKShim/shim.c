@@ -8,6 +8,8 @@
 #include <spawn.h>
 #include <pthread.h>
 #include <sys/epoll.h>
+#include <sys/mman.h>
+#include <sys/sendfile.h>
 #include <sys/eventfd.h>
 #include <sys/prctl.h>
 #include <sys/signalfd.h>
@@ -228,4 +230,123 @@ int sdk_notify_datagram(const char *path, const char *message, size_t length) {
     close(fd);
     errno = saved;
     return sent == (ssize_t)length ? 0 : -1;
+}
+
+ssize_t sdk_send_with_fds(int sock, const void *buf, size_t len, const int *fds, int nfds, int flags) {
+    if (nfds < 0 || nfds > SDK_MAX_MESSAGE_FDS) {
+        errno = EINVAL;
+        return -1;
+    }
+    union {
+        char bytes[CMSG_SPACE(sizeof(int) * SDK_MAX_MESSAGE_FDS)];
+        struct cmsghdr align;
+    } control;
+    struct iovec iov = {.iov_base = (void *)buf, .iov_len = len};
+    struct msghdr msg = {.msg_iov = &iov, .msg_iovlen = 1};
+    if (nfds > 0) {
+        memset(&control, 0, sizeof(control));
+        msg.msg_control = control.bytes;
+        msg.msg_controllen = CMSG_SPACE(sizeof(int) * (size_t)nfds);
+        struct cmsghdr *c = CMSG_FIRSTHDR(&msg);
+        c->cmsg_level = SOL_SOCKET;
+        c->cmsg_type = SCM_RIGHTS;
+        c->cmsg_len = CMSG_LEN(sizeof(int) * (size_t)nfds);
+        memcpy(CMSG_DATA(c), fds, sizeof(int) * (size_t)nfds);
+    }
+    ssize_t n;
+    do n = sendmsg(sock, &msg, MSG_NOSIGNAL | flags);
+    while (n < 0 && errno == EINTR);
+    return n;
+}
+
+ssize_t sdk_recv_with_fds(int sock, void *buf, size_t len, int *fds, int max_fds, int *nfds, int *truncated) {
+    union {
+        char bytes[CMSG_SPACE(sizeof(int) * SDK_MAX_MESSAGE_FDS)];
+        struct cmsghdr align;
+    } control;
+    struct iovec iov = {.iov_base = buf, .iov_len = len};
+    struct msghdr msg = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = control.bytes,
+                         .msg_controllen = sizeof(control.bytes)};
+    *nfds = 0;
+    *truncated = 0;
+    ssize_t n;
+    do n = recvmsg(sock, &msg, MSG_CMSG_CLOEXEC);
+    while (n < 0 && errno == EINTR);
+    if (n < 0) return n;
+    if (msg.msg_flags & MSG_CTRUNC) *truncated = 1;
+    for (struct cmsghdr *c = CMSG_FIRSTHDR(&msg); c != NULL; c = CMSG_NXTHDR(&msg, c)) {
+        if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) {
+            *truncated = 1;
+            continue;
+        }
+        size_t count = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+        int *received = (int *)CMSG_DATA(c);
+        for (size_t i = 0; i < count; i++) {
+            int fd;
+            memcpy(&fd, received + i, sizeof(int));
+            if (*nfds < max_fds) {
+                fds[(*nfds)++] = fd;
+            } else {
+                close(fd);  // more than the caller can hold: never leaked, and reported as truncated
+                *truncated = 1;
+            }
+        }
+    }
+    return n;
+}
+
+int sdk_memfd(const char *name) { return memfd_create(name, MFD_CLOEXEC | MFD_ALLOW_SEALING); }
+
+int sdk_seal_readonly(int fd) {
+    return fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_WRITE | F_SEAL_SEAL);
+}
+
+int sdk_get_seals(int fd) { return fcntl(fd, F_GET_SEALS); }
+
+int sdk_is_write_sealed(int fd) {
+    int seals = fcntl(fd, F_GET_SEALS);
+    return seals >= 0 && (seals & F_SEAL_WRITE) != 0;
+}
+
+int sdk_copy_file(int in, int out, uint64_t length) {
+    loff_t offset = 0;
+    int use_copy_range = 1, use_sendfile = 1;
+    while ((uint64_t)offset < length) {
+        size_t chunk = (size_t)((length - (uint64_t)offset) > (1u << 30) ? (1u << 30) : (length - (uint64_t)offset));
+        ssize_t n = -1;
+        if (use_copy_range) {
+            n = copy_file_range(in, &offset, out, NULL, chunk, 0);
+            if (n < 0 && errno != EINTR) {
+                use_copy_range = 0;
+                continue;
+            }
+        } else if (use_sendfile) {
+            off_t o = (off_t)offset;
+            n = sendfile(out, in, &o, chunk);
+            if (n > 0) offset = (loff_t)o;
+            if (n < 0 && errno != EINTR) {
+                use_sendfile = 0;
+                continue;
+            }
+        } else {
+            char buffer[65536];
+            n = pread(in, buffer, chunk < sizeof(buffer) ? chunk : sizeof(buffer), (off_t)offset);
+            if (n > 0) {
+                ssize_t written = 0;
+                while (written < n) {
+                    ssize_t w = write(out, buffer + written, (size_t)(n - written));
+                    if (w < 0) {
+                        if (errno == EINTR) continue;
+                        return errno;
+                    }
+                    written += w;
+                }
+                offset += n;
+            } else if (n < 0 && errno != EINTR) {
+                return errno;
+            }
+        }
+        if (n == 0) return EIO;  // the file is shorter than it said
+    }
+    return 0;
 }

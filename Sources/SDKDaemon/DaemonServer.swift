@@ -345,7 +345,10 @@ package final class DaemonServer: @unchecked Sendable {
                     case .cancelled(let error): session.send(.cancelled(id: clientID, error: error))
                     case .interrupted(let reason): session.send(.interrupted(id: clientID, reason: reason.plist))
                     }
-                }, app: session.app))
+                },
+                // Partial results go to the client as they come; the client's `credit` lets the worker send more.
+                progress: { [session] items in session.send(.partial(id: clientID, items: items)) },
+                app: session.app))
         case .prewarm(let id, let extensionID):
             engine.prewarmOnLoop(extensionID, app: session.app) { [session] result in
                 switch result {
@@ -356,6 +359,8 @@ package final class DaemonServer: @unchecked Sendable {
             }
         case .cancel(let clientID):
             if let internalID = session.internalIDs[clientID] { engine.cancelOnLoop(internalID) }
+        case .credit(let clientID, let count):
+            if let internalID = session.internalIDs[clientID] { engine.creditOnLoop(internalID, Int(clamping: count)) }
         case .status(let seq):
             session.send(.statusReport(seq: seq, report: engine.statusOnLoop().plist))
         case .subscribe:

@@ -1,7 +1,10 @@
 // ExtensionContext: one request as the extension sees it. Finishing is idempotent: the first of
-// completeRequest/cancelRequest wins, later calls are logged and ignored.
+// completeRequest/cancelRequest wins, later calls are logged and ignored. Partial results (`send`) go out
+// before the request finishes, within the host's credit: at most `streamWindow` not yet taken by the app, so a
+// handler that produces faster than the app reads waits in `send` instead of piling frames up anywhere.
 import SDKWire
 import Synchronization
+import Dispatch
 
 /// One request inside the extension: its input, its cancellation state, and how to finish it.
 public final class ExtensionContext: Sendable {
@@ -12,6 +15,8 @@ public final class ExtensionContext: Sendable {
 
     private let state = Mutex<State>(State())
     private let finishBody: @Sendable (Message) -> Void
+    /// Sends a `partial` message (nil: partial results are dropped, as in a context made without a host).
+    private let partialBody: (@Sendable (Message) -> Void)?
     /// Called when the context is released, after its request ended (the runtime's leak check).
     private let onRelease: (@Sendable (RequestID) -> Void)?
 
@@ -19,14 +24,31 @@ public final class ExtensionContext: Sendable {
         var finished = false
         var cancelledByHost = false
         var task: Task<Void, Never>?
+        /// Partial results the host lets this request send before it credits some back.
+        var credits = streamWindow
+        /// `send` calls waiting for credit.
+        var creditWaiters: [CreditWaiter] = []
+    }
+
+    enum CreditWaiter {
+        case thread(DispatchSemaphore)
+        case task(CheckedContinuation<Void, Never>)
+
+        func wake() {
+            switch self {
+            case .thread(let semaphore): semaphore.signal()
+            case .task(let continuation): continuation.resume()
+            }
+        }
     }
 
     package init(requestID: RequestID, inputItems: [ExtensionItem], finish: @escaping @Sendable (Message) -> Void,
-                 onRelease: (@Sendable (RequestID) -> Void)? = nil)
+                 partial: (@Sendable (Message) -> Void)? = nil, onRelease: (@Sendable (RequestID) -> Void)? = nil)
     {
         self.requestID = requestID
         self.inputItems = inputItems
         self.finishBody = finish
+        self.partialBody = partial
         self.onRelease = onRelease
     }
 
@@ -49,6 +71,81 @@ public final class ExtensionContext: Sendable {
         finish(.cancelled(id: requestID, error: error), verb: "cancelRequest")
     }
 
+    /// Sends `items` to the host as a partial result, before the request finishes. The app sees it through its
+    /// progress handler or stream, before the request's one terminal callback. Waits (blocking this thread)
+    /// while the app has not yet taken 16 earlier partial results: call it from a handler's own thread, never
+    /// from an inline (`runsInline`) `beginRequest`. Async handlers should use the async overload.
+    ///
+    /// - Returns: false, dropping the items, when the request has finished or the host cancelled it.
+    @discardableResult
+    public func send(_ items: [ExtensionItem]) -> Bool {
+        while true {
+            switch takeCredit(orWait: nil) {
+            case .granted: return deliverPartial(items)
+            case .ended: return endedDrop()
+            case .wait:
+                let semaphore = DispatchSemaphore(value: 0)
+                if case .wait = takeCredit(orWait: .thread(semaphore)) { semaphore.wait() }
+            }
+        }
+    }
+
+    /// Sends `items` to the host as a partial result; suspends while the app has not yet taken 16 earlier ones.
+    /// See the synchronous `send(_:)`.
+    ///
+    /// - Returns: false, dropping the items, when the request has finished or the host cancelled it.
+    @discardableResult
+    public func send(_ items: [ExtensionItem]) async -> Bool {
+        while true {
+            switch takeCredit(orWait: nil) {
+            case .granted: return deliverPartial(items)
+            case .ended: return endedDrop()
+            case .wait:
+                await withCheckedContinuation { (continuation: CheckedContinuation<Void, Never>) in
+                    if case .wait = takeCredit(orWait: .task(continuation)) { return }
+                    continuation.resume()
+                }
+            }
+        }
+    }
+
+    private enum Credit { case granted, ended, wait }
+
+    /// Takes one credit if there is one. With none left, registers `waiter` (if given) to be woken by the next
+    /// credit, the end or a cancel, and returns `.wait`; a waiter is never registered for another answer.
+    private func takeCredit(orWait waiter: CreditWaiter?) -> Credit {
+        state.withLock { s in
+            if s.finished || s.cancelledByHost { return .ended }
+            if s.credits > 0 {
+                // With a waiter this only asks whether to wait: the caller retries and takes it then.
+                if waiter == nil { s.credits -= 1 }
+                return .granted
+            }
+            if let waiter { s.creditWaiters.append(waiter) }
+            return .wait
+        }
+    }
+
+    private func deliverPartial(_ items: [ExtensionItem]) -> Bool {
+        partialBody?(.partial(id: requestID, items: items))
+        return true
+    }
+
+    private func endedDrop() -> Bool {
+        WorkerLog.write("send on request \(requestID) that has finished or was cancelled; dropped")
+        return false
+    }
+
+    /// The host took `count` partial results: wake the senders waiting for credit.
+    package func credit(_ count: Int) {
+        let waiters = state.withLock { s -> [CreditWaiter] in
+            s.credits = min(s.credits + max(count, 0), streamWindow)
+            defer { s.creditWaiters = [] }
+            return s.creditWaiters
+        }
+        for waiter in waiters { waiter.wake() }
+    }
+
     private func finish(_ message: Message, verb: String) {
         let first = state.withLock { s -> Bool in
             if s.finished { return false }
@@ -59,16 +156,26 @@ public final class ExtensionContext: Sendable {
             WorkerLog.write("\(verb) on request \(requestID) that already finished; ignored")
             return
         }
+        wakeCreditWaiters()
         finishBody(message)
     }
 
-    /// The host cancelled: raise the flag and cancel the handler's Task, if any.
+    private func wakeCreditWaiters() {
+        let waiters = state.withLock { s in
+            defer { s.creditWaiters = [] }
+            return s.creditWaiters
+        }
+        for waiter in waiters { waiter.wake() }
+    }
+
+    /// The host cancelled: raise the flag, cancel the handler's Task, if any, and wake senders waiting for credit.
     package func markCancelledByHost() {
         let task = state.withLock { s -> Task<Void, Never>? in
             s.cancelledByHost = true
             return s.task
         }
         task?.cancel()
+        wakeCreditWaiters()
     }
 
     package func attach(_ task: Task<Void, Never>) {

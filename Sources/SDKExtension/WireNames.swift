@@ -9,3 +9,5 @@ public typealias PlistValue = SDKWire.PlistValue
 public typealias PlistDate = SDKWire.PlistDate
 public typealias PlistValueEncoder = SDKWire.PlistValueEncoder
 public typealias PlistValueDecoder = SDKWire.PlistValueDecoder
+public typealias FileAttachment = SDKWire.FileAttachment
+public typealias FileAttachmentError = SDKWire.FileAttachmentError

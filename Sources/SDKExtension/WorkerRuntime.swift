@@ -30,6 +30,8 @@ final class HostConnection: Sendable {
         var encoder = BinaryPlistEncoder()
         var pending: [UInt8] = []
         var spare: [UInt8] = []
+        /// Where in `pending` a frame that carries descriptors starts, with them (they stay open until sent).
+        var files: [(offset: Int, files: [FileAttachment])] = []
         var writing = false
     }
     private let outbox = Mutex(Outbox())
@@ -51,10 +53,18 @@ final class HostConnection: Sendable {
     func send(_ message: Message) {
         let (queued, failure) = outbox.withLock { (o: inout Outbox) -> (Bool, String?) in
             do throws(WireError) {
+                let files = message.fileAttachments
+                if files.count > maxDescriptorsPerMessage {
+                    throw WireError(.notEncodable, "\(files.count) file attachments; at most \(maxDescriptorsPerMessage) per message")
+                }
+                let start = o.pending.count
                 try Frame.encode(message.plist, with: &o.encoder, appendingTo: &o.pending)
+                if !files.isEmpty { o.files.append((start, files)) }
             } catch {
                 // A reply too large for a frame still ends its request: as cancelled, with an error saying why.
-                guard case .complete(let id, _) = message else { return (false, "cannot encode \(message): \(error)") }
+                guard case .complete(let id, _) = message else {
+                    return (false, "cannot send '\(message.typeName)': \(error)")
+                }
                 let refusal = Message.cancelled(id: id, error: ExtensionError(
                     domain: "SDKExtension", code: 3, message: "reply too large: \(error.detail)"))
                 try? Frame.encode(refusal.plist, with: &o.encoder, appendingTo: &o.pending)
@@ -71,19 +81,34 @@ final class HostConnection: Sendable {
         // This thread writes until the outbox is empty, taking whatever other threads added meanwhile. Two
         // buffers rotate (pending <-> spare), so steady state allocates nothing.
         while true {
-            var batch = outbox.withLock { o -> [UInt8] in
+            var (batch, files) = outbox.withLock { o -> ([UInt8], [(offset: Int, files: [FileAttachment])]) in
                 if o.pending.isEmpty {
                     o.writing = false
-                    return []
+                    return ([], [])
                 }
                 var taken = o.spare
                 o.spare = []
                 swap(&taken, &o.pending)
-                return taken
+                defer { o.files = [] }
+                return (taken, o.files)
             }
             if batch.isEmpty { return }
             // A typed-throws closure here crashes the 6.3 compiler (IRGen thunk); carry the error in a Result.
-            let sent = batch.withUnsafeBytes { raw in Result { () throws(SystemError) in try sendAll(fd, raw) } }
+            let sent = batch.withUnsafeBytes { raw in
+                Result { () throws(SystemError) in
+                    // Each frame that carries descriptors goes out with them attached to its first byte.
+                    var from = 0
+                    for (index, mark) in files.enumerated() {
+                        if mark.offset > from { try sendAll(fd, UnsafeRawBufferPointer(rebasing: raw[from..<mark.offset])) }
+                        let end = index + 1 < files.count ? files[index + 1].offset : raw.count
+                        try sendAll(fd, UnsafeRawBufferPointer(rebasing: raw[mark.offset..<end]),
+                                    descriptors: mark.files.map(\.rawDescriptor))
+                        from = end
+                    }
+                    if from < raw.count { try sendAll(fd, UnsafeRawBufferPointer(rebasing: raw[from...])) }
+                }
+            }
+            files = []
             if case .failure(let error) = sent {
                 WorkerLog.write("host connection lost: \(error)")
                 exit(0)
@@ -144,6 +169,9 @@ enum WorkerRuntime {
         let connection = HostConnection(fd: env.ipcFD)
         var reader = FrameReader()
         var buffer = [UInt8](repeating: 0, count: 64 * 1024)
+        // Descriptors received and not yet claimed by a complete frame (see the host's FramedConnection).
+        var receivedRaw: [Int32] = []
+        var receivedFiles: [FileAttachment] = []
         var idleTimeoutMs = env.idleTimeoutMs
         var lastBegin = monotonicNanoseconds()
         // The leak check: a request's context (and an async handler's Task) should be gone this long after the
@@ -173,18 +201,36 @@ enum WorkerRuntime {
                 }
                 continue
             }
-            let n = buffer.withUnsafeMutableBytes { read(connection.fd, $0.baseAddress, $0.count) }
-            if n == 0 { exit(0) }  // the host closed the connection
-            if n < 0 {
-                if errno == EINTR || errno == EAGAIN { continue }
-                exit(0)
+            var truncated = false
+            let received = buffer.withUnsafeMutableBytes { raw in
+                Result { () throws(SystemError) in
+                    try receiveNonBlocking(connection.fd, into: raw, descriptors: &receivedRaw, truncated: &truncated)
+                }
+            }
+            for raw in receivedRaw { receivedFiles.append(FileAttachment(adopting: raw)) }
+            receivedRaw.removeAll()
+            if truncated || receivedFiles.count > 2 * maxDescriptorsPerMessage {
+                WorkerLog.write("protocol error from host: too many descriptors; exiting")
+                exit(2)
+            }
+            let n: Int
+            switch received {
+            case .success(.bytes(let count)): n = count
+            case .success(.endOfFile), .failure: exit(0)  // the host closed the connection
+            case .success(.wouldBlock): continue
             }
             buffer.withUnsafeBytes { reader.append(UnsafeRawBufferPointer(rebasing: $0[0..<n])) }
             while true {
                 let message: Message
                 do {
                     guard let value = try reader.nextValue() else { break }
-                    message = try Message(plist: value)
+                    let count = try Message.descriptorCount(of: value)
+                    guard count <= receivedFiles.count else {
+                        throw MessageError("a frame says it carries \(count) descriptor(s), and \(receivedFiles.count) arrived")
+                    }
+                    let files = Array(receivedFiles.prefix(count))
+                    receivedFiles.removeFirst(count)
+                    message = try Message(plist: value, files: files)
                 } catch {
                     WorkerLog.write("protocol error from host: \(error); exiting")
                     exit(2)
@@ -207,6 +253,7 @@ enum WorkerRuntime {
                             connection.ended(id, watch: watch)
                             connection.send(message)
                         },
+                        partial: { [connection] message in connection.send(message) },
                         onRelease: onRelease)
                     connection.register(context)
                     if let sync {
@@ -222,9 +269,11 @@ enum WorkerRuntime {
                     }
                 case .cancel(let id):
                     connection.context(for: id)?.markCancelledByHost()
+                case .credit(let id, let count):
+                    connection.context(for: id)?.credit(Int(clamping: count))
                 case .ping(let seq):
                     connection.send(.pong(seq: seq))
-                case .pong, .welcome, .complete, .cancelled, .connect, .connected, .subscribe, .event, .assigned, .interrupted, .status,
+                case .pong, .welcome, .complete, .partial, .cancelled, .connect, .connected, .subscribe, .event, .assigned, .interrupted, .status,
                     .statusReport, .sandboxed, .launchFailed, .prewarm, .prewarmed, .leak:
                     WorkerLog.write("unexpected '\(message.typeName)' from host; ignored")
                 case .error(let text, _):

@@ -110,6 +110,13 @@ final class DaemonClient: HostBackend, @unchecked Sendable {
         }
     }
 
+    func credit(_ id: RequestID, _ count: Int) {
+        loop.execute {
+            // The daemon passes it on to the worker, never beyond what the worker sent.
+            if self.inFlight[id] != nil { try? self.connection?.send(.credit(id: id, count: Int64(count))) }
+        }
+    }
+
     func pid(for id: RequestID) -> pid_t? { pids.withLock { $0[id] } }
 
     func shutdown(completion: @escaping @Sendable () -> Void) {
@@ -266,6 +273,12 @@ final class DaemonClient: HostBackend, @unchecked Sendable {
             guard let request = inFlight[id] else { return }
             pids.withLock { $0[id] = pid }
             request.onWorkerAssigned?(pid)
+        case .partial(let id, let items):
+            if let progress = inFlight[id]?.progress {
+                progress(items)
+            } else if inFlight[id] != nil {
+                try? connection?.send(.credit(id: id, count: 1))  // nobody takes partial results of this one
+            }
         case .complete(let id, let items):
             finish(id, .completed(items))
         case .cancelled(let id, let error):

@@ -112,7 +112,12 @@ final class HandlerBox: Sendable {
         var completion: (@Sendable (RequestID, [ExtensionItem]) -> Void)?
         var cancellation: (@Sendable (RequestID, ExtensionError) -> Void)?
         var interruption: (@Sendable (RequestID, InterruptionReason) -> Void)?
+        var progress: (@Sendable (RequestID, [ExtensionItem]) -> Void)?
+        /// The queue the app chose.
         var queue: DispatchQueue
+        /// A serial queue that runs on `queue`: one request's partial results and outcome stay in order even on a
+        /// concurrent queue.
+        var serial: DispatchQueue
         var onHostLoop = false
         /// `outcomes()` streams.
         var streams: [AsyncStream<EndedRequest>.Continuation] = []
@@ -120,7 +125,13 @@ final class HandlerBox: Sendable {
 
     let state: Mutex<Handlers>
 
-    init(queue: DispatchQueue) { state = Mutex(Handlers(queue: queue)) }
+    init(queue: DispatchQueue) { state = Mutex(Handlers(queue: queue, serial: queue)) }
+
+    /// Calls the progress handler, if any, with no lock held.
+    func invokeProgress(_ id: RequestID, _ items: [ExtensionItem]) {
+        let handler = state.withLock { $0.progress }
+        handler?(id, items)
+    }
 
     /// Calls the handler for `outcome` with no lock held.
     func invoke(_ id: RequestID, _ outcome: RequestOutcome) {
@@ -180,11 +191,30 @@ public final class Extension: Sendable {
         set { handlers.state.withLock { $0.interruption = newValue } }
     }
 
-    /// The queue the handlers run on. Defaults to a serial queue owned by this `Extension`.
+    /// Called with each partial result the extension sends for a request begun with `beginRequest`
+    /// (`context.send` in the extension), in order, before the request's terminal handler. The extension may run
+    /// at most 16 partial results ahead of this handler: it waits while they are not handled. With no handler set,
+    /// partial results are dropped.
+    public var requestProgressHandler: (@Sendable (RequestID, [ExtensionItem]) -> Void)? {
+        get { handlers.state.withLock { $0.progress } }
+        set { handlers.state.withLock { $0.progress = newValue } }
+    }
+
+    /// The queue the handlers run on. Defaults to a serial queue owned by this `Extension`. On a concurrent
+    /// queue, handlers still run one at a time, in order.
     public var callbackQueue: DispatchQueue {
         get { handlers.state.withLock { $0.queue } }
-        set { handlers.state.withLock { $0.queue = newValue } }
+        set {
+            let serial = DispatchQueue(label: "sdk-host.callbacks.\(identifier)", target: newValue)
+            handlers.state.withLock {
+                $0.queue = newValue
+                $0.serial = serial
+            }
+        }
     }
+
+    /// The serial queue that handlers and `perform`'s progress run on (it runs on `callbackQueue`).
+    var serialCallbackQueue: DispatchQueue { handlers.state.withLock { $0.serial } }
 
     /// When true, handlers run directly on the host's event-loop thread (with no lock held) instead of on
     /// `callbackQueue`, saving a thread hand-off per request. They must then be quick and never block: every
@@ -222,15 +252,29 @@ public final class Extension: Sendable {
     ) -> RequestID {
         let id = RequestID()
         let box = handlers
-        let (queue, onHostLoop) = handlers.state.withLock { ($0.queue, $0.onHostLoop) }
-        // The backend calls `deliver` on its loop thread with no lock held.
+        let (queue, onHostLoop) = handlers.state.withLock { ($0.serial, $0.onHostLoop) }
+        let backend = host.backend
+        // The backend calls `deliver` and `progress` on its loop thread with no lock held. A partial result is
+        // credited back once its handler has returned: that is what paces the worker.
         let deliver: @Sendable (RequestOutcome) -> Void
+        let progress: @Sendable ([ExtensionItem]) -> Void
         if onHostLoop {
             deliver = { outcome in box.invoke(id, outcome) }
+            progress = { items in
+                box.invokeProgress(id, items)
+                backend.credit(id, 1)
+            }
         } else {
             deliver = { outcome in queue.async { box.invoke(id, outcome) } }
+            progress = { items in
+                queue.async {
+                    box.invokeProgress(id, items)
+                    backend.credit(id, 1)
+                }
+            }
         }
-        submit(id: id, items: items, deadline: deadline, onWorkerAssigned: onWorkerAssigned, deliver: deliver)
+        submit(id: id, items: items, deadline: deadline, onWorkerAssigned: onWorkerAssigned, deliver: deliver,
+               progress: progress)
         return id
     }
 
@@ -331,12 +375,13 @@ public final class Extension: Sendable {
         requestInterruptionHandler = { id, reason in Task { @MainActor in interruption(id, reason) } }
     }
 
-    private func submit(id: RequestID, items: [ExtensionItem], deadline: Double?,
-                        onWorkerAssigned: (@Sendable (pid_t) -> Void)?,
-                        deliver: @escaping @Sendable (RequestOutcome) -> Void)
+    func submit(id: RequestID, items: [ExtensionItem], deadline: Double?,
+                onWorkerAssigned: (@Sendable (pid_t) -> Void)?,
+                deliver: @escaping @Sendable (RequestOutcome) -> Void,
+                progress: (@Sendable ([ExtensionItem]) -> Void)? = nil)
     {
         host.backend.submit(SubmittedRequest(
             id: id, extensionID: identifier, items: items, deadline: deadline, onWorkerAssigned: onWorkerAssigned,
-            deliver: deliver))
+            deliver: deliver, progress: progress))
     }
 }

@@ -9,6 +9,10 @@
 // disconnected once it passes the limit plus one frame; it records since when a frame has been half-received
 // and since when output has been stuck, so its owner can time either out; and it charges its input buffer to a
 // budget shared by all connections, so many half-sent frames cannot add up without bound.
+//
+// Descriptors (SCM_RIGHTS) ride along: each one received is wrapped at once in a FileAttachment, so it is closed
+// whatever becomes of it; a complete frame takes as many from the front of the queue as its `fds` says (Messages
+// .swift). A message's own descriptors are sent with the sendmsg that writes its frame's first byte.
 
 import SDKWire
 import SDKPosix
@@ -47,6 +51,11 @@ package final class FramedConnection {
     private var onEnd: ((ConnectionEnd) -> Void)?
     private var registered = false
     private var readingPaused = false
+    /// Descriptors received and not yet claimed by a complete frame, oldest first.
+    private var receivedFiles: [FileAttachment] = []
+    private var receivedRaw: [Int32] = []
+    /// Offsets in `outbound` where a frame that carries descriptors starts, with them; ascending.
+    private var outboundFiles: [(offset: Int, files: [FileAttachment])] = []
 
     /// Chunks read per readable event before the loop moves on.
     package static let readsPerTurn = 8
@@ -95,7 +104,13 @@ package final class FramedConnection {
             outbound.removeAll(keepingCapacity: outbound.capacity <= 256 << 10)
             sent = 0
         }
+        let files = message.fileAttachments
+        if files.count > maxDescriptorsPerMessage {
+            throw WireError(.notEncodable, "\(files.count) file attachments in one message; at most \(maxDescriptorsPerMessage)")
+        }
+        let start = outbound.count
         try Frame.encode(message.plist, with: &encoder, appendingTo: &outbound, limits: reader.limits)
+        if !files.isEmpty { outboundFiles.append((start, files)) }
         if let limit = outputLimit, pendingOutputBytes > limit { outputOverLimit(limit) }
         if !wantsWritable && !flushScheduled {
             flushScheduled = true
@@ -112,14 +127,26 @@ package final class FramedConnection {
         var reads = 0
         while isOpen, reads < maxReads, !readingPaused || maxReads == .max {
             reads += 1
+            var truncated = false
             let result = readBuffer.withUnsafeMutableBytes { raw in
-                Result { () throws(SystemError) in try readNonBlocking(fd, into: raw) }
+                Result { () throws(SystemError) in
+                    try receiveNonBlocking(fd, into: raw, descriptors: &receivedRaw, truncated: &truncated)
+                }
+            }
+            if !receivedRaw.isEmpty || truncated {
+                guard adoptReceivedDescriptors(truncated: truncated) else { return }
             }
             switch result {
             case .success(.bytes(let n)):
                 readBuffer.withUnsafeBytes { reader.append(UnsafeRawBufferPointer(rebasing: $0[0..<n])) }
                 if partialFrameSince == nil { partialFrameSince = loop.now }
                 deliverFrames()
+                guard isOpen else { return }
+                if receivedFiles.count > maxDescriptorsPerMessage {
+                    end(.badInput("\(receivedFiles.count) descriptors arrived that no complete frame claims; at most "
+                        + "\(maxDescriptorsPerMessage) may wait"))
+                    return
+                }
                 if reader.bufferedByteCount == 0 { partialFrameSince = nil }
                 guard chargeInput() else { return }
             case .success(.wouldBlock):
@@ -134,14 +161,50 @@ package final class FramedConnection {
         }
     }
 
+    /// Wraps descriptors just received, so that each is closed whatever happens next; ends the connection (they
+    /// close with it) if the kernel cut some off or one is not a regular file. Returns false if it ended it.
+    private func adoptReceivedDescriptors(truncated: Bool) -> Bool {
+        var problem: String? = truncated
+            ? "a message brought more than \(maxDescriptorsPerMessage) descriptors, or control data other than descriptors" : nil
+        for raw in receivedRaw {
+            if problem == nil, let what = FileAttachment.notARegularFile(raw) { problem = "a descriptor attachment is \(what)" }
+            receivedFiles.append(FileAttachment(adopting: raw))
+        }
+        receivedRaw.removeAll(keepingCapacity: true)
+        if let problem {
+            end(.badInput(problem))
+            return false
+        }
+        return true
+    }
+
+    /// One non-blocking write of queued output: up to the next frame that carries descriptors, or that frame with
+    /// its descriptors (up to the one after it).
+    private func writeSome() -> Result<IOResult, SystemError> {
+        var end = outbound.count
+        var descriptors: [Int32] = []
+        if let next = outboundFiles.first {
+            if next.offset == sent {
+                descriptors = next.files.map(\.rawDescriptor)
+                if outboundFiles.count > 1 { end = outboundFiles[1].offset }
+            } else {
+                end = next.offset
+            }
+        }
+        let result = outbound.withUnsafeBytes { raw in
+            Result { () throws(SystemError) in
+                try sendNonBlocking(fd, UnsafeRawBufferPointer(rebasing: raw[sent..<end]), descriptors: descriptors)
+            }
+        }
+        if case .success(.bytes(let n)) = result, n > 0, !descriptors.isEmpty { outboundFiles.removeFirst() }
+        return result
+    }
+
     /// Closes without calling `onEnd`, after a best-effort, non-blocking write of anything still queued (a
     /// refusal or a last reply sent just before closing must not be lost to the write coalescing).
     package func close() {
         while isOpen, sent < outbound.count {
-            let result = outbound.withUnsafeBytes { raw in
-                Result { () throws(SystemError) in try sendNonBlocking(fd, UnsafeRawBufferPointer(rebasing: raw[sent...])) }
-            }
-            guard case .success(.bytes(let n)) = result else { break }
+            guard case .success(.bytes(let n)) = writeSome() else { break }
             sent += n
         }
         if registered {
@@ -155,6 +218,8 @@ package final class FramedConnection {
         charged = 0
         reader = FrameReader(limits: reader.limits)
         outbound = []
+        outboundFiles = []
+        receivedFiles = []
         sent = 0
     }
 
@@ -219,7 +284,17 @@ package final class FramedConnection {
                     return try BinaryPlistDecoder.decode(payload, limits: limits, decodedBytes: &decoded)
                 }) else { return }
                 currentFrameBytes = size
-                message = try Message(plist: value)
+                let count = try Message.descriptorCount(of: value)
+                guard count <= receivedFiles.count else {
+                    throw MessageError("the frame says it carries \(count) descriptor(s), and \(receivedFiles.count) arrived")
+                }
+                if count == 0 {
+                    message = try Message(plist: value)
+                } else {
+                    let files = Array(receivedFiles.prefix(count))
+                    receivedFiles.removeFirst(count)
+                    message = try Message(plist: value, files: files)
+                }
             } catch let error as WireError {
                 end(.badInput("bad frame: \(error)"))
                 return
@@ -233,9 +308,7 @@ package final class FramedConnection {
 
     private func flush() {
         while sent < outbound.count, isOpen {
-            let result = outbound.withUnsafeBytes { raw in
-                Result { () throws(SystemError) in try sendNonBlocking(fd, UnsafeRawBufferPointer(rebasing: raw[sent...])) }
-            }
+            let result = writeSome()
             switch result {
             case .success(.bytes(let n)): sent += n
             case .success(.wouldBlock):

@@ -15,13 +15,17 @@ package struct SubmittedRequest: Sendable {
     package let deadline: Double?
     package let onWorkerAssigned: (@Sendable (pid_t) -> Void)?
     package let deliver: @Sendable (RequestOutcome) -> Void
+    /// Takes each partial result, on the backend's loop thread, before `deliver`; the taker calls the backend's
+    /// `credit` once the app has it. Nil: partial results are dropped (and credited at once).
+    package let progress: (@Sendable ([ExtensionItem]) -> Void)?
     /// The daemon client app that sent it (uid and name); nil in an embedded host.
     package var app: String?
 
     package init(id: RequestID, extensionID: String, items: [ExtensionItem], deadline: Double?,
                  onWorkerAssigned: (@Sendable (pid_t) -> Void)?, deliver: @escaping @Sendable (RequestOutcome) -> Void,
-                 app: String? = nil)
+                 progress: (@Sendable ([ExtensionItem]) -> Void)? = nil, app: String? = nil)
     {
+        self.progress = progress
         self.app = app
         self.id = id
         self.extensionID = extensionID
@@ -47,6 +51,8 @@ protocol HostBackend: AnyObject, Sendable {
     func submit(_ request: SubmittedRequest)
     /// Cancels a request; never blocks.
     func cancel(_ id: RequestID)
+    /// The app has taken `count` partial results of `id`: its worker may send as many more. Never blocks.
+    func credit(_ id: RequestID, _ count: Int)
     /// The worker pid of an in-flight request.
     func pid(for id: RequestID) -> pid_t?
     /// Stops; `completion` runs when everything is released.

@@ -148,6 +148,8 @@ extension HostEngine {
                 log(.info, "\(worker.extensionID): late completion of \(id) (already ended); dropped")
             }
             requestSlotFreed(worker)
+        case .partial(let id, let items):
+            partialResult(id, items, from: worker)
         case .cancelled(let id, let error):
             guard settle(id, on: worker) else { return }
             if !finish(id, .cancelled(error)) {
@@ -186,7 +188,7 @@ extension HostEngine {
             leakReported(id, alive: alive, afterMs: afterMs, by: worker)
         case .unknown(let type):
             log(.info, "\(worker.extensionID): unknown message type '\(OutputLines.escape(Array(type.utf8.prefix(64))))'; ignored")
-        case .hello, .begin, .cancel, .connect, .connected, .assigned, .interrupted, .status, .statusReport, .prewarm,
+        case .hello, .begin, .cancel, .credit, .connect, .connected, .assigned, .interrupted, .status, .statusReport, .prewarm,
             .prewarmed, .subscribe, .event:
             protocolViolation(worker, "worker sent '\(message.typeName)', which is not a worker's to send")
         }
@@ -197,6 +199,7 @@ extension HostEngine {
     func settle(_ id: RequestID, on worker: WorkerProcess) -> Bool {
         if worker.inFlight.remove(id) != nil {
             worker.recentlyFinished.insert(id)
+            worker.streamOutstanding[id] = nil
             if let timer = worker.cancelTimers.removeValue(forKey: id) { loop.cancelTimer(timer) }
             return true
         }

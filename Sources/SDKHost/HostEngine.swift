@@ -158,6 +158,7 @@ package final class HostEngine: @unchecked Sendable {
             deadline: request.deadline ?? manifests[request.extensionID]?.policy.requestDeadline,
             deliver: request.deliver)
         record.onWorkerAssigned = request.onWorkerAssigned
+        record.progress = request.progress
         record.app = request.app
         start(record)
     }
@@ -275,9 +276,19 @@ package final class HostEngine: @unchecked Sendable {
             record.deadlineTimer = nil
         }
         if record.isQueued { waiting[record.poolKey]?.remove(record) }
-        if record.worker != nil { pids.withLock { _ = $0.removeValue(forKey: id) } }
+        if let worker = record.worker {
+            pids.withLock { _ = $0.removeValue(forKey: id) }
+            // Partial results nobody will take now: credited back, so that a worker still running the request
+            // (until it sees the cancel) is not left waiting for credit.
+            if let outstanding = worker.streamOutstanding.removeValue(forKey: id), outstanding > 0,
+                worker.inFlight.contains(id)
+            {
+                send(.credit(id: id, count: Int64(outstanding)), to: worker)
+            }
+        }
         record.worker = nil
         record.onWorkerAssigned = nil
+        record.progress = nil
         record.items = []
         let deliver = record.deliver
         record.deliver = nil
@@ -301,6 +312,42 @@ package final class HostEngine: @unchecked Sendable {
             return
         }
         abandon(id, .cancelled(.cancelledByHost))
+    }
+
+    /// The app took `count` partial results of `id` (loop thread): its worker may send as many more. Never more
+    /// than it has sent: a client cannot open the window wider.
+    package func creditOnLoop(_ id: RequestID, _ count: Int) {
+        guard count > 0, let worker = requests[id]?.worker, let outstanding = worker.streamOutstanding[id],
+            outstanding > 0
+        else { return }
+        let granted = min(count, outstanding)
+        worker.streamOutstanding[id] = outstanding - granted
+        send(.credit(id: id, count: Int64(granted)), to: worker)
+    }
+
+    /// A partial result from `worker` (loop thread): handed to the request's taker, or credited back at once when
+    /// there is none. One more than the window allows is a protocol violation.
+    func partialResult(_ id: RequestID, _ items: [ExtensionItem], from worker: WorkerProcess) {
+        guard worker.inFlight.contains(id) else {
+            if worker.recentlyFinished.contains(id) {
+                log(.debug, "\(worker.extensionID): partial result of \(id) after it finished; dropped")
+            } else {
+                protocolViolation(worker, "partial result for unknown request \(id)")
+            }
+            return
+        }
+        let outstanding = (worker.streamOutstanding[id] ?? 0) + 1
+        guard outstanding <= streamWindow else {
+            protocolViolation(worker, "more than \(streamWindow) partial results of \(id) sent without credit")
+            return
+        }
+        if let record = requests[id], let progress = record.progress {
+            worker.streamOutstanding[id] = outstanding
+            progress(items)
+        } else {
+            worker.streamOutstanding[id] = outstanding - 1
+            send(.credit(id: id, count: 1), to: worker)
+        }
     }
 
     func deadlinePassed(_ id: RequestID) {
@@ -421,6 +468,10 @@ extension HostEngine: HostBackend {
 
     func cancel(_ id: RequestID) {
         loop.execute { self.cancelOnLoop(id) }
+    }
+
+    func credit(_ id: RequestID, _ count: Int) {
+        loop.execute { self.creditOnLoop(id, count) }
     }
 
     func pid(for id: RequestID) -> pid_t? { pids.withLock { $0[id] } }

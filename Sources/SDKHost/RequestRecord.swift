@@ -27,6 +27,8 @@ final class RequestRecord {
     var items: [ExtensionItem]
     /// Cleared when the outcome is delivered, so nothing of the caller is retained afterwards.
     var deliver: (@Sendable (RequestOutcome) -> Void)?
+    /// Takes partial results; cleared with `deliver`.
+    var progress: (@Sendable ([ExtensionItem]) -> Void)?
     let deadline: Double?
     /// The pool that serves it (the extension, or the extension for one daemon client app).
     var poolKey: String = ""

@@ -45,6 +45,8 @@ final class WorkerProcess {
 
     /// Requests sent to this worker whose `complete`/`cancelled` has not arrived.
     var inFlight: Set<RequestID> = []
+    /// Partial results received per request and not yet credited back (at most `streamWindow` each).
+    var streamOutstanding: [RequestID: Int] = [:]
     /// Leaks this worker has reported (at most one per request it was sent is counted).
     var leaksReported = 0
     /// Ids this worker finished recently, to tell a late duplicate (dropped) from an unknown id (a violation).

@@ -98,3 +98,57 @@ public func sendAll(_ fd: Int32, _ buffer: UnsafeRawBufferPointer) throws(System
         offset += n
     }
 }
+
+/// recvmsg(2) on a non-blocking socket, appending any descriptors that came with the bytes (SCM_RIGHTS,
+/// close-on-exec) to `descriptors`, which then belong to the caller. `truncated` is set when the peer sent more
+/// descriptors than one message may carry (the kernel closed the excess) or control data of another kind.
+public func receiveNonBlocking(_ fd: Int32, into buffer: UnsafeMutableRawBufferPointer, descriptors: inout [Int32],
+                               truncated: inout Bool) throws(SystemError) -> IOResult
+{
+    var count: Int32 = 0
+    var cut: Int32 = 0
+    while true {
+        // On the stack: this runs for every read of every connection.
+        let n = withUnsafeTemporaryAllocation(of: Int32.self, capacity: Int(SDK_MAX_MESSAGE_FDS)) { fds in
+            let n = sdk_recv_with_fds(fd, buffer.baseAddress, buffer.count, fds.baseAddress, SDK_MAX_MESSAGE_FDS, &count, &cut)
+            if count > 0 { descriptors.append(contentsOf: fds[0..<Int(count)]) }
+            return n
+        }
+        if cut != 0 { truncated = true }
+        if n > 0 { return .bytes(n) }
+        if n == 0 { return .endOfFile }
+        let e = errno
+        if e == EINTR { continue }
+        if e == EAGAIN || e == EWOULDBLOCK { return .wouldBlock }
+        checkBadDescriptor(e, "recvmsg")
+        throw SystemError("recvmsg", errno: e, detail: "fd \(fd)")
+    }
+}
+
+/// sendmsg(2) with MSG_NOSIGNAL on a non-blocking socket, `descriptors` (at most 64) attached to the first byte.
+/// They have been sent once any byte has.
+public func sendNonBlocking(_ fd: Int32, _ buffer: UnsafeRawBufferPointer, descriptors: [Int32]) throws(SystemError) -> IOResult {
+    if descriptors.isEmpty { return try sendNonBlocking(fd, buffer) }
+    while true {
+        let n = descriptors.withUnsafeBufferPointer { fds in
+            sdk_send_with_fds(fd, buffer.baseAddress, buffer.count, fds.baseAddress, Int32(fds.count), 0)
+        }
+        if n >= 0 { return .bytes(n) }
+        let e = errno
+        if e == EINTR { continue }
+        if e == EAGAIN || e == EWOULDBLOCK { return .wouldBlock }
+        checkBadDescriptor(e, "sendmsg")
+        throw SystemError("sendmsg", errno: e, detail: "fd \(fd), \(descriptors.count) descriptor(s)")
+    }
+}
+
+/// Writes all of `buffer` to a blocking socket, `descriptors` (at most 64) attached to its first byte.
+public func sendAll(_ fd: Int32, _ buffer: UnsafeRawBufferPointer, descriptors: [Int32]) throws(SystemError) {
+    guard !descriptors.isEmpty, buffer.count > 0 else { return try sendAll(fd, buffer) }
+    let first = try retryingEINTR("sendmsg", detail: "fd \(fd), \(descriptors.count) descriptor(s)") {
+        descriptors.withUnsafeBufferPointer { fds in
+            sdk_send_with_fds(fd, buffer.baseAddress, buffer.count, fds.baseAddress, Int32(fds.count), 0)
+        }
+    }
+    if first < buffer.count { try sendAll(fd, UnsafeRawBufferPointer(rebasing: buffer[first...])) }
+}

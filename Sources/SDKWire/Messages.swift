@@ -3,9 +3,11 @@
 //
 //   host -> worker   hello     {type, version, identifier, hostPid, idleTimeoutMs}
 //   worker -> host   welcome   {type, version, identifier, pid}
-//   host -> worker   begin     {type, id, items: [item]}
-//   client -> daemon begin     {type, id, items, extension, deadlineMs?}   (the daemon adds nothing more)
-//   worker -> host   complete  {type, id, items: [item]}
+//   host -> worker   begin     {type, id, items: [item], fds?}
+//   client -> daemon begin     {type, id, items, fds?, extension, deadlineMs?}   (the daemon adds nothing more)
+//   worker -> host   partial   {type, id, items, fds?}   a partial result, before the request ends
+//   host -> worker   credit    {type, id, count}         the app took `count` partial results of `id`
+//   worker -> host   complete  {type, id, items: [item], fds?}
 //   host -> worker   cancel    {type, id}
 //   worker -> host   cancelled {type, id, error: {domain, code, message}}
 //   either way       ping      {type, seq}   and   pong {type, seq}
@@ -29,8 +31,21 @@
 //   daemon -> client event       {type, event: {kind, extension, pid, app?, reason?, detail?}}
 //                                kind: spawned|ready|exited|recycled|quarantined
 //
-//   item  = {title?: string, text?: string, attachments: [value], userInfo: {string: value}}
+//   item  = {title?: string, text?: string, attachments: [value], userInfo: {string: value}, files?: [integer]}
 //   id    = UUID string, 8-4-4-4-12 upper-case hex
+//
+// Streaming: a worker may have at most `streamWindow` (16) partial results of one request that the host has not
+// credited back; it waits for `credit` before sending more, and the host treats one more as a protocol
+// violation. The host credits a partial result once the app has taken it (its progress handler returned, or
+// its stream handed it out), so a worker that streams faster than the app reads is slowed, never buffered
+// without bound. Between client and daemon the same: the daemon forwards `partial` to the client and the
+// client's `credit` to the worker, never more than the worker used.
+//
+// Descriptors: a message with `fds: n` (1...64) is sent with one sendmsg whose SCM_RIGHTS control message holds
+// n descriptors, attached to the frame's first byte. The receiver queues descriptors as they arrive and gives
+// each frame, once complete, the first n in the queue. An item's `files` are indices into its message's
+// descriptors. Every descriptor must be a regular file (memfds are); a message with more than 64, with fewer
+// queued than it says, or with any other kind is a protocol error, and every descriptor it brought is closed.
 //
 // A message with an unknown `type` decodes as `.unknown` so that later versions can add types; the receiver
 // logs and ignores it. A payload that is not a dictionary, lacks `type`, or has a known type with missing or
@@ -38,6 +53,12 @@
 
 /// The protocol version sent in `hello` and `welcome`.
 public let protocolVersion: Int64 = 1
+
+/// How many partial results of one request a worker may send before the host credits any back.
+public let streamWindow = 16
+
+/// The most descriptors one message may carry.
+public let maxDescriptorsPerMessage = 64
 
 /// Identifies one request. Random 128 bits, written as a UUID string on the wire.
 public struct RequestID: Hashable, Sendable, CustomStringConvertible {
@@ -116,15 +137,19 @@ public struct ExtensionItem: Equatable, Sendable {
     public var attachments: [PlistValue]
     /// Anything else the two sides agree on.
     public var userInfo: [String: PlistValue]
+    /// Open files, passed as descriptors rather than copied through the socket (at most 64 per message, all
+    /// items together).
+    public var fileAttachments: [FileAttachment]
 
     /// Creates an item.
     public init(title: String? = nil, text: String? = nil, attachments: [PlistValue] = [],
-                userInfo: [String: PlistValue] = [:])
+                userInfo: [String: PlistValue] = [:], fileAttachments: [FileAttachment] = [])
     {
         self.title = title
         self.text = text
         self.attachments = attachments
         self.userInfo = userInfo
+        self.fileAttachments = fileAttachments
     }
 
     /// An item that carries `value` as its one attachment, encoded with `PlistValueEncoder`.
@@ -144,17 +169,41 @@ public struct ExtensionItem: Equatable, Sendable {
         return try PlistValueDecoder().decode(type, from: first)
     }
 
-    /// The wire form.
+    /// The wire form, its file attachments numbered from 0 (within a message, from where the previous item's
+    /// ended).
     public var plist: PlistValue {
+        var next = 0
+        return plist(numberingFilesFrom: &next)
+    }
+
+    func plist(numberingFilesFrom next: inout Int) -> PlistValue {
         var d: [String: PlistValue] = ["attachments": .array(attachments), "userInfo": .dictionary(userInfo)]
         if let title { d["title"] = .string(title) }
         if let text { d["text"] = .string(text) }
+        if !fileAttachments.isEmpty {
+            d["files"] = .array((next..<next + fileAttachments.count).map { .integer(Int64($0)) })
+            next += fileAttachments.count
+        }
         return .dictionary(d)
     }
 
-    /// Parses the wire form; missing `attachments`/`userInfo` mean empty.
-    public init(plist: PlistValue) throws(MessageError) {
+    /// Parses the wire form; missing `attachments`/`userInfo` mean empty. `files` resolves the item's `files`
+    /// indices (the descriptors of its message).
+    public init(plist: PlistValue, files: [FileAttachment] = []) throws(MessageError) {
         guard case .dictionary(let d) = plist else { throw MessageError("item is a \(plist.kindName), not a dictionary") }
+        switch d["files"] {
+        case nil: fileAttachments = []
+        case .array(let indices)?:
+            var resolved: [FileAttachment] = []
+            for index in indices {
+                guard let i = index.integerValue, i >= 0, i < files.count else {
+                    throw MessageError("item files entry \(index) does not name one of the message's \(files.count) descriptor(s)")
+                }
+                resolved.append(files[Int(i)])
+            }
+            fileAttachments = resolved
+        case let other?: throw MessageError("item files is a \(other.kindName), not an array")
+        }
         func optionalString(_ key: String) throws(MessageError) -> String? {
             switch d[key] {
             case nil: return nil
@@ -224,6 +273,8 @@ public enum Message: Sendable, Equatable {
     case welcome(version: Int64, identifier: String, pid: Int32)
     case begin(id: RequestID, items: [ExtensionItem], extensionID: String? = nil, deadlineMs: Int64? = nil)
     case complete(id: RequestID, items: [ExtensionItem])
+    case partial(id: RequestID, items: [ExtensionItem])
+    case credit(id: RequestID, count: Int64)
     case cancel(id: RequestID)
     case cancelled(id: RequestID, error: ExtensionError)
     case ping(seq: Int64)
@@ -255,12 +306,16 @@ public enum Message: Sendable, Equatable {
             return ["type": "welcome", "version": .integer(version), "identifier": .string(identifier),
                     "pid": .integer(Int64(pid))]
         case let .begin(id, items, extensionID, deadlineMs):
-            var d: [String: PlistValue] = ["type": "begin", "id": .string(id.uuidString), "items": .array(items.map(\.plist))]
+            var d = Self.itemsMessage("begin", id, items)
             if let extensionID { d["extension"] = .string(extensionID) }
             if let deadlineMs { d["deadlineMs"] = .integer(deadlineMs) }
             return .dictionary(d)
         case let .complete(id, items):
-            return ["type": "complete", "id": .string(id.uuidString), "items": .array(items.map(\.plist))]
+            return .dictionary(Self.itemsMessage("complete", id, items))
+        case let .partial(id, items):
+            return .dictionary(Self.itemsMessage("partial", id, items))
+        case let .credit(id, count):
+            return ["type": "credit", "id": .string(id.uuidString), "count": .integer(count)]
         case let .cancel(id):
             return ["type": "cancel", "id": .string(id.uuidString)]
         case let .cancelled(id, error):
@@ -309,14 +364,48 @@ public enum Message: Sendable, Equatable {
         }
     }
 
-    /// Parses a decoded payload.
+    /// `{type, id, items, fds?}` with the items' files numbered in order.
+    private static func itemsMessage(_ type: String, _ id: RequestID, _ items: [ExtensionItem]) -> [String: PlistValue] {
+        var next = 0
+        var d: [String: PlistValue] = ["type": .string(type), "id": .string(id.uuidString)]
+        d["items"] = .array(items.map { $0.plist(numberingFilesFrom: &next) })
+        if next > 0 { d["fds"] = .integer(Int64(next)) }
+        return d
+    }
+
+    /// The descriptors this message carries, in the order its `files` indices number them.
+    public var fileAttachments: [FileAttachment] {
+        switch self {
+        case .begin(_, let items, _, _), .complete(_, let items), .partial(_, let items):
+            return items.flatMap(\.fileAttachments)
+        default:
+            return []
+        }
+    }
+
+    /// How many descriptors a decoded payload says its frame carries (its `fds`): 0 when absent.
+    ///
+    /// - Throws: `MessageError` for a value that is not an integer in 0...64.
+    public static func descriptorCount(of plist: PlistValue) throws(MessageError) -> Int {
+        guard case .dictionary(let d) = plist, let raw = d["fds"] else { return 0 }
+        guard let n = raw.integerValue, n >= 0 else { throw MessageError("'fds' must be a non-negative integer") }
+        guard n <= maxDescriptorsPerMessage else {
+            throw MessageError("message carries \(n) descriptors; at most \(maxDescriptorsPerMessage) are allowed")
+        }
+        return Int(n)
+    }
+
+    /// Parses a decoded payload; `files` are the descriptors its frame brought (see `descriptorCount(of:)`).
     ///
     /// - Throws: `MessageError` naming the message type and the field that is missing or ill-typed.
-    public init(plist: PlistValue) throws(MessageError) {
+    public init(plist: PlistValue, files: [FileAttachment] = []) throws(MessageError) {
         guard case .dictionary(let d) = plist else {
             throw MessageError("message is a \(plist.kindName), not a dictionary")
         }
         guard let type = d["type"]?.stringValue else { throw MessageError("message has no string 'type'") }
+        if !files.isEmpty, type != "begin", type != "complete", type != "partial" {
+            throw MessageError("'\(type)' cannot carry descriptors")
+        }
         func string(_ key: String) throws(MessageError) -> String {
             guard let v = d[key]?.stringValue else { throw MessageError("'\(type)' needs a string '\(key)'") }
             return v
@@ -343,7 +432,7 @@ public enum Message: Sendable, Equatable {
             guard case .array(let raw)? = d["items"] else { throw MessageError("'\(type)' needs an array 'items'") }
             var out: [ExtensionItem] = []
             out.reserveCapacity(raw.count)
-            for item in raw { out.append(try ExtensionItem(plist: item)) }
+            for item in raw { out.append(try ExtensionItem(plist: item, files: files)) }
             return out
         }
         switch type {
@@ -360,6 +449,8 @@ public enum Message: Sendable, Equatable {
             let deadline: Int64? = d["deadlineMs"] == nil ? nil : try integer("deadlineMs")
             self = .begin(id: try id(), items: try items(), extensionID: ext, deadlineMs: deadline)
         case "complete": self = .complete(id: try id(), items: try items())
+        case "partial": self = .partial(id: try id(), items: try items())
+        case "credit": self = .credit(id: try id(), count: try integer("count"))
         case "cancel": self = .cancel(id: try id())
         case "cancelled":
             guard let e = d["error"] else { throw MessageError("'cancelled' needs an 'error'") }
@@ -421,6 +512,8 @@ extension Message {
         case .welcome: "welcome"
         case .begin: "begin"
         case .complete: "complete"
+        case .partial: "partial"
+        case .credit: "credit"
         case .cancel: "cancel"
         case .cancelled: "cancelled"
         case .ping: "ping"

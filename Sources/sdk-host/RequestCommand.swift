@@ -1,5 +1,7 @@
-// `sdk-host request <ext-id> [--text S]… [--embedded | --socket P] [--app NAME] [--timeout S] [--config P]`: one
-// request; prints which host served it, the outcome and the items. Exit status (main.swift's table): 0 completed,
+// `sdk-host request <ext-id> [--text S]… [--attach FILE]… [--save DIR] [--stream] [--embedded | --socket P]
+// [--app NAME] [--timeout S] [--config P]`: one request; prints which host served it, the outcome and the items
+// (and with --stream each partial result as it arrives); --attach sends files as descriptors, --save writes
+// what comes back. Exit status (main.swift's table): 0 completed,
 // 3 cancelled, 4 interrupted, 2 usage or configuration error, 1 no daemon at an explicit --socket or no outcome.
 // Without --socket or --embedded it uses the daemon when one answers on the configured socket, else an embedded
 // host built from --config (or $SDKHOST_CONFIG), and says so on stderr.
@@ -12,9 +14,14 @@ import Glibc
 
 enum RequestCommand {
     static let usage = """
-        usage: sdk-host request <extension-id> [--text S]... [--embedded | --socket PATH] [--app NAME]
-                                [--timeout SECONDS] [--config PATH]
+        usage: sdk-host request <extension-id> [--text S]... [--attach FILE]... [--save DIR] [--stream]
+                                [--embedded | --socket PATH] [--app NAME] [--timeout SECONDS] [--config PATH]
           --text S        an input item with title S (repeatable; default: one empty item)
+          --attach FILE   send FILE, opened read-only, as a descriptor attachment of the first item (repeatable,
+                          at most 64): its bytes are never copied through the socket
+          --save DIR      write what the request returns into DIR (made if missing): each data attachment as
+                          itemN-attachmentK.bin and each descriptor attachment as itemN-fileK; never overwrites
+          --stream        print each partial result as it arrives, with the time since the request began
           --embedded      run the worker in this process's own host, from --config's extension paths
           --socket PATH   use the daemon at PATH (an error if none answers)
           --app NAME      the app name the daemon pools workers by (default: sdk-host)
@@ -28,7 +35,8 @@ enum RequestCommand {
     static let defaultTimeout = 60.0
 
     static func run(_ arguments: [String]) -> Never {
-        let options = Options(arguments, valued: ["--text", "--timeout", "--socket", "--config", "--app"], boolean: ["--embedded"], usage: usage)
+        let options = Options(arguments, valued: ["--text", "--timeout", "--socket", "--config", "--app", "--attach", "--save"],
+                              boolean: ["--embedded", "--stream"], usage: usage)
         guard options.positionals.count == 1 else {
             fail(options.positionals.isEmpty ? "missing extension identifier\n\(usage)" : "unexpected argument '\(options.positionals[1])'\n\(usage)", status: ExitStatus.usage)
         }
@@ -74,10 +82,33 @@ enum RequestCommand {
             fail("\(error)", status: ExitStatus.usage)
         }
         let texts = options.values["--text"] ?? []
-        let items = texts.isEmpty ? [ExtensionItem()] : texts.map { ExtensionItem(title: $0) }
+        var items = texts.isEmpty ? [ExtensionItem()] : texts.map { ExtensionItem(title: $0) }
+        let attachPaths = options.values["--attach"] ?? []
+        if attachPaths.count > 64 { fail("--attach: \(attachPaths.count) files; at most 64 per request", status: ExitStatus.usage) }
+        for path in attachPaths {
+            do {
+                items[0].fileAttachments.append(try FileAttachment(contentsOf: path))
+            } catch {
+                fail("--attach: \(error)", status: ExitStatus.usage)
+            }
+        }
+        let saveDirectory = options.value("--save")
+        if let saveDirectory { prepareSaveDirectory(saveDirectory) }
         let waiter = OutcomeWaiter(attachingTo: ext)
+        let began = monotonicNanoseconds()
+        if options.has("--stream") {
+            // Straight to fd 1, a line at a time: through a pipe, stdio would hold the lines until the end.
+            ext.requestProgressHandler = { _, batch in
+                let elapsed = Double(monotonicNanoseconds() - began) / 1e9
+                for item in batch {
+                    var line = "partial +\(formatSeconds(elapsed))s: \(describe(item))\n"
+                    line.withUTF8 { _ = write(1, $0.baseAddress, $0.count) }
+                }
+            }
+        }
         let workerPid = Mutex<pid_t?>(nil)
         let id = ext.beginRequest(withInputItems: items, deadline: timeout, onWorkerAssigned: { pid in workerPid.withLock { $0 = pid } })
+        items = []  // the attachments' descriptors are the request's now
         // The deadline ends the request at the host; the extra 10 s covers a daemon that never answers at all.
         let outcome = waiter.wait(for: id, timeout: timeout + 10)
         let mode = host.mode
@@ -95,11 +126,8 @@ enum RequestCommand {
         switch outcome {
         case .completed(let items):
             print("completed \(id)")
-            for (n, item) in items.enumerated() {
-                print("  item \(n): title=\(item.title.map { "\"\($0)\"" } ?? "nil")"
-                    + (item.text.map { " text=\"\($0)\"" } ?? "")
-                    + " attachments=\(PlistValue.array(item.attachments)) userInfo=\(PlistValue.dictionary(item.userInfo))")
-            }
+            for (n, item) in items.enumerated() { print("  item \(n): \(describe(item))") }
+            if let saveDirectory { save(items, to: saveDirectory) }
             exit(ExitStatus.success)
         case .cancelled(let error):
             print("cancelled \(id): \(error)")
@@ -112,3 +140,83 @@ enum RequestCommand {
 }
 
 import Synchronization
+import SDKPosix
+
+extension RequestCommand {
+    static func describe(_ item: ExtensionItem) -> String {
+        "title=\(item.title.map { "\"\($0)\"" } ?? "nil")"
+            + (item.text.map { " text=\"\($0)\"" } ?? "")
+            + " attachments=\(PlistValue.array(item.attachments)) userInfo=\(PlistValue.dictionary(item.userInfo))"
+            + (item.fileAttachments.isEmpty ? "" : " files=[\(item.fileAttachments.map { "\($0.size) bytes" }.joined(separator: ", "))]")
+    }
+
+    static func formatSeconds(_ seconds: Double) -> String {
+        let ms = Int((seconds * 1000).rounded())
+        let fraction = String(ms % 1000)
+        return "\(ms / 1000)." + String(repeating: "0", count: 3 - fraction.count) + fraction
+    }
+
+    /// Makes DIR if it is missing (not its parents), before the request runs: a bad --save fails first.
+    static func prepareSaveDirectory(_ path: String) {
+        var st = stat()
+        if stat(path, &st) == 0 {
+            guard st.st_mode & S_IFMT == S_IFDIR else { fail("--save: \(path) exists and is not a folder", status: ExitStatus.usage) }
+            return
+        }
+        guard mkdir(path, 0o755) == 0 else {
+            fail("--save: cannot make \(path): \(String(cString: strerror(errno)))", status: ExitStatus.usage)
+        }
+    }
+
+    /// Writes each data attachment and each descriptor attachment of `items` into `directory`, refusing to
+    /// overwrite; prints what it wrote. A failure is exit status 1, after the outcome was printed.
+    static func save(_ items: [ExtensionItem], to directory: String) {
+        var failed = false
+        for (n, item) in items.enumerated() {
+            for (k, attachment) in item.attachments.enumerated() {
+                guard case .data(let bytes) = attachment else { continue }
+                let path = "\(trimmed(directory))/item\(n)-attachment\(k).bin"
+                let fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0o644)
+                if fd < 0 {
+                    printError("--save: cannot create \(path): \(String(cString: strerror(errno)))")
+                    failed = true
+                    continue
+                }
+                // A typed-throws closure here crashes the 6.3 compiler: carry the error in a Result.
+                let written = bytes.withUnsafeBytes { raw in
+                    Result { () throws(SystemError) in try writeAll(fd, raw, detail: path) }
+                }
+                switch written {
+                case .success: print("saved \(path) (\(bytes.count) bytes)")
+                case .failure(let error):
+                    printError("--save: \(error)")
+                    failed = true
+                }
+                close(fd)
+            }
+            for (k, file) in item.fileAttachments.enumerated() {
+                let path = "\(trimmed(directory))/item\(n)-file\(k)"
+                do {
+                    try file.save(to: path)
+                    print("saved \(path) (\(file.size) bytes)")
+                } catch {
+                    printError("--save: \(error)")
+                    failed = true
+                }
+            }
+        }
+        if failed { exit(ExitStatus.failure) }
+    }
+
+    /// `directory` without trailing slashes ("/" stays).
+    static func trimmed(_ directory: String) -> String {
+        var d = Substring(directory)
+        while d.count > 1, d.hasSuffix("/") { d = d.dropLast() }
+        return String(d)
+    }
+
+    static func printError(_ text: String) {
+        var line = "sdk-host: \(text)\n"
+        line.withUTF8 { _ = write(2, $0.baseAddress, $0.count) }
+    }
+}

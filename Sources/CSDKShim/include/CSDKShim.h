@@ -71,4 +71,28 @@ int sdk_socket_path(int fd, char *buffer, size_t size);
 /// Non-blocking. 0, or -1 with errno.
 int sdk_notify_datagram(const char *path, const char *message, size_t length);
 
+
+/// The most descriptors one message may carry (DESIGN "Descriptors as attachments"); the kernel's own cap is 253.
+#define SDK_MAX_MESSAGE_FDS 64
+
+/// sendmsg(2) of `len` bytes with MSG_NOSIGNAL | `flags`, and `nfds` descriptors (at most SDK_MAX_MESSAGE_FDS)
+/// as one SCM_RIGHTS message attached to the first byte. Returns the bytes sent or -1 with errno.
+ssize_t sdk_send_with_fds(int sock, const void *buf, size_t len, const int *fds, int nfds, int flags);
+/// recvmsg(2) with MSG_CMSG_CLOEXEC into `buf`, collecting at most `max_fds` received descriptors into `fds`
+/// (*nfds of them). *truncated is set when the kernel cut the control data (the sender sent more descriptors
+/// than fit; the kernel closed the rest) or delivered something other than SCM_RIGHTS. Returns the bytes read
+/// (0 at end of file) or -1 with errno; the descriptors in `fds` are the caller's even then.
+ssize_t sdk_recv_with_fds(int sock, void *buf, size_t len, int *fds, int max_fds, int *nfds, int *truncated);
+/// memfd_create(name, MFD_CLOEXEC | MFD_ALLOW_SEALING).
+int sdk_memfd(const char *name);
+/// Seals a memfd against writing, growing and shrinking, and against further seal changes. 0 or -1 with errno.
+int sdk_seal_readonly(int fd);
+/// The seals of `fd` (F_GET_SEALS), or -1 with errno (EINVAL: not a memfd).
+int sdk_get_seals(int fd);
+/// 1 when `fd`'s seals forbid writing to it.
+int sdk_is_write_sealed(int fd);
+/// Copies `length` bytes of `in` from offset 0 to `out`'s current position: copy_file_range, else sendfile,
+/// else read and write. `in`'s own offset is not moved. 0, or an errno value.
+int sdk_copy_file(int in, int out, uint64_t length);
+
 #endif

@@ -1,0 +1,166 @@
+// Partial results on the app's side: `Extension.stream` (an AsyncThrowingStream of item batches that ends with
+// the request's outcome) and `perform(_:deadline:progress:)`.
+//
+// Backpressure: a partial result is credited back to the worker only when the app takes it (the stream hands it
+// out, or the progress closure returns), so at most `streamWindow` wait here per request and a fast worker
+// waits in `context.send`. Order: partial results and the outcome enter one feed in the order the host's loop
+// saw them, so none is ever handed out after the outcome.
+import SDKWire
+import Synchronization
+
+/// One streamed request's partial results and outcome, between the host's loop (producer) and the stream's
+/// consumer. Released when the stream is: then the request, if still running, is cancelled.
+final class StreamFeed: Sendable {
+    let id: RequestID
+    let backend: any HostBackend
+
+    private struct State {
+        var batches: [[ExtensionItem]] = []
+        var outcome: RequestOutcome?
+        /// Whether the consumer has seen the end (the completion's batch, or an error).
+        var done = false
+        var waiters: [CheckedContinuation<Void, Never>] = []
+    }
+    private let state = Mutex(State())
+
+    init(id: RequestID, backend: any HostBackend) {
+        self.id = id
+        self.backend = backend
+    }
+
+    deinit {
+        // The app dropped the stream: nobody will read the rest.
+        if state.withLock({ $0.outcome == nil }) { backend.cancel(id) }
+    }
+
+    /// A partial result (loop thread).
+    func push(_ items: [ExtensionItem]) {
+        let waiters = state.withLock { s in
+            s.batches.append(items)
+            defer { s.waiters = [] }
+            return s.waiters
+        }
+        for waiter in waiters { waiter.resume() }
+    }
+
+    /// The outcome (loop thread, once).
+    func end(_ outcome: RequestOutcome) {
+        let waiters = state.withLock { s in
+            if s.outcome == nil { s.outcome = outcome }
+            defer { s.waiters = [] }
+            return s.waiters
+        }
+        for waiter in waiters { waiter.resume() }
+    }
+
+    private enum Next {
+        case batch([ExtensionItem], credit: Bool)
+        case finished
+        case failed(RequestOutcome)
+        case wait
+    }
+
+    /// The stream's next element: a partial result, then the completion's items (when there are any), then nil;
+    /// or the failure the request ended with.
+    func next() async throws -> [ExtensionItem]? {
+        while true {
+            switch take() {
+            case .batch(let items, let credit):
+                if credit { backend.credit(id, 1) }
+                return items
+            case .finished:
+                return nil
+            case .failed(let outcome):
+                switch outcome {
+                case .cancelled(let error):
+                    if error == .cancelledByHost, Task.isCancelled { throw CancellationError() }
+                    throw RequestFailure.cancelled(error)
+                case .interrupted(let reason):
+                    throw RequestFailure.interrupted(reason)
+                case .completed:
+                    return nil
+                }
+            case .wait:
+                await withTaskCancellationHandler {
+                    await withCheckedContinuation { (continuation: CheckedContinuation<Void, Never>) in
+                        let ready = state.withLock { s -> Bool in
+                            if !s.batches.isEmpty || s.outcome != nil { return true }
+                            s.waiters.append(continuation)
+                            return false
+                        }
+                        if ready { continuation.resume() }
+                    }
+                } onCancel: { [backend, id] in
+                    backend.cancel(id)
+                }
+            }
+        }
+    }
+
+    private func take() -> Next {
+        state.withLock { s in
+            if s.done { return .finished }
+            if !s.batches.isEmpty { return .batch(s.batches.removeFirst(), credit: true) }
+            guard let outcome = s.outcome else { return .wait }
+            s.done = true
+            if case .completed(let items) = outcome { return items.isEmpty ? .finished : .batch(items, credit: false) }
+            return .failed(outcome)
+        }
+    }
+}
+
+extension Extension {
+    /// Starts a request and returns its results as they come: each partial result the extension sends
+    /// (`context.send`), in order, then the items it completes with (unless there are none), then the end. Every
+    /// partial result comes before the end, never after.
+    ///
+    /// The extension is slowed to the pace you read at: it may run at most 16 partial results ahead. Cancelling
+    /// the reading Task, or dropping the stream before its end, cancels the request.
+    ///
+    /// - Parameters:
+    ///   - items: The input items.
+    ///   - deadline: As for `beginRequest`.
+    /// - Returns: A stream that throws `RequestFailure.cancelled` when the extension cancels,
+    ///   `RequestFailure.interrupted` when the request is interrupted (after the partial results that arrived
+    ///   first), and `CancellationError` when the reading Task is cancelled.
+    public func stream(_ items: [ExtensionItem], deadline: Duration? = nil)
+        -> AsyncThrowingStream<[ExtensionItem], any Error>
+    {
+        let id = RequestID()
+        let feed = StreamFeed(id: id, backend: host.backend)
+        let backend = host.backend
+        // The feed is held by the stream only: once the app drops the stream, partial results are credited at
+        // once and the request is cancelled (StreamFeed.deinit).
+        submit(
+            id: id, items: items, deadline: deadline.map(seconds), onWorkerAssigned: nil,
+            deliver: { [weak feed] outcome in feed?.end(outcome) },
+            progress: { [weak feed] batch in
+                if let feed { feed.push(batch) } else { backend.credit(id, 1) }
+            })
+        return AsyncThrowingStream(unfolding: { try await feed.next() })
+    }
+
+    /// Runs one request like `perform(_:deadline:)`, calling `progress` with each partial result the extension
+    /// sends, in order, on `callbackQueue`; every call has returned before this one returns or throws. The
+    /// extension is slowed to `progress`'s pace (at most 16 partial results ahead).
+    public func perform(_ items: [ExtensionItem], deadline: Duration? = nil,
+                        progress: @escaping @Sendable ([ExtensionItem]) -> Void) async throws -> [ExtensionItem]
+    {
+        let queue = serialCallbackQueue
+        let backend = host.backend
+        let task = RequestTask(id: RequestID(), backend: backend)
+        let id = task.id
+        submit(
+            id: id, items: items, deadline: deadline.map(seconds),
+            onWorkerAssigned: { [task] pid in task.assigned(pid) },
+            // Through the same serial queue as the partial results, so the outcome cannot overtake them.
+            deliver: { [task] outcome in queue.async { task.ended(outcome) } },
+            progress: { batch in
+                queue.async {
+                    progress(batch)
+                    backend.credit(id, 1)
+                }
+            })
+        return try await task.value
+    }
+}
