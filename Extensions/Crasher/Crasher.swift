@@ -68,6 +68,35 @@ struct Crasher: RequestHandler {
             try? Frame.encode(Message.complete(id: RequestID(), items: []).plist, with: &encoder, appendingTo: &frame)
             _ = frame.withUnsafeBytes { write(3, $0.baseAddress, $0.count) }
             while true { sleep(60) }
+        case _ where command.hasPrefix("stream-abort:"):
+            // N partial results, then a crash: the host must hand all N to the app, then the interruption.
+            let count = Int(command.dropFirst(13)) ?? 1
+            for index in 0..<count { context.send([ExtensionItem(title: "partial \(index)")]) }
+            abort()
+        case "flood":
+            // 40 partial results in one write, ignoring the host's credit (the runtime would wait after 16): the
+            // host must call it a protocol violation, not buffer them.
+            var encoder = BinaryPlistEncoder()
+            var frames: [UInt8] = []
+            for index in 0..<40 {
+                try? Frame.encode(Message.partial(id: context.requestID, items: [ExtensionItem(title: "flood \(index)")]).plist,
+                                  with: &encoder, appendingTo: &frames)
+            }
+            _ = frames.withUnsafeBytes { write(3, $0.baseAddress, $0.count) }
+            while true { sleep(60) }
+        case "fd-pipe":
+            // A pipe as a "file" attachment: a reader could block on it for good, so the host must refuse it.
+            var fds: [Int32] = [-1, -1]
+            guard pipe(&fds) == 0 else { abort() }
+            close(fds[1])
+            context.completeRequest(returningItems: [ExtensionItem(fileAttachments: [FileAttachment(adopting: fds[0])])])
+        case "fd-count":
+            // How many descriptors this worker has open, and the input's file attachments' sizes: a test checks
+            // that nothing received is kept after a request.
+            let targets = FileManagerless.descriptorTargets()
+            let sizes = context.inputItems.flatMap(\.fileAttachments).map { PlistValue.integer(Int64($0.size)) }
+            context.completeRequest(returningItems: [ExtensionItem(
+                title: "\(targets.count)", text: targets.joined(separator: " "), attachments: sizes)])
         case "cancel":
             context.cancelRequest(withError: ExtensionError(
                 domain: "com.example.crasher", code: 42, message: "cancelled by the extension on request"))
@@ -169,5 +198,24 @@ struct Crasher: RequestHandler {
         default:  // "echo" and anything unknown
             context.completeRequest(returningItems: context.inputItems)
         }
+    }
+}
+
+/// This process's open descriptors, without Foundation.
+enum FileManagerless {
+    /// "fd=target" for each open descriptor but the one listing them.
+    static func descriptorTargets() -> [String] {
+        guard let dir = opendir("/proc/self/fd") else { return [] }
+        defer { closedir(dir) }
+        let own = dirfd(dir)
+        var out: [String] = []
+        while let entry = readdir(dir) {
+            let name = withUnsafeBytes(of: entry.pointee.d_name) { String(decoding: $0.prefix { $0 != 0 }, as: UTF8.self) }
+            guard let fd = Int32(name), fd != own else { continue }
+            var buffer = [CChar](repeating: 0, count: 256)
+            let n = readlink("/proc/self/fd/\(name)", &buffer, 255)
+            out.append("\(name)=" + (n > 0 ? String(decoding: buffer[0..<n].map { UInt8(bitPattern: $0) }, as: UTF8.self) : "?"))
+        }
+        return out
     }
 }

@@ -24,7 +24,8 @@ struct Escaper: RequestHandler {
         let title = context.inputItems.first?.title ?? ""
         let name = String(title.prefix { $0 != ":" })
         let argument = title.contains(":") ? String(title[title.index(after: title.firstIndex(of: ":")!)...]) : ""
-        let result = Attempts.run(name, argument)
+        let file = context.inputItems.first?.fileAttachments.first
+        let result = file.map { Attempts.withAttachment(name, $0) } ?? Attempts.run(name, argument)
         context.completeRequest(returningItems: [ExtensionItem(title: result)])
     }
 }
@@ -64,6 +65,26 @@ enum Attempts {
         case "timer": return timer()
         case "x32": return "refused: the call returned \(probe_x32())"
         default: return "unknown attempt '\(name)'"
+        }
+    }
+
+    /// Attempts on the file the host passed as the first item's descriptor attachment: reading it is the
+    /// point ("fdread", allowed); writing through it ("fdwrite") or reopening it for writing through /proc
+    /// ("fdreopen") must be refused. Nothing is written if they are not: a zero-length write.
+    static func withAttachment(_ name: String, _ file: FileAttachment) -> String {
+        file.withUnsafeFileDescriptor { fd in
+            switch name {
+            case "fdread":
+                guard let bytes = try? file.readAll() else { return "refused: \(describe(errno))" }
+                return "allowed: read \(bytes.count) bytes"
+            case "fdwrite":
+                var byte: UInt8 = 0
+                return pwrite(fd, &byte, 0, 0) < 0 ? "refused: \(describe(errno))" : "allowed: wrote through the attachment"
+            case "fdreopen":
+                return outcome(open("/proc/self/fd/\(fd)", O_RDWR | O_CLOEXEC), "reopened the attachment for writing")
+            default:
+                return "unknown attempt '\(name)' with an attachment"
+            }
         }
     }
 

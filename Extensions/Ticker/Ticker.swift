@@ -1,7 +1,7 @@
 // Ticker (com.example.ticker): streams partial results. The first item's text (or title) is "N:MS": send N
 // partial results, each MS milliseconds after the one before (the first MS after the start), then complete with one item saying how many were sent. Partial result i
-// (1...N) has title "tick i/N", text "i", and userInfo {index: i, sentAtNs: CLOCK_MONOTONIC when it was sent},
-// so a test can see when the worker sent each one (the clock is the same in every process). A host cancel ends
+// (1...N) has title "tick i/N", text "i", and userInfo {index: i, madeAtNs: CLOCK_MONOTONIC when it was made, just
+// before `send`}, so a test can see when the worker got to each one (the clock is the same in every process). A host cancel ends
 // the stream at once (cancelled); "N:MS" that does not parse cancels with an error saying so.
 import SDKExtension
 
@@ -34,7 +34,7 @@ struct Ticker: AsyncRequestHandler {
                 }
             }
             let tick = ExtensionItem(title: "tick \(index)/\(count)", text: "\(index)",
-                                     userInfo: ["index": .integer(Int64(index)), "sentAtNs": .integer(Self.now())])
+                                     userInfo: ["index": .integer(Int64(index)), "madeAtNs": .integer(Self.now())])
             guard await context.send([tick]) else { return }
         }
         context.completeRequest(returningItems: [ExtensionItem(title: "done", text: "\(count) ticks")])

@@ -25,6 +25,9 @@
 //   HandshakeTimeoutSeconds   number    to send `connect` after connecting     default: 5
 //   PartialFrameTimeoutSeconds number   to finish a started frame, and for a   default: 5
 //                                       stalled reader to catch up
+//   MaxDescriptorsPerClient   integer   descriptor attachments one client's    default: 256
+//                                       requests in flight may hold
+//   MaxDescriptorsTotal       integer   the same across all clients            default: 4096
 //   DefaultPolicy             dict      SDKHostPolicy keys, for manifests that leave them out
 
 import SDKWire
@@ -51,6 +54,10 @@ package struct DaemonConfiguration: Sendable {
     package var inputBudgetBytes = 128 << 20
     package var pendingRequestBytesPerClient = 64 << 20
     package var pendingRequestBytesTotal = 192 << 20
+    /// Descriptor attachments held by requests in flight, per client and in all: past either, a request ends
+    /// `overloaded` and its descriptors are closed (a client cannot spend the daemon's descriptor limit).
+    package var maxDescriptorsPerClient = 256
+    package var maxDescriptorsTotal = 4096
     /// The file it was read from, if any.
     package var source: String?
 
@@ -59,7 +66,7 @@ package struct DaemonConfiguration: Sendable {
         "CrashReportDirectory", "MaxCrashReports", "DrainTimeoutSeconds", "HeartbeatIntervalSeconds",
         "HeartbeatTimeoutSeconds", "CancelGraceSeconds", "MaxFrameBytes", "DefaultPolicy", "MaxClients",
         "MaxInFlightRequests", "MaxQueuedRequests", "MaxClientOutputBytes", "HandshakeTimeoutSeconds",
-        "PartialFrameTimeoutSeconds",
+        "PartialFrameTimeoutSeconds", "MaxDescriptorsPerClient", "MaxDescriptorsTotal",
     ]
 
     /// Defaults only (no file).
@@ -128,6 +135,8 @@ package struct DaemonConfiguration: Sendable {
         maxClientOutputBytes = try f.integer("MaxClientOutputBytes", in: 65_536...(1 << 30)) ?? maxClientOutputBytes
         handshakeTimeout = try f.seconds("HandshakeTimeoutSeconds", minimum: 0.1) ?? handshakeTimeout
         partialFrameTimeout = try f.seconds("PartialFrameTimeoutSeconds", minimum: 0.1) ?? partialFrameTimeout
+        maxDescriptorsPerClient = try f.integer("MaxDescriptorsPerClient", in: 0...1_000_000) ?? maxDescriptorsPerClient
+        maxDescriptorsTotal = try f.integer("MaxDescriptorsTotal", in: 0...1_000_000) ?? maxDescriptorsTotal
     }
 
     /// Where the daemon keeps its socket and crash reports by default: $XDG_RUNTIME_DIR/sdk-host if set (a

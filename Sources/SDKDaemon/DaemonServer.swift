@@ -32,6 +32,7 @@ package final class DaemonServer: @unchecked Sendable {
     private let finished = DispatchSemaphore(value: 0)
     private let inputBudget: InputBudget
     private var pendingRequestBytes = 0
+    private var pendingDescriptors = 0
     private var acceptBackoff = 0.0
     private var acceptBackoffTimer: TimerID?
     private var refusedWhileFull = 0
@@ -315,18 +316,25 @@ package final class DaemonServer: @unchecked Sendable {
             }
             // What this request holds until it ends: its bytes, charged to the client and to the daemon.
             let bytes = session.connection.currentFrameBytes
+            let descriptors = items.reduce(0) { $0 + $1.fileAttachments.count }
             if session.internalIDs.count >= configuration.maxInFlightRequests
                 || session.pendingBytes + bytes > configuration.pendingRequestBytesPerClient
                 || pendingRequestBytes + bytes > configuration.pendingRequestBytesTotal
+                || session.pendingDescriptors + descriptors > configuration.maxDescriptorsPerClient
+                || pendingDescriptors + descriptors > configuration.maxDescriptorsTotal
             {
                 engine.log(.debug, "client pid \(session.credentials.pid): request \(clientID) overloaded "
-                    + "(\(session.internalIDs.count) in flight, \(session.pendingBytes) bytes held)")
+                    + "(\(session.internalIDs.count) in flight, \(session.pendingBytes) bytes and "
+                    + "\(session.pendingDescriptors) descriptors held)")
                 session.overloads += 1
+                // Its descriptors close as `items` goes out of scope.
                 session.send(.interrupted(id: clientID, reason: InterruptionReason.overloaded.plist))
                 return
             }
             session.pendingBytes += bytes
             pendingRequestBytes += bytes
+            session.pendingDescriptors += descriptors
+            pendingDescriptors += descriptors
             let internalID = RequestID()
             session.internalIDs[clientID] = internalID
             // Clamped: a peer's deadline is any Int64; negative is "now", huge is the host's maximum.
@@ -339,6 +347,8 @@ package final class DaemonServer: @unchecked Sendable {
                     // Called on the loop thread by the engine, exactly once.
                     session.pendingBytes -= bytes
                     self.pendingRequestBytes -= bytes
+                    session.pendingDescriptors -= descriptors
+                    self.pendingDescriptors -= descriptors
                     session.internalIDs.removeValue(forKey: clientID)
                     switch outcome {
                     case .completed(let items): session.send(.complete(id: clientID, items: items))
@@ -455,6 +465,8 @@ final class ClientSession: @unchecked Sendable {
     var internalIDs: [RequestID: RequestID] = [:]
     /// Frame bytes of this client's requests that have not ended.
     var pendingBytes = 0
+    /// Descriptor attachments of this client's requests that have not ended.
+    var pendingDescriptors = 0
     var overloads = 0
 
     init(connection: FramedConnection, credentials: PeerCredentials, connectedAt: UInt64) {

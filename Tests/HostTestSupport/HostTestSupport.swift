@@ -214,7 +214,7 @@ public struct ResourceSnapshot: Equatable, CustomStringConvertible {
             descriptors: (listNames("/proc/self/fd")?.count ?? 1) - 1,  // minus the one listing itself
             workerChildren: childProcesses().filter { pid in
                 let exe = readLink("/proc/\(pid)/exe") ?? ""
-                return exe.hasSuffix("Echo") || exe.hasSuffix("/Crasher")
+                return exe.hasSuffix("Echo") || exe.hasSuffix("/Crasher") || exe.hasSuffix("/Ticker")
             },
             loopThreads: (listNames("/proc/self/task") ?? []).filter {
                 (readSmallFile("/proc/self/task/\($0)/comm") ?? "").hasPrefix(EventLoop.threadName)
@@ -391,4 +391,52 @@ public func eventsUntilExit(_ stream: AsyncStream<WorkerEvent>, timeout: Double 
     let seen = await collector.value
     timer.cancel()
     return seen
+}
+
+// MARK: Streaming
+
+/// Every callback of the extensions it is attached to, partial results included, in the order they ran.
+public final class Timeline: Sendable {
+    public enum Entry: Sendable, Equatable {
+        case partial(RequestID, [ExtensionItem])
+        case ended(RequestID, RequestOutcome)
+    }
+    private let entries = Mutex<[Entry]>([])
+    public init() {}
+
+    /// Installs the progress handler and the three terminal handlers on `ext`.
+    public func attach(to ext: Extension) {
+        ext.requestProgressHandler = { id, items in self.entries.withLock { $0.append(.partial(id, items)) } }
+        ext.requestCompletionHandler = { id, items in self.entries.withLock { $0.append(.ended(id, .completed(items))) } }
+        ext.requestCancellationHandler = { id, error in self.entries.withLock { $0.append(.ended(id, .cancelled(error))) } }
+        ext.requestInterruptionHandler = { id, reason in self.entries.withLock { $0.append(.ended(id, .interrupted(reason))) } }
+    }
+
+    /// `id`'s entries, in order.
+    public func of(_ id: RequestID) -> [Entry] {
+        entries.withLock { all in
+            all.filter {
+                switch $0 {
+                case .partial(let x, _), .ended(let x, _): x == id
+                }
+            }
+        }
+    }
+
+    /// How many partial results `id` got so far.
+    public func partials(_ id: RequestID) -> Int {
+        of(id).count { if case .partial = $0 { true } else { false } }
+    }
+
+    /// `id`'s terminal outcomes so far (exactly one, once it has ended).
+    public func outcomes(_ id: RequestID) -> [RequestOutcome] {
+        of(id).compactMap { if case .ended(_, let outcome) = $0 { outcome } else { nil } }
+    }
+
+    /// True when every partial result of `id` came before its first terminal callback.
+    public func partialsPrecedeEnd(_ id: RequestID) -> Bool {
+        let all = of(id)
+        guard let end = all.firstIndex(where: { if case .ended = $0 { true } else { false } }) else { return true }
+        return !all[end...].contains { if case .partial = $0 { true } else { false } }
+    }
 }
