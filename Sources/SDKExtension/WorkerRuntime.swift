@@ -282,6 +282,10 @@ enum WorkerRuntime {
                     WorkerLog.write("unknown message type '\(type)' from host; ignored")
                 }
             }
+            if reader.bufferedByteCount == 0 && !receivedFiles.isEmpty {
+                WorkerLog.write("protocol error from host: \(receivedFiles.count) descriptor(s) no frame claims; exiting")
+                exit(2)
+            }
         }
     }
 }

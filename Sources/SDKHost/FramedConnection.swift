@@ -142,9 +142,10 @@ package final class FramedConnection {
                 if partialFrameSince == nil { partialFrameSince = loop.now }
                 deliverFrames()
                 guard isOpen else { return }
-                if receivedFiles.count > maxDescriptorsPerMessage {
-                    end(.badInput("\(receivedFiles.count) descriptors arrived that no complete frame claims; at most "
-                        + "\(maxDescriptorsPerMessage) may wait"))
+                // Descriptors come with their frame's first byte: with no frame half-read, none may be left over,
+                // and a half-read frame has at most one message's worth.
+                if receivedFiles.count > (reader.bufferedByteCount == 0 ? 0 : maxDescriptorsPerMessage) {
+                    end(.badInput("\(receivedFiles.count) descriptor(s) arrived that no frame claims"))
                     return
                 }
                 if reader.bufferedByteCount == 0 { partialFrameSince = nil }

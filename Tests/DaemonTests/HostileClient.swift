@@ -40,6 +40,14 @@ final class HostileClient {
     @discardableResult
     func send(_ message: Message) -> Bool { write(try! Frame.encode(message.plist, limits: WireLimits(maxFrameBytes: 64 << 20))) }
 
+    /// Writes `bytes` with `descriptors` (at most 64) attached to the first byte, whatever the frame says.
+    @discardableResult
+    func write(_ bytes: [UInt8], descriptors: [Int32]) -> Bool {
+        let sent = bytes.withUnsafeBytes { raw in Result { () throws(SystemError) in try sendAll(fd, raw, descriptors: descriptors) } }
+        if case .success = sent { return true }
+        return false
+    }
+
     @discardableResult
     func handshake() -> Bool { send(.connect(version: protocolVersion)) }
 

@@ -15,7 +15,7 @@ import Glibc
 @Suite(.serialized) struct HostAPITests {
     @Test func unknownExtensionIsAClearError() async throws {
         try await withHost { host, _ in
-            #expect(host.extensionIdentifiers == ["com.example.async-echo", "com.example.crasher", "com.example.echo", "com.example.escaper"])
+            #expect(host.extensionIdentifiers == ["com.example.async-echo", "com.example.crasher", "com.example.echo", "com.example.escaper", "com.example.ticker"])
             #expect {
                 _ = try host.extension(identifier: "com.example.missing")
             } throws: { error in

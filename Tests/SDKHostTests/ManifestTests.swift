@@ -8,7 +8,7 @@ import Testing
     @Test func bundledManifestsLoad() throws {
         let configuration = HostConfiguration(extensionSearchPaths: ["\(packageRoot)/Extensions"])
         let manifests = try ExtensionManifest.discover(in: configuration)
-        #expect(manifests.keys.sorted() == ["com.example.async-echo", "com.example.crasher", "com.example.echo", "com.example.escaper"])
+        #expect(manifests.keys.sorted() == ["com.example.async-echo", "com.example.crasher", "com.example.echo", "com.example.escaper", "com.example.ticker"])
         let echo = try #require(manifests["com.example.echo"])
         #expect(echo.executableName == "Echo")
         #expect(echo.executablePath?.hasSuffix("/Echo") == true)
