@@ -27,6 +27,42 @@ import Glibc
                 String(decoding: try readFile("\(folder)/err"), as: UTF8.self))
     }
 
+    @Test func requestAttachesSavesAndStreams() async throws {
+        let folder = try TemporaryFolder()
+        let bytes = (0..<(4 << 20)).map { UInt8(truncatingIfNeeded: $0 &* 7 &+ 3) }
+        try SDKHost.writeFile("\(folder.path)/big.bin", bytes, mode: 0o600)
+        let (status, out, err) = try await run(["request", "com.example.echo", "--embedded", "--attach", "\(folder.path)/big.bin",
+                                                "--save", "\(folder.path)/out/"])
+        #expect(status == 0, "\(out)\(err)")
+        #expect(out.contains("files=[\(bytes.count) bytes]") && out.contains("saved \(folder.path)/out/item0-file0"), "\(out)")
+        #expect(try readFile("\(folder.path)/out/item0-file0") == bytes)
+        // Never overwrites: the same --save again says which file is in the way.
+        let (again, _, againErr) = try await run(["request", "com.example.echo", "--embedded", "--attach", "\(folder.path)/big.bin",
+                                                  "--save", "\(folder.path)/out"])
+        #expect(again == 1 && againErr.contains("item0-file0") && againErr.contains("exists"), "\(againErr)")
+        let (missing, _, missingErr) = try await run(["request", "com.example.echo", "--embedded", "--attach", "\(folder.path)/nope"])
+        #expect(missing == 2 && missingErr.contains("\(folder.path)/nope") && missingErr.contains("No such file"), "\(missingErr)")
+
+        // --stream prints each partial result when it arrives: watched from outside, the first line is there
+        // well before the fifth (the worker sends them 300 ms apart), not all at the end.
+        let streamed = "\(folder.path)/stream.out"
+        let pid = spawnProgram([sdkHostBinary, "request", "com.example.ticker", "--embedded", "--text", "5:300", "--stream"],
+                               stdout: streamed, stderr: "\(folder.path)/stream.err")
+        var firstSeen: UInt64?
+        var fifthSeen: UInt64?
+        _ = await eventually(timeout: 60) {
+            let text = readSmallFile(streamed) ?? ""
+            if firstSeen == nil, text.contains("tick 1/5") { firstSeen = monotonicNanoseconds() }
+            if fifthSeen == nil, text.contains("tick 5/5") { fifthSeen = monotonicNanoseconds() }
+            return fifthSeen != nil
+        }
+        #expect(await waitExit(pid) == 0)
+        let gap = Double((fifthSeen ?? 0) &- (firstSeen ?? 0)) / 1e9
+        #expect(firstSeen != nil && fifthSeen != nil && gap > 0.8, "first to fifth line: \(gap) s")
+        let lines = (readSmallFile(streamed) ?? "").split(separator: "\n").filter { $0.hasPrefix("partial +") }
+        #expect(lines.count == 5, "\(lines)")
+    }
+
     @Test func requestExitStatuses() async throws {
         let (completed, out, _) = try await run(["request", "com.example.echo", "--embedded", "--text", "hi"])
         #expect(completed == 0)

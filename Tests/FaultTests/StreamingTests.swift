@@ -203,6 +203,24 @@ extension FaultTests {
             }
         }
 
+        @Test func aSandboxedWorkerReadsTheFileItWasGivenAndNothingMore() async throws {
+            let folder = try TemporaryFolder()
+            try SDKHost.writeFile("\(folder.path)/secret", Array("given".utf8), mode: 0o644)
+            try await withHost { host, _ in
+                let escaper = try host.extension(identifier: "com.example.escaper")
+                func attempt(_ name: String, attach: Bool = true) async throws -> String {
+                    let files = attach ? [try FileAttachment(contentsOf: "\(folder.path)/secret")] : []
+                    return try await escaper.perform([ExtensionItem(title: name, fileAttachments: files)]).first?.title ?? "?"
+                }
+                #expect(try await attempt("fdread") == "allowed: read 5 bytes")
+                #expect(try await attempt("fdwrite").hasPrefix("refused"))
+                #expect(try await attempt("fdreopen").hasPrefix("refused"))
+                // By its path, the same file is out of the worker's reach: the descriptor gave it that file only.
+                #expect(try await attempt("read:\(folder.path)/secret", attach: false).hasPrefix("refused"))
+                #expect(try readFile("\(folder.path)/secret") == Array("given".utf8))
+            }
+        }
+
         @Test func badDescriptorAttachmentsAreRefusedAndClosed() async throws {
             let folder = try TemporaryFolder()
             try SDKHost.writeFile("\(folder.path)/f", [9], mode: 0o600)

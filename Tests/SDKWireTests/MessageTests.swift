@@ -18,6 +18,7 @@ import Testing
         .interrupted(id: id, reason: ["kind": "signal", "code": 11]), .status(seq: 3),
         .statusReport(seq: 3, report: ["extensions": []]),
         .unknown(type: "stream-event"),
+        .partial(id: id, items: [ExtensionItem(title: "1 of 3")]), .credit(id: id, count: 4),
     ]
 
     @Test(arguments: messages)
@@ -50,5 +51,38 @@ import Testing
             == "item title is a integer, not a string")
         #expect(error(["type": "cancelled", "id": .string(Self.id.uuidString), "error": "x"])
             == "error must be {domain: string, code: integer, message: string}")
+    }
+
+    @Test func fileAttachmentsAreNumberedAcrossItemsAndResolvedFromTheFramesDescriptors() throws {
+        let a = try FileAttachment(bytes: [1, 2])
+        let b = try FileAttachment(bytes: [3])
+        let c = try FileAttachment(bytes: [])
+        let message = Message.complete(id: Self.id, items: [
+            ExtensionItem(title: "x", fileAttachments: [a, b]), ExtensionItem(), ExtensionItem(fileAttachments: [c]),
+        ])
+        #expect(message.fileAttachments == [a, b, c])
+        let plist = message.plist
+        #expect(plist["fds"] == 3)
+        #expect(plist["items"]?.arrayValue?.map { $0["files"] } == [[0, 1], nil, [2]])
+        #expect(try Message.descriptorCount(of: plist) == 3)
+        // Decoded against the descriptors its frame brought (here the same objects, as a receiver's would be new).
+        let decoded = try Message(plist: plist, files: [a, b, c])
+        #expect(decoded == message)
+        #expect(try a.readAll() == [1, 2] && b.size == 1 && c.size == 0)
+    }
+
+    @Test func badDescriptorClaimsAreMessageErrors() throws {
+        let file = try FileAttachment(bytes: [0])
+        let base: [String: PlistValue] = ["type": "begin", "id": .string(Self.id.uuidString)]
+        var tooMany = base
+        tooMany["fds"] = 65
+        #expect(throws: MessageError.self) { try Message.descriptorCount(of: .dictionary(tooMany)) }
+        var outOfRange = base
+        outOfRange["items"] = [["files": [1]]]
+        #expect(throws: MessageError.self) { try Message(plist: .dictionary(outOfRange), files: [file]) }
+        #expect(throws: MessageError.self) { try Message(plist: Message.ping(seq: 1).plist, files: [file]) }
+        var notArray = base
+        notArray["items"] = [["files": "0"]]
+        #expect(throws: MessageError.self) { try Message(plist: .dictionary(notArray), files: [file]) }
     }
 }
