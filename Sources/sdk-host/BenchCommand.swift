@@ -13,12 +13,14 @@ import Glibc
 
 enum BenchCommand {
     static let usage = """
-        usage: sdk-host bench [codec | drain] [--json] [--quick] [--config PATH]
+        usage: sdk-host bench [codec | drain | stream] [--json] [--quick] [--config PATH]
                sdk-host bench --soak N [--json]
           (none)     raw socketpair round trip, then embedded and daemon echo, throughput, cold starts, kills,
                      drain: every figure also as a ratio to the raw round trip (build with -c release)
           codec      the wire codec beside Foundation's
           drain      shutdown with 2k and 32k requests queued
+          stream     1 GiB (256 MiB with --quick) echoed as a descriptor and as data frames; Ticker's partial
+                     results through a stream
           --soak N   N requests with crashes, cancels and deadlines; RSS, descriptors and threads over time
           --quick    fewer samples
           --json     machine output
@@ -36,12 +38,18 @@ enum BenchCommand {
             SoakCommand.run(total: count, json: json)
         }
         let mode = options.positionals.first
-        guard options.positionals.count <= 1, mode == nil || mode == "codec" || mode == "drain" else {
+        guard options.positionals.count <= 1, mode == nil || mode == "codec" || mode == "drain" || mode == "stream" else {
             fail("unexpected argument '\(options.positionals.last ?? "")'\n\(usage)", status: ExitStatus.usage)
         }
         var results = Results()
         if mode == "codec" {
             results.codec(CodecBench.measure(quick: quick))
+        } else if mode == "stream" {
+            results.raw = RawBench.measure(roundTrips: 4000)
+            let host = EmbeddedHost.make { $0.logHandler = { _, _ in } }
+            results.attachment = StreamBench.attachment(host, bytes: quick ? 256 << 20 : 1 << 30, rounds: quick ? 1 : 3)
+            results.stream = StreamBench.streaming(host, events: quick ? 5000 : 25000)
+            shutdown(host)
         } else if mode == "drain" {
             results.raw = RawBench.measure(roundTrips: 4000)
             for queued in [2000, 32000] { results.drain[queued] = EmbeddedBench.shutdownDrain(queued: queued) }
@@ -69,6 +77,9 @@ enum BenchCommand {
             }
             results.warmNoLeakCheck = EmbeddedBench.warmRoundTrips(unchecked, count: 4000 * scale)
             results.rpsNoLeakCheck64 = EmbeddedBench.pipelined(unchecked, inFlight: 64, total: 4000 * scale)
+            // Large payloads and streaming: 1 GiB (256 MiB with --quick) as a descriptor against data frames.
+            results.attachment = StreamBench.attachment(unchecked, bytes: quick ? 256 << 20 : 1 << 30, rounds: quick ? 1 : 3)
+            results.stream = StreamBench.streaming(unchecked, events: 5000 * scale)
             shutdown(unchecked)
             for queued in [2000, 32000] { results.drain[queued] = EmbeddedBench.shutdownDrain(queued: queued) }
             (results.cold, results.prewarmed) = EmbeddedBench.coldStarts(samples: 10 * scale)

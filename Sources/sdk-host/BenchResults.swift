@@ -2,7 +2,7 @@
 // ratio to the raw round trip (or to Foundation for the codec). Keys are stable; docs/BENCHMARKS.md lists them.
 
 /// Latency samples in µs.
-struct Samples {
+struct Samples: Sendable {
     var values: [Double] = []
     mutating func add(_ v: Double) { values.append(v) }
     func percentile(_ p: Double) -> Double {
@@ -48,6 +48,8 @@ struct Results {
     var daemonRSSIdleKB: Int?
     var daemonRSSAfter100kKB: Int?
     var codecResult: CodecBench.Result?
+    var attachment: StreamBench.AttachmentResult?
+    var stream: StreamBench.StreamResult?
 
     mutating func codec(_ r: CodecBench.Result) { codecResult = r }
 
@@ -117,6 +119,17 @@ struct Results {
         }
         for depth in daemonRPS.keys.sorted() {
             out.append(("daemon_rps_\(depth)", daemonRPS[depth]!, ratio(daemonRPS[depth]!, rawRPS), "daemon requests/s, \(depth) in flight"))
+        }
+        if let a = attachment {
+            out.append(("attachment_bytes", Double(a.bytes), "", "attachment payload (bytes)"))
+            out.append(("attachment_descriptor_ms", a.descriptorMs, ratio(a.descriptorMs * 1000, rawP50), "echo as one descriptor attachment, p50 (ms)"))
+            out.append(("attachment_data_ms", a.dataMs, ratio(a.dataMs * 1000, rawP50), "echo as 8 MiB data frames, p50 (ms)"))
+            out.append(("attachment_speedup", a.dataMs / a.descriptorMs, "", "descriptor vs data frames (×, target ≥ 20)"))
+        }
+        if let s = stream {
+            out.append(("stream_events_per_s", s.eventsPerSecond, ratio(s.eventsPerSecond, rawRPS), "Ticker partial results/s through a stream"))
+            out.append(("stream_latency_p50_us", s.latency.percentile(0.5), ratio(s.latency.percentile(0.5), rawP50), "partial result, made → taken, p50 (µs)"))
+            out.append(("stream_latency_p99_us", s.latency.percentile(0.99), ratio(s.latency.percentile(0.99), rawP50), "partial result, made → taken, p99 (µs)"))
         }
         if let rss = daemonRSSIdleKB { out.append(("daemon_rss_idle_kb", Double(rss), "", "daemon RSS idle (KiB)")) }
         if let rss = daemonRSSAfter100kKB { out.append(("daemon_rss_100k_kb", Double(rss), "", "daemon RSS after 100k requests (KiB)")) }
