@@ -423,12 +423,14 @@ package final class HostEngine: @unchecked Sendable {
     func stopIfIdle() {
         guard shuttingDown, workers.values.allSatisfy(\.isEmpty) else { return }
         if let timer = heartbeatTimer { loop.cancelTimer(timer) }
-        let completions = shutdownCompletions
-        shutdownCompletions = []
-        // The loop runs this after its last task, when no handler or timer can reach the engine any more.
+        // The loop runs this after its last task, when no handler or timer can reach the engine any more. The
+        // completions are read there, not here: a second `shutdown` accepted by the loop before it stopped (the
+        // bench's drain figure makes one) adds its completion after this point and must be called too.
         loop.stop { [self] in
             keepAliveUntilStopped = nil
             events.finishAll()
+            let completions = shutdownCompletions
+            shutdownCompletions = []
             for completion in completions { completion() }
         }
     }

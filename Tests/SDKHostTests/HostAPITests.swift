@@ -13,6 +13,17 @@ import Glibc
 #endif
 
 @Suite(.serialized) struct HostAPITests {
+    /// Two shutdowns in a row: the second is accepted by the loop after the first has already asked it to stop,
+    /// and its completion must run all the same (it was lost once, and `bench`'s drain figure hung on it).
+    @Test func everyShutdownCompletionRuns() async throws {
+        let (host, _) = try makeHost()
+        let done = Atomic<Int>(0)
+        host.shutdown { done.add(1, ordering: .relaxed) }
+        host.shutdown { done.add(1, ordering: .relaxed) }
+        #expect(await eventually(timeout: 30) { done.load(ordering: .relaxed) == 2 })
+        await host.shutdown()  // and after the loop has stopped, at once
+    }
+
     @Test func unknownExtensionIsAClearError() async throws {
         try await withHost { host, _ in
             #expect(host.extensionIdentifiers == ["com.example.async-echo", "com.example.crasher", "com.example.echo", "com.example.escaper", "com.example.ticker"])
