@@ -23,6 +23,7 @@ public final class HandlerRun: Sendable {
 
     private struct State {
         var outcome: HandlerOutcome?
+        var partials: [[ExtensionItem]] = []
         var context: ExtensionContext?
         var waiters: [Int: CheckedContinuation<HandlerOutcome, Never>] = [:]
         var nextWaiter = 0
@@ -33,13 +34,22 @@ public final class HandlerRun: Sendable {
     }
 
     init(items: [ExtensionItem], start: (ExtensionContext) -> Void) {
-        let context = ExtensionContext(requestID: requestID, inputItems: items, finish: { [weak self] message in
-            self?.finished(message)
-        })
+        let context = ExtensionContext(
+            requestID: requestID, inputItems: items,
+            finish: { [weak self] message in self?.finished(message) },
+            partial: { [weak self] message in
+                guard let self, case .partial(_, let items) = message else { return }
+                // Taken at once, as by an app that keeps up: the context gets its credit back.
+                self.state.withLock { $0.partials.append(items) }
+                self.state.withLock { $0.context }?.credit(1)
+            })
         weakContext.value = context
         state.withLock { $0.context = context }
         start(context)
     }
+
+    /// The partial results the handler sent (`context.send`) so far, in order.
+    public var partialResults: [[ExtensionItem]] { state.withLock { $0.partials } }
 
     private func finished(_ message: Message) {
         let outcome: HandlerOutcome

@@ -24,6 +24,15 @@ struct Patient: RequestHandler {
     }
 }
 
+/// Streams 40 partial results (more than the 16 of credit: the harness takes each at once), then completes.
+struct Counter: AsyncRequestHandler {
+    func beginRequest(with context: ExtensionContext) async {
+        for i in 0..<40 { await context.send([ExtensionItem(title: "\(i)")]) }
+        context.completeRequest(returningItems: [])
+        #expect(await context.send([ExtensionItem(title: "late")]) == false)
+    }
+}
+
 /// Never finishes, and does not hold on to the context either.
 struct Forgetful: RequestHandler {
     func beginRequest(with context: ExtensionContext) {}
@@ -55,6 +64,12 @@ struct AsyncReturnsEarly: AsyncRequestHandler {
 }
 
 @Suite struct HandlerHarnessTests {
+    @Test func partialResultsAreCollectedInOrder() async {
+        let run = HandlerHarness.start(Counter(), items: [])
+        #expect(await run.outcome(timeout: .seconds(30)) == .completed([]))
+        #expect(run.partialResults.map { $0.first?.title } == (0..<40).map { "\($0)" })
+    }
+
     @Test func aSyncHandlerCompletesAndLetsGoOfItsContext() async {
         let run = HandlerHarness.start(Upper(), items: [ExtensionItem(title: "hi"), ExtensionItem(title: "there")])
         #expect(await run.outcome() == .completed([ExtensionItem(title: "HI"), ExtensionItem(title: "THERE")]))
