@@ -9,8 +9,11 @@ import Glibc
 let usage = """
     usage: sdk-host <command> [options]        (sdk-host <command> --help for one command's options)
       demo [--config P]         run echo, every crash fault and a cancel through an embedded host
-      request <ext-id> [--text S]... [--embedded | --socket P] [--app NAME] [--timeout S] [--config P]
-                                one request; prints which host served it, the outcome and the items
+      request <ext-id> [--text S]... [--attach FILE]... [--save DIR] [--stream] [--embedded | --socket P]
+              [--app NAME] [--timeout S] [--config P]
+                                one request; prints which host served it, the outcome and the items (and
+                                with --stream each partial result as it comes); --attach sends files as
+                                descriptors, --save writes what comes back
       serve [--config P] [--socket P]
                                 the daemon; SIGTERM/SIGINT drain in-flight requests, then stop; SIGHUP rescans
                                 manifests; systemd socket activation and sd_notify when started by systemd
