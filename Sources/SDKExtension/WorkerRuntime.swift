@@ -30,8 +30,8 @@ final class HostConnection: Sendable {
         var encoder = BinaryPlistEncoder()
         var pending: [UInt8] = []
         var spare: [UInt8] = []
-        /// Where in `pending` a frame that carries descriptors starts, with them (they stay open until sent).
-        var files: [(offset: Int, files: [FileAttachment])] = []
+        /// Where in `pending` the frames that carry descriptors start (they stay open until sent).
+        var outgoing = OutgoingDescriptors()
         var writing = false
     }
     private let outbox = Mutex(Outbox())
@@ -53,13 +53,7 @@ final class HostConnection: Sendable {
     func send(_ message: Message) {
         let (queued, failure) = outbox.withLock { (o: inout Outbox) -> (Bool, String?) in
             do throws(WireError) {
-                let files = message.fileAttachments
-                if files.count > maxDescriptorsPerMessage {
-                    throw WireError(.notEncodable, "\(files.count) file attachments; at most \(maxDescriptorsPerMessage) per message")
-                }
-                let start = o.pending.count
-                try Frame.encode(message.plist, with: &o.encoder, appendingTo: &o.pending)
-                if !files.isEmpty { o.files.append((start, files)) }
+                try o.outgoing.encode(message, with: &o.encoder, appendingTo: &o.pending)
             } catch {
                 // A reply too large for a frame still ends its request: as cancelled, with an error saying why.
                 guard case .complete(let id, _) = message else {
@@ -81,16 +75,16 @@ final class HostConnection: Sendable {
         // This thread writes until the outbox is empty, taking whatever other threads added meanwhile. Two
         // buffers rotate (pending <-> spare), so steady state allocates nothing.
         while true {
-            var (batch, files) = outbox.withLock { o -> ([UInt8], [(offset: Int, files: [FileAttachment])]) in
+            var (batch, outgoing) = outbox.withLock { o -> ([UInt8], OutgoingDescriptors) in
                 if o.pending.isEmpty {
                     o.writing = false
-                    return ([], [])
+                    return ([], OutgoingDescriptors())
                 }
                 var taken = o.spare
                 o.spare = []
                 swap(&taken, &o.pending)
-                defer { o.files = [] }
-                return (taken, o.files)
+                defer { o.outgoing = OutgoingDescriptors() }
+                return (taken, o.outgoing)
             }
             if batch.isEmpty { return }
             // A typed-throws closure here crashes the 6.3 compiler (IRGen thunk); carry the error in a Result.
@@ -98,17 +92,15 @@ final class HostConnection: Sendable {
                 Result { () throws(SystemError) in
                     // Each frame that carries descriptors goes out with them attached to its first byte.
                     var from = 0
-                    for (index, mark) in files.enumerated() {
-                        if mark.offset > from { try sendAll(fd, UnsafeRawBufferPointer(rebasing: raw[from..<mark.offset])) }
-                        let end = index + 1 < files.count ? files[index + 1].offset : raw.count
-                        try sendAll(fd, UnsafeRawBufferPointer(rebasing: raw[mark.offset..<end]),
-                                    descriptors: mark.files.map(\.rawDescriptor))
+                    while from < raw.count {
+                        let (end, descriptors) = outgoing.nextWrite(from: from, upTo: raw.count)
+                        try sendAll(fd, UnsafeRawBufferPointer(rebasing: raw[from..<end]), descriptors: descriptors)
+                        outgoing.wrote(from: from)
                         from = end
                     }
-                    if from < raw.count { try sendAll(fd, UnsafeRawBufferPointer(rebasing: raw[from...])) }
                 }
             }
-            files = []
+            outgoing.removeAll()
             if case .failure(let error) = sent {
                 WorkerLog.write("host connection lost: \(error)")
                 exit(0)
@@ -171,7 +163,7 @@ enum WorkerRuntime {
         var buffer = [UInt8](repeating: 0, count: 64 * 1024)
         // Descriptors received and not yet claimed by a complete frame (see the host's FramedConnection).
         var receivedRaw: [Int32] = []
-        var receivedFiles: [FileAttachment] = []
+        var incoming = IncomingDescriptors()
         var idleTimeoutMs = env.idleTimeoutMs
         var lastBegin = monotonicNanoseconds()
         // The leak check: a request's context (and an async handler's Task) should be gone this long after the
@@ -207,10 +199,8 @@ enum WorkerRuntime {
                     try receiveNonBlocking(connection.fd, into: raw, descriptors: &receivedRaw, truncated: &truncated)
                 }
             }
-            for raw in receivedRaw { receivedFiles.append(FileAttachment(adopting: raw)) }
-            receivedRaw.removeAll()
-            if truncated || receivedFiles.count > 2 * maxDescriptorsPerMessage {
-                WorkerLog.write("protocol error from host: too many descriptors; exiting")
+            if !receivedRaw.isEmpty || truncated, let problem = incoming.adopt(&receivedRaw, truncated: truncated) {
+                WorkerLog.write("protocol error from host: \(problem); exiting")
                 exit(2)
             }
             let n: Int
@@ -224,13 +214,7 @@ enum WorkerRuntime {
                 let message: Message
                 do {
                     guard let value = try reader.nextValue() else { break }
-                    let count = try Message.descriptorCount(of: value)
-                    guard count <= receivedFiles.count else {
-                        throw MessageError("a frame says it carries \(count) descriptor(s), and \(receivedFiles.count) arrived")
-                    }
-                    let files = Array(receivedFiles.prefix(count))
-                    receivedFiles.removeFirst(count)
-                    message = try Message(plist: value, files: files)
+                    message = try incoming.message(from: value)
                 } catch {
                     WorkerLog.write("protocol error from host: \(error); exiting")
                     exit(2)
@@ -282,8 +266,8 @@ enum WorkerRuntime {
                     WorkerLog.write("unknown message type '\(type)' from host; ignored")
                 }
             }
-            if reader.bufferedByteCount == 0 && !receivedFiles.isEmpty {
-                WorkerLog.write("protocol error from host: \(receivedFiles.count) descriptor(s) no frame claims; exiting")
+            if let problem = incoming.unclaimedProblem(frameHalfRead: reader.bufferedByteCount > 0) {
+                WorkerLog.write("protocol error from host: \(problem); exiting")
                 exit(2)
             }
         }

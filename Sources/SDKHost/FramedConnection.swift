@@ -51,11 +51,11 @@ package final class FramedConnection {
     private var onEnd: ((ConnectionEnd) -> Void)?
     private var registered = false
     private var readingPaused = false
-    /// Descriptors received and not yet claimed by a complete frame, oldest first.
-    private var receivedFiles: [FileAttachment] = []
+    /// Descriptors received and not yet claimed by a complete frame.
+    private var incoming = IncomingDescriptors()
     private var receivedRaw: [Int32] = []
-    /// Offsets in `outbound` where a frame that carries descriptors starts, with them; ascending.
-    private var outboundFiles: [(offset: Int, files: [FileAttachment])] = []
+    /// Where in `outbound` the frames that carry descriptors start.
+    private var outgoing = OutgoingDescriptors()
 
     /// Chunks read per readable event before the loop moves on.
     package static let readsPerTurn = 8
@@ -104,13 +104,7 @@ package final class FramedConnection {
             outbound.removeAll(keepingCapacity: outbound.capacity <= 256 << 10)
             sent = 0
         }
-        let files = message.fileAttachments
-        if files.count > maxDescriptorsPerMessage {
-            throw WireError(.notEncodable, "\(files.count) file attachments in one message; at most \(maxDescriptorsPerMessage)")
-        }
-        let start = outbound.count
-        try Frame.encode(message.plist, with: &encoder, appendingTo: &outbound, limits: reader.limits)
-        if !files.isEmpty { outboundFiles.append((start, files)) }
+        try outgoing.encode(message, with: &encoder, appendingTo: &outbound, limits: reader.limits)
         if let limit = outputLimit, pendingOutputBytes > limit { outputOverLimit(limit) }
         if !wantsWritable && !flushScheduled {
             flushScheduled = true
@@ -133,8 +127,9 @@ package final class FramedConnection {
                     try receiveNonBlocking(fd, into: raw, descriptors: &receivedRaw, truncated: &truncated)
                 }
             }
-            if !receivedRaw.isEmpty || truncated {
-                guard adoptReceivedDescriptors(truncated: truncated) else { return }
+            if !receivedRaw.isEmpty || truncated, let problem = incoming.adopt(&receivedRaw, truncated: truncated) {
+                end(.badInput(problem))
+                return
             }
             switch result {
             case .success(.bytes(let n)):
@@ -142,10 +137,8 @@ package final class FramedConnection {
                 if partialFrameSince == nil { partialFrameSince = loop.now }
                 deliverFrames()
                 guard isOpen else { return }
-                // Descriptors come with their frame's first byte: with no frame half-read, none may be left over,
-                // and a half-read frame has at most one message's worth.
-                if receivedFiles.count > (reader.bufferedByteCount == 0 ? 0 : maxDescriptorsPerMessage) {
-                    end(.badInput("\(receivedFiles.count) descriptor(s) arrived that no frame claims"))
+                if let problem = incoming.unclaimedProblem(frameHalfRead: reader.bufferedByteCount > 0) {
+                    end(.badInput(problem))
                     return
                 }
                 if reader.bufferedByteCount == 0 { partialFrameSince = nil }
@@ -162,42 +155,15 @@ package final class FramedConnection {
         }
     }
 
-    /// Wraps descriptors just received, so that each is closed whatever happens next; ends the connection (they
-    /// close with it) if the kernel cut some off or one is not a regular file. Returns false if it ended it.
-    private func adoptReceivedDescriptors(truncated: Bool) -> Bool {
-        var problem: String? = truncated
-            ? "a message brought more than \(maxDescriptorsPerMessage) descriptors, or control data other than descriptors" : nil
-        for raw in receivedRaw {
-            if problem == nil, let what = FileAttachment.notARegularFile(raw) { problem = "a descriptor attachment is \(what)" }
-            receivedFiles.append(FileAttachment(adopting: raw))
-        }
-        receivedRaw.removeAll(keepingCapacity: true)
-        if let problem {
-            end(.badInput(problem))
-            return false
-        }
-        return true
-    }
-
-    /// One non-blocking write of queued output: up to the next frame that carries descriptors, or that frame with
-    /// its descriptors (up to the one after it).
+    /// One non-blocking write of queued output (`OutgoingDescriptors.nextWrite` says how far, with what).
     private func writeSome() -> Result<IOResult, SystemError> {
-        var end = outbound.count
-        var descriptors: [Int32] = []
-        if let next = outboundFiles.first {
-            if next.offset == sent {
-                descriptors = next.files.map(\.rawDescriptor)
-                if outboundFiles.count > 1 { end = outboundFiles[1].offset }
-            } else {
-                end = next.offset
-            }
-        }
+        let (end, descriptors) = outgoing.nextWrite(from: sent, upTo: outbound.count)
         let result = outbound.withUnsafeBytes { raw in
             Result { () throws(SystemError) in
                 try sendNonBlocking(fd, UnsafeRawBufferPointer(rebasing: raw[sent..<end]), descriptors: descriptors)
             }
         }
-        if case .success(.bytes(let n)) = result, n > 0, !descriptors.isEmpty { outboundFiles.removeFirst() }
+        if case .success(.bytes(let n)) = result, n > 0 { outgoing.wrote(from: sent) }
         return result
     }
 
@@ -219,8 +185,8 @@ package final class FramedConnection {
         charged = 0
         reader = FrameReader(limits: reader.limits)
         outbound = []
-        outboundFiles = []
-        receivedFiles = []
+        outgoing.removeAll()
+        incoming.removeAll()
         sent = 0
     }
 
@@ -285,17 +251,7 @@ package final class FramedConnection {
                     return try BinaryPlistDecoder.decode(payload, limits: limits, decodedBytes: &decoded)
                 }) else { return }
                 currentFrameBytes = size
-                let count = try Message.descriptorCount(of: value)
-                guard count <= receivedFiles.count else {
-                    throw MessageError("the frame says it carries \(count) descriptor(s), and \(receivedFiles.count) arrived")
-                }
-                if count == 0 {
-                    message = try Message(plist: value)
-                } else {
-                    let files = Array(receivedFiles.prefix(count))
-                    receivedFiles.removeFirst(count)
-                    message = try Message(plist: value, files: files)
-                }
+                message = try incoming.message(from: value)
             } catch let error as WireError {
                 end(.badInput("bad frame: \(error)"))
                 return

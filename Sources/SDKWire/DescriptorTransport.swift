@@ -1,0 +1,90 @@
+// Descriptors beside frames (Messages.swift, "Descriptors"), the bookkeeping both ends of a connection share:
+// the host's FramedConnection (non-blocking) and the worker runtime (blocking) move the bytes themselves and ask
+// these two types where descriptors go on the way out and which frame they belong to on the way in.
+
+/// The sending side: where in a queue of frame bytes each frame that carries descriptors starts, with them (they
+/// stay open until written).
+package struct OutgoingDescriptors {
+    private var marks: [(offset: Int, files: [FileAttachment])] = []
+
+    package init() {}
+
+    /// Encodes `message` as a frame appended to `bytes`, noting its descriptors.
+    ///
+    /// - Throws: `WireError` for a frame over `limits`, or more than 64 descriptors; nothing is appended then.
+    package mutating func encode(_ message: Message, with encoder: inout BinaryPlistEncoder, appendingTo bytes: inout [UInt8],
+                                 limits: WireLimits = .default) throws(WireError)
+    {
+        let files = message.fileAttachments
+        if files.count > maxDescriptorsPerMessage {
+            throw WireError(.notEncodable, "\(files.count) file attachments in one message; at most \(maxDescriptorsPerMessage)")
+        }
+        let start = bytes.count
+        try Frame.encode(message.plist, with: &encoder, appendingTo: &bytes, limits: limits)
+        if !files.isEmpty { marks.append((start, files)) }
+    }
+
+    /// The next write of the queued bytes from `sent` to `count`: up to the next frame that carries descriptors,
+    /// or, when one starts at `sent`, that frame with its descriptors (up to the next such frame).
+    package func nextWrite(from sent: Int, upTo count: Int) -> (end: Int, descriptors: [Int32]) {
+        guard let next = marks.first else { return (count, []) }
+        guard next.offset == sent else { return (next.offset, []) }
+        return (marks.count > 1 ? marks[1].offset : count, next.files.map(\.rawDescriptor))
+    }
+
+    /// A write from `sent` put at least one byte on the wire: the descriptors of a frame starting there went with
+    /// it.
+    package mutating func wrote(from sent: Int) {
+        if marks.first?.offset == sent { marks.removeFirst() }
+    }
+
+    /// Forgets every mark (the bytes were dropped); the descriptors close unless held elsewhere.
+    package mutating func removeAll() { marks = [] }
+}
+
+/// The receiving side: descriptors received and not yet claimed by a complete frame, oldest first, each owned
+/// by a FileAttachment from the moment it arrives.
+package struct IncomingDescriptors {
+    private var files: [FileAttachment] = []
+
+    package init() {}
+
+    /// Takes ownership of `raw` (emptied), just received. Returns why the connection must end, or nil: the kernel
+    /// cut descriptors off (`truncated`), or one is not a regular file or memfd. They are owned either way.
+    package mutating func adopt(_ raw: inout [Int32], truncated: Bool) -> String? {
+        var problem: String? = truncated
+            ? "a message brought more than \(maxDescriptorsPerMessage) descriptors, or control data other than descriptors" : nil
+        for fd in raw {
+            if problem == nil, let what = FileAttachment.notARegularFile(fd) { problem = "a descriptor attachment is \(what)" }
+            files.append(FileAttachment(adopting: fd))
+        }
+        raw.removeAll(keepingCapacity: true)
+        return problem
+    }
+
+    /// The message a complete frame's payload is, with as many descriptors from the front of the queue as it
+    /// says it carries.
+    ///
+    /// - Throws: `MessageError` for an invalid message, or one that claims more descriptors than arrived.
+    package mutating func message(from plist: PlistValue) throws(MessageError) -> Message {
+        let count = try Message.descriptorCount(of: plist)
+        if count == 0 { return try Message(plist: plist) }
+        guard count <= files.count else {
+            throw MessageError("the frame says it carries \(count) descriptor(s), and \(files.count) arrived")
+        }
+        let claimed = Array(files.prefix(count))
+        files.removeFirst(count)
+        return try Message(plist: plist, files: claimed)
+    }
+
+    /// After the complete frames are delivered: why the descriptors left over cannot be right, or nil.
+    /// Descriptors come with their frame's first byte, so with no frame half-read none may be left, and a
+    /// half-read frame has at most one message's worth.
+    package func unclaimedProblem(frameHalfRead: Bool) -> String? {
+        files.count > (frameHalfRead ? maxDescriptorsPerMessage : 0)
+            ? "\(files.count) descriptor(s) arrived that no frame claims" : nil
+    }
+
+    /// Closes every descriptor still queued.
+    package mutating func removeAll() { files = [] }
+}
