@@ -138,12 +138,8 @@ public final class ExtensionContext: Sendable {
 
     /// The host took `count` partial results: wake the senders waiting for credit.
     package func credit(_ count: Int) {
-        let waiters = state.withLock { s -> [CreditWaiter] in
-            s.credits = min(s.credits + max(count, 0), streamWindow)
-            defer { s.creditWaiters = [] }
-            return s.creditWaiters
-        }
-        for waiter in waiters { waiter.wake() }
+        state.withLock { $0.credits = min($0.credits + max(count, 0), streamWindow) }
+        wakeCreditWaiters()
     }
 
     private func finish(_ message: Message, verb: String) {

@@ -39,9 +39,10 @@ package func readFile(_ path: String) throws(SystemError) -> [UInt8] {
     }
 }
 
-/// Writes `bytes` to `path` (created 0600 or truncated).
-package func writeFile(_ path: String, _ bytes: [UInt8], mode: mode_t = 0o600) throws(SystemError) {
-    let fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, mode)
+/// Writes `bytes` to `path` (created 0600 or truncated; with `exclusive`, only created: an existing file or a
+/// symlink there is an error).
+package func writeFile(_ path: String, _ bytes: [UInt8], mode: mode_t = 0o600, exclusive: Bool = false) throws(SystemError) {
+    let fd = open(path, O_WRONLY | O_CREAT | O_CLOEXEC | (exclusive ? O_EXCL | O_NOFOLLOW : O_TRUNC), mode)
     guard fd >= 0 else { throw SystemError("open", errno: errno, detail: path) }
     defer { close(fd) }
     try bytes.withUnsafeBytes { raw in Result { () throws(SystemError) in try writeAll(fd, raw, detail: path) } }.get()

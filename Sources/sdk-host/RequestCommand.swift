@@ -176,23 +176,13 @@ extension RequestCommand {
             for (k, attachment) in item.attachments.enumerated() {
                 guard case .data(let bytes) = attachment else { continue }
                 let path = "\(trimmed(directory))/item\(n)-attachment\(k).bin"
-                let fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0o644)
-                if fd < 0 {
-                    printError("--save: cannot create \(path): \(String(cString: strerror(errno)))")
-                    failed = true
-                    continue
-                }
-                // A typed-throws closure here crashes the 6.3 compiler: carry the error in a Result.
-                let written = bytes.withUnsafeBytes { raw in
-                    Result { () throws(SystemError) in try writeAll(fd, raw, detail: path) }
-                }
-                switch written {
-                case .success: print("saved \(path) (\(bytes.count) bytes)")
-                case .failure(let error):
+                do {
+                    try writeFile(path, bytes, mode: 0o644, exclusive: true)
+                    print("saved \(path) (\(bytes.count) bytes)")
+                } catch {
                     printError("--save: \(error)")
                     failed = true
                 }
-                close(fd)
             }
             for (k, file) in item.fileAttachments.enumerated() {
                 let path = "\(trimmed(directory))/item\(n)-file\(k)"

@@ -281,14 +281,10 @@ import Glibc
         #expect(fork.contains("allowed: forked"), "\(fork)")
     }
 
-    static let python: String? = {
-        let folders = ["/usr/bin", "/usr/local/bin"] + (environmentValue("PATH")?.split(separator: ":").map(String.init) ?? [])
-        return folders.map { "\($0)/python3" }.first { (path: String) in access(path, X_OK) == 0 }
-    }()
 
     /// A kernel without Landlock, simulated for real: the CLI runs under a seccomp filter (installed by a few
     /// lines of Python) that answers landlock_create_ruleset with ENOSYS, as an old kernel does.
-    @Test(.enabled(if: python != nil, "needs python3"))
+    @Test(.enabled(if: python3 != nil, "needs python3"))
     func strictRefusesToLaunchWithoutALayerAndBestEffortRunsWithoutIt() async throws {
         let bestEffort = """
             <?xml version="1.0" encoding="UTF-8"?>
@@ -318,7 +314,7 @@ import Glibc
             """)
         func withoutLandlock(_ id: String, _ attempt: String) async throws -> (Int32?, String) {
             let (status, out, err) = try await run(
-                ["/usr/bin/env", "SDKHOST_EXTENSIONS=\(folder)/Extensions", try #require(Self.python), "\(folder)/no-landlock.py",
+                ["/usr/bin/env", "SDKHOST_EXTENSIONS=\(folder)/Extensions", try #require(python3), "\(folder)/no-landlock.py",
                  "\(folder)/sdk-host", "request", id, "--embedded", "--text", attempt, "--timeout", "60"], raw: true)
             return (status, out + err)
         }

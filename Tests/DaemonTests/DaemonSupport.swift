@@ -189,3 +189,9 @@ func removeFolder(_ path: String) {
     let pid = spawnProgram(["rm", "-rf", path])
     while waitpid(pid, &status, 0) == -1 && errno == EINTR {}
 }
+
+/// python3, for the tests that use it as an independent peer (skipped without it); nil if not installed.
+let python3: String? = {
+    let folders = ["/usr/bin", "/usr/local/bin"] + (environmentValue("PATH")?.split(separator: ":").map(String.init) ?? [])
+    return folders.map { "\($0)/python3" }.first { (path: String) in access(path, X_OK) == 0 }
+}()
