@@ -1,0 +1,168 @@
+// The request's identity and its unit of input and output: RequestID (a UUID on the wire) and ExtensionItem
+// (NSExtensionItem's shape, plus file attachments). Their wire forms are described in Messages.swift.
+
+/// Identifies one request. Random 128 bits, written as a UUID string on the wire.
+public struct RequestID: Hashable, Sendable, CustomStringConvertible {
+    /// The high and low 64 bits.
+    public let high: UInt64, low: UInt64
+
+    /// A new random (version 4) identifier.
+    public init() {
+        var g = SystemRandomNumberGenerator()
+        self.init(high: g.next(), low: g.next())
+    }
+
+    init(high: UInt64, low: UInt64) {
+        // Version 4, RFC 4122 variant.
+        self.high = (high & ~0xF000) | 0x4000
+        self.low = (low & ~(UInt64(0xC) << 60)) | (UInt64(0x8) << 60)
+    }
+
+    /// Parses the 36-character UUID form; nil for anything else.
+    public init?(uuidString s: String) {
+        var s = s
+        let parsed: (UInt64, UInt64)? = s.withUTF8 { u in
+            guard u.count == 36 else { return nil }
+            var high: UInt64 = 0, low: UInt64 = 0, digits = 0
+            for (i, c) in u.enumerated() {
+                if i == 8 || i == 13 || i == 18 || i == 23 {
+                    if c != UInt8(ascii: "-") { return nil }
+                    continue
+                }
+                let v: UInt8
+                switch c {
+                case UInt8(ascii: "0")...UInt8(ascii: "9"): v = c - UInt8(ascii: "0")
+                case UInt8(ascii: "a")...UInt8(ascii: "f"): v = c - UInt8(ascii: "a") + 10
+                case UInt8(ascii: "A")...UInt8(ascii: "F"): v = c - UInt8(ascii: "A") + 10
+                default: return nil
+                }
+                if digits < 16 { high = high << 4 | UInt64(v) } else { low = low << 4 | UInt64(v) }
+                digits += 1
+            }
+            return (high, low)
+        }
+        guard let (high, low) = parsed else { return nil }
+        self.high = high
+        self.low = low
+    }
+
+    /// The UUID string, e.g. "6F9619FF-8B86-4011-B42D-00C04FC964FF".
+    public var uuidString: String {
+        let hex: [UInt8] = Array("0123456789ABCDEF".utf8)
+        return String(unsafeUninitializedCapacity: 36) { buffer in
+            var j = 0
+            for i in 0..<32 {
+                if i == 8 || i == 12 || i == 16 || i == 20 {
+                    buffer[j] = UInt8(ascii: "-")
+                    j += 1
+                }
+                let word = i < 16 ? high : low
+                let nibble = (word >> UInt64(60 - (i % 16) * 4)) & 0xF
+                buffer[j] = hex[Int(nibble)]
+                j += 1
+            }
+            return 36
+        }
+    }
+
+    public var description: String { uuidString }
+}
+
+/// One unit of input or output, modelled on NSExtensionItem.
+public struct ExtensionItem: Equatable, Sendable {
+    /// A short title.
+    public var title: String?
+    /// The item's text content (NSExtensionItem's `attributedContentText`, as plain text).
+    public var text: String?
+    /// The payloads.
+    public var attachments: [PlistValue]
+    /// Anything else the two sides agree on.
+    public var userInfo: [String: PlistValue]
+    /// Open files, passed as descriptors rather than copied through the socket (at most 64 per message, all
+    /// items together).
+    public var fileAttachments: [FileAttachment]
+
+    /// Creates an item.
+    public init(title: String? = nil, text: String? = nil, attachments: [PlistValue] = [],
+                userInfo: [String: PlistValue] = [:], fileAttachments: [FileAttachment] = [])
+    {
+        self.title = title
+        self.text = text
+        self.attachments = attachments
+        self.userInfo = userInfo
+        self.fileAttachments = fileAttachments
+    }
+
+    /// An item that carries `value` as its one attachment, encoded with `PlistValueEncoder`.
+    ///
+    /// - Throws: `EncodingError` for a value a property list cannot hold.
+    public init<T: Encodable>(encoding value: T, title: String? = nil) throws {
+        self.init(title: title, attachments: [try PlistValueEncoder().encode(value)])
+    }
+
+    /// The item's first attachment decoded as `T`: the inverse of `init(encoding:)`.
+    ///
+    /// - Throws: `DecodingError` when there is no attachment or it does not decode as `T`.
+    public func decode<T: Decodable>(_ type: T.Type) throws -> T {
+        guard let first = attachments.first else {
+            throw DecodingError.valueNotFound(type, .init(codingPath: [], debugDescription: "the item has no attachment to decode"))
+        }
+        return try PlistValueDecoder().decode(type, from: first)
+    }
+
+    /// The wire form, its file attachments numbered from 0 (within a message, from where the previous item's
+    /// ended).
+    public var plist: PlistValue {
+        var next = 0
+        return plist(numberingFilesFrom: &next)
+    }
+
+    func plist(numberingFilesFrom next: inout Int) -> PlistValue {
+        var d: [String: PlistValue] = ["attachments": .array(attachments), "userInfo": .dictionary(userInfo)]
+        if let title { d["title"] = .string(title) }
+        if let text { d["text"] = .string(text) }
+        if !fileAttachments.isEmpty {
+            d["files"] = .array((next..<next + fileAttachments.count).map { .integer(Int64($0)) })
+            next += fileAttachments.count
+        }
+        return .dictionary(d)
+    }
+
+    /// Parses the wire form; missing `attachments`/`userInfo` mean empty. `files` resolves the item's `files`
+    /// indices (the descriptors of its message).
+    public init(plist: PlistValue, files: [FileAttachment] = []) throws(MessageError) {
+        guard case .dictionary(let d) = plist else { throw MessageError("item is a \(plist.kindName), not a dictionary") }
+        switch d["files"] {
+        case nil: fileAttachments = []
+        case .array(let indices)?:
+            var resolved: [FileAttachment] = []
+            for index in indices {
+                guard let i = index.integerValue, i >= 0, i < files.count else {
+                    throw MessageError("item files entry \(index) does not name one of the message's \(files.count) descriptor(s)")
+                }
+                resolved.append(files[Int(i)])
+            }
+            fileAttachments = resolved
+        case let other?: throw MessageError("item files is a \(other.kindName), not an array")
+        }
+        func optionalString(_ key: String) throws(MessageError) -> String? {
+            switch d[key] {
+            case nil: return nil
+            case .string(let s)?: return s
+            case let other?: throw MessageError("item \(key) is a \(other.kindName), not a string")
+            }
+        }
+        title = try optionalString("title")
+        text = try optionalString("text")
+        switch d["attachments"] {
+        case nil: attachments = []
+        case .array(let a)?: attachments = a
+        case let other?: throw MessageError("item attachments is a \(other.kindName), not an array")
+        }
+        switch d["userInfo"] {
+        case nil: userInfo = [:]
+        case .dictionary(let u)?: userInfo = u
+        case let other?: throw MessageError("item userInfo is a \(other.kindName), not a dictionary")
+        }
+    }
+}
