@@ -148,7 +148,9 @@ struct Greeting: Codable, Equatable {
                 completion: { id, _ in model.completed.append(id) },
                 cancellation: { _, _ in },
                 interruption: { id, reason in model.interrupted[id] = reason })
+            // One after the other: on the same worker, an abort begun at once can take the echo down with it.
             let done = crasher.beginRequest(withInputItems: [ExtensionItem(title: "echo")])
+            #expect(await eventually(timeout: 30) { await MainActor.run { model.completed == [done] } })
             let crashed = crasher.beginRequest(withInputItems: [ExtensionItem(title: "abort")])
             #expect(await eventually(timeout: 30) { await MainActor.run { model.completed == [done] && model.interrupted[crashed] != nil } })
             #expect(await MainActor.run { model.interrupted[crashed] } == .signal(SIGABRT))
