@@ -13,7 +13,7 @@ import Glibc
 
 enum BenchCommand {
     static let usage = """
-        usage: sdk-host bench [codec | drain | stream] [--json] [--quick] [--config PATH]
+        usage: sdk-host bench [codec | drain | stream] [--json] [--quick] [--config PATH] [--peer PATH]
                sdk-host bench --soak N [--json]
           (none)     raw socketpair round trip, then embedded and daemon echo, throughput, cold starts, kills,
                      drain: every figure also as a ratio to the raw round trip (build with -c release)
@@ -25,11 +25,13 @@ enum BenchCommand {
           --quick    fewer samples
           --json     machine output
           --config   the configuration of the embedded hosts (extension paths; limits apply to the figures)
+          --peer     also run another host's echo benchmark (bench/go-plugin/run.sh builds go-plugin's) after
+                     the daemon's, and print its "key value" figures beside ours
         A bench stopped midway (Ctrl-C, SIGTERM, or SIGKILL) takes the daemon it started with it.
         """
 
     static func run(_ arguments: [String]) {
-        let options = Options(arguments, valued: ["--soak", "--config"], boolean: ["--json", "--quick"], usage: usage)
+        let options = Options(arguments, valued: ["--soak", "--config", "--peer"], boolean: ["--json", "--quick"], usage: usage)
         EmbeddedHost.configure(from: options)
         let json = options.has("--json")
         let quick = options.has("--quick")
@@ -91,6 +93,7 @@ enum BenchCommand {
             }.cold
             results.coldSubprocesses = EmbeddedBench.coldStarts(samples: 10 * scale) { $0.defaultPolicy.allowSubprocesses = true }.cold
             DaemonBench.measure(into: &results, scale: scale)
+            if let peer = options.value("--peer") { results.peer = PeerBench.run(peer) }
             results.codec(CodecBench.measure(quick: quick))
         }
         print(json ? results.json : results.table)

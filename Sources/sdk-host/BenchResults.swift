@@ -50,6 +50,8 @@ struct Results {
     var codecResult: CodecBench.Result?
     var attachment: StreamBench.AttachmentResult?
     var stream: StreamBench.StreamResult?
+    /// Another host's figures (`--peer`), e.g. go-plugin's `go_plugin_rtt_p50_us` and `go_plugin_rps_64`.
+    var peer: [(key: String, value: Double)] = []
 
     mutating func codec(_ r: CodecBench.Result) { codecResult = r }
 
@@ -119,6 +121,17 @@ struct Results {
         }
         for depth in daemonRPS.keys.sorted() {
             out.append(("daemon_rps_\(depth)", daemonRPS[depth]!, ratio(daemonRPS[depth]!, rawRPS), "daemon requests/s, \(depth) in flight"))
+        }
+        for figure in peer {
+            let base = figure.key.contains("rps") ? rawRPS : rawP50
+            out.append((figure.key, figure.value, ratio(figure.value, base), "peer: " + figure.key))
+        }
+        // Ours against the peer's, where both measured the same thing.
+        for (ours, theirs, label) in [("daemon_rps_64", "go_plugin_rps_64", "daemon vs go-plugin, requests/s at 64 in flight"),
+                                      ("daemon_rtt_p50_us", "go_plugin_rtt_p50_us", "daemon vs go-plugin, warm echo p50")] {
+            guard let mine = out.first(where: { $0.0 == ours })?.1, let peerValue = peer.first(where: { $0.key == theirs })?.value
+            else { continue }
+            out.append((ours + "_vs_go_plugin", mine / peerValue, "", label + " (×)"))
         }
         if let a = attachment {
             out.append(("attachment_bytes", Double(a.bytes), "", "attachment payload (bytes)"))
