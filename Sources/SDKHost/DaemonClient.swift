@@ -85,33 +85,49 @@ final class DaemonClient: HostBackend, @unchecked Sendable {
             + "(known: \(names.isEmpty ? "none" : names.joined(separator: ", ")))")
     }
 
+    /// Writes the begin frame from the caller's thread when connected and the loop is asleep
+    /// (`EventLoop.executeInline`); anything else is the loop thread's.
     func submit(_ request: SubmittedRequest) {
-        let accepted = loop.execute {
-            if self.shuttingDown { return request.deliver(.interrupted(.hostShutdown)) }
-            if self.ready {
-                self.send(request)
-            } else {
-                self.queued.append((request, monotonicNanoseconds()))
-                if self.queued.count == 1 { self.scheduleQueueExpiry() }
-                if self.connection == nil && self.retryTimer == nil { self.connectNow() }
+        let accepted = loop.executeInline {
+            if self.loop.runningInline, self.shuttingDown || !self.ready {
+                if !self.loop.execute({ self.submitOnLoop(request) }) { request.deliver(.interrupted(.hostShutdown)) }
+                return
             }
+            self.submitOnLoop(request)
         }
         if !accepted { request.deliver(.interrupted(.hostShutdown)) }
     }
 
+    private func submitOnLoop(_ request: SubmittedRequest) {
+        if shuttingDown { return request.deliver(.interrupted(.hostShutdown)) }
+        if ready {
+            send(request)
+        } else {
+            queued.append((request, monotonicNanoseconds()))
+            if queued.count == 1 { scheduleQueueExpiry() }
+            if connection == nil && retryTimer == nil { connectNow() }
+        }
+    }
+
     func cancel(_ id: RequestID) {
-        loop.execute {
+        loop.executeInline {
             if self.inFlight[id] != nil {
                 try? self.connection?.send(.cancel(id: id))  // the daemon answers with `cancelled`
             } else if let index = self.queued.firstIndex(where: { $0.request.id == id }) {
                 let request = self.queued.remove(at: index).request
-                request.deliver(.cancelled(.cancelledByHost))
+                self.deliver(request, .cancelled(.cancelledByHost))
             }
         }
     }
 
+    /// Delivers an outcome: on the loop thread, never inside the app's call that ran inline.
+    private func deliver(_ request: SubmittedRequest, _ outcome: RequestOutcome) {
+        if loop.runningInline, loop.execute({ request.deliver(outcome) }) { return }
+        request.deliver(outcome)
+    }
+
     func credit(_ id: RequestID, _ count: Int) {
-        loop.execute {
+        loop.executeInline {
             // The daemon passes it on to the worker, never beyond what the worker sent.
             if self.inFlight[id] != nil { try? self.connection?.send(.credit(id: id, count: Int64(count))) }
         }
@@ -322,7 +338,7 @@ final class DaemonClient: HostBackend, @unchecked Sendable {
             return
         }
         pids.withLock { _ = $0.removeValue(forKey: id) }
-        request.deliver(outcome)
+        deliver(request, outcome)
     }
 
     private func failInFlight(_ reason: InterruptionReason) {

@@ -275,6 +275,15 @@ package final class FramedConnection {
                 }
                 return
             case .success(.endOfFile), .failure:
+                // Written from an app's thread (`executeInline`): the end is the loop thread's to handle, not the
+                // caller's. Watching for writability makes epoll report the error to the loop at once.
+                if loop.runningInline {
+                    if !wantsWritable {
+                        wantsWritable = true
+                        updateInterest()
+                    }
+                    return
+                }
                 // A peer that hung up may have said why first (the daemon refusing a uid does): read that
                 // before reporting the end.
                 let failure = result

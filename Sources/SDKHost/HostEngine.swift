@@ -300,7 +300,12 @@ package final class HostEngine: @unchecked Sendable {
         case .interrupted: count(record.extensionID, \.interruptions)
         }
         recordActivity(record, outcome)
-        deliver?(outcome)
+        if let deliver {
+            // On an app's thread inside beginRequest or cancelRequest: handlers run on the loop (or their queue), never inside
+            // the call.
+            if loop.runningInline, loop.execute({ deliver(outcome) }) { return true }
+            deliver(outcome)
+        }
         return true
     }
 
@@ -428,16 +433,34 @@ extension HostEngine: HostBackend {
         return nil
     }
 
+    /// Starts the request from the caller's thread when the loop is asleep and a warm worker has room: the begin
+    /// frame is written there and then, and the loop thread is not woken (`EventLoop.executeInline`). Anything
+    /// else (a spawn, a queue, an immediate end) is the loop thread's.
     func submit(_ request: SubmittedRequest) {
-        if !loop.execute({ self.start(request) }) { request.deliver(.interrupted(.hostShutdown)) }
+        let accepted = loop.executeInline {
+            if self.loop.runningInline, !self.hasWarmRoom(for: request) {
+                if !self.loop.execute({ self.start(request) }) { request.deliver(.interrupted(.hostShutdown)) }
+                return
+            }
+            self.start(request)
+        }
+        if !accepted { request.deliver(.interrupted(.hostShutdown)) }
+    }
+
+    /// Whether `request` would go straight to a live worker, with nothing to spawn, queue or end (loop's turn).
+    func hasWarmRoom(for request: SubmittedRequest) -> Bool {
+        guard !shuttingDown, requests[request.id] == nil, let manifest = manifests[request.extensionID] else { return false }
+        let key = poolKey(manifest, app: request.app)
+        if let until = pools[key]?.quarantinedUntil, until > loop.now { return false }
+        return workers[key]?.contains(where: { $0.acceptsRequests && $0.cancelTimers.isEmpty }) ?? false
     }
 
     func cancel(_ id: RequestID) {
-        loop.execute { self.cancelOnLoop(id) }
+        loop.executeInline { self.cancelOnLoop(id) }
     }
 
     func credit(_ id: RequestID, _ count: Int) {
-        loop.execute { self.creditOnLoop(id, count) }
+        loop.executeInline { self.creditOnLoop(id, count) }
     }
 
     func pid(for id: RequestID) -> pid_t? { pids.withLock { $0[id] } }

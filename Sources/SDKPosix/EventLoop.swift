@@ -1,5 +1,10 @@
-// EventLoop: one thread, one epoll set. Descriptor handlers and timers belong to the loop thread; other threads
-// hand it work through `execute`, which queues a closure and wakes the loop with an eventfd.
+// EventLoop: one thread, one epoll set. Descriptor handlers and timers belong to the loop; other threads hand it
+// work through `execute`, which queues a closure and wakes the loop with an eventfd, or `executeInline`, which
+// runs the closure on the calling thread when the loop is asleep in epoll_wait (saving the loop a wake-up).
+//
+// "Belong to the loop" means: touched only by whoever holds the loop's turn, a mutex the loop thread holds from
+// the moment epoll_wait returns until it calls epoll_wait again. An inline caller takes the turn only when it is
+// free (trylock) and nothing is queued, so everything handed to the loop still runs in the order it was handed.
 
 #if canImport(Glibc)
 import Glibc
@@ -9,8 +14,9 @@ import Synchronization
 
 /// A single-threaded epoll event loop with timers.
 ///
-/// `@unchecked Sendable`: `handlers`, `timers` and `nextTimerID` are touched only on the loop thread (checked
-/// with `preconditionInLoop`); cross-thread state (`inbox`) sits behind a Mutex; the rest is immutable.
+/// `@unchecked Sendable`: `handlers`, `timers`, `beforeSleep` and `sleepingUntil` are touched only by the holder
+/// of the turn (checked with `preconditionInLoop`); cross-thread state (`inbox`) sits behind a Mutex; the rest is
+/// immutable.
 public final class EventLoop: @unchecked Sendable {
     public typealias Handler = (_ events: UInt32) -> Void
 
@@ -20,7 +26,13 @@ public final class EventLoop: @unchecked Sendable {
     private var timers = TimerHeap()
     private var beforeSleep: [() -> Void] = []
     private let inbox = Mutex<Inbox>(Inbox())
-    private let loopThread = Atomic<UInt>(0)
+    /// The thread holding the turn (0: none): the loop thread while it is awake, or an inline caller.
+    private let turnHolder = Atomic<UInt>(0)
+    /// The turn itself (a plain pthread mutex: the loop holds it across a whole wake-up, not in one closure).
+    private let turn: UnsafeMutablePointer<pthread_mutex_t>
+    /// The deadline the loop thread's current epoll_wait ends at (0: it is not sleeping; .max: no timer), so an
+    /// inline caller that scheduled an earlier timer knows to wake it.
+    private var sleepingUntil: UInt64 = 0
     private let name: String
     private let clock: ManualClock?
 
@@ -45,11 +57,21 @@ public final class EventLoop: @unchecked Sendable {
     public init(name: String, clock: ManualClock? = nil) throws(SystemError) {
         self.name = name
         self.clock = clock
-        epfd = try retryingEINTR("epoll_create1") { sdk_epoll_create() }
+        turn = .allocate(capacity: 1)
+        pthread_mutex_init(turn, nil)
+        do throws(SystemError) {
+            epfd = try retryingEINTR("epoll_create1") { sdk_epoll_create() }
+        } catch {
+            pthread_mutex_destroy(turn)
+            turn.deallocate()
+            throw error
+        }
         do throws(SystemError) {
             wakeFD = try retryingEINTR("eventfd") { sdk_eventfd() }
         } catch {
             FileDescriptor(adopting: epfd).close()
+            pthread_mutex_destroy(turn)
+            turn.deallocate()
             throw error
         }
         try retryingEINTR("epoll_ctl(ADD)") { sdk_epoll_ctl(epfd, SDK_EPOLL_CTL_ADD, wakeFD, Self.readable) }
@@ -61,18 +83,35 @@ public final class EventLoop: @unchecked Sendable {
             return nil
         }, box)
         guard rc == 0 else {
+            // The thread never ran: this is the last reference, and deinit closes the descriptors.
             Unmanaged<EventLoop>.fromOpaque(box).release()
-            FileDescriptor(adopting: wakeFD).close()
-            FileDescriptor(adopting: epfd).close()
             throw SystemError("pthread_create", errno: rc, detail: name)
         }
         pthread_detach(thread)
     }
 
-    /// True on the loop's own thread.
-    public var inLoop: Bool { loopThread.load(ordering: .acquiring) == UInt(pthread_self()) }
+    deinit {
+        // The loop thread closes both descriptors when it stops; a loop whose thread never started has them open.
+        if !threadStarted {
+            _ = Glibc.close(wakeFD)
+            _ = Glibc.close(epfd)
+        }
+        pthread_mutex_destroy(turn)
+        turn.deallocate()
+    }
 
-    /// Traps unless called on the loop thread.
+    private var threadStarted = false
+
+    /// True while an `executeInline` task runs on its caller's thread (read by the turn's holder). Code that would
+    /// call out to an app (a completion handler) or start slow work from such a task hands it to the loop thread
+    /// with `execute` instead: the caller is inside an API call that must return at once.
+    public private(set) var runningInline = false
+
+    /// True on the thread that holds the loop's turn: the loop thread while it is awake, or a caller inside
+    /// `executeInline`.
+    public var inLoop: Bool { turnHolder.load(ordering: .relaxed) == UInt(pthread_self()) }
+
+    /// Traps unless called by the holder of the loop's turn.
     @inline(__always)
     public func preconditionInLoop(_ function: StaticString = #function) {
         precondition(inLoop, "\(function) must run on event loop '\(name)'")
@@ -89,6 +128,32 @@ public final class EventLoop: @unchecked Sendable {
         }
         if wake { signalWake() }
         return accepted
+    }
+
+    /// Runs `task` now on the calling thread if the loop is asleep and nothing is queued for it, else as `execute`
+    /// does. Either way tasks run one at a time, in the order they were handed over, with the loop's state theirs
+    /// alone; writes queued with `runBeforeSleeping` are flushed before this returns. Saves the loop thread a
+    /// wake-up (and the caller a hand-off) for work that ends in a syscall anyway, such as writing a frame. Never
+    /// blocks: a busy loop means the task is queued. A task run inline must not wait for the loop.
+    @discardableResult
+    public func executeInline(_ task: @escaping @Sendable () -> Void) -> Bool {
+        guard pthread_mutex_trylock(turn) == 0 else { return execute(task) }
+        let free = inbox.withLock { !$0.stopping && !$0.stopped && $0.tasks.isEmpty }
+        guard free else {
+            pthread_mutex_unlock(turn)
+            return execute(task)
+        }
+        turnHolder.store(UInt(pthread_self()), ordering: .relaxed)
+        runningInline = true
+        task()
+        runBeforeSleepHooks()
+        runningInline = false
+        // The loop thread sleeps until `sleepingUntil`: a timer set here for earlier must wake it.
+        let wake = (timers.nextDeadline ?? .max) < sleepingUntil
+        turnHolder.store(0, ordering: .relaxed)
+        pthread_mutex_unlock(turn)
+        if wake { signalWake() }
+        return true
     }
 
     /// Stops the loop after the tasks queued so far; `whenStopped` runs on the loop thread after its last task,
@@ -175,9 +240,38 @@ public final class EventLoop: @unchecked Sendable {
     /// The loop's clock in nanoseconds: `monotonicNanoseconds` unless a test drives time by hand.
     public var now: UInt64 { clock?.now() ?? monotonicNanoseconds() }
 
+    private func runBeforeSleepHooks() {
+        while !beforeSleep.isEmpty {
+            let hooks = beforeSleep
+            beforeSleep.removeAll(keepingCapacity: true)
+            for hook in hooks { hook() }
+        }
+    }
+
+    /// Takes the turn on the loop thread, after epoll_wait. An inline caller holds it only for one short task,
+    /// so spin briefly before sleeping on the mutex.
+    private func takeTurn() {
+        var spins = 0
+        while pthread_mutex_trylock(turn) != 0 {
+            spins += 1
+            if spins >= 200 {
+                pthread_mutex_lock(turn)
+                break
+            }
+        }
+        turnHolder.store(UInt(pthread_self()), ordering: .relaxed)
+        sleepingUntil = 0
+    }
+
+    private func releaseTurn() {
+        turnHolder.store(0, ordering: .relaxed)
+        pthread_mutex_unlock(turn)
+    }
+
     private func run() {
-        loopThread.store(UInt(pthread_self()), ordering: .releasing)
         _ = sdk_set_thread_name(Self.threadName)
+        takeTurn()
+        threadStarted = true
         var fds = [Int32](repeating: 0, count: 64)
         var events = [UInt32](repeating: 0, count: 64)
         var batch: [@Sendable () -> Void] = []
@@ -191,11 +285,7 @@ public final class EventLoop: @unchecked Sendable {
             for task in batch { task() }
             batch.removeAll(keepingCapacity: true)
             if stopping && !ranTasks && !more { break }
-            while !beforeSleep.isEmpty {
-                let hooks = beforeSleep
-                beforeSleep.removeAll(keepingCapacity: true)
-                for hook in hooks { hook() }
-            }
+            runBeforeSleepHooks()
             // Work still queued: poll without sleeping, so descriptors get their turn between batches.
             let timeout: Int32
             if ranTasks || more {
@@ -205,11 +295,16 @@ public final class EventLoop: @unchecked Sendable {
             } else {
                 timeout = timers.millisecondsUntilNext(now: monotonicNanoseconds())
             }
+            // Under a manual clock any timer may be due at once (the test moves the clock), so an inline caller
+            // wakes the loop whenever a timer is pending.
+            sleepingUntil = timeout == 0 ? 0 : (clock != nil ? .max : (timers.nextDeadline ?? .max))
+            releaseTurn()
             let n = fds.withUnsafeMutableBufferPointer { f in
                 events.withUnsafeMutableBufferPointer { e in
                     sdk_epoll_wait(epfd, f.baseAddress, e.baseAddress, 64, timeout)
                 }
             }
+            takeTurn()
             if n < 0 {
                 let e = errno
                 if e == EINTR { continue }
@@ -255,7 +350,7 @@ public final class EventLoop: @unchecked Sendable {
         }
         FileDescriptor(adopting: wakeFD).close()
         FileDescriptor(adopting: epfd).close()
-        loopThread.store(0, ordering: .releasing)
+        releaseTurn()
         for callback in callbacks { callback() }
     }
 }

@@ -76,6 +76,30 @@ import Glibc
         }
     }
 
+    /// beginRequest and cancelRequest write to a warm worker's socket from the caller's thread when the loop is
+    /// asleep; a request that ends there and then (cancelled, or too large to send) must still not run its handler
+    /// inside the caller's call, even with handlers on the host loop.
+    @Test func noHandlerRunsInsideTheCallThatEndedItsRequest() async throws {
+        try await withHost { host, _ in
+            let ext = try host.extension(identifier: "com.example.crasher")
+            ext.callsHandlersOnHostLoop = true
+            let handlerThreads = Mutex<[RequestID: UInt]>([:])
+            ext.requestCancellationHandler = { id, _ in handlerThreads.withLock { $0[id] = UInt(pthread_self()) } }
+            ext.requestInterruptionHandler = { id, _ in handlerThreads.withLock { $0[id] = UInt(pthread_self()) } }
+            let (running, assigned) = beginNotingPid(ext, "slow:60000", deadline: 120)
+            #expect(await eventually { assigned.pid != 0 })
+            try await Task.sleep(nanoseconds: 50_000_000)  // the loop goes back to sleep
+            let callerThread = UInt(pthread_self())
+            let tooLarge = ext.beginRequest(withInputItems: [ExtensionItem(attachments: [.data([UInt8](repeating: 1, count: 17 << 20))])])
+            try await Task.sleep(nanoseconds: 50_000_000)
+            ext.cancelRequest(running)
+            #expect(await eventually { handlerThreads.withLock { $0.count } == 2 })
+            let threads = handlerThreads.withLock { $0 }
+            #expect(threads[running] != nil && threads[running] != callerThread)
+            #expect(threads[tooLarge] != nil && threads[tooLarge] != callerThread)
+        }
+    }
+
     @Test func pidIsTheLiveWorkerWhileInFlightAndNilAfter() async throws {
         try await withHost { host, _ in
             let ext = try host.extension(identifier: "com.example.crasher")
