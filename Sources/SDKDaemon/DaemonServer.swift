@@ -62,7 +62,9 @@ package final class DaemonServer: @unchecked Sendable {
             throw HostError(.system, "cannot watch SIGTERM/SIGINT: \(error)")
         }
         do throws(HostError) {
-            engine = try HostEngine(configuration: configuration.host)
+            var host = configuration.host
+            host.forwardsPayloads = true  // completions go to clients as the workers wrote them
+            engine = try HostEngine(configuration: host)
         } catch {
             signals.close()
             if let inherited { close(inherited) }
@@ -206,6 +208,7 @@ package final class DaemonServer: @unchecked Sendable {
             acceptBackoff = 0
             let credentials = try? peerCredentials(fd.rawValue)
             let connection = FramedConnection(fd, loop: engine.loop, limits: configuration.host.wireLimits)
+            connection.keepsPayloads = true  // begins go to workers as the clients wrote them
             guard let credentials, configuration.allowedUIDs.contains(credentials.uid) else {
                 let who = credentials.map { "uid \($0.uid) (pid \($0.pid))" } ?? "a peer without credentials"
                 engine.log(.warning, "refused \(who): not in AllowedUIDs")
@@ -339,26 +342,36 @@ package final class DaemonServer: @unchecked Sendable {
             session.internalIDs[clientID] = internalID
             // Clamped: a peer's deadline is any Int64; negative is "now", huge is the host's maximum.
             let deadline = deadlineMs.map { Double(min(max($0, 0), Int64(maximumSeconds) * 1000)) / 1000 }
-            engine.start(SubmittedRequest(
+            // Called on the loop thread by the engine, exactly once: `payload` is the worker's completion frame
+            // when it can be sent on as it is.
+            let ended: @Sendable (RequestOutcome, UnsafeRawBufferPointer?) -> Void = { [unowned self, session] outcome, payload in
+                session.pendingBytes -= bytes
+                self.pendingRequestBytes -= bytes
+                session.pendingDescriptors -= descriptors
+                self.pendingDescriptors -= descriptors
+                session.internalIDs.removeValue(forKey: clientID)
+                switch outcome {
+                case .completed(let items):
+                    if let payload, let range = ForwardedFrame.idRange(in: payload) {
+                        session.sendForwarded(payload, id: clientID, idRange: range)
+                    } else {
+                        session.send(.complete(id: clientID, items: items))
+                    }
+                case .cancelled(let error): session.send(.cancelled(id: clientID, error: error))
+                case .interrupted(let reason): session.send(.interrupted(id: clientID, reason: reason.plist))
+                }
+            }
+            var request = SubmittedRequest(
                 id: internalID, extensionID: extensionID, items: items,
                 deadline: deadline,
                 onWorkerAssigned: { [session] pid in session.send(.assigned(id: clientID, pid: pid)) },
-                deliver: { [unowned self, session] outcome in
-                    // Called on the loop thread by the engine, exactly once.
-                    session.pendingBytes -= bytes
-                    self.pendingRequestBytes -= bytes
-                    session.pendingDescriptors -= descriptors
-                    self.pendingDescriptors -= descriptors
-                    session.internalIDs.removeValue(forKey: clientID)
-                    switch outcome {
-                    case .completed(let items): session.send(.complete(id: clientID, items: items))
-                    case .cancelled(let error): session.send(.cancelled(id: clientID, error: error))
-                    case .interrupted(let reason): session.send(.interrupted(id: clientID, reason: reason.plist))
-                    }
-                },
+                deliver: { outcome in ended(outcome, nil) },
                 // Partial results go to the client as they come; the client's `credit` lets the worker send more.
                 progress: { [session] items in session.send(.partial(id: clientID, items: items)) },
-                app: session.app))
+                app: session.app)
+            request.deliverForwarded = { outcome, payload in ended(outcome, payload) }
+            request.forwardedBegin = session.connection.withForwardablePayload { $0.flatMap(ForwardedFrame.init(payload:)) }
+            engine.start(request)
         case .prewarm(let id, let extensionID):
             engine.prewarmOnLoop(extensionID, app: session.app) { [session] result in
                 switch result {
@@ -477,5 +490,10 @@ final class ClientSession: @unchecked Sendable {
 
     func send(_ message: Message) {
         try? connection.send(message)
+    }
+
+    /// Sends a worker's payload on as it is, with the client's request id.
+    func sendForwarded(_ payload: UnsafeRawBufferPointer, id: RequestID, idRange: Range<Int>) {
+        try? connection.sendForwarded(payload, id: id, idRange: idRange)
     }
 }

@@ -72,6 +72,10 @@ package final class FramedConnection {
     /// Bytes the message being delivered to `onMessage` holds: its payload or, if larger, its decoded size (for
     /// accounting by the owner).
     package private(set) var currentFrameBytes = 0
+    /// Keep each payload, while its message is delivered, for `withCurrentPayload` (the daemon forwards
+    /// payloads instead of encoding them again). Off by default: it costs a copy per frame.
+    package var keepsPayloads = false
+    private var currentPayload: [UInt8] = []
     /// Output queued and not yet written.
     package var pendingOutputBytes: Int { outbound.count - sent }
 
@@ -105,6 +109,11 @@ package final class FramedConnection {
             sent = 0
         }
         try outgoing.encode(message, with: &encoder, appendingTo: &outbound, limits: reader.limits)
+        queued()
+    }
+
+    /// Bytes were queued: applies the output limit and schedules the flush.
+    private func queued() {
         if let limit = outputLimit, pendingOutputBytes > limit { outputOverLimit(limit) }
         if !wantsWritable && !flushScheduled {
             flushScheduled = true
@@ -113,6 +122,25 @@ package final class FramedConnection {
                 flush()
             }
         }
+    }
+
+    /// The payload of the message being delivered to `onMessage` (with `keepsPayloads`; empty otherwise), if it
+    /// can be forwarded as it is: it carries no descriptors (a forwarded frame would have to carry exactly the
+    /// ones it claimed, in its order; those messages are encoded again instead).
+    package func withForwardablePayload<R>(_ body: (UnsafeRawBufferPointer?) -> R) -> R {
+        guard keepsPayloads, incoming.lastClaimed == 0, !currentPayload.isEmpty else { return body(nil) }
+        return currentPayload.withUnsafeBytes { body($0) }
+    }
+
+    /// Queues a forwarded payload (`ForwardedFrame`) with `id` written over its own, as `send` queues a message.
+    package func sendForwarded(_ payload: UnsafeRawBufferPointer, id: RequestID, idRange: Range<Int>) throws(WireError) {
+        guard isOpen else { return }
+        if sent == outbound.count {
+            outbound.removeAll(keepingCapacity: outbound.capacity <= 256 << 10)
+            sent = 0
+        }
+        try outgoing.appendForwarded(payload, id: id, idRange: idRange, to: &outbound, limits: reader.limits)
+        queued()
     }
 
     /// Reads and delivers what is available now, at most `maxReads` chunks (everything, by default: used to
@@ -245,7 +273,12 @@ package final class FramedConnection {
             do {
                 var size = 0
                 let limits = reader.limits
+                let keep = keepsPayloads
                 guard let value = try reader.withNextPayload({ payload throws(WireError) in
+                    if keep {
+                        currentPayload.removeAll(keepingCapacity: currentPayload.capacity <= 64 << 10)
+                        currentPayload.append(contentsOf: payload)
+                    }
                     var decoded = 0
                     defer { size = max(payload.count, decoded) }
                     return try BinaryPlistDecoder.decode(payload, limits: limits, decodedBytes: &decoded)

@@ -20,6 +20,12 @@ package struct SubmittedRequest: Sendable {
     package let progress: (@Sendable ([ExtensionItem]) -> Void)?
     /// The daemon client app that sent it (uid and name); nil in an embedded host.
     package var app: String?
+    /// The daemon: the client's begin payload, sent to the worker as it is (its id rewritten) instead of encoding
+    /// `items` again.
+    package var forwardedBegin: ForwardedFrame?
+    /// The daemon: takes a completion with the worker's payload, to send on as it is, in place of `deliver`
+    /// (which still takes every other outcome). Called on the loop thread, exactly once if at all.
+    package var deliverForwarded: (@Sendable (RequestOutcome, UnsafeRawBufferPointer) -> Void)?
 
     package init(id: RequestID, extensionID: String, items: [ExtensionItem], deadline: Double?,
                  onWorkerAssigned: (@Sendable (pid_t) -> Void)?, deliver: @escaping @Sendable (RequestOutcome) -> Void,

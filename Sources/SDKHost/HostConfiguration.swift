@@ -115,6 +115,9 @@ public struct HostConfiguration: Sendable {
     public var temporaryDirectory = "/tmp"
     /// Drives the engine's timers by hand (tests and the simulation); nil for the monotonic clock.
     package var clock: ManualClock?
+    /// The daemon: keep each worker frame's payload while it is handled, so that a completion can be forwarded
+    /// byte for byte (`SubmittedRequest.deliverForwarded`).
+    package var forwardsPayloads = false
 
     /// Creates a configuration.
     ///

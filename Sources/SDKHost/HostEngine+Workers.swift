@@ -61,6 +61,7 @@ extension HostEngine {
         }
         let worker = WorkerProcess(extensionID: manifest.identifier, policy: manifest.policy, poolKey: poolKey, app: app,
                                    launched: launched, loop: loop, wireLimits: configuration.wireLimits)
+        worker.connection.keepsPayloads = forwardsPayloads
         worker.temporaryDirectory = spawn.temporaryDirectory
         count(manifest.identifier, \.spawns)
         workers[poolKey, default: []].append(worker)
@@ -144,7 +145,10 @@ extension HostEngine {
             if worker.inFlight.isEmpty { requestSlotFreed(worker) }
         case .complete(let id, let items):
             guard settle(id, on: worker) else { return }
-            if !finish(id, .completed(items)) {
+            let finished = forwardsPayloads && requests[id]?.deliverForwarded != nil
+                ? worker.connection.withForwardablePayload { finish(id, .completed(items), payload: $0) }
+                : finish(id, .completed(items))
+            if !finished {
                 log(.info, "\(worker.extensionID): late completion of \(id) (already ended); dropped")
             }
             requestSlotFreed(worker)

@@ -72,6 +72,8 @@ package final class HostEngine: @unchecked Sendable {
     let events = EventHub()
     /// Also told each event, on the loop (the daemon forwards them to subscribed clients).
     package var eventObserver: ((WorkerEvent) -> Void)?
+    /// `HostConfiguration.forwardsPayloads`.
+    var forwardsPayloads: Bool { configuration.forwardsPayloads }
     let crashStore: CrashReportStore?
     let launcher: any WorkerLauncher
     /// The sandbox launcher executable (nil: not found; only `Sandbox = none` extensions can run).
@@ -160,6 +162,8 @@ package final class HostEngine: @unchecked Sendable {
         record.onWorkerAssigned = request.onWorkerAssigned
         record.progress = request.progress
         record.app = request.app
+        record.forwardedBegin = request.forwardedBegin
+        record.deliverForwarded = request.deliverForwarded
         start(record)
     }
 
@@ -261,15 +265,33 @@ package final class HostEngine: @unchecked Sendable {
         pids.withLock { $0[record.id] = worker.pid }
         record.onWorkerAssigned?(worker.pid)
         let items = record.items
+        let forwarded = record.forwardedBegin
         // The worker has them now and the host keeps no copy, once the worker has said hello: one that dies
         // before its handshake ran no handler, and its requests are sent again, items and all.
-        if worker.welcomed { record.items = [] }
+        if worker.welcomed {
+            record.items = []
+            record.forwardedBegin = nil
+        }
+        if let forwarded {
+            let sent = forwarded.payload.withUnsafeBytes { payload in
+                Result { () throws(WireError) in
+                    try worker.connection.sendForwarded(payload, id: record.id, idRange: forwarded.idRange)
+                }
+            }
+            if case .failure(let error) = sent {
+                log(.error, "\(worker.extensionID): cannot forward begin: \(error)")
+                worker.inFlight.remove(record.id)
+                finish(record.id, .interrupted(.protocolViolation("request too large to send: \(error.detail)")))
+            }
+            return
+        }
         send(.begin(id: record.id, items: items), to: worker)
     }
 
     /// Ends a request: removes every trace of it, then delivers. Returns false if it had already ended.
+    /// `payload`: the worker's completion frame, for a request that forwards it (`deliverForwarded`).
     @discardableResult
-    func finish(_ id: RequestID, _ outcome: RequestOutcome) -> Bool {
+    func finish(_ id: RequestID, _ outcome: RequestOutcome, payload: UnsafeRawBufferPointer? = nil) -> Bool {
         guard let record = requests.removeValue(forKey: id) else { return false }
         if let timer = record.deadlineTimer {
             loop.cancelTimer(timer)
@@ -290,8 +312,11 @@ package final class HostEngine: @unchecked Sendable {
         record.onWorkerAssigned = nil
         record.progress = nil
         record.items = []
+        record.forwardedBegin = nil
         let deliver = record.deliver
+        let deliverForwarded = record.deliverForwarded
         record.deliver = nil
+        record.deliverForwarded = nil
         switch outcome {
         case .completed:
             count(record.extensionID, \.completions)
@@ -300,7 +325,9 @@ package final class HostEngine: @unchecked Sendable {
         case .interrupted: count(record.extensionID, \.interruptions)
         }
         recordActivity(record, outcome)
-        if let deliver {
+        if let payload, let deliverForwarded {
+            deliverForwarded(outcome, payload)
+        } else if let deliver {
             // On an app's thread inside beginRequest or cancelRequest: handlers run on the loop (or their queue), never inside
             // the call.
             if loop.runningInline, loop.execute({ deliver(outcome) }) { return true }

@@ -29,6 +29,9 @@ final class RequestRecord {
     var deliver: (@Sendable (RequestOutcome) -> Void)?
     /// Takes partial results; cleared with `deliver`.
     var progress: (@Sendable ([ExtensionItem]) -> Void)?
+    /// The daemon's forwarding (SubmittedRequest); dropped with `items` and `deliver`.
+    var forwardedBegin: ForwardedFrame?
+    var deliverForwarded: (@Sendable (RequestOutcome, UnsafeRawBufferPointer) -> Void)?
     let deadline: Double?
     /// The pool that serves it (the extension, or the extension for one daemon client app).
     var poolKey: String = ""

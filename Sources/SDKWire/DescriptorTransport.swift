@@ -46,6 +46,8 @@ package struct OutgoingDescriptors {
 /// by a FileAttachment from the moment it arrives.
 package struct IncomingDescriptors {
     private var files: [FileAttachment] = []
+    /// How many descriptors the last message returned by `message(from:)` claimed.
+    package private(set) var lastClaimed = 0
 
     package init() {}
 
@@ -68,6 +70,7 @@ package struct IncomingDescriptors {
     /// - Throws: `MessageError` for an invalid message, or one that claims more descriptors than arrived.
     package mutating func message(from plist: PlistValue) throws(MessageError) -> Message {
         let count = try Message.descriptorCount(of: plist)
+        lastClaimed = count
         if count == 0 { return try Message(plist: plist) }
         guard count <= files.count else {
             throw MessageError("the frame says it carries \(count) descriptor(s), and \(files.count) arrived")

@@ -1,0 +1,94 @@
+// Forwarding a frame without re-encoding it (the daemon: a client's `begin` to a worker, a worker's `complete` to
+// the client). The message was decoded once to check it; what is sent on is its payload byte for byte, with only
+// the request id rewritten in place (the daemon gives each client request its own id towards the worker). An
+// encoder writes a request id as a 36-character ASCII string object; `idRange` finds those 36 bytes through the
+// payload's trailer, offset table and top-level dictionary. A payload that holds its id any other way (a UTF-16
+// string, say) is not forwardable, and the sender encodes the decoded message instead.
+//
+// The id object is rewritten wherever the payload refers to it: a peer that also used it as, say, an item's title
+// sees that title rewritten, in its own request only.
+
+/// A payload to send on as it is, with its request id at `idRange`. Only payloads that carry no descriptors are
+/// forwarded (FramedConnection.withForwardablePayload).
+package struct ForwardedFrame: Sendable {
+    package var payload: [UInt8]
+    package let idRange: Range<Int>
+
+    /// The payload of a message just decoded, if its id can be rewritten in place.
+    package init?(payload: UnsafeRawBufferPointer) {
+        guard let range = Self.idRange(in: payload) else { return nil }
+        self.payload = Array(payload)
+        idRange = range
+    }
+
+    /// Where the 36 ASCII bytes of the top-level dictionary's "id" string are, or nil if there are none. Every
+    /// read is bounds-checked: the payload may come from a hostile peer (though it has decoded once already).
+    package static func idRange(in p: UnsafeRawBufferPointer) -> Range<Int>? {
+        let n = p.count
+        guard n >= 40, p[0] == 0x62, p[1] == 0x70 else { return nil }  // "bp"
+        let trailer = n - 32
+        let offsetSize = Int(p[trailer + 6]), refSize = Int(p[trailer + 7])
+        guard (1...8).contains(offsetSize), (1...8).contains(refSize) else { return nil }
+        func uint(_ at: Int, _ size: Int) -> Int? {
+            guard at >= 0, size <= 8, at + size <= n else { return nil }
+            var v: UInt64 = 0
+            for i in 0..<size { v = v << 8 | UInt64(p[at + i]) }
+            return v <= UInt64(Int.max) ? Int(v) : nil
+        }
+        guard let objects = uint(trailer + 8, 8), let top = uint(trailer + 16, 8),
+            let table = uint(trailer + 24, 8), top < objects, objects <= n
+        else { return nil }
+        func offset(ofObject index: Int) -> Int? {
+            guard index < objects, let at = uint(table + index * offsetSize, offsetSize), at < trailer else { return nil }
+            return at
+        }
+        guard let dict = offset(ofObject: top), p[dict] >> 4 == 0xD else { return nil }
+        var count = Int(p[dict] & 0x0F), refs = dict + 1
+        if count == 0x0F {
+            // The count follows as an integer object: 0x1k, then 2^k bytes.
+            guard dict + 1 < trailer, p[dict + 1] >> 4 == 0x1, let c = uint(dict + 2, 1 << Int(p[dict + 1] & 0x0F))
+            else { return nil }
+            count = c
+            refs = dict + 2 + (1 << Int(p[dict + 1] & 0x0F))
+        }
+        guard count <= objects else { return nil }
+        for k in 0..<count {
+            guard let keyRef = uint(refs + k * refSize, refSize), let key = offset(ofObject: keyRef),
+                key + 3 <= trailer, p[key] == 0x52, p[key + 1] == UInt8(ascii: "i"), p[key + 2] == UInt8(ascii: "d")
+            else { continue }
+            guard let valueRef = uint(refs + (count + k) * refSize, refSize), let value = offset(ofObject: valueRef),
+                value + 3 + 36 <= trailer, p[value] == 0x5F, p[value + 1] == 0x10, p[value + 2] == 36
+            else { return nil }
+            return (value + 3)..<(value + 3 + 36)
+        }
+        return nil
+    }
+
+    /// Writes `id` over the payload's id.
+    package static func write(_ id: RequestID, into bytes: inout [UInt8], at range: Range<Int>) {
+        var text = id.uuidString
+        text.withUTF8 { utf8 in
+            for i in 0..<min(36, utf8.count) { bytes[range.lowerBound + i] = utf8[i] }
+        }
+    }
+}
+
+extension OutgoingDescriptors {
+    /// Appends `payload` as a frame with `id` written over its own id: a forwarded message (with no descriptors),
+    /// byte for byte otherwise.
+    ///
+    /// - Throws: `WireError` for a payload over `limits`; nothing is appended then.
+    package mutating func appendForwarded(_ payload: UnsafeRawBufferPointer, id: RequestID, idRange: Range<Int>,
+                                          to bytes: inout [UInt8], limits: WireLimits = .default) throws(WireError)
+    {
+        guard payload.count <= limits.maxFrameBytes, payload.count <= Int(UInt32.max) else {
+            throw WireError(.notEncodable, "frame payload of \(payload.count) bytes exceeds the limit of \(limits.maxFrameBytes)")
+        }
+        let start = bytes.count
+        let length = UInt32(payload.count)
+        bytes.append(contentsOf: [UInt8(length >> 24), UInt8(truncatingIfNeeded: length >> 16),
+                                  UInt8(truncatingIfNeeded: length >> 8), UInt8(truncatingIfNeeded: length)])
+        bytes.append(contentsOf: payload)
+        ForwardedFrame.write(id, into: &bytes, at: (start + 4 + idRange.lowerBound)..<(start + 4 + idRange.upperBound))
+    }
+}

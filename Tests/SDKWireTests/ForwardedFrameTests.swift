@@ -1,0 +1,80 @@
+// ForwardedFrame: the daemon sends a client's begin (and a worker's complete) on byte for byte, rewriting only
+// the request id. Finding the id must work for every payload our encoder writes, refuse what it cannot rewrite in
+// place, and never read out of bounds, whatever the bytes.
+import HostTestSupport
+@testable import SDKWire
+import Testing
+
+@Suite struct ForwardedFrameTests {
+    func payload(_ message: Message) throws -> [UInt8] {
+        Array(try Frame.encode(message.plist).dropFirst(Frame.headerSize))
+    }
+
+    @Test func rewritesTheIdAndNothingElse() throws {
+        var g = SeededGenerator(seed: testSeed(default: 4242))
+        for round in 0..<300 {
+            // Items of every shape, and enough userInfo keys that the top dictionary's layout varies.
+            let items = (0..<Int.random(in: 0..<4, using: &g)).map { _ in
+                ExtensionItem(title: Bool.random(using: &g) ? RandomPlist.string(&g) : nil,
+                              attachments: [RandomPlist.value(&g)],
+                              userInfo: ["k\(Int.random(in: 0..<99, using: &g))": RandomPlist.value(&g)])
+            }
+            let original = RequestID(), replacement = RequestID()
+            let message: Message = round % 2 == 0
+                ? .begin(id: original, items: items, extensionID: "com.example.echo", deadlineMs: Int64(round))
+                : .complete(id: original, items: items)
+            let bytes = try payload(message)
+            let range = try #require(bytes.withUnsafeBytes { ForwardedFrame.idRange(in: $0) }, "round \(round)")
+            var rewritten = bytes
+            ForwardedFrame.write(replacement, into: &rewritten, at: range)
+            let decoded = try Message(plist: BinaryPlistDecoder.decode(rewritten))
+            let expected: Message = round % 2 == 0
+                ? .begin(id: replacement, items: items, extensionID: "com.example.echo", deadlineMs: Int64(round))
+                : .complete(id: replacement, items: items)
+            #expect(decoded == expected, "round \(round)")
+            // Outside the id, the bytes are the sender's.
+            #expect(Array(rewritten[..<range.lowerBound]) == Array(bytes[..<range.lowerBound]))
+            #expect(Array(rewritten[range.upperBound...]) == Array(bytes[range.upperBound...]))
+        }
+    }
+
+    @Test func anIdItCannotRewriteInPlaceIsRefused() throws {
+        // The id as a UTF-16 string (valid bplist, decodes to the same message) or an integer: encode again.
+        let id = RequestID()
+        let canonical = try payload(.complete(id: id, items: []))
+        var asUTF16 = PlistValue.dictionary(["type": "complete", "id": .string(id.uuidString + "é"), "items": .array([])])
+        let viaUTF16 = Array(try Frame.encode(asUTF16).dropFirst(4))
+        #expect(viaUTF16.withUnsafeBytes { ForwardedFrame.idRange(in: $0) } == nil)
+        asUTF16 = .dictionary(["type": "complete", "id": .integer(7), "items": .array([])])
+        #expect(Array(try Frame.encode(asUTF16).dropFirst(4)).withUnsafeBytes { ForwardedFrame.idRange(in: $0) } == nil)
+        #expect(canonical.withUnsafeBytes { ForwardedFrame.idRange(in: $0) } != nil)
+        // No "id" key at all, or not a dictionary at the top.
+        let noID = Array(try Frame.encode(.dictionary(["type": "ping", "seq": 1])).dropFirst(4))
+        #expect(noID.withUnsafeBytes { ForwardedFrame.idRange(in: $0) } == nil)
+        let array = Array(try Frame.encode(.array(["id", .string(id.uuidString)])).dropFirst(4))
+        #expect(array.withUnsafeBytes { ForwardedFrame.idRange(in: $0) } == nil)
+    }
+
+    @Test func hostileBytesNeverReadOutOfBounds() throws {
+        var g = SeededGenerator(seed: testSeed(default: 977))
+        let valid = try payload(.begin(id: RequestID(), items: [ExtensionItem(title: "t", userInfo: ["a": 1])],
+                                        extensionID: "x", deadlineMs: nil))
+        for _ in 0..<20_000 {
+            var bytes = valid
+            switch Int.random(in: 0..<3, using: &g) {
+            case 0:  // flip bytes anywhere, the trailer and offset table included
+                for _ in 0..<Int.random(in: 1...6, using: &g) {
+                    bytes[Int.random(in: 0..<bytes.count, using: &g)] = UInt8.random(in: 0...255, using: &g)
+                }
+            case 1:  // cut short
+                bytes = Array(bytes.prefix(Int.random(in: 0..<bytes.count, using: &g)))
+            default:  // random noise with a bplist magic
+                bytes = Array("bplist00".utf8) + (0..<Int.random(in: 0..<200, using: &g)).map { _ in UInt8.random(in: 0...255, using: &g) }
+            }
+            // The answer is either nil or 36 bytes inside the payload, before its trailer.
+            if let range = bytes.withUnsafeBytes({ ForwardedFrame.idRange(in: $0) }) {
+                #expect(range.count == 36 && range.lowerBound >= 0 && range.upperBound <= bytes.count - 32)
+            }
+        }
+    }
+}
