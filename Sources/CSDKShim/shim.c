@@ -1,6 +1,7 @@
 // See CSDKShim.h. Kept minimal: everything here is a thin call with errno left for the Swift caller.
 #define _GNU_SOURCE
 #include "CSDKShim.h"
+#include <sys/random.h>
 
 #include <errno.h>
 #include <fcntl.h>
@@ -296,6 +297,13 @@ ssize_t sdk_recv_with_fds(int sock, void *buf, size_t len, int *fds, int max_fds
 }
 
 int sdk_memfd(const char *name) { return memfd_create(name, MFD_CLOEXEC | MFD_ALLOW_SEALING); }
+
+int sdk_random_bytes(void *buffer, size_t length) {
+    if (length > 256) { errno = EINVAL; return -1; }
+    ssize_t got;
+    do { got = getrandom(buffer, length, 0); } while (got == -1 && errno == EINTR);
+    return got == (ssize_t)length ? 0 : -1;
+}
 
 int sdk_seal_readonly(int fd) {
     return fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_WRITE | F_SEAL_SEAL);

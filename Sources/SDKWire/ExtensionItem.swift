@@ -1,6 +1,8 @@
 // The request's identity and its unit of input and output: RequestID (a UUID on the wire) and ExtensionItem
 // (NSExtensionItem's shape, plus file attachments). Their wire forms are described in Messages.swift.
 
+import CSDKShim
+
 /// Identifies one request. Random 128 bits, written as a UUID string on the wire.
 public struct RequestID: Hashable, Sendable, CustomStringConvertible {
     /// The high and low 64 bits.
@@ -8,8 +10,16 @@ public struct RequestID: Hashable, Sendable, CustomStringConvertible {
 
     /// A new random (version 4) identifier.
     public init() {
-        var g = SystemRandomNumberGenerator()
-        self.init(high: g.next(), low: g.next())
+        // One getrandom call for all 128 bits (the generator makes one per 64): a request id is made on every
+        // beginRequest, and by the daemon for every request it forwards.
+        var words: (UInt64, UInt64) = (0, 0)
+        let filled = withUnsafeMutableBytes(of: &words) { sdk_random_bytes($0.baseAddress, 16) == 0 }
+        if filled {
+            self.init(high: words.0, low: words.1)
+        } else {
+            var g = SystemRandomNumberGenerator()
+            self.init(high: g.next(), low: g.next())
+        }
     }
 
     init(high: UInt64, low: UInt64) {

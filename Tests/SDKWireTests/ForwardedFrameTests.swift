@@ -55,6 +55,20 @@ import Testing
         #expect(array.withUnsafeBytes { ForwardedFrame.idRange(in: $0) } == nil)
     }
 
+    /// New ids are random version-4 UUIDs (128 bits from one getrandom call): distinct, and well-formed on the wire.
+    @Test func newRequestIDsAreDistinctVersion4UUIDs() {
+        var seen = Set<RequestID>()
+        for _ in 0..<20_000 {
+            let id = RequestID()
+            let text = id.uuidString
+            #expect(Array(text.utf8)[14] == UInt8(ascii: "4"))
+            #expect("89AB".utf8.contains(Array(text.utf8)[19]))
+            #expect(RequestID(uuidString: text) == id)
+            seen.insert(id)
+        }
+        #expect(seen.count == 20_000)
+    }
+
     @Test func hostileBytesNeverReadOutOfBounds() throws {
         var g = SeededGenerator(seed: testSeed(default: 977))
         let valid = try payload(.begin(id: RequestID(), items: [ExtensionItem(title: "t", userInfo: ["a": 1])],

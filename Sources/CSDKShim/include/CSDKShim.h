@@ -85,6 +85,8 @@ ssize_t sdk_send_with_fds(int sock, const void *buf, size_t len, const int *fds,
 ssize_t sdk_recv_with_fds(int sock, void *buf, size_t len, int *fds, int max_fds, int *nfds, int *truncated);
 /// memfd_create(name, MFD_CLOEXEC | MFD_ALLOW_SEALING).
 int sdk_memfd(const char *name);
+/// Fills `buffer` with `length` (at most 256) random bytes in one getrandom call. 0, or -1 with errno.
+int sdk_random_bytes(void *buffer, size_t length);
 /// Seals a memfd against writing, growing and shrinking, and against further seal changes. 0 or -1 with errno.
 int sdk_seal_readonly(int fd);
 /// The seals of `fd` (F_GET_SEALS), or -1 with errno (EINVAL: not a memfd).
