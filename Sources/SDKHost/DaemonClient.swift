@@ -88,13 +88,7 @@ final class DaemonClient: HostBackend, @unchecked Sendable {
     /// Writes the begin frame from the caller's thread when connected and the loop is asleep
     /// (`EventLoop.executeInline`); anything else is the loop thread's.
     func submit(_ request: SubmittedRequest) {
-        let accepted = loop.executeInline {
-            if self.loop.runningInline, self.shuttingDown || !self.ready {
-                if !self.loop.execute({ self.submitOnLoop(request) }) { request.deliver(.interrupted(.hostShutdown)) }
-                return
-            }
-            self.submitOnLoop(request)
-        }
+        let accepted = loop.executeInline(when: { !self.shuttingDown && self.ready }) { self.submitOnLoop(request) }
         if !accepted { request.deliver(.interrupted(.hostShutdown)) }
     }
 
@@ -115,15 +109,9 @@ final class DaemonClient: HostBackend, @unchecked Sendable {
                 try? self.connection?.send(.cancel(id: id))  // the daemon answers with `cancelled`
             } else if let index = self.queued.firstIndex(where: { $0.request.id == id }) {
                 let request = self.queued.remove(at: index).request
-                self.deliver(request, .cancelled(.cancelledByHost))
+                self.loop.runOutsideInlineTask { request.deliver(.cancelled(.cancelledByHost)) }
             }
         }
-    }
-
-    /// Delivers an outcome: on the loop thread, never inside the app's call that ran inline.
-    private func deliver(_ request: SubmittedRequest, _ outcome: RequestOutcome) {
-        if loop.runningInline, loop.execute({ request.deliver(outcome) }) { return }
-        request.deliver(outcome)
     }
 
     func credit(_ id: RequestID, _ count: Int) {
@@ -338,7 +326,7 @@ final class DaemonClient: HostBackend, @unchecked Sendable {
             return
         }
         pids.withLock { _ = $0.removeValue(forKey: id) }
-        deliver(request, outcome)
+        loop.runOutsideInlineTask { request.deliver(outcome) }
     }
 
     private func failInFlight(_ reason: InterruptionReason) {

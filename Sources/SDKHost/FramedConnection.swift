@@ -72,7 +72,7 @@ package final class FramedConnection {
     /// Bytes the message being delivered to `onMessage` holds: its payload or, if larger, its decoded size (for
     /// accounting by the owner).
     package private(set) var currentFrameBytes = 0
-    /// Keep each payload, while its message is delivered, for `withCurrentPayload` (the daemon forwards
+    /// Keep each payload, while its message is delivered, for `withForwardablePayload` (the daemon forwards
     /// payloads instead of encoding them again). Off by default: it costs a copy per frame.
     package var keepsPayloads = false
     private var currentPayload: [UInt8] = []
@@ -103,13 +103,19 @@ package final class FramedConnection {
     /// Queues `message`; it is written, with everything else queued in this loop iteration, before the loop next
     /// waits. An over-limit message throws and is not queued.
     package func send(_ message: Message) throws(WireError) {
-        guard isOpen else { return }
+        guard readyToQueue() else { return }
+        try outgoing.encode(message, with: &encoder, appendingTo: &outbound, limits: reader.limits)
+        queued()
+    }
+
+    /// False once closed; otherwise empties a fully written output buffer before more is appended.
+    private func readyToQueue() -> Bool {
+        guard isOpen else { return false }
         if sent == outbound.count {
             outbound.removeAll(keepingCapacity: outbound.capacity <= 256 << 10)
             sent = 0
         }
-        try outgoing.encode(message, with: &encoder, appendingTo: &outbound, limits: reader.limits)
-        queued()
+        return true
     }
 
     /// Bytes were queued: applies the output limit and schedules the flush.
@@ -134,11 +140,7 @@ package final class FramedConnection {
 
     /// Queues a forwarded payload (`ForwardedFrame`) with `id` written over its own, as `send` queues a message.
     package func sendForwarded(_ payload: UnsafeRawBufferPointer, id: RequestID, idRange: Range<Int>) throws(WireError) {
-        guard isOpen else { return }
-        if sent == outbound.count {
-            outbound.removeAll(keepingCapacity: outbound.capacity <= 256 << 10)
-            sent = 0
-        }
+        guard readyToQueue() else { return }
         try outgoing.appendForwarded(payload, id: id, idRange: idRange, to: &outbound, limits: reader.limits)
         queued()
     }

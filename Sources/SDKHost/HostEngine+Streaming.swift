@@ -36,7 +36,7 @@ extension HostEngine {
         }
         if let record = requests[id], let progress = record.progress {
             worker.streamOutstanding[id] = outstanding
-            if !loop.runningInline || !loop.execute({ progress(items) }) { progress(items) }
+            loop.runOutsideInlineTask { progress(items) }
         } else {
             worker.streamOutstanding[id] = outstanding - 1
             send(.credit(id: id, count: 1), to: worker)

@@ -119,11 +119,14 @@ extension HostEngine {
         } catch {
             // Only an over-limit frame can fail; the request cannot be sent, so it is interrupted.
             log(.error, "\(worker.extensionID): cannot send \(message.typeName): \(error)")
-            if case .begin(let id, _, _, _) = message {
-                worker.inFlight.remove(id)
-                finish(id, .interrupted(.protocolViolation("request too large to send: \(error.detail)")))
-            }
+            if case .begin(let id, _, _, _) = message { beginNotSent(id, to: worker, error) }
         }
+    }
+
+    /// A begin that could not be queued (over the frame limit): the request is interrupted.
+    func beginNotSent(_ id: RequestID, to worker: WorkerProcess, _ error: WireError) {
+        worker.inFlight.remove(id)
+        finish(id, .interrupted(.protocolViolation("request too large to send: \(error.detail)")))
     }
 
     func handle(_ message: Message, from worker: WorkerProcess) {

@@ -59,8 +59,9 @@ package struct EngineSnapshot: Sendable {
     package var queuedRequests: Int = 0
 }
 
-/// The engine. `@unchecked Sendable`: all mutable state is confined to `loop`'s thread (entry points hop there
-/// with `loop.execute`), except `pids`, which sits behind a Mutex for `pid(for:)`.
+/// The engine. `@unchecked Sendable`: all mutable state is confined to `loop`'s turn (entry points hop to its
+/// thread with `loop.execute`, or take the turn on the caller's thread with `loop.executeInline`; HostEngine+Backend),
+/// except `pids`, which sits behind a Mutex for `pid(for:)`.
 package final class HostEngine: @unchecked Sendable {
     package let loop: EventLoop
     let configuration: HostConfiguration
@@ -280,8 +281,7 @@ package final class HostEngine: @unchecked Sendable {
             }
             if case .failure(let error) = sent {
                 log(.error, "\(worker.extensionID): cannot forward begin: \(error)")
-                worker.inFlight.remove(record.id)
-                finish(record.id, .interrupted(.protocolViolation("request too large to send: \(error.detail)")))
+                beginNotSent(record.id, to: worker, error)
             }
             return
         }
@@ -328,10 +328,7 @@ package final class HostEngine: @unchecked Sendable {
         if let payload, let deliverForwarded {
             deliverForwarded(outcome, payload)
         } else if let deliver {
-            // On an app's thread inside beginRequest or cancelRequest: handlers run on the loop (or their queue), never inside
-            // the call.
-            if loop.runningInline, loop.execute({ deliver(outcome) }) { return true }
-            deliver(outcome)
+            loop.runOutsideInlineTask { deliver(outcome) }
         }
         return true
     }
@@ -429,107 +426,5 @@ package final class HostEngine: @unchecked Sendable {
             shutdownCompletions = []
             for completion in completions { completion() }
         }
-    }
-}
-
-extension HostEngine: HostBackend {
-    var extensionIdentifiers: [String] { manifestSnapshot.withLock { $0.keys.sorted() } }
-    /// Identifiers of the discovered extensions, sorted.
-    package var manifestIdentifiers: [String] { extensionIdentifiers }
-    /// The extensions and their extension points, by identifier.
-    package var extensions: [ExtensionInfo] {
-        manifestSnapshot.withLock { m in
-            m.values.map { ExtensionInfo(identifier: $0.identifier, extensionPointIdentifier: $0.extensionPoint) }
-        }.sorted { $0.identifier < $1.identifier }
-    }
-    var mode: HostMode { .embedded }
-    func workerEvents() -> AsyncStream<WorkerEvent> { events.stream() }
-    /// Requests that have begun and not ended (loop thread).
-    package var activeRequestCount: Int { requests.count }
-
-    func lookupProblem(_ identifier: String) -> HostError? {
-        let manifests = manifestSnapshot.withLock { $0 }
-        guard let manifest = manifests[identifier] else {
-            let known = manifests.keys.sorted().joined(separator: ", ")
-            return HostError(.unknownExtension, "unknown extension '\(identifier)' (known: \(known.isEmpty ? "none" : known))")
-        }
-        guard manifest.executablePath != nil else {
-            return HostError(.executableNotFound, "\(identifier): executable '\(manifest.executableName)' not found in "
-                + manifest.searchedPaths.joined(separator: ", "))
-        }
-        return nil
-    }
-
-    /// Starts the request from the caller's thread when the loop is asleep and a warm worker has room: the begin
-    /// frame is written there and then, and the loop thread is not woken (`EventLoop.executeInline`). Anything
-    /// else (a spawn, a queue, an immediate end) is the loop thread's.
-    func submit(_ request: SubmittedRequest) {
-        let accepted = loop.executeInline {
-            if self.loop.runningInline, !self.hasWarmRoom(for: request) {
-                if !self.loop.execute({ self.start(request) }) { request.deliver(.interrupted(.hostShutdown)) }
-                return
-            }
-            self.start(request)
-        }
-        if !accepted { request.deliver(.interrupted(.hostShutdown)) }
-    }
-
-    /// Whether `request` would go straight to a live worker, with nothing to spawn, queue or end (loop's turn).
-    func hasWarmRoom(for request: SubmittedRequest) -> Bool {
-        guard !shuttingDown, requests[request.id] == nil, let manifest = manifests[request.extensionID] else { return false }
-        let key = poolKey(manifest, app: request.app)
-        if let until = pools[key]?.quarantinedUntil, until > loop.now { return false }
-        return workers[key]?.contains(where: { $0.acceptsRequests && $0.cancelTimers.isEmpty }) ?? false
-    }
-
-    func cancel(_ id: RequestID) {
-        loop.executeInline { self.cancelOnLoop(id) }
-    }
-
-    func credit(_ id: RequestID, _ count: Int) {
-        loop.executeInline { self.creditOnLoop(id, count) }
-    }
-
-    func pid(for id: RequestID) -> pid_t? { pids.withLock { $0[id] } }
-
-    func status(_ body: @escaping @Sendable (HostStatus?) -> Void) {
-        if !loop.execute({ body(self.statusOnLoop()) }) { body(nil) }
-    }
-
-    func prewarm(_ extensionID: String, _ done: @escaping @Sendable (Result<pid_t, RequestFailure>) -> Void) {
-        if !loop.execute({ self.prewarmOnLoop(extensionID, app: nil, done: done) }) {
-            done(.failure(.interrupted(.hostShutdown)))
-        }
-    }
-
-    package func shutdown(completion: @escaping @Sendable () -> Void) {
-        if !loop.execute({ self.shutdownOnLoop(completion: completion) }) { completion() }
-    }
-
-    /// Counters, crash reports and live workers, read on the loop and handed to `body` there.
-    package func snapshot(_ body: @escaping @Sendable (EngineSnapshot) -> Void) {
-        let accepted = loop.execute {
-            body(self.snapshotOnLoop())
-        }
-        if !accepted { body(EngineSnapshot(totals: HostStatistics(), perExtension: [:], crashReports: [], workers: [])) }
-    }
-
-    func runtimePaths(of executable: String) -> RuntimePaths {
-        if let known = runtimePathCache[executable] { return known }
-        let paths = RuntimePaths.of(executable)
-        runtimePathCache[executable] = paths
-        return paths
-    }
-
-    package func snapshotOnLoop() -> EngineSnapshot {
-        let now = loop.now
-        let workers = self.workers.values.joined().map {
-            WorkerSnapshot(extensionIdentifier: $0.extensionID, pid: $0.pid,
-                           uptimeSeconds: Double(now &- $0.startedAt) / 1e9, inFlight: $0.inFlight.count,
-                           sandboxLayers: $0.sandboxLayers, sandboxSkipped: $0.sandboxSkipped)
-        }
-        return EngineSnapshot(totals: statistics, perExtension: perExtension, crashReports: crashReports,
-                              workers: workers, activeRequests: requests.count,
-                              queuedRequests: waiting.values.reduce(0) { $0 + $1.count })
     }
 }

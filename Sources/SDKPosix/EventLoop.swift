@@ -107,6 +107,13 @@ public final class EventLoop: @unchecked Sendable {
     /// with `execute` instead: the caller is inside an API call that must return at once.
     public private(set) var runningInline = false
 
+    /// Runs `body` now, or, inside an `executeInline` task on an app's thread, on the loop thread soon (what would
+    /// call out to the app must not run inside the app's own call).
+    public func runOutsideInlineTask(_ body: @escaping @Sendable () -> Void) {
+        if runningInline, execute(body) { return }
+        body()
+    }
+
     /// True on the thread that holds the loop's turn: the loop thread while it is awake, or a caller inside
     /// `executeInline`.
     public var inLoop: Bool { turnHolder.load(ordering: .relaxed) == UInt(pthread_self()) }
@@ -130,13 +137,14 @@ public final class EventLoop: @unchecked Sendable {
         return accepted
     }
 
-    /// Runs `task` now on the calling thread if the loop is asleep and nothing is queued for it, else as `execute`
-    /// does. Either way tasks run one at a time, in the order they were handed over, with the loop's state theirs
-    /// alone; writes queued with `runBeforeSleeping` are flushed before this returns. Saves the loop thread a
-    /// wake-up (and the caller a hand-off) for work that ends in a syscall anyway, such as writing a frame. Never
-    /// blocks: a busy loop means the task is queued. A task run inline must not wait for the loop.
+    /// Runs `task` now on the calling thread if the loop is asleep, nothing is queued for it and `allowed` (asked
+    /// holding the loop's turn, so it may read the loop's state) says so; else as `execute` does. Either way tasks
+    /// run one at a time, in the order they were handed over, with the loop's state theirs alone; writes queued
+    /// with `runBeforeSleeping` are flushed before this returns. Saves the loop thread a wake-up (and the caller a
+    /// hand-off) for work that ends in a syscall anyway, such as writing a frame. Never blocks: a busy loop means
+    /// the task is queued. A task run inline must not wait for the loop.
     @discardableResult
-    public func executeInline(_ task: @escaping @Sendable () -> Void) -> Bool {
+    public func executeInline(when allowed: () -> Bool = { true }, _ task: @escaping @Sendable () -> Void) -> Bool {
         guard pthread_mutex_trylock(turn) == 0 else { return execute(task) }
         let free = inbox.withLock { !$0.stopping && !$0.stopped && $0.tasks.isEmpty }
         guard free else {
@@ -144,6 +152,11 @@ public final class EventLoop: @unchecked Sendable {
             return execute(task)
         }
         turnHolder.store(UInt(pthread_self()), ordering: .relaxed)
+        guard allowed() else {
+            turnHolder.store(0, ordering: .relaxed)
+            pthread_mutex_unlock(turn)
+            return execute(task)
+        }
         runningInline = true
         task()
         runBeforeSleepHooks()

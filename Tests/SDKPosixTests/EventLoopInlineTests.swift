@@ -31,6 +31,27 @@ import Glibc
         await stopAndWait(loop)
     }
 
+    @Test func aTaskNotAllowedInlineRunsOnTheLoopThread() async throws {
+        let loop = try EventLoop(name: "test-inline-when")
+        await onLoop(loop) {}
+        usleep(20_000)
+        let caller = UInt(pthread_self())
+        let askedHoldingTheTurn = Mutex<Bool?>(nil)
+        let ran = DispatchSemaphore(value: 0)
+        let thread = Mutex<UInt>(0)
+        #expect(loop.executeInline(when: {
+            askedHoldingTheTurn.withLock { $0 = loop.inLoop }
+            return false
+        }) {
+            thread.withLock { $0 = UInt(pthread_self()) }
+            ran.signal()
+        })
+        #expect(ran.wait(timeout: .now() + 10) == .success)
+        #expect(askedHoldingTheTurn.withLock { $0 } == true)
+        #expect(thread.withLock { $0 } != caller)
+        await stopAndWait(loop)
+    }
+
     @Test func aBusyLoopQueuesTheTaskBehindEarlierOnes() async throws {
         let loop = try EventLoop(name: "test-inline-order")
         let release = DispatchSemaphore(value: 0)

@@ -1,0 +1,105 @@
+// HostEngine's entry points from other threads (HostBackend): each hops to the loop with `execute`, or runs
+// there and then on the caller's thread with `executeInline` when the loop is asleep; and its read-only views.
+
+#if canImport(Glibc)
+import SDKWire
+import Glibc
+#endif
+import SDKPosix
+import Synchronization
+
+extension HostEngine: HostBackend {
+    var extensionIdentifiers: [String] { manifestSnapshot.withLock { $0.keys.sorted() } }
+    /// Identifiers of the discovered extensions, sorted.
+    package var manifestIdentifiers: [String] { extensionIdentifiers }
+    /// The extensions and their extension points, by identifier.
+    package var extensions: [ExtensionInfo] {
+        manifestSnapshot.withLock { m in
+            m.values.map { ExtensionInfo(identifier: $0.identifier, extensionPointIdentifier: $0.extensionPoint) }
+        }.sorted { $0.identifier < $1.identifier }
+    }
+    var mode: HostMode { .embedded }
+    func workerEvents() -> AsyncStream<WorkerEvent> { events.stream() }
+    /// Requests that have begun and not ended (loop thread).
+    package var activeRequestCount: Int { requests.count }
+
+    func lookupProblem(_ identifier: String) -> HostError? {
+        let manifests = manifestSnapshot.withLock { $0 }
+        guard let manifest = manifests[identifier] else {
+            let known = manifests.keys.sorted().joined(separator: ", ")
+            return HostError(.unknownExtension, "unknown extension '\(identifier)' (known: \(known.isEmpty ? "none" : known))")
+        }
+        guard manifest.executablePath != nil else {
+            return HostError(.executableNotFound, "\(identifier): executable '\(manifest.executableName)' not found in "
+                + manifest.searchedPaths.joined(separator: ", "))
+        }
+        return nil
+    }
+
+    /// Starts the request from the caller's thread when the loop is asleep and a warm worker has room: the begin
+    /// frame is written there and then, and the loop thread is not woken (`EventLoop.executeInline`). Anything
+    /// else (a spawn, a queue, an immediate end) is the loop thread's.
+    func submit(_ request: SubmittedRequest) {
+        let accepted = loop.executeInline(when: { self.hasWarmRoom(for: request) }) { self.start(request) }
+        if !accepted { request.deliver(.interrupted(.hostShutdown)) }
+    }
+
+    /// Whether `request` would go straight to a live worker, with nothing to spawn, queue or end (loop's turn).
+    func hasWarmRoom(for request: SubmittedRequest) -> Bool {
+        guard !shuttingDown, requests[request.id] == nil, let manifest = manifests[request.extensionID] else { return false }
+        let key = poolKey(manifest, app: request.app)
+        if let until = pools[key]?.quarantinedUntil, until > loop.now { return false }
+        return workers[key]?.contains(where: { $0.acceptsRequests && $0.cancelTimers.isEmpty }) ?? false
+    }
+
+    func cancel(_ id: RequestID) {
+        loop.executeInline { self.cancelOnLoop(id) }
+    }
+
+    func credit(_ id: RequestID, _ count: Int) {
+        loop.executeInline { self.creditOnLoop(id, count) }
+    }
+
+    func pid(for id: RequestID) -> pid_t? { pids.withLock { $0[id] } }
+
+    func status(_ body: @escaping @Sendable (HostStatus?) -> Void) {
+        if !loop.execute({ body(self.statusOnLoop()) }) { body(nil) }
+    }
+
+    func prewarm(_ extensionID: String, _ done: @escaping @Sendable (Result<pid_t, RequestFailure>) -> Void) {
+        if !loop.execute({ self.prewarmOnLoop(extensionID, app: nil, done: done) }) {
+            done(.failure(.interrupted(.hostShutdown)))
+        }
+    }
+
+    package func shutdown(completion: @escaping @Sendable () -> Void) {
+        if !loop.execute({ self.shutdownOnLoop(completion: completion) }) { completion() }
+    }
+
+    /// Counters, crash reports and live workers, read on the loop and handed to `body` there.
+    package func snapshot(_ body: @escaping @Sendable (EngineSnapshot) -> Void) {
+        let accepted = loop.execute {
+            body(self.snapshotOnLoop())
+        }
+        if !accepted { body(EngineSnapshot(totals: HostStatistics(), perExtension: [:], crashReports: [], workers: [])) }
+    }
+
+    func runtimePaths(of executable: String) -> RuntimePaths {
+        if let known = runtimePathCache[executable] { return known }
+        let paths = RuntimePaths.of(executable)
+        runtimePathCache[executable] = paths
+        return paths
+    }
+
+    package func snapshotOnLoop() -> EngineSnapshot {
+        let now = loop.now
+        let workers = self.workers.values.joined().map {
+            WorkerSnapshot(extensionIdentifier: $0.extensionID, pid: $0.pid,
+                           uptimeSeconds: Double(now &- $0.startedAt) / 1e9, inFlight: $0.inFlight.count,
+                           sandboxLayers: $0.sandboxLayers, sandboxSkipped: $0.sandboxSkipped)
+        }
+        return EngineSnapshot(totals: statistics, perExtension: perExtension, crashReports: crashReports,
+                              workers: workers, activeRequests: requests.count,
+                              queuedRequests: waiting.values.reduce(0) { $0 + $1.count })
+    }
+}
