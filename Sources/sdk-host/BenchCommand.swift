@@ -13,12 +13,13 @@ import Glibc
 
 enum BenchCommand {
     static let usage = """
-        usage: sdk-host bench [codec | drain | stream] [--json] [--quick] [--config PATH] [--peer PATH]
+        usage: sdk-host bench [codec | drain | stream | throughput] [--json] [--quick] [--config PATH] [--peer PATH]
                sdk-host bench --soak N [--json]
           (none)     raw socketpair round trip, then embedded and daemon echo, throughput, cold starts, kills,
                      drain: every figure also as a ratio to the raw round trip (build with -c release)
           codec      the wire codec beside Foundation's
           drain      shutdown with 2k and 32k requests queued
+          throughput embedded requests/s at 1, 8 and 64 in flight, and at 64 with handlers on the host loop
           stream     1 GiB (256 MiB with --quick) echoed as a descriptor and as data frames; Ticker's partial
                      results through a stream
           --soak N   N requests with crashes, cancels and deadlines; RSS, descriptors and threads over time
@@ -40,7 +41,8 @@ enum BenchCommand {
             SoakCommand.run(total: count, json: json)
         }
         let mode = options.positionals.first
-        guard options.positionals.count <= 1, mode == nil || mode == "codec" || mode == "drain" || mode == "stream" else {
+        guard options.positionals.count <= 1, mode == nil || mode == "codec" || mode == "drain" || mode == "stream"
+            || mode == "throughput" else {
             fail("unexpected argument '\(options.positionals.last ?? "")'\n\(usage)", status: ExitStatus.usage)
         }
         var results = Results()
@@ -51,6 +53,16 @@ enum BenchCommand {
             let host = EmbeddedHost.make { $0.logHandler = { _, _ in } }
             results.attachment = StreamBench.attachment(host, bytes: quick ? 256 << 20 : 1 << 30, rounds: quick ? 1 : 3)
             results.stream = StreamBench.streaming(host, events: quick ? 5000 : 25000)
+            shutdown(host)
+        } else if mode == "throughput" {
+            let scale = quick ? 1 : 5
+            results.raw = RawBench.measure(roundTrips: 4000)
+            let host = EmbeddedHost.make { $0.logHandler = { _, _ in } }
+            _ = EmbeddedBench.pipelined(host, inFlight: 64, total: 2000)  // a worker up and warm
+            for depth in [1, 8, 64] {
+                results.rps[depth] = EmbeddedBench.pipelined(host, inFlight: depth, total: 4000 * scale)
+            }
+            results.rpsOnLoop64 = EmbeddedBench.pipelined(host, inFlight: 64, total: 4000 * scale, onHostLoop: true)
             shutdown(host)
         } else if mode == "drain" {
             results.raw = RawBench.measure(roundTrips: 4000)
