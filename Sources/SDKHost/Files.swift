@@ -8,15 +8,20 @@ import Glibc
 #endif
 
 /// The names in a directory, or nil if it cannot be read.
-package func listDirectory(_ path: String) -> [String]? {
+/// With `prefix`, only the names that start with it: the others are skipped before a String is made (a temporary
+/// folder may hold thousands of other programs' entries).
+package func listDirectory(_ path: String, prefix: String = "") -> [String]? {
     guard let dir = opendir(path) else { return nil }
     defer { closedir(dir) }
+    let wanted = Array(prefix.utf8)
     var names: [String] = []
     while let entry = readdir(dir) {
-        let name = withUnsafeBytes(of: entry.pointee.d_name) { raw in
-            String(decoding: raw.prefix { $0 != 0 }, as: UTF8.self)
+        let name = withUnsafeBytes(of: entry.pointee.d_name) { raw -> String? in
+            let bytes = UnsafeRawBufferPointer(rebasing: raw.prefix { $0 != 0 })
+            guard bytes.starts(with: wanted) else { return nil }
+            return String(decoding: bytes, as: UTF8.self)
         }
-        if name != "." && name != ".." { names.append(name) }
+        if let name, name != "." && name != ".." { names.append(name) }
     }
     return names
 }

@@ -125,7 +125,7 @@ package final class HostEngine: @unchecked Sendable {
         // Off the caller's thread and the loop: the temp folder may be large.
         let temporaryBase = configuration.temporaryDirectory
         DispatchQueue.global(qos: .utility).async {
-            SandboxProfile.removeOrphanedWorkerDirectories(in: temporaryBase)
+            SandboxProfile.removeOrphanedWorkerDirectoriesOnce(in: temporaryBase)
         }
         if manifests.values.contains(where: { $0.policy.minWarmWorkers > 0 }) {
             loop.execute { [unowned self] in

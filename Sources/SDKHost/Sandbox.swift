@@ -8,6 +8,7 @@
 
 #if canImport(Glibc)
 import SDKWire
+import Synchronization
 import Glibc
 #endif
 import SDKPosix
@@ -113,13 +114,24 @@ package enum SandboxProfile {
         return String(decoding: template.dropLast().map { UInt8(bitPattern: $0) }, as: UTF8.self)
     }
 
+    /// The temporary folders this process has swept (`removeOrphanedWorkerDirectoriesOnce`).
+    private static let swept = Mutex<Set<String>>([])
+
+    /// `removeOrphanedWorkerDirectories`, the first time a host of this process uses `base`: orphans are left by
+    /// hosts of other processes, so one sweep per process finds them, and an app that makes many hosts does not
+    /// read a large temporary folder again for each (the read competed with the new host's first spawn).
+    static func removeOrphanedWorkerDirectoriesOnce(in base: String) {
+        guard swept.withLock({ $0.insert(base).inserted }) else { return }
+        removeOrphanedWorkerDirectories(in: base)
+    }
+
     /// A host killed with SIGKILL cannot remove its workers' folders (the workers die with it). The next host
     /// removes the folders in `base` whose host pid no longer exists, if they are real folders owned by this
     /// user; another user's, or a live host's, are never touched. Returns how many it removed.
     @discardableResult
     static func removeOrphanedWorkerDirectories(in base: String) -> Int {
         var removed = 0
-        for name in listDirectory(base) ?? [] where name.hasPrefix(workerDirectoryPrefix) {
+        for name in listDirectory(base, prefix: workerDirectoryPrefix) ?? [] {
             let fields = name.dropFirst(workerDirectoryPrefix.count).split(separator: ".", maxSplits: 1)
             guard fields.count == 2, let pid = pid_t(fields[0]), pid > 0, pid != getpid() else { continue }
             guard kill(pid, 0) != 0, errno == ESRCH else { continue }  // its host is alive (or not ours to ask)

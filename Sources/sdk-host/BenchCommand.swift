@@ -13,11 +13,12 @@ import Glibc
 
 enum BenchCommand {
     static let usage = """
-        usage: sdk-host bench [codec | drain | stream | throughput] [--json] [--quick] [--config PATH] [--peer PATH]
+        usage: sdk-host bench [codec | cold | drain | stream | throughput] [--json] [--quick] [--config PATH] [--peer PATH]
                sdk-host bench --soak N [--json]
           (none)     raw socketpair round trip, then embedded and daemon echo, throughput, cold starts, kills,
                      drain: every figure also as a ratio to the raw round trip (build with -c release)
           codec      the wire codec beside Foundation's
+          cold       cold starts alone: default sandbox, Sandbox = none, no launcher, AllowSubprocesses
           drain      shutdown with 2k and 32k requests queued
           throughput embedded requests/s at 1, 8 and 64 in flight, and at 64 with handlers on the host loop
           stream     1 GiB (256 MiB with --quick) echoed as a descriptor and as data frames; Ticker's partial
@@ -42,7 +43,7 @@ enum BenchCommand {
         }
         let mode = options.positionals.first
         guard options.positionals.count <= 1, mode == nil || mode == "codec" || mode == "drain" || mode == "stream"
-            || mode == "throughput" else {
+            || mode == "throughput" || mode == "cold" else {
             fail("unexpected argument '\(options.positionals.last ?? "")'\n\(usage)", status: ExitStatus.usage)
         }
         var results = Results()
@@ -64,6 +65,9 @@ enum BenchCommand {
             }
             results.rpsOnLoop64 = EmbeddedBench.pipelined(host, inFlight: 64, total: 4000 * scale, onHostLoop: true)
             shutdown(host)
+        } else if mode == "cold" {
+            results.raw = RawBench.measure(roundTrips: 4000)
+            EmbeddedBench.measureColdStarts(into: &results, samples: quick ? 10 : 50)
         } else if mode == "drain" {
             results.raw = RawBench.measure(roundTrips: 4000)
             for queued in [2000, 32000] { results.drain[queued] = EmbeddedBench.shutdownDrain(queued: queued) }
@@ -96,14 +100,7 @@ enum BenchCommand {
             results.stream = StreamBench.streaming(unchecked, events: 5000 * scale)
             shutdown(unchecked)
             for queued in [2000, 32000] { results.drain[queued] = EmbeddedBench.shutdownDrain(queued: queued) }
-            (results.cold, results.prewarmed) = EmbeddedBench.coldStarts(samples: 10 * scale)
-            // The same cold start without the sandbox, and with the pid namespace AllowSubprocesses adds.
-            results.coldUnsandboxed = EmbeddedBench.coldStarts(samples: 10 * scale) { $0.defaultPolicy.sandbox = .none }.cold
-            results.coldDirect = EmbeddedBench.coldStarts(samples: 10 * scale) {
-                $0.defaultPolicy.sandbox = .none
-                $0.launcherPath = "/nonexistent/sdk-host-launcher"  // Sandbox = none without a launcher: spawned directly
-            }.cold
-            results.coldSubprocesses = EmbeddedBench.coldStarts(samples: 10 * scale) { $0.defaultPolicy.allowSubprocesses = true }.cold
+            EmbeddedBench.measureColdStarts(into: &results, samples: 10 * scale)
             DaemonBench.measure(into: &results, scale: scale)
             if let peer = options.value("--peer") { results.peer = PeerBench.run(peer) }
             results.codec(CodecBench.measure(quick: quick))
@@ -335,6 +332,18 @@ enum EmbeddedBench {
 
     /// A fresh host with no worker: beginRequest → completion, in µs; and the first request of another fresh
     /// host after `Extension.prewarm()` has returned (the worker spawned and handshaken, as `MinWarmWorkers` does).
+    /// Cold starts with the default sandbox, without it, without the launcher, and with the pid namespace
+    /// AllowSubprocesses adds.
+    static func measureColdStarts(into results: inout Results, samples: Int) {
+        (results.cold, results.prewarmed) = coldStarts(samples: samples)
+        results.coldUnsandboxed = coldStarts(samples: samples) { $0.defaultPolicy.sandbox = .none }.cold
+        results.coldDirect = coldStarts(samples: samples) {
+            $0.defaultPolicy.sandbox = .none
+            $0.launcherPath = "/nonexistent/sdk-host-launcher"  // Sandbox = none without a launcher: spawned directly
+        }.cold
+        results.coldSubprocesses = coldStarts(samples: samples) { $0.defaultPolicy.allowSubprocesses = true }.cold
+    }
+
     static func coldStarts(samples count: Int, _ tweak: (inout HostConfiguration) -> Void = { _ in })
         -> (cold: Samples, prewarmed: Samples)
     {
