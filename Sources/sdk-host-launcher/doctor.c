@@ -67,8 +67,8 @@ static int capabilities_trial(void) {
 }
 
 static void report(const char *layer, int error, const char *detail) {
-    if (error == 0) printf("%s\tyes\t%s\n", layer, detail);
-    else printf("%s\tno\t%s (%s)\n", layer, strerror(error), detail);
+    if (error == 0) dprintf(1, "%s\tyes\t%s\n", layer, detail);
+    else dprintf(1, "%s\tno\t%s (%s)\n", layer, strerror(error), detail);
 }
 
 int doctor(void) {
@@ -91,6 +91,5 @@ int doctor(void) {
     }
     report("seccomp", in_child(seccomp_trial), "system call filter (BPF)");
     report("rlimits", in_child(rlimit_trial), "address space, file size, core files, descriptors");
-    fflush(stdout);
     return 0;
 }

@@ -5,6 +5,7 @@
 import SDKWire
 import HostTestSupport
 import SDKHost
+import SDKPosix
 import Testing
 
 #if canImport(Glibc)
@@ -147,6 +148,50 @@ extension FaultTests {
                 kill(snapshot.pid, SIGKILL)
                 #expect(await eventually { access(folder, F_OK) != 0 }, "\(folder) outlived its worker")
             }
+        }
+
+        /// The launcher links no C library (its own runtime.c: entry, system calls, formatting, error texts), so
+        /// its refusals are checked here as the host and an operator see them: the status, the stderr line, and
+        /// the `launchFailed` frame.
+        @Test func theLauncherExplainsABadProfileAndAMissingExecutable() throws {
+            let launcher = "\(try #require(currentExecutableDirectory()))/sdk-host-launcher"
+            func launch(_ changes: [String: PlistValue]) throws -> (SDKPosix.ExitStatus?, String, String) {
+                var profile: [String: PlistValue] = [
+                    "Extension": .string("com.example.test"), "Executable": .string("/nonexistent/worker"),
+                    "Arguments": .array([.string("/nonexistent/worker")]), "Environment": .array([]),
+                    "HostPID": .integer(Int64(getpid())), "Sandbox": .string("none"),
+                ]
+                profile.merge(changes) { $1 }
+                var bytes: [UInt8] = []
+                var encoder = BinaryPlistEncoder()
+                encoder.encode(.dictionary(profile), appendingTo: &bytes)
+                let channels = try spawnWithChannels(SpawnRequest(
+                    path: launcher, arguments: ["sdk-host-launcher", "com.example.test"], environment: [], profile: bytes))
+                var status: SDKPosix.ExitStatus?
+                for _ in 0..<2000 where status == nil {
+                    status = (try? channels.process.reap()) ?? nil
+                    if status == nil { usleep(5000) }
+                }
+                func drain(_ fd: Int32) -> String {
+                    var buffer = [UInt8](repeating: 0, count: 8192)
+                    let n = buffer.withUnsafeMutableBytes { read(fd, $0.baseAddress, $0.count) }
+                    return String(decoding: buffer.prefix(max(n, 0)), as: UTF8.self)
+                }
+                let output = (status, drain(channels.stderr.rawValue), drain(channels.socket.rawValue))
+                channels.close()
+                return output
+            }
+            let (badStatus, badLine, badFrame) = try launch(["Sandbox": .string("sloppy")])
+            #expect(badStatus == .exited(125))
+            #expect(badLine == "sdk-host-launcher: com.example.test: profile: Sandbox 'sloppy' is not strict, bestEffort or none\n",
+                    "\(badLine)")
+            #expect(badFrame.contains("launchFailed") && badFrame.contains("Sandbox 'sloppy' is not strict"), "\(badFrame)")
+            let (missingStatus, missingLine, _) = try launch([:])
+            #expect(missingStatus == .exited(125))
+            #expect(missingLine.contains("cannot exec /nonexistent/worker: No such file or directory"), "\(missingLine)")
+            let (typeStatus, typeLine, _) = try launch(["MemoryLimitMB": .string("lots")])
+            #expect(typeStatus == .exited(125))
+            #expect(typeLine.contains("profile: MemoryLimitMB must be an integer or boolean"), "\(typeLine)")
         }
 
         @Test func aNewHostRemovesTheWorkerFoldersOfAHostThatWasKilled() async throws {
