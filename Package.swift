@@ -81,7 +81,7 @@ let package = Package(
         ),
         // Helpers shared by the host and fault tests (hosts, recorders, leak snapshots).
         .target(name: "HostTestSupport", dependencies: ["SDKWire", "SDKHost", "SDKPosix"], path: "Tests/HostTestSupport"),
-        .testTarget(name: "SDKPosixTests", dependencies: ["SDKPosix"]),
+        .testTarget(name: "SDKPosixTests", dependencies: ["SDKPosix", "HostTestSupport"]),
         .testTarget(name: "SDKExtensionTests", dependencies: ["SDKWire", "SDKExtension"]),
         .testTarget(name: "SDKExtensionTestingTests", dependencies: ["SDKWire", "SDKExtensionTesting", "SDKHost", "HostTestSupport"]),
         .testTarget(name: "SDKHostTests", dependencies: ["SDKWire", "SDKHost", "SDKPosix", "CSDKShim", "HostTestSupport"]),

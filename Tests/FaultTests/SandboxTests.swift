@@ -167,11 +167,7 @@ extension FaultTests {
                 encoder.encode(.dictionary(profile), appendingTo: &bytes)
                 let channels = try spawnWithChannels(SpawnRequest(
                     path: launcher, arguments: ["sdk-host-launcher", "com.example.test"], environment: [], profile: bytes))
-                var status: SDKPosix.ExitStatus?
-                for _ in 0..<2000 where status == nil {
-                    status = (try? channels.process.reap()) ?? nil
-                    if status == nil { usleep(5000) }
-                }
+                let status = try? waitForExit(channels.process)
                 func drain(_ fd: Int32) -> String {
                     var buffer = [UInt8](repeating: 0, count: 8192)
                     let n = buffer.withUnsafeMutableBytes { read(fd, $0.baseAddress, $0.count) }

@@ -256,6 +256,15 @@ public func childProcesses(of parent: pid_t = getpid(), includingZombies: Bool =
 }
 
 /// True while /proc/<pid> exists and is not a zombie.
+/// Reaps a spawned child, polling for up to 10 s; throws ETIMEDOUT if it is still running.
+public func waitForExit(_ process: borrowing SpawnedProcess) throws -> SDKPosix.ExitStatus {
+    for _ in 0..<2000 {
+        if let status = try process.reap() { return status }
+        usleep(5000)
+    }
+    throw SystemError("reap", errno: ETIMEDOUT)
+}
+
 public func processIsAlive(_ pid: pid_t) -> Bool {
     guard let state = procStatFields("\(pid)")?.first else { return false }
     return state != "Z"

@@ -1,5 +1,6 @@
 // posix_spawn through the shim: the child gets exactly fds 0-3, statuses and signals are decoded, and no
 // descriptor is left open in the parent whatever happens.
+import HostTestSupport
 import SDKPosix
 import Synchronization
 import Testing
@@ -29,14 +30,6 @@ func links(of pid: pid_t) -> [Int: String] {
         out[fd] = n > 0 ? String(decoding: buffer[0..<n].map { UInt8(bitPattern: $0) }, as: UTF8.self) : "?"
     }
     return out
-}
-
-func waitForExit(_ process: borrowing SpawnedProcess) throws -> SDKPosix.ExitStatus {
-    for _ in 0..<2000 {
-        if let status = try process.reap() { return status }
-        usleep(5000)
-    }
-    throw SystemError("reap", errno: ETIMEDOUT)
 }
 
 @Suite(.serialized) struct SpawnTests {
