@@ -60,10 +60,7 @@ enum BenchCommand {
             results.raw = RawBench.measure(roundTrips: 4000)
             let host = EmbeddedHost.make { $0.logHandler = { _, _ in } }
             _ = EmbeddedBench.pipelined(host, inFlight: 64, total: 2000)  // a worker up and warm
-            for depth in [1, 8, 64] {
-                results.rps[depth] = EmbeddedBench.pipelined(host, inFlight: depth, total: 4000 * scale)
-            }
-            results.rpsOnLoop64 = EmbeddedBench.pipelined(host, inFlight: 64, total: 4000 * scale, onHostLoop: true)
+            EmbeddedBench.measureThroughput(host, into: &results, scale: scale)
             shutdown(host)
         } else if mode == "cold" {
             results.raw = RawBench.measure(roundTrips: 4000)
@@ -81,10 +78,7 @@ enum BenchCommand {
             }
             results.warm = EmbeddedBench.warmRoundTrips(host, count: 4000 * scale)
             results.warmOnLoop = EmbeddedBench.warmRoundTrips(host, count: 4000 * scale, onHostLoop: true)
-            for depth in [1, 8, 64] {
-                results.rps[depth] = EmbeddedBench.pipelined(host, inFlight: depth, total: 4000 * scale)
-            }
-            results.rpsOnLoop64 = EmbeddedBench.pipelined(host, inFlight: 64, total: 4000 * scale, onHostLoop: true)
+            EmbeddedBench.measureThroughput(host, into: &results, scale: scale)
             results.echoWorkerRSSKB = EmbeddedBench.echoWorkerRSS(host)
             results.kill = EmbeddedBench.killToInterruption(host, samples: 20 * scale)
             shutdown(host)
@@ -332,6 +326,14 @@ enum EmbeddedBench {
 
     /// A fresh host with no worker: beginRequest → completion, in µs; and the first request of another fresh
     /// host after `Extension.prewarm()` has returned (the worker spawned and handshaken, as `MinWarmWorkers` does).
+    /// Requests per second at 1, 8 and 64 in flight, and at 64 with handlers on the host loop.
+    static func measureThroughput(_ host: ExtensionHost, into results: inout Results, scale: Int) {
+        for depth in [1, 8, 64] {
+            results.rps[depth] = pipelined(host, inFlight: depth, total: 4000 * scale)
+        }
+        results.rpsOnLoop64 = pipelined(host, inFlight: 64, total: 4000 * scale, onHostLoop: true)
+    }
+
     /// Cold starts with the default sandbox, without it, without the launcher, and with the pid namespace
     /// AllowSubprocesses adds.
     static func measureColdStarts(into results: inout Results, samples: Int) {
