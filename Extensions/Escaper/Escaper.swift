@@ -55,6 +55,7 @@ enum Attempts {
         case "clone3": return outcome(Int32(probe_clone3()), "a process from clone3", closing: false)
         case "fork": return forkChild()
         case "exec": return execProgram(argument)
+        case "execself": return execSelf()
         case "memory": return memoryBomb(argument)
         case "rlimit": return raiseLimit()
         case "orphan": return orphan(argument)
@@ -173,6 +174,16 @@ enum Attempts {
         var status: Int32 = 0
         waitpid(pid, &status, 0)
         return "allowed: forked \(pid)"
+    }
+
+    /// This program again, in a child: what it may exec without AllowSubprocesses' refusal. Its report is its
+    /// capability sets and no_new_privs after that exec, with spaces for tabs and newlines.
+    static func execSelf() -> String {
+        var report = [CChar](repeating: 0, count: 2048)
+        let n = probe_exec_self(&report, report.count)
+        guard n >= 0 else { return "refused: \(describe(Int32(-n)))" }
+        let text = String(decoding: report.prefix(n).map { UInt8(bitPattern: $0) }, as: UTF8.self).split(whereSeparator: { $0 == "\n" || $0 == "\t" }).joined(separator: " ")
+        return "allowed: exec'd itself: \(text)"
     }
 
     static func execProgram(_ path: String) -> String {

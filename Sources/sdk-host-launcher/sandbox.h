@@ -36,7 +36,8 @@ int landlock_abi(void);
 int apply_landlock(const struct profile *p, int *abi, char *skipped, size_t skipped_size, const char **why);
 /// Installs the seccomp filter for a worker whose pid is `self`. Returns 0 or an errno.
 int apply_seccomp(const struct profile *p, pid_t self, const char **why);
-/// Drops every capability: bounding set, ambient, effective, permitted, inheritable.
+/// Empties the effective, permitted, inheritable and ambient sets and, as root, locks the securebits that
+/// would let an exec or a uid change restore them. Call after no_new_privs.
 int drop_capabilities(const char **why);
 
 #endif

@@ -85,7 +85,7 @@ final class ProbeTargets: @unchecked Sendable {
             "tcp:\(tcpPort)", "udp:\(udpPort)", "netlink", "unix:\(folder)/socket", "abstract:\(abstractName)",
             "signal:\(me)", "ptrace:\(me)", "procmem:\(me)", "environ:\(me)",
             "userns", "netns", "mount:\(folder)/mountpoint", "io_uring", "userfaultfd", "bpf", "perf", "add_key",
-            "fork", "clone3", "exec:/bin/true", "memory:anonymous", "memory:shared:4096", "memory:memfd:4096",
+            "fork", "clone3", "exec:/bin/true", "execself", "memory:anonymous", "memory:shared:4096", "memory:memfd:4096",
             "rlimit", "orphan:\(folder)/lock",
         ]
     }
@@ -243,6 +243,14 @@ extension FaultTests {
                                 "environ:\(getpid())", "exec:/bin/true"] {
                     let result = await probe(ext, recorder, attempt)
                     #expect(result.hasPrefix("refused"), "\(attempt): \(result)")
+                }
+                // Forking and exec'ing its own executable is allowed, and the exec gains no capability back, even
+                // with a root host: no_new_privs and empty sets (and, as root, the locked securebits).
+                let exec = await probe(ext, recorder, "execself")
+                #expect(exec.hasPrefix("allowed: exec'd itself"), "\(exec)")
+                for line in ["CapInh: 0000000000000000", "CapPrm: 0000000000000000", "CapEff: 0000000000000000",
+                             "CapAmb: 0000000000000000", "NoNewPrivs: 1"] {
+                    #expect(exec.contains(line), "\(line) after an exec: \(exec)")
                 }
                 // A grandchild in its own session dies with the worker: its lock on the file is released.
                 let orphan = await probe(ext, recorder, "orphan:\(targets.folder)/lock")

@@ -22,5 +22,9 @@ long probe_mount(const char *folder);
 long probe_clone3(void);
 /// getpid through the x32 system call table (x86-64 only): seccomp kills the process with SIGSYS.
 long probe_x32(void);
+/// Forks, and the child execs this same program (/proc/self/exe), which reports its credentials before any
+/// Swift code runs: the capability lines and NoNewPrivs of its /proc/self/status, into `out`. Returns the
+/// length written, or -errno (a refused fork or exec).
+long probe_exec_self(char *out, long size);
 
 #endif
