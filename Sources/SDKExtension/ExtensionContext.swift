@@ -156,6 +156,9 @@ public final class ExtensionContext: Sendable {
         finishBody(message)
     }
 
+    // Not inlined: inlined into the runtime's read loop, the metadata of the waiters' continuation type was made
+    // (and a protocol conformance looked up) at every worker's start, before any request, streamed or not.
+    @inline(never)
     private func wakeCreditWaiters() {
         let waiters = state.withLock { s in
             defer { s.creditWaiters = [] }
@@ -188,6 +191,7 @@ extension ExtensionContext {
     /// a host cancel cancels the Task, and a handler that returns without finishing the request has it finished
     /// for it (cancelled by the host if it was, else cancelled with an error saying so). `ended` runs when the
     /// Task is over.
+    @inline(never)  // as wakeCreditWaiters: a synchronous extension never pays for the Task's metadata
     package func runAsync(_ body: @escaping @Sendable (ExtensionContext) async -> Void,
                           ended: (@Sendable () -> Void)? = nil)
     {
