@@ -42,10 +42,15 @@ extension HostEngine {
             environment += manifest.policy.environment.sorted { $0.key < $1.key }.map { "\($0.key)=\($0.value)" }
         }
         let spawn: SandboxedSpawn
+        // The next worker's folder is made once this spawn is done, off the path of this request.
+        defer { if launcherPath != nil { loop.execute { [unowned self] in self.makeSpareWorkerDirectory() } } }
         do throws(HostError) {
+            let premade = spareWorkerDirectory
+            spareWorkerDirectory = nil
             spawn = try SandboxProfile.spawn(
                 manifest, executable: path, environment: environment, launcher: launcherPath,
-                runtimePaths: runtimePaths(of: path), temporaryBase: configuration.temporaryDirectory)
+                runtimePaths: runtimePaths(of: path), temporaryBase: configuration.temporaryDirectory,
+                premadeDirectory: premade)
         } catch {
             throw HostError(error.code, "\(manifest.identifier): \(error.detail)")
         }

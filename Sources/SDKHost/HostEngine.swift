@@ -100,6 +100,8 @@ package final class HostEngine: @unchecked Sendable {
     var heartbeatTimer: TimerID?
     /// What each executable needs to run under Landlock (its loader and libraries), read once per path.
     var runtimePathCache: [String: RuntimePaths] = [:]
+    /// The private temp folder the next sandboxed worker gets, made ahead of its spawn (`makeSpareWorkerDirectory`).
+    var spareWorkerDirectory: String?
     var shuttingDown = false
     var shutdownCompletions: [@Sendable () -> Void] = []
     /// The engine itself, from the start of shutdown until its loop has stopped. Worker callbacks capture the
@@ -126,6 +128,9 @@ package final class HostEngine: @unchecked Sendable {
         let temporaryBase = configuration.temporaryDirectory
         DispatchQueue.global(qos: .utility).async {
             SandboxProfile.removeOrphanedWorkerDirectoriesOnce(in: temporaryBase)
+        }
+        if launcherPath != nil {
+            loop.execute { [unowned self] in self.makeSpareWorkerDirectory() }
         }
         if manifests.values.contains(where: { $0.policy.minWarmWorkers > 0 }) {
             loop.execute { [unowned self] in
@@ -400,6 +405,10 @@ package final class HostEngine: @unchecked Sendable {
         if shuttingDown { return }
         shuttingDown = true
         keepAliveUntilStopped = self
+        if let spare = spareWorkerDirectory {
+            spareWorkerDirectory = nil
+            removeTree(spare)
+        }
         for id in Array(requests.keys) { finish(id, .interrupted(.hostShutdown)) }
         waiting.removeAll()
         for state in pools.values {

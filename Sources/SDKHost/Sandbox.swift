@@ -50,7 +50,7 @@ package enum SandboxProfile {
     /// Builds the spawn request for `manifest`'s executable `path`: through the launcher, with the profile.
     static func spawn(
         _ manifest: ExtensionManifest, executable path: String, environment: [String], launcher: String?,
-        runtimePaths: RuntimePaths, temporaryBase: String
+        runtimePaths: RuntimePaths, temporaryBase: String, premadeDirectory: String? = nil
     ) throws(HostError) -> SandboxedSpawn {
         let policy = manifest.policy
         guard let launcher else {
@@ -58,9 +58,11 @@ package enum SandboxProfile {
                 throw HostError(.system, "sandbox: launcher unavailable: \(launcherExecutableName) not found next to "
                     + "the host executable or in the executable search paths")
             }
+            if let premadeDirectory { removeTree(premadeDirectory) }
             return SandboxedSpawn(request: SpawnRequest(path: path, arguments: [path], environment: environment))
         }
-        let temporary = try makeWorkerDirectory(in: temporaryBase)
+        let temporary: String
+        if let premadeDirectory { temporary = premadeDirectory } else { temporary = try makeWorkerDirectory(in: temporaryBase) }
         var env = environment.filter { !$0.hasPrefix("TMPDIR=") }
         env.append("TMPDIR=\(temporary)")
         var profile: [String: PlistValue] = [

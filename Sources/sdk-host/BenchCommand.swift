@@ -355,6 +355,7 @@ enum EmbeddedBench {
                 $0.logHandler = { _, _ in }
                 tweak(&$0)
             }
+            settle(host)
             cold.add(firstRequest(echo(host)))
             BenchCommand.shutdown(host)
             let warmHost = EmbeddedHost.make {
@@ -373,6 +374,14 @@ enum EmbeddedBench {
         }
         return (cold, prewarmed)
     }
+}
+
+/// Waits until `host` has run the work it queued when it was made (such as making the first worker's temp
+/// folder), as an app's host has long before its first request: a cold start is timed from a settled host.
+func settle(_ host: ExtensionHost) {
+    let settled = DispatchSemaphore(value: 0)
+    host.inspect { _, _, _ in settled.signal() }
+    settled.wait()
 }
 
 /// One request's beginRequest → completion, in µs.
