@@ -85,7 +85,7 @@ extension HostEngine: HostBackend {
     }
 
     /// Makes the folder the next sandboxed worker will get as its `TMPDIR`, so that its cold start does not wait
-    /// for the `mkdir` (~50 us on this VM's ext4 /tmp). At most one is kept; shutdown removes it, and a host
+    /// for the `mkdir` (~75 us on this VM's ext4 /tmp). At most one is kept; shutdown removes it, and a host
     /// killed before that leaves it to the next host's sweep like any worker folder (its name has our pid).
     func makeSpareWorkerDirectory() {
         guard spareWorkerDirectory == nil, !shuttingDown else { return }
