@@ -84,25 +84,6 @@ extension HostEngine: HostBackend {
         if !accepted { body(EngineSnapshot(totals: HostStatistics(), perExtension: [:], crashReports: [], workers: [])) }
     }
 
-    /// Makes the folder the next sandboxed worker will get as its `TMPDIR`, so that its cold start does not wait
-    /// for the `mkdir` (~75 us on this VM's ext4 /tmp). At most one is kept; shutdown removes it, and a host
-    /// killed before that leaves it to the next host's sweep like any worker folder (its name has our pid).
-    func makeSpareWorkerDirectory() {
-        guard spareWorkerDirectory == nil, !shuttingDown else { return }
-        do throws(HostError) {
-            spareWorkerDirectory = try SandboxProfile.makeWorkerDirectory(in: configuration.temporaryDirectory)
-        } catch {
-            // The next spawn makes its own and reports why it cannot.
-        }
-    }
-
-    func runtimePaths(of executable: String) -> RuntimePaths {
-        if let known = runtimePathCache[executable] { return known }
-        let paths = RuntimePaths.of(executable)
-        runtimePathCache[executable] = paths
-        return paths
-    }
-
     package func snapshotOnLoop() -> EngineSnapshot {
         let now = loop.now
         let workers = self.workers.values.joined().map {

@@ -220,11 +220,10 @@ extension FaultTests {
         }
 
         @Test func theNextWorkersFolderIsMadeAheadAndNothingIsLeftAfterShutdown() async throws {
-            var template = "/tmp/sdkhost-spare-XXXXXX".utf8CString
-            let base = template.withUnsafeMutableBufferPointer { String(cString: mkdtemp($0.baseAddress!)!) }
-            defer { _ = removeTree(base) }
-            func folders() -> [String] { listDirectory(base, prefix: "sdk-host-worker.\(getpid()).")?.sorted() ?? [] }
-            try await withHost({ $0.temporaryDirectory = base }) { host, _ in
+            // Kept alive to the last line by folders(), which reads it after the host has shut down.
+            let base = try TemporaryFolder("sdkhost-spare")
+            func folders() -> [String] { listDirectory(base.path, prefix: "sdk-host-worker.\(getpid()).")?.sorted() ?? [] }
+            try await withHost({ $0.temporaryDirectory = base.path }) { host, _ in
                 // Made when the host starts, before any request.
                 #expect(await eventually { folders().count == 1 }, "\(folders())")
                 let spare = try #require(folders().first)
@@ -233,7 +232,7 @@ extension FaultTests {
                 recorder.attach(to: ext)
                 let tmp = await probe(ext, recorder, "tmpdir")
                 // The first worker got that folder, and the next one is ready beside it.
-                #expect(tmp.hasPrefix("allowed: wrote \(base)/\(spare)/"), "\(tmp)")
+                #expect(tmp.hasPrefix("allowed: wrote \(base.path)/\(spare)/"), "\(tmp)")
                 #expect(await eventually { folders().count == 2 }, "\(folders())")
             }
             #expect(folders().isEmpty, "left behind: \(folders())")

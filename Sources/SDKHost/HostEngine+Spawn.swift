@@ -1,0 +1,132 @@
+// Spawning a worker on the engine's loop: its environment and sandbox profile, the launch, and the watches on its
+// exit, socket and output; and what a spawn needs ready (the next worker's temp folder, each executable's runtime
+// paths). What happens to a worker afterwards is in HostEngine+Workers.
+
+#if canImport(Glibc)
+import SDKWire
+import Glibc
+#endif
+import SDKPosix
+
+extension HostEngine {
+    func spawnWorker(_ manifest: ExtensionManifest, poolKey: String, app: String?) throws(HostError) -> WorkerProcess {
+        guard let path = manifest.executablePath else {
+            throw HostError(.executableNotFound, "\(manifest.identifier): executable '\(manifest.executableName)' "
+                + "not found in \(manifest.searchedPaths.joined(separator: ", "))")
+        }
+        let idleMs = Int64(nanoseconds(manifest.policy.idleTimeout) / 1_000_000)
+        var environment = [
+            "PATH=/usr/local/bin:/usr/bin:/bin", "LANG=C.UTF-8",
+            // A crashing worker should die at once; the Swift backtracer would hold the crash for ~1 s. Naming its
+            // helper stops the runtime from looking for it at every start (nine stat and readlink calls, ~20 us).
+            "SWIFT_BACKTRACE=enable=no,swift-backtrace=/nonexistent",
+            "SDKHOST_IPC_FD=3", "SDKHOST_EXTENSION_ID=\(manifest.identifier)",
+            "SDKHOST_IDLE_TIMEOUT_MS=\(idleMs)",
+            "SDKHOST_LEAK_CHECK_MS=\(Int64(manifest.policy.leakCheckDelay * 1000))",
+        ]
+        // Under an address-space limit every malloc arena's 64 MiB reservation counts, and glibc makes up to 8
+        // per core: four arenas keep a threaded worker well inside a few hundred MiB. The config may override.
+        if !configuration.workerEnvironment.contains(where: { $0.hasPrefix("MALLOC_ARENA_MAX=") }) {
+            environment.append("MALLOC_ARENA_MAX=4")
+        }
+        environment += configuration.workerEnvironment
+        if !manifest.policy.environment.isEmpty {
+            // The manifest's variables replace any of the same name above (a later duplicate is not portable).
+            let names = Set(manifest.policy.environment.keys)
+            environment.removeAll { entry in names.contains(String(entry.prefix { $0 != "=" })) }
+            environment += manifest.policy.environment.sorted { $0.key < $1.key }.map { "\($0.key)=\($0.value)" }
+        }
+        let spawn: SandboxedSpawn
+        // The next worker's folder is made once this spawn is done, off the path of this request.
+        defer { if launcherPath != nil { loop.execute { [unowned self] in self.makeSpareWorkerDirectory() } } }
+        do throws(HostError) {
+            let premade = spareWorkerDirectory
+            spareWorkerDirectory = nil
+            spawn = try SandboxProfile.spawn(
+                manifest, executable: path, environment: environment, launcher: launcherPath,
+                runtimePaths: runtimePaths(of: path), temporaryBase: configuration.temporaryDirectory,
+                premadeDirectory: premade)
+        } catch {
+            throw HostError(error.code, "\(manifest.identifier): \(error.detail)")
+        }
+        if manifest.policy.sandbox == .none {
+            log(.warning, "\(manifest.identifier): Sandbox is none: the worker runs unconfined")
+        }
+        let launched: LaunchedWorker
+        do {
+            launched = try launcher.launch(spawn.request)
+        } catch {
+            if let folder = spawn.temporaryDirectory { removeTree(folder) }
+            throw HostError(.system, "\(manifest.identifier): cannot launch \(path): \(error)")
+        }
+        let worker = WorkerProcess(extensionID: manifest.identifier, policy: manifest.policy, poolKey: poolKey, app: app,
+                                   launched: launched, loop: loop, wireLimits: configuration.wireLimits)
+        worker.connection.keepsPayloads = forwardsPayloads
+        worker.temporaryDirectory = spawn.temporaryDirectory
+        count(manifest.identifier, \.spawns)
+        workers[poolKey, default: []].append(worker)
+        emit(.spawned, worker)
+        do throws(SystemError) {
+            try loop.register(worker.exitFD, events: EventLoop.readable) { [unowned self, unowned worker] _ in
+                self.processExited(worker)
+            }
+            worker.exitWatched = true
+            try worker.connection.start(
+                onMessage: { [unowned self, unowned worker] message in self.handle(message, from: worker) },
+                onEnd: { [unowned self, unowned worker] end in
+                    if case .badInput(let detail) = end {
+                        self.protocolViolation(worker, detail)
+                    } else {
+                        self.socketBroken(worker)
+                    }
+                })
+            try loop.register(worker.stdoutFD, events: EventLoop.readable) { [unowned self, unowned worker] _ in
+                self.drainPipe(worker, stderr: false)
+            }
+            try loop.register(worker.stderrFD, events: EventLoop.readable) { [unowned self, unowned worker] _ in
+                self.drainPipe(worker, stderr: true)
+            }
+        } catch {
+            // It cannot be supervised: kill it, and reap it by polling if its exit cannot be watched either.
+            log(.error, "\(manifest.identifier): cannot watch worker \(worker.pid): \(error); killing it")
+            worker.connection.close()
+            kill(worker, .launchFailed("cannot watch the worker: \(error)"))
+            if !worker.exitWatched { pollForExit(worker) }
+            return worker
+        }
+        log(.info, "\(manifest.identifier): started worker pid \(worker.pid)")
+        send(.hello(version: protocolVersion, identifier: manifest.identifier, hostPid: getpid(), idleTimeoutMs: idleMs),
+             to: worker)
+        if heartbeatTimer == nil { scheduleHeartbeat() }
+        return worker
+    }
+
+    /// Reaps a worker whose exit descriptor is not in the epoll set: checks every 10 ms.
+    func pollForExit(_ worker: WorkerProcess) {
+        worker.reapPollTimer = loop.schedule(afterNanoseconds: 10_000_000) { [unowned self, weak worker] in
+            guard let worker, worker.state != .dead else { return }
+            worker.reapPollTimer = nil
+            self.processExited(worker)
+            if worker.state != .dead { self.pollForExit(worker) }
+        }
+    }
+
+    /// Makes the folder the next sandboxed worker will get as its `TMPDIR`, so that its cold start does not wait
+    /// for the `mkdir` (~75 us on this VM's ext4 /tmp). At most one is kept; shutdown removes it, and a host
+    /// killed before that leaves it to the next host's sweep like any worker folder (its name has our pid).
+    func makeSpareWorkerDirectory() {
+        guard spareWorkerDirectory == nil, !shuttingDown else { return }
+        do throws(HostError) {
+            spareWorkerDirectory = try SandboxProfile.makeWorkerDirectory(in: configuration.temporaryDirectory)
+        } catch {
+            // The next spawn makes its own and reports why it cannot.
+        }
+    }
+
+    func runtimePaths(of executable: String) -> RuntimePaths {
+        if let known = runtimePathCache[executable] { return known }
+        let paths = RuntimePaths.of(executable)
+        runtimePathCache[executable] = paths
+        return paths
+    }
+}
