@@ -77,6 +77,7 @@ final class DaemonClient: HostBackend, @unchecked Sendable {
     var extensions: [ExtensionInfo] { known.withLock { $0.extensions } }
     var mode: HostMode { .daemon(socketPath: socketPath, pid: known.withLock { $0.daemonPid }) }
     func workerEvents() -> AsyncStream<WorkerEvent> { eventHub.stream() }
+    func atEndOfTurn(_ body: @escaping @Sendable () -> Void) { loop.atEndOfTurn(body) }
 
     func lookupProblem(_ identifier: String) -> HostError? {
         let names = extensionIdentifiers

@@ -118,6 +118,8 @@ final class HandlerBox: Sendable {
         /// A serial queue that runs on `queue`: one request's partial results and outcome stay in order even on a
         /// concurrent queue.
         var serial: DispatchQueue
+        /// Hands calls to `serial` in batches.
+        var batcher: CallbackBatcher
         var onHostLoop = false
         /// `outcomes()` streams.
         var streams: [AsyncStream<EndedRequest>.Continuation] = []
@@ -125,7 +127,9 @@ final class HandlerBox: Sendable {
 
     let state: Mutex<Handlers>
 
-    init(queue: DispatchQueue) { state = Mutex(Handlers(queue: queue, serial: queue)) }
+    init(queue: DispatchQueue) {
+        state = Mutex(Handlers(queue: queue, serial: queue, batcher: CallbackBatcher(queue: queue)))
+    }
 
     /// Calls the progress handler, if any, with no lock held.
     func invokeProgress(_ id: RequestID, _ items: [ExtensionItem]) {
@@ -206,9 +210,11 @@ public final class Extension: Sendable {
         get { handlers.state.withLock { $0.queue } }
         set {
             let serial = DispatchQueue(label: "sdk-host.callbacks.\(identifier)", target: newValue)
+            let batcher = CallbackBatcher(queue: serial)
             handlers.state.withLock {
                 $0.queue = newValue
                 $0.serial = serial
+                $0.batcher = batcher
             }
         }
     }
@@ -252,10 +258,11 @@ public final class Extension: Sendable {
     ) -> RequestID {
         let id = RequestID()
         let box = handlers
-        let (queue, onHostLoop) = handlers.state.withLock { ($0.serial, $0.onHostLoop) }
+        let (batcher, onHostLoop) = handlers.state.withLock { ($0.batcher, $0.onHostLoop) }
         let backend = host.backend
         // The backend calls `deliver` and `progress` on its loop thread with no lock held. A partial result is
-        // credited back once its handler has returned: that is what paces the worker.
+        // credited back once its handler has returned: that is what paces the worker. Off the loop, handler calls
+        // go to the callback queue in one hop per loop turn (`CallbackBatcher`).
         let deliver: @Sendable (RequestOutcome) -> Void
         let progress: @Sendable ([ExtensionItem]) -> Void
         if onHostLoop {
@@ -265,12 +272,12 @@ public final class Extension: Sendable {
                 backend.credit(id, 1)
             }
         } else {
-            deliver = { outcome in queue.async { box.invoke(id, outcome) } }
+            deliver = { outcome in batcher.add({ box.invoke(id, outcome) }, from: backend) }
             progress = { items in
-                queue.async {
+                batcher.add({
                     box.invokeProgress(id, items)
                     backend.credit(id, 1)
-                }
+                }, from: backend)
             }
         }
         submit(id: id, items: items, deadline: deadline, onWorkerAssigned: onWorkerAssigned, deliver: deliver,

@@ -5,6 +5,7 @@
 import SDKWire
 import Glibc
 #endif
+import SDKPosix
 
 /// A request as handed to a backend.
 package struct SubmittedRequest: Sendable {
@@ -42,7 +43,14 @@ package struct SubmittedRequest: Sendable {
     }
 }
 
-protocol HostBackend: AnyObject, Sendable {
+/// Where `CallbackBatcher` hands its calls over: a loop that can run something at the end of its turn.
+protocol TurnEnding: Sendable {
+    /// On the loop thread (where a backend's `deliver` runs): runs `body` there once the loop has handled everything
+    /// ready, before it waits again. Anywhere else: runs `body` now.
+    func atEndOfTurn(_ body: @escaping @Sendable () -> Void)
+}
+
+protocol HostBackend: TurnEnding, AnyObject {
     /// Identifiers of the extensions this backend serves, sorted.
     var extensionIdentifiers: [String] { get }
     /// The same extensions with their extension points.
@@ -67,6 +75,13 @@ protocol HostBackend: AnyObject, Sendable {
     func status(_ body: @escaping @Sendable (HostStatus?) -> Void)
     /// Starts a handshaken worker for the extension (for this app, through the daemon) unless one is ready.
     func prewarm(_ extensionID: String, _ done: @escaping @Sendable (Result<pid_t, RequestFailure>) -> Void)
+}
+
+extension EventLoop {
+    /// `HostBackend.atEndOfTurn` for a backend that runs on this loop.
+    func atEndOfTurn(_ body: @escaping @Sendable () -> Void) {
+        if inLoop && !runningInline { runBeforeSleeping(body) } else { body() }
+    }
 }
 
 extension InterruptionReason {

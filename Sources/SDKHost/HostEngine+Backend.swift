@@ -19,6 +19,7 @@ extension HostEngine: HostBackend {
         }.sorted { $0.identifier < $1.identifier }
     }
     var mode: HostMode { .embedded }
+    func atEndOfTurn(_ body: @escaping @Sendable () -> Void) { loop.atEndOfTurn(body) }
     func workerEvents() -> AsyncStream<WorkerEvent> { events.stream() }
     /// Requests that have begun and not ended (loop thread).
     package var activeRequestCount: Int { requests.count }

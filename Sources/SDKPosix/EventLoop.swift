@@ -354,6 +354,8 @@ public final class EventLoop: @unchecked Sendable {
             var leftovers = leftovers
             while let task = leftovers.popFirst() { task() }
         }
+        // What the last turn and the leftovers left for the end of the turn still runs: it may hand outcomes on.
+        runBeforeSleepHooks()
         handlers.removeAll()
         timers = TimerHeap()
         beforeSleep.removeAll()
