@@ -1,7 +1,8 @@
-// CallbackBatcher: hands an Extension's handler calls to its callback queue in batches. Every call a loop turn
-// delivers goes over in one queue hop, and calls that arrive while the queue is still running the last batch
-// join it without a hop of their own. Each hop to an idle queue wakes a thread; at 64 requests in flight, one
-// hop per call woke the callback thread twice per loop turn on average.
+// CallbackBatcher: hands an Extension's handler calls to its callback queue in few hops. The first call of a loop
+// turn goes over at once, so its handler runs while the loop goes on; calls that arrive while the queue still
+// runs join that batch without a hop of their own; the rest of the turn's calls go over together when the turn
+// ends. Each hop to an idle queue wakes a thread: at 64 requests in flight, one hop per call woke the callback
+// thread twice per loop turn on average.
 
 #if canImport(Glibc)
 import Dispatch
@@ -14,8 +15,8 @@ final class CallbackBatcher: Sendable {
         var calls: [@Sendable () -> Void] = []
         /// A drain is queued or running: it takes what is added until it finds nothing left.
         var draining = false
-        /// A hand-over is due at the end of the current loop turn.
-        var handOverDue = false
+        /// This turn's immediate hand-over is used: later calls of the turn wait for its end.
+        var handedOverThisTurn = false
     }
 
     /// Calls run per queue hop before the drain queues itself again, so other work on the queue gets its turn.
@@ -29,21 +30,24 @@ final class CallbackBatcher: Sendable {
         self.queue = queue
     }
 
-    /// Adds `call`, on `backend`'s loop thread or anywhere else. The calls gathered by the end of the loop's turn
-    /// (`TurnEnding.atEndOfTurn`) go to the queue together.
+    /// Adds `call`, on `backend`'s loop thread or anywhere else (`TurnEnding.atEndOfTurn` tells the turn's end).
     func add(_ call: @escaping @Sendable () -> Void, from backend: some TurnEnding) {
-        let scheduleHandOver = state.withLock { s -> Bool in
+        let now = state.withLock { s -> Bool in
             s.calls.append(call)
-            guard !s.draining, !s.handOverDue else { return false }
-            s.handOverDue = true
+            guard !s.draining, !s.handedOverThisTurn else { return false }
+            s.handedOverThisTurn = true
+            s.draining = true
             return true
         }
-        if scheduleHandOver { backend.atEndOfTurn { [self] in handOver() } }
+        guard now else { return }
+        queue.async { [self] in drain() }
+        backend.atEndOfTurn { [self] in turnEnded() }
     }
 
-    private func handOver() {
+    /// The loop's turn is over: what it added after the queue went idle goes over now.
+    private func turnEnded() {
         let start = state.withLock { s -> Bool in
-            s.handOverDue = false
+            s.handedOverThisTurn = false
             guard !s.draining, !s.calls.isEmpty else { return false }
             s.draining = true
             return true

@@ -262,7 +262,7 @@ public final class Extension: Sendable {
         let backend = host.backend
         // The backend calls `deliver` and `progress` on its loop thread with no lock held. A partial result is
         // credited back once its handler has returned: that is what paces the worker. Off the loop, handler calls
-        // go to the callback queue in one hop per loop turn (`CallbackBatcher`).
+        // go to the callback queue in few hops (`CallbackBatcher`).
         let deliver: @Sendable (RequestOutcome) -> Void
         let progress: @Sendable ([ExtensionItem]) -> Void
         if onHostLoop {
