@@ -16,8 +16,7 @@ package func listDirectory(_ path: String, prefix: String = "") -> [String]? {
     let wanted = Array(prefix.utf8)
     var names: [String] = []
     while let entry = readdir(dir) {
-        let name = withUnsafeBytes(of: entry.pointee.d_name) { raw -> String? in
-            let bytes = UnsafeRawBufferPointer(rebasing: raw.prefix { $0 != 0 })
+        let name = withDirectoryEntryName(entry) { bytes -> String? in
             guard bytes.starts(with: wanted) else { return nil }
             return String(decoding: bytes, as: UTF8.self)
         }

@@ -287,9 +287,7 @@ package func removeTree(_ path: String) -> Bool {
         defer { closedir(dir) }
         var ok = true
         while let entry = readdir(dir) {
-            let name = withUnsafeBytes(of: entry.pointee.d_name) { raw in
-                String(decoding: raw.prefix { $0 != 0 }, as: UTF8.self)
-            }
+            let name = withDirectoryEntryName(entry) { String(decoding: $0, as: UTF8.self) }
             if name == "." || name == ".." { continue }
             let parent = dirfd(dir)
             if unlinkat(parent, name, 0) == 0 { continue }

@@ -152,3 +152,15 @@ public func sendAll(_ fd: Int32, _ buffer: UnsafeRawBufferPointer, descriptors: 
     }
     if first < buffer.count { try sendAll(fd, UnsafeRawBufferPointer(rebasing: buffer[first...])) }
 }
+
+/// Where `struct dirent`'s name starts within an entry.
+private let direntNameOffset = MemoryLayout<dirent>.offset(of: \dirent.d_name)!
+
+/// The name of a `readdir` entry, read where it lies. Loading `entry.pointee` would copy all of `struct dirent`
+/// (280 bytes), but the kernel's record is only as long as its name needs: for the last entry in glibc's buffer
+/// the copy can run into an unmapped page, and it did once (a SIGSEGV in the orphan sweep of a test run).
+public func withDirectoryEntryName<R>(_ entry: UnsafeMutablePointer<dirent>, _ body: (UnsafeRawBufferPointer) -> R) -> R {
+    let start = UnsafeRawPointer(entry) + direntNameOffset
+    let length = strlen(start.assumingMemoryBound(to: CChar.self))
+    return body(UnsafeRawBufferPointer(start: start, count: length))
+}

@@ -23,7 +23,7 @@ func links(of pid: pid_t) -> [Int: String] {
     guard let dir = opendir("/proc/\(pid)/fd") else { return out }
     defer { closedir(dir) }
     while let entry = readdir(dir) {
-        let name = withUnsafeBytes(of: entry.pointee.d_name) { String(decoding: $0.prefix { $0 != 0 }, as: UTF8.self) }
+        let name = withDirectoryEntryName(entry) { String(decoding: $0, as: UTF8.self) }
         guard let fd = Int(name) else { continue }
         var buffer = [CChar](repeating: 0, count: 512)
         let n = readlink("/proc/\(pid)/fd/\(fd)", &buffer, 511)
