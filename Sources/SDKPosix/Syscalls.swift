@@ -27,6 +27,17 @@ func retryingEINTR<T: BinaryInteger>(_ operation: String, detail: @autoclosure (
     }
 }
 
+/// After a non-blocking call failed: nil for EINTR (call again), `.wouldBlock` for EAGAIN; throws a `SystemError`
+/// for any other failure.
+@inline(__always)
+func nonBlockingFailure(_ operation: String, detail: @autoclosure () -> String) throws(SystemError) -> IOResult? {
+    let e = errno
+    if e == EINTR { return nil }
+    if e == EAGAIN || e == EWOULDBLOCK { return .wouldBlock }
+    checkBadDescriptor(e, operation)
+    throw SystemError(operation, errno: e, detail: detail())
+}
+
 /// Monotonic time in nanoseconds.
 @inline(__always)
 public func monotonicNanoseconds() -> UInt64 {
@@ -57,11 +68,7 @@ public func readNonBlocking(_ fd: Int32, into buffer: UnsafeMutableRawBufferPoin
         let n = read(fd, buffer.baseAddress, buffer.count)
         if n > 0 { return .bytes(n) }
         if n == 0 { return .endOfFile }
-        let e = errno
-        if e == EINTR { continue }
-        if e == EAGAIN || e == EWOULDBLOCK { return .wouldBlock }
-        checkBadDescriptor(e, "read")
-        throw SystemError("read", errno: e, detail: "fd \(fd)")
+        if let result = try nonBlockingFailure("read", detail: "fd \(fd)") { return result }
     }
 }
 
@@ -70,11 +77,7 @@ public func sendNonBlocking(_ fd: Int32, _ buffer: UnsafeRawBufferPointer) throw
     while true {
         let n = send(fd, buffer.baseAddress, buffer.count, Int32(MSG_NOSIGNAL))
         if n >= 0 { return .bytes(n) }
-        let e = errno
-        if e == EINTR { continue }
-        if e == EAGAIN || e == EWOULDBLOCK { return .wouldBlock }
-        checkBadDescriptor(e, "send")
-        throw SystemError("send", errno: e, detail: "fd \(fd)")
+        if let result = try nonBlockingFailure("send", detail: "fd \(fd)") { return result }
     }
 }
 
@@ -117,11 +120,7 @@ public func receiveNonBlocking(_ fd: Int32, into buffer: UnsafeMutableRawBufferP
         if cut != 0 { truncated = true }
         if n > 0 { return .bytes(n) }
         if n == 0 { return .endOfFile }
-        let e = errno
-        if e == EINTR { continue }
-        if e == EAGAIN || e == EWOULDBLOCK { return .wouldBlock }
-        checkBadDescriptor(e, "recvmsg")
-        throw SystemError("recvmsg", errno: e, detail: "fd \(fd)")
+        if let result = try nonBlockingFailure("recvmsg", detail: "fd \(fd)") { return result }
     }
 }
 
@@ -134,11 +133,7 @@ public func sendNonBlocking(_ fd: Int32, _ buffer: UnsafeRawBufferPointer, descr
             sdk_send_with_fds(fd, buffer.baseAddress, buffer.count, fds.baseAddress, Int32(fds.count), 0)
         }
         if n >= 0 { return .bytes(n) }
-        let e = errno
-        if e == EINTR { continue }
-        if e == EAGAIN || e == EWOULDBLOCK { return .wouldBlock }
-        checkBadDescriptor(e, "sendmsg")
-        throw SystemError("sendmsg", errno: e, detail: "fd \(fd), \(descriptors.count) descriptor(s)")
+        if let result = try nonBlockingFailure("sendmsg", detail: "fd \(fd), \(descriptors.count) descriptor(s)") { return result }
     }
 }
 
