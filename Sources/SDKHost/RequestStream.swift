@@ -146,7 +146,7 @@ extension Extension {
     public func perform(_ items: [ExtensionItem], deadline: Duration? = nil,
                         progress: @escaping @Sendable ([ExtensionItem]) -> Void) async throws -> [ExtensionItem]
     {
-        let queue = serialCallbackQueue
+        let batcher = callbackBatcher
         let backend = host.backend
         let task = RequestTask(id: RequestID(), backend: backend)
         let id = task.id
@@ -154,12 +154,12 @@ extension Extension {
             id: id, items: items, deadline: deadline.map(seconds),
             onWorkerAssigned: { [task] pid in task.assigned(pid) },
             // Through the same serial queue as the partial results, so the outcome cannot overtake them.
-            deliver: { [task] outcome in queue.async { task.ended(outcome) } },
+            deliver: { [task] outcome in batcher.add({ task.ended(outcome) }, from: backend) },
             progress: { batch in
-                queue.async {
+                batcher.add({
                     progress(batch)
                     backend.credit(id, 1)
-                }
+                }, from: backend)
             })
         return try await task.value
     }
