@@ -230,6 +230,16 @@ package final class DaemonServer: @unchecked Sendable {
             connection.outputLimit = configuration.maxClientOutputBytes
             connection.inputBudget = inputBudget
             let session = ClientSession(connection: connection, credentials: credentials, connectedAt: engine.loop.now)
+            // A well-formed begin is checked in place and forwarded without being decoded (ForwardScan).
+            connection.onForwardable = { [unowned self, unowned session] scanned in
+                guard scanned.kind == .begin, session.handshaken else { return false }
+                let forwarded = session.connection.withForwardablePayload { payload in
+                    payload.map { ForwardedFrame(payload: $0, idRange: scanned.idRange) }
+                }
+                self.begin(session, clientID: scanned.id, items: [], extensionID: scanned.extensionID,
+                           deadlineMs: scanned.deadlineMs, forwarded: forwarded)
+                return true
+            }
             do {
                 try connection.start(
                     onMessage: { [unowned self, unowned session] in self.handle($0, from: session) },
@@ -305,73 +315,9 @@ package final class DaemonServer: @unchecked Sendable {
             session.app = "\(session.credentials.uid)/" + Self.appLabel(app)
             session.send(connectedMessage())
         case .begin(let clientID, let items, let extensionID, let deadlineMs):
-            guard let extensionID else {
-                session.send(.error(message: "begin without 'extension'", id: clientID))
-                return closeSession(session, reason: "begin without 'extension'")
-            }
-            guard session.internalIDs[clientID] == nil else {
-                session.send(.error(message: "request id \(clientID) is already in flight", id: clientID))
-                return closeSession(session, reason: "duplicate request id")
-            }
-            if draining {
-                session.send(.interrupted(id: clientID, reason: InterruptionReason.hostShutdown.plist))
-                return
-            }
-            // What this request holds until it ends: its bytes, charged to the client and to the daemon.
-            let bytes = session.connection.currentFrameBytes
-            let descriptors = items.reduce(0) { $0 + $1.fileAttachments.count }
-            if session.internalIDs.count >= configuration.maxInFlightRequests
-                || session.pendingBytes + bytes > configuration.pendingRequestBytesPerClient
-                || pendingRequestBytes + bytes > configuration.pendingRequestBytesTotal
-                || session.pendingDescriptors + descriptors > configuration.maxDescriptorsPerClient
-                || pendingDescriptors + descriptors > configuration.maxDescriptorsTotal
-            {
-                engine.log(.debug, "client pid \(session.credentials.pid): request \(clientID) overloaded "
-                    + "(\(session.internalIDs.count) in flight, \(session.pendingBytes) bytes and "
-                    + "\(session.pendingDescriptors) descriptors held)")
-                session.overloads += 1
-                // Its descriptors close as `items` goes out of scope.
-                session.send(.interrupted(id: clientID, reason: InterruptionReason.overloaded.plist))
-                return
-            }
-            session.pendingBytes += bytes
-            pendingRequestBytes += bytes
-            session.pendingDescriptors += descriptors
-            pendingDescriptors += descriptors
-            let internalID = RequestID()
-            session.internalIDs[clientID] = internalID
-            // Clamped: a peer's deadline is any Int64; negative is "now", huge is the host's maximum.
-            let deadline = deadlineMs.map { Double(min(max($0, 0), Int64(maximumSeconds) * 1000)) / 1000 }
-            // Called on the loop thread by the engine, exactly once: `payload` is the worker's completion frame
-            // when it can be sent on as it is.
-            let ended: @Sendable (RequestOutcome, UnsafeRawBufferPointer?) -> Void = { [unowned self, session] outcome, payload in
-                session.pendingBytes -= bytes
-                self.pendingRequestBytes -= bytes
-                session.pendingDescriptors -= descriptors
-                self.pendingDescriptors -= descriptors
-                session.internalIDs.removeValue(forKey: clientID)
-                switch outcome {
-                case .completed(let items):
-                    if let payload, let range = ForwardedFrame.idRange(in: payload) {
-                        session.sendForwarded(payload, id: clientID, idRange: range)
-                    } else {
-                        session.send(.complete(id: clientID, items: items))
-                    }
-                case .cancelled(let error): session.send(.cancelled(id: clientID, error: error))
-                case .interrupted(let reason): session.send(.interrupted(id: clientID, reason: reason.plist))
-                }
-            }
-            var request = SubmittedRequest(
-                id: internalID, extensionID: extensionID, items: items,
-                deadline: deadline,
-                onWorkerAssigned: { [session] pid in session.send(.assigned(id: clientID, pid: pid)) },
-                deliver: { outcome in ended(outcome, nil) },
-                // Partial results go to the client as they come; the client's `credit` lets the worker send more.
-                progress: { [session] items in session.send(.partial(id: clientID, items: items)) },
-                app: session.app)
-            request.deliverForwarded = { outcome, payload in ended(outcome, payload) }
-            request.forwardedBegin = session.connection.withForwardablePayload { $0.flatMap(ForwardedFrame.init(payload:)) }
-            engine.start(request)
+            let forwarded = session.connection.withForwardablePayload { $0.flatMap(ForwardedFrame.init(payload:)) }
+            begin(session, clientID: clientID, items: items, extensionID: extensionID, deadlineMs: deadlineMs,
+                  forwarded: forwarded)
         case .prewarm(let id, let extensionID):
             engine.prewarmOnLoop(extensionID, app: session.app) { [session] result in
                 switch result {
@@ -396,6 +342,80 @@ package final class DaemonServer: @unchecked Sendable {
             session.send(.error(message: "a client may not send '\(message.plist["type"]?.stringValue ?? "?")'", id: nil))
             closeSession(session, reason: "unexpected message")
         }
+    }
+
+    /// A client's `begin`, decoded or (with `items` empty) scanned: `forwarded` is its payload to send on as it
+    /// is, which a scanned one always has.
+    private func begin(_ session: ClientSession, clientID: RequestID, items: [ExtensionItem], extensionID: String?,
+                       deadlineMs: Int64?, forwarded: ForwardedFrame?)
+    {
+        guard let extensionID else {
+            session.send(.error(message: "begin without 'extension'", id: clientID))
+            return closeSession(session, reason: "begin without 'extension'")
+        }
+        guard session.internalIDs[clientID] == nil else {
+            session.send(.error(message: "request id \(clientID) is already in flight", id: clientID))
+            return closeSession(session, reason: "duplicate request id")
+        }
+        if draining {
+            session.send(.interrupted(id: clientID, reason: InterruptionReason.hostShutdown.plist))
+            return
+        }
+        // What this request holds until it ends: its bytes, charged to the client and to the daemon.
+        let bytes = session.connection.currentFrameBytes
+        let descriptors = items.reduce(0) { $0 + $1.fileAttachments.count }
+        if session.internalIDs.count >= configuration.maxInFlightRequests
+            || session.pendingBytes + bytes > configuration.pendingRequestBytesPerClient
+            || pendingRequestBytes + bytes > configuration.pendingRequestBytesTotal
+            || session.pendingDescriptors + descriptors > configuration.maxDescriptorsPerClient
+            || pendingDescriptors + descriptors > configuration.maxDescriptorsTotal
+        {
+            engine.log(.debug, "client pid \(session.credentials.pid): request \(clientID) overloaded "
+                + "(\(session.internalIDs.count) in flight, \(session.pendingBytes) bytes and "
+                + "\(session.pendingDescriptors) descriptors held)")
+            session.overloads += 1
+            // Its descriptors close as `items` goes out of scope.
+            session.send(.interrupted(id: clientID, reason: InterruptionReason.overloaded.plist))
+            return
+        }
+        session.pendingBytes += bytes
+        pendingRequestBytes += bytes
+        session.pendingDescriptors += descriptors
+        pendingDescriptors += descriptors
+        let internalID = RequestID()
+        session.internalIDs[clientID] = internalID
+        // Clamped: a peer's deadline is any Int64; negative is "now", huge is the host's maximum.
+        let deadline = deadlineMs.map { Double(min(max($0, 0), Int64(maximumSeconds) * 1000)) / 1000 }
+        // Called on the loop thread by the engine, exactly once: `payload` is the worker's completion frame
+        // when it can be sent on as it is.
+        let ended: @Sendable (RequestOutcome, UnsafeRawBufferPointer?) -> Void = { [unowned self, session] outcome, payload in
+            session.pendingBytes -= bytes
+            self.pendingRequestBytes -= bytes
+            session.pendingDescriptors -= descriptors
+            self.pendingDescriptors -= descriptors
+            session.internalIDs.removeValue(forKey: clientID)
+            switch outcome {
+            case .completed(let items):
+                if let payload, let range = ForwardedFrame.idRange(in: payload) {
+                    session.sendForwarded(payload, id: clientID, idRange: range)
+                } else {
+                    session.send(.complete(id: clientID, items: items))
+                }
+            case .cancelled(let error): session.send(.cancelled(id: clientID, error: error))
+            case .interrupted(let reason): session.send(.interrupted(id: clientID, reason: reason.plist))
+            }
+        }
+        var request = SubmittedRequest(
+            id: internalID, extensionID: extensionID, items: items,
+            deadline: deadline,
+            onWorkerAssigned: { [session] pid in session.send(.assigned(id: clientID, pid: pid)) },
+            deliver: { outcome in ended(outcome, nil) },
+            // Partial results go to the client as they come; the client's `credit` lets the worker send more.
+            progress: { [session] items in session.send(.partial(id: clientID, items: items)) },
+            app: session.app)
+        request.deliverForwarded = { outcome, payload in ended(outcome, payload) }
+        request.forwardedBegin = forwarded
+        engine.start(request)
     }
 
     private func sessionEnded(_ session: ClientSession, _ end: ConnectionEnd) {

@@ -76,6 +76,10 @@ package final class FramedConnection {
     /// payloads instead of encoding them again). Off by default: it costs a copy per frame.
     package var keepsPayloads = false
     private var currentPayload: [UInt8] = []
+    /// Offered each `begin` and `complete` that `ForwardScan` can vouch for (with `keepsPayloads`), before it is
+    /// decoded; the payload is `withForwardablePayload`'s while it runs. True means taken: the frame is not
+    /// decoded or delivered to `onMessage`. False, and it is decoded and delivered as any other.
+    package var onForwardable: ((ScannedMessage) -> Bool)?
     /// Output queued and not yet written.
     package var pendingOutputBytes: Int { outbound.count - sent }
 
@@ -210,6 +214,7 @@ package final class FramedConnection {
         }
         descriptor.take()?.close()
         onMessage = nil
+        onForwardable = nil
         onEnd = nil
         inputBudget?.add(-charged)
         charged = 0
@@ -276,16 +281,36 @@ package final class FramedConnection {
                 var size = 0
                 let limits = reader.limits
                 let keep = keepsPayloads
-                guard let value = try reader.withNextPayload({ payload throws(WireError) in
+                let scans = keep && onForwardable != nil
+                var scanned: ScannedMessage?
+                guard let decoded = try reader.withNextPayload({ payload throws(WireError) -> PlistValue? in
                     if keep {
                         currentPayload.removeAll(keepingCapacity: currentPayload.capacity <= 64 << 10)
                         currentPayload.append(contentsOf: payload)
+                    }
+                    if scans, let fields = ForwardScan.scan(payload, limits: limits) {
+                        scanned = fields
+                        size = max(payload.count, fields.decodedBytes)
+                        return nil
                     }
                     var decoded = 0
                     defer { size = max(payload.count, decoded) }
                     return try BinaryPlistDecoder.decode(payload, limits: limits, decodedBytes: &decoded)
                 }) else { return }
                 currentFrameBytes = size
+                // A scanned frame carries no descriptors (it has no `fds`): it claims none, as a decoded one would.
+                if let scanned, let onForwardable {
+                    incoming.claimedNone()
+                    if onForwardable(scanned) { continue }
+                }
+                let value: PlistValue
+                if let decoded {
+                    value = decoded
+                } else {
+                    value = try currentPayload.withUnsafeBytes { payload in
+                        Result { () throws(WireError) in try BinaryPlistDecoder.decode(payload, limits: limits) }
+                    }.get()
+                }
                 message = try incoming.message(from: value)
             } catch let error as WireError {
                 end(.badInput("bad frame: \(error)"))

@@ -62,6 +62,11 @@ extension HostEngine {
         let worker = WorkerProcess(extensionID: manifest.identifier, policy: manifest.policy, poolKey: poolKey, app: app,
                                    launched: launched, loop: loop, wireLimits: configuration.wireLimits)
         worker.connection.keepsPayloads = forwardsPayloads
+        if forwardsPayloads {
+            worker.connection.onForwardable = { [unowned self, unowned worker] scanned in
+                self.forwardableCompletion(scanned, from: worker)
+            }
+        }
         worker.temporaryDirectory = spawn.temporaryDirectory
         count(manifest.identifier, \.spawns)
         workers[poolKey, default: []].append(worker)

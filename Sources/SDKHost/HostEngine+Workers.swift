@@ -49,14 +49,7 @@ extension HostEngine {
             // A worker started with nothing to do (warm, or prewarmed) is retired when idle like any other.
             if worker.inFlight.isEmpty { requestSlotFreed(worker) }
         case .complete(let id, let items):
-            guard settle(id, on: worker) else { return }
-            let finished = forwardsPayloads && requests[id]?.deliverForwarded != nil
-                ? worker.connection.withForwardablePayload { finish(id, .completed(items), payload: $0) }
-                : finish(id, .completed(items))
-            if !finished {
-                log(.info, "\(worker.extensionID): late completion of \(id) (already ended); dropped")
-            }
-            requestSlotFreed(worker)
+            completed(id, items, from: worker)
         case .partial(let id, let items):
             partialResult(id, items, from: worker)
         case .cancelled(let id, let error):
@@ -105,6 +98,28 @@ extension HostEngine {
 
     /// Marks `id` as no longer in flight on `worker`. A duplicate of a recent reply is dropped and logged;
     /// a reply to an id this worker never had is a protocol violation.
+    private func completed(_ id: RequestID, _ items: [ExtensionItem], from worker: WorkerProcess) {
+        guard settle(id, on: worker) else { return }
+        let finished = forwardsPayloads && requests[id]?.deliverForwarded != nil
+            ? worker.connection.withForwardablePayload { finish(id, .completed(items), payload: $0) }
+            : finish(id, .completed(items))
+        if !finished {
+            log(.info, "\(worker.extensionID): late completion of \(id) (already ended); dropped")
+        }
+        requestSlotFreed(worker)
+    }
+
+    /// A worker's `complete` that ForwardScan checked without decoding it (daemon). Taken only when it goes on to
+    /// the client as it is: its request is in flight on this worker and forwards completions. Anything else
+    /// (a late or unknown reply) is decoded and takes `handle`'s checks and logs.
+    func forwardableCompletion(_ scanned: ScannedMessage, from worker: WorkerProcess) -> Bool {
+        guard scanned.kind == .complete, worker.inFlight.contains(scanned.id),
+            requests[scanned.id]?.deliverForwarded != nil, worker.connection.withForwardablePayload({ $0 != nil })
+        else { return false }
+        completed(scanned.id, [], from: worker)
+        return true
+    }
+
     func settle(_ id: RequestID, on worker: WorkerProcess) -> Bool {
         if worker.inFlight.remove(id) != nil {
             worker.recentlyFinished.insert(id)

@@ -29,7 +29,7 @@ public enum BinaryPlistDecoder {
     public static func decode(_ bytes: UnsafeRawBufferPointer, limits: WireLimits, decodedBytes: inout Int)
         throws(WireError) -> PlistValue
     {
-        var reader = try Reader(bytes, limits: limits)
+        var reader = try BinaryPlistReader(bytes, limits: limits)
         let budget = reader.byteBudget
         defer { decodedBytes = budget - reader.byteBudget }
         // The closure-taking stdlib helpers rethrow untyped errors, so the typed result is carried out in a Result.
@@ -54,7 +54,9 @@ public enum BinaryPlistDecoder {
 private let magic: [UInt8] = Array("bplist00".utf8)
 private let trailerSize = 32
 
-private struct Reader {
+/// Reads one payload: `value` decodes, `skim` (ForwardScan.swift) only checks. Both visit and charge the same
+/// objects in the same order, so a payload one accepts the other accepts.
+struct BinaryPlistReader {
     let base: UnsafeRawBufferPointer
     let offsetSize: Int
     let refSize: Int
@@ -174,7 +176,25 @@ private struct Reader {
         return (Int(n), offset + 2 + size)
     }
 
-    mutating func value(object: Int, depth: Int) throws(WireError) -> PlistValue {
+    /// One object's marker and length checked and charged: what `value` builds from and `skim` walks. Scalars
+    /// are read whole; strings and data are ranges of the payload; containers are their reference lists, not yet
+    /// entered.
+    enum Object {
+        case bool(Bool)
+        case integer(Int64)
+        case real(Double)
+        case date(Double)
+        case data(Range<Int>)
+        case ascii(Range<Int>)
+        case utf16(start: Int, units: Int)
+        case array(count: Int, start: Int)
+        case dictionary(count: Int, start: Int)
+    }
+
+    /// Reads `object`'s header, charging it to both budgets and checking that everything it spans is in the
+    /// payload (for a container, its references; the objects they name are checked as they are visited).
+    @inline(__always)
+    mutating func header(of object: Int) throws(WireError) -> Object {
         budget -= 1
         guard budget >= 0 else {
             throw WireError(.tooManyObjects, "payload expands to more than the limit of values (shared objects)")
@@ -219,34 +239,54 @@ private struct Reader {
         case 0x3:
             guard low == 3 else { throw WireError(.invalidObject, "object \(object): date marker 0x\(hex(marker))") }
             try require(off + 1, 8, for: object)
-            let seconds = Double(bitPattern: Self.bigEndian(base, at: off + 1, size: 8))
-            return .date(PlistDate(secondsSinceReferenceDate: seconds))
+            return .date(Double(bitPattern: Self.bigEndian(base, at: off + 1, size: 8)))
         case 0x4:
             let (n, start) = try count(low: low, at: off, object: object)
             try require(start, n, for: object)
             try charge(n, for: object)
-            return .data(Array(UnsafeRawBufferPointer(rebasing: base[start..<start + n])))
+            return .data(start..<start + n)
         case 0x5:
             let (n, start) = try count(low: low, at: off, object: object)
             try require(start, n, for: object)
             try charge(n, for: object)
-            let bytes = UnsafeRawBufferPointer(rebasing: base[start..<start + n])
-            for b in bytes where b >= 0x80 {
+            for b in UnsafeRawBufferPointer(rebasing: base[start..<start + n]) where b >= 0x80 {
                 throw WireError(.invalidObject, "object \(object): byte 0x\(hex(b)) in an ASCII string")
             }
-            return .string(String(decoding: bytes, as: UTF8.self))
+            return .ascii(start..<start + n)
         case 0x6:
             let (n, start) = try count(low: low, at: off, object: object)
             guard n <= (objectsEnd - start) / 2 else {
                 throw WireError(.offsetOutOfRange, "object \(object): string of \(n) UTF-16 units overruns the object area")
             }
             try charge(3 * n, for: object)  // up to 3 UTF-8 bytes per UTF-16 unit
-            return .string(utf16BigEndian(start: start, units: n))
+            return .utf16(start: start, units: n)
         case 0xA:
             let (n, start) = try count(low: low, at: off, object: object)
             guard n <= (objectsEnd - start) / refSize else {
                 throw WireError(.offsetOutOfRange, "object \(object): array of \(n) references overruns the object area")
             }
+            return .array(count: n, start: start)
+        case 0xD:
+            let (n, start) = try count(low: low, at: off, object: object)
+            guard n <= (objectsEnd - start) / (2 * refSize) else {
+                throw WireError(.offsetOutOfRange, "object \(object): dictionary of \(n) entries overruns the object area")
+            }
+            return .dictionary(count: n, start: start)
+        default:
+            throw WireError(.unsupportedObject, "object \(object): marker 0x\(hex(marker)) (UID, set or unknown)")
+        }
+    }
+
+    mutating func value(object: Int, depth: Int) throws(WireError) -> PlistValue {
+        switch try header(of: object) {
+        case .bool(let b): return .bool(b)
+        case .integer(let i): return .integer(i)
+        case .real(let r): return .real(r)
+        case .date(let seconds): return .date(PlistDate(secondsSinceReferenceDate: seconds))
+        case .data(let range): return .data(Array(UnsafeRawBufferPointer(rebasing: base[range])))
+        case .ascii(let range): return .string(String(decoding: UnsafeRawBufferPointer(rebasing: base[range]), as: UTF8.self))
+        case .utf16(let start, let units): return .string(utf16BigEndian(start: start, units: units))
+        case .array(let n, let start):
             try enter(object: object, depth: depth)
             var elements: [PlistValue] = []
             elements.reserveCapacity(n)
@@ -255,11 +295,7 @@ private struct Reader {
             }
             onPath[object] = false
             return .array(elements)
-        case 0xD:
-            let (n, start) = try count(low: low, at: off, object: object)
-            guard n <= (objectsEnd - start) / (2 * refSize) else {
-                throw WireError(.offsetOutOfRange, "object \(object): dictionary of \(n) entries overruns the object area")
-            }
+        case .dictionary(let n, let start):
             try enter(object: object, depth: depth)
             var entries: [String: PlistValue] = [:]
             entries.reserveCapacity(n)
@@ -272,8 +308,28 @@ private struct Reader {
             }
             onPath[object] = false
             return .dictionary(entries)
-        default:
-            throw WireError(.unsupportedObject, "object \(object): marker 0x\(hex(marker)) (UID, set or unknown)")
+        }
+    }
+
+    /// Checks `object` and everything under it exactly as `value` would decode it, building nothing.
+    mutating func skim(object: Int, depth: Int) throws(WireError) {
+        switch try header(of: object) {
+        case .bool, .integer, .real, .date, .data, .ascii, .utf16: return
+        case .array(let n, let start):
+            try enter(object: object, depth: depth)
+            for i in 0..<n { try skim(object: try ref(at: start + i * refSize), depth: depth + 1) }
+            onPath[object] = false
+        case .dictionary(let n, let start):
+            try enter(object: object, depth: depth)
+            for i in 0..<n {
+                let keyObject = try ref(at: start + i * refSize)
+                switch try header(of: keyObject) {
+                case .ascii, .utf16: break
+                default: throw WireError(.invalidKey, "object \(object): key \(i) (object \(keyObject)) is not a string")
+                }
+                try skim(object: try ref(at: start + (n + i) * refSize), depth: depth + 1)
+            }
+            onPath[object] = false
         }
     }
 

@@ -80,6 +80,9 @@ package struct IncomingDescriptors {
         return try Message(plist: plist, files: claimed)
     }
 
+    /// A message that carries no descriptors was taken without `message(from:)` (a forwarded frame).
+    package mutating func claimedNone() { lastClaimed = 0 }
+
     /// After the complete frames are delivered: why the descriptors left over cannot be right, or nil.
     /// Descriptors come with their frame's first byte, so with no frame half-read none may be left, and a
     /// half-read frame has at most one message's worth.

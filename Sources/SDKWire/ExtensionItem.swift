@@ -31,47 +31,60 @@ public struct RequestID: Hashable, Sendable, CustomStringConvertible {
     /// Parses the 36-character UUID form; nil for anything else.
     public init?(uuidString s: String) {
         var s = s
-        let parsed: (UInt64, UInt64)? = s.withUTF8 { u in
-            guard u.count == 36 else { return nil }
-            var high: UInt64 = 0, low: UInt64 = 0, digits = 0
-            for (i, c) in u.enumerated() {
+        guard let id = s.withUTF8({ RequestID(uuidBytes: UnsafeRawBufferPointer($0)) }) else { return nil }
+        self = id
+    }
+
+    /// Parses the 36 ASCII bytes of the UUID form, in either case; nil for anything else.
+    package init?(uuidBytes u: UnsafeRawBufferPointer) {
+        guard u.count == 36 else { return nil }
+        var words: (UInt64, UInt64) = (0, 0)
+        var i = 0
+        for w in 0..<2 {
+            var word: UInt64 = 0
+            for _ in 0..<16 {
                 if i == 8 || i == 13 || i == 18 || i == 23 {
-                    if c != UInt8(ascii: "-") { return nil }
-                    continue
+                    guard u[i] == UInt8(ascii: "-") else { return nil }
+                    i += 1
                 }
+                let c = u[i]
                 let v: UInt8
                 switch c {
-                case UInt8(ascii: "0")...UInt8(ascii: "9"): v = c - UInt8(ascii: "0")
-                case UInt8(ascii: "a")...UInt8(ascii: "f"): v = c - UInt8(ascii: "a") + 10
-                case UInt8(ascii: "A")...UInt8(ascii: "F"): v = c - UInt8(ascii: "A") + 10
+                case UInt8(ascii: "0")...UInt8(ascii: "9"): v = c &- UInt8(ascii: "0")
+                case UInt8(ascii: "a")...UInt8(ascii: "f"): v = c &- UInt8(ascii: "a") &+ 10
+                case UInt8(ascii: "A")...UInt8(ascii: "F"): v = c &- UInt8(ascii: "A") &+ 10
                 default: return nil
                 }
-                if digits < 16 { high = high << 4 | UInt64(v) } else { low = low << 4 | UInt64(v) }
-                digits += 1
+                word = word << 4 | UInt64(v)
+                i += 1
             }
-            return (high, low)
+            if w == 0 { words.0 = word } else { words.1 = word }
         }
-        guard let (high, low) = parsed else { return nil }
-        self.high = high
-        self.low = low
+        high = words.0
+        low = words.1
     }
 
     /// The UUID string, e.g. "6F9619FF-8B86-4011-B42D-00C04FC964FF".
     public var uuidString: String {
-        let hex: [UInt8] = Array("0123456789ABCDEF".utf8)
-        return String(unsafeUninitializedCapacity: 36) { buffer in
-            var j = 0
-            for i in 0..<32 {
-                if i == 8 || i == 12 || i == 16 || i == 20 {
-                    buffer[j] = UInt8(ascii: "-")
-                    j += 1
-                }
-                let word = i < 16 ? high : low
-                let nibble = (word >> UInt64(60 - (i % 16) * 4)) & 0xF
-                buffer[j] = hex[Int(nibble)]
+        String(unsafeUninitializedCapacity: 36) { buffer in
+            writeUUID(into: UnsafeMutableRawBufferPointer(buffer))
+            return 36
+        }
+    }
+
+    /// Writes the 36 bytes of the UUID string into the start of `out`, which must hold at least 36.
+    package func writeUUID(into out: UnsafeMutableRawBufferPointer) {
+        precondition(out.count >= 36)
+        var j = 0
+        for i in 0..<32 {
+            if i == 8 || i == 12 || i == 16 || i == 20 {
+                out[j] = UInt8(ascii: "-")
                 j += 1
             }
-            return 36
+            let word = i < 16 ? high : low
+            let nibble = UInt8(truncatingIfNeeded: (word >> UInt64(60 - (i % 16) * 4)) & 0xF)
+            out[j] = nibble < 10 ? nibble &+ UInt8(ascii: "0") : nibble &+ (UInt8(ascii: "A") &- 10)
+            j += 1
         }
     }
 

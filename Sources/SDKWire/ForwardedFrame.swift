@@ -21,6 +21,12 @@ package struct ForwardedFrame: Sendable {
         idRange = range
     }
 
+    /// A payload whose id is already known to be at `idRange` (ForwardScan found it).
+    package init(payload: UnsafeRawBufferPointer, idRange: Range<Int>) {
+        self.payload = Array(payload)
+        self.idRange = idRange
+    }
+
     /// Where the 36 ASCII bytes of the top-level dictionary's "id" string are, or nil if there are none. Every
     /// read is bounds-checked: the payload may come from a hostile peer (though it has decoded once already).
     package static func idRange(in p: UnsafeRawBufferPointer) -> Range<Int>? {
@@ -52,6 +58,8 @@ package struct ForwardedFrame: Sendable {
             refs = dict + 2 + (1 << Int(p[dict + 1] & 0x0F))
         }
         guard count <= objects else { return nil }
+        // A second "id" key is refused: a decoder keeps the last, and this would rewrite the first.
+        var found: Range<Int>?
         for k in 0..<count {
             guard let keyRef = uint(refs + k * refSize, refSize), let key = offset(ofObject: keyRef),
                 key + 3 <= trailer, p[key] == 0x52, p[key + 1] == UInt8(ascii: "i"), p[key + 2] == UInt8(ascii: "d")
@@ -59,17 +67,16 @@ package struct ForwardedFrame: Sendable {
             guard let valueRef = uint(refs + (count + k) * refSize, refSize), let value = offset(ofObject: valueRef),
                 value + 3 + 36 <= trailer, p[value] == 0x5F, p[value + 1] == 0x10, p[value + 2] == 36
             else { return nil }
-            return (value + 3)..<(value + 3 + 36)
+            guard found == nil else { return nil }
+            found = (value + 3)..<(value + 3 + 36)
         }
-        return nil
+        return found
     }
 
     /// Writes `id` over the payload's id.
     package static func write(_ id: RequestID, into bytes: inout [UInt8], at range: Range<Int>) {
-        var text = id.uuidString
-        text.withUTF8 { utf8 in
-            for i in 0..<min(36, utf8.count) { bytes[range.lowerBound + i] = utf8[i] }
-        }
+        precondition(range.count == 36)
+        bytes.withUnsafeMutableBytes { id.writeUUID(into: UnsafeMutableRawBufferPointer(rebasing: $0[range])) }
     }
 }
 

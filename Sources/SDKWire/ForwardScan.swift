@@ -1,0 +1,204 @@
+// The daemon's check of a frame it forwards (a client's `begin` to a worker, a worker's `complete` to a client)
+// without decoding it. Forwarding sends the payload on byte for byte, so the daemon only needs to know that the
+// receiver will accept it and the few fields it acts on; building the items' `PlistValue` tree to learn that was
+// most of the daemon's work per request.
+//
+// `ForwardScan.scan` walks the payload with the decoder's own reader (`skim`), charging every object to the same
+// budgets in the same order as a decode, and checks the message's shape as `Message(plist:)` and
+// `ExtensionItem(plist:)` would. So a payload it accepts decodes, and parses as the same message. It accepts a
+// strict subset of valid messages and returns nil for the rest, which the caller decodes as before:
+//   - anything that does not decode, or is not a `begin` or `complete`;
+//   - a message with `fds` or an item with `files` (descriptors travel with a re-encoded frame);
+//   - a top-level key given twice, a UTF-16 key in the message or an item, or an `id` not written as the
+//     36-byte ASCII string object that `ForwardedFrame` rewrites in place.
+
+/// What the daemon needs of a `begin` or `complete` it forwards unread.
+package struct ScannedMessage: Sendable, Equatable {
+    package enum Kind: Sendable, Equatable { case begin, complete }
+    package let kind: Kind
+    package let id: RequestID
+    /// Where the id's 36 ASCII bytes are in the payload.
+    package let idRange: Range<Int>
+    /// A `begin`'s `extension`, if it has one.
+    package let extensionID: String?
+    /// A `begin`'s `deadlineMs`, if it has one.
+    package let deadlineMs: Int64?
+    /// What the message would be charged as decoded (`BinaryPlistDecoder.decode(_:limits:decodedBytes:)`).
+    package let decodedBytes: Int
+}
+
+package enum ForwardScan {
+    /// The message `payload` holds, if it is a `begin` or `complete` that can be forwarded without decoding it;
+    /// nil when it must be decoded (see the file header), including every payload that is not valid.
+    package static func scan(_ payload: UnsafeRawBufferPointer, limits: WireLimits) -> ScannedMessage? {
+        guard var reader = try? BinaryPlistReader(payload, limits: limits) else { return nil }
+        let budget = reader.byteBudget
+        return withUnsafeTemporaryAllocation(of: Bool.self, capacity: reader.objectCount) { onPath in
+            onPath.initialize(repeating: false)
+            reader.onPath = onPath
+            guard let fields = try? reader.forwardableFields() else { return nil }
+            return fields.message(decodedBytes: budget - reader.byteBudget)
+        }
+    }
+}
+
+/// The top-level fields `forwardableFields` found, as payload ranges until the message is known to be whole.
+struct ForwardableFields {
+    var kind: ScannedMessage.Kind
+    var id: RequestID
+    var idRange: Range<Int>
+    var extensionID: String?
+    var deadlineMs: Int64?
+
+    func message(decodedBytes: Int) -> ScannedMessage {
+        ScannedMessage(kind: kind, id: id, idRange: idRange, extensionID: extensionID, deadlineMs: deadlineMs,
+                       decodedBytes: decodedBytes)
+    }
+}
+
+extension UnsafeRawBufferPointer {
+    /// Whether these bytes are `name`'s, given that their counts are equal (the callers switch on the count).
+    @inline(__always)
+    fileprivate func spells(_ name: StaticString) -> Bool {
+        let bytes = name.utf8Start
+        for i in 0..<count where self[i] != bytes[i] { return false }
+        return true
+    }
+}
+
+private enum TopKey: Int {
+    case type, id, items, extensionID, deadlineMs, fds, other
+
+    init(_ key: UnsafeRawBufferPointer) {
+        switch key.count {
+        case 2 where key.spells("id"): self = .id
+        case 3 where key.spells("fds"): self = .fds
+        case 4 where key.spells("type"): self = .type
+        case 5 where key.spells("items"): self = .items
+        case 9 where key.spells("extension"): self = .extensionID
+        case 10 where key.spells("deadlineMs"): self = .deadlineMs
+        default: self = .other
+        }
+    }
+}
+
+private enum ItemKey {
+    case string, attachments, userInfo, files, other
+
+    init(_ key: UnsafeRawBufferPointer) {
+        switch key.count {
+        case 4 where key.spells("text"): self = .string
+        case 5 where key.spells("title"): self = .string
+        case 5 where key.spells("files"): self = .files
+        case 8 where key.spells("userInfo"): self = .userInfo
+        case 11 where key.spells("attachments"): self = .attachments
+        default: self = .other
+        }
+    }
+}
+
+/// Thrown inside the scan for a valid payload the fast path does not take; the caller only sees nil.
+private let notForwardable = WireError(.invalidObject, "not forwardable unread")
+
+extension BinaryPlistReader {
+    /// Walks the whole payload as `value(object: topObject, depth: 0)` would, returning the message's fields if
+    /// it is a forwardable `begin` or `complete`.
+    mutating func forwardableFields() throws(WireError) -> ForwardableFields? {
+        let top = topObject
+        guard case .dictionary(let n, let start) = try header(of: top) else { return nil }
+        try enter(object: top, depth: 0)
+        var seen = 0
+        var kind: ScannedMessage.Kind?, id: (RequestID, Range<Int>)?, itemsSeen = false
+        var extensionID: String?, deadlineMs: Int64?
+        for i in 0..<n {
+            let keyObject = try ref(at: start + i * refSize)
+            guard case .ascii(let keyRange) = try header(of: keyObject) else { return nil }
+            let key = TopKey(UnsafeRawBufferPointer(rebasing: base[keyRange]))
+            let valueObject = try ref(at: start + (n + i) * refSize)
+            if key != .other {
+                guard seen & (1 << key.rawValue) == 0 else { return nil }
+                seen |= 1 << key.rawValue
+            }
+            switch key {
+            case .type:
+                guard case .ascii(let r) = try header(of: valueObject) else { return nil }
+                let text = UnsafeRawBufferPointer(rebasing: base[r])
+                if text.count == 5, text.spells("begin") {
+                    kind = .begin
+                } else if text.count == 8, text.spells("complete") {
+                    kind = .complete
+                } else {
+                    return nil
+                }
+            case .id:
+                // Exactly the form ForwardedFrame rewrites: 0x5F, a one-byte integer 36, 36 ASCII bytes.
+                guard case .ascii(let r) = try header(of: valueObject), r.count == 36,
+                    base[r.lowerBound - 3] == 0x5F, base[r.lowerBound - 2] == 0x10, base[r.lowerBound - 1] == 36,
+                    let parsed = RequestID(uuidBytes: UnsafeRawBufferPointer(rebasing: base[r]))
+                else { return nil }
+                id = (parsed, r)
+            case .extensionID:
+                guard case .ascii(let r) = try header(of: valueObject) else { return nil }
+                extensionID = String(decoding: UnsafeRawBufferPointer(rebasing: base[r]), as: UTF8.self)
+            case .deadlineMs:
+                guard case .integer(let v) = try header(of: valueObject) else { return nil }
+                deadlineMs = v
+            case .items:
+                try forwardableItems(valueObject)
+                itemsSeen = true
+            case .fds:
+                return nil
+            case .other:
+                try skim(object: valueObject, depth: 1)
+            }
+        }
+        onPath[top] = false
+        guard let kind, let id, itemsSeen else { return nil }
+        if kind == .complete { (extensionID, deadlineMs) = (nil, nil) }
+        return ForwardableFields(kind: kind, id: id.0, idRange: id.1, extensionID: extensionID, deadlineMs: deadlineMs)
+    }
+
+    /// The `items` array at depth 1: each a dictionary that `ExtensionItem(plist:)` accepts, with no `files`.
+    private mutating func forwardableItems(_ object: Int) throws(WireError) {
+        guard case .array(let count, let start) = try header(of: object) else { throw notForwardable }
+        try enter(object: object, depth: 1)
+        for i in 0..<count {
+            let item = try ref(at: start + i * refSize)
+            guard case .dictionary(let n, let entries) = try header(of: item) else { throw notForwardable }
+            try enter(object: item, depth: 2)
+            for k in 0..<n {
+                guard case .ascii(let keyRange) = try header(of: try ref(at: entries + k * refSize)) else {
+                    throw notForwardable
+                }
+                let valueObject = try ref(at: entries + (n + k) * refSize)
+                // Every occurrence of a key is checked, so a repeated key is as valid as the last one decoded.
+                switch ItemKey(UnsafeRawBufferPointer(rebasing: base[keyRange])) {
+                case .string:
+                    switch try header(of: valueObject) {
+                    case .ascii, .utf16: break
+                    default: throw notForwardable
+                    }
+                case .attachments:
+                    guard case .array = try peek(valueObject) else { throw notForwardable }
+                    try skim(object: valueObject, depth: 3)
+                case .userInfo:
+                    guard case .dictionary = try peek(valueObject) else { throw notForwardable }
+                    try skim(object: valueObject, depth: 3)
+                case .files:
+                    throw notForwardable
+                case .other:
+                    try skim(object: valueObject, depth: 3)
+                }
+            }
+            onPath[item] = false
+        }
+        onPath[object] = false
+    }
+
+    /// `object`'s header without charging it (the skim that follows does).
+    private mutating func peek(_ object: Int) throws(WireError) -> Object {
+        let saved = (budget, byteBudget)
+        defer { (budget, byteBudget) = saved }
+        return try header(of: object)
+    }
+}

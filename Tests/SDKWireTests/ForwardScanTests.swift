@@ -1,0 +1,241 @@
+// ForwardScan: the daemon forwards a begin or complete it has only scanned, so whatever the scan accepts must
+// decode, parse as the same message, and cost the same against the byte budget. It may refuse valid messages
+// (they are then decoded); it must never accept an invalid one.
+import HostTestSupport
+@testable import SDKWire
+import Testing
+
+@Suite struct ForwardScanTests {
+    static let limits = WireLimits.default
+
+    func payload(_ value: PlistValue) throws -> [UInt8] {
+        Array(try Frame.encode(value).dropFirst(Frame.headerSize))
+    }
+
+    func scan(_ bytes: [UInt8], limits: WireLimits = limits) -> ScannedMessage? {
+        bytes.withUnsafeBytes { ForwardScan.scan($0, limits: limits) }
+    }
+
+    /// What a full decode makes of `bytes`, in the scan's terms; nil when it is not a begin or complete without
+    /// descriptors (or does not decode at all).
+    func decoded(_ bytes: [UInt8], limits: WireLimits = limits) -> (ScannedMessage.Kind, RequestID, String?, Int64?, Int)? {
+        var cost = 0
+        guard let plist = try? bytes.withUnsafeBytes({ try BinaryPlistDecoder.decode($0, limits: limits, decodedBytes: &cost) }),
+            (try? Message.descriptorCount(of: plist)) == 0, let message = try? Message(plist: plist)
+        else { return nil }
+        switch message {
+        case .begin(let id, _, let ext, let deadline): return (.begin, id, ext, deadline, cost)
+        case .complete(let id, _): return (.complete, id, nil, nil, cost)
+        default: return nil
+        }
+    }
+
+    /// Checks the one property that matters; returns whether the scan took it.
+    @discardableResult
+    func agree(_ bytes: [UInt8], _ context: String, limits: WireLimits = limits) -> Bool {
+        guard let scanned = scan(bytes, limits: limits) else { return false }
+        guard let (kind, id, ext, deadline, cost) = decoded(bytes, limits: limits) else {
+            Issue.record("\(context): scanned as \(scanned) but does not decode to a begin or complete: \(bytes)")
+            return true
+        }
+        #expect(scanned.kind == kind && scanned.id == id && scanned.extensionID == ext && scanned.deadlineMs == deadline,
+                "\(context)")
+        #expect(scanned.decodedBytes == cost, "\(context): scan charged \(scanned.decodedBytes), decode \(cost)")
+        #expect(bytes.withUnsafeBytes { ForwardedFrame.idRange(in: $0) } == scanned.idRange, "\(context)")
+        return true
+    }
+
+    @Test func takesTheMessagesOurEncoderWrites() throws {
+        let items = [ExtensionItem(title: "t", text: "päyload", attachments: ["a", .integer(7)], userInfo: ["k": .data([1, 2])]),
+                     ExtensionItem()]
+        let id = RequestID()
+        let begin = try payload(Message.begin(id: id, items: items, extensionID: "com.example.echo", deadlineMs: 2500).plist)
+        let scanned = try #require(scan(begin))
+        #expect(scanned.kind == .begin && scanned.id == id && scanned.extensionID == "com.example.echo" && scanned.deadlineMs == 2500)
+        #expect(agree(begin, "begin"))
+        let complete = try payload(Message.complete(id: id, items: items).plist)
+        #expect(scan(complete)?.kind == .complete)
+        #expect(agree(complete, "complete"))
+        let bare = try payload(Message.begin(id: id, items: []).plist)
+        #expect(scan(bare).map { ($0.extensionID, $0.deadlineMs) } ?? ("x", 1) == (nil, nil))
+    }
+
+    @Test func refusesWhatItMustLeaveToTheDecoder() throws {
+        let id = RequestID()
+        func top(_ d: [String: PlistValue]) throws -> [UInt8] {
+            var all: [String: PlistValue] = ["type": "complete", "id": .string(id.uuidString), "items": .array([])]
+            for (k, v) in d { all[k] = v }
+            return try payload(.dictionary(all))
+        }
+        #expect(scan(try top([:])) != nil)
+        // Descriptors: the frame is encoded again so that they go with it.
+        #expect(scan(try top(["fds": 1])) == nil)
+        #expect(scan(try top(["items": .array([.dictionary(["files": .array([0])])])])) == nil)
+        #expect(scan(try top(["items": .array([.dictionary(["files": .array([])])])])) == nil)
+        // Other types, and messages that do not parse.
+        #expect(scan(try top(["type": "partial"])) == nil)
+        #expect(scan(try top(["type": .integer(1)])) == nil)
+        #expect(scan(try payload(.dictionary(["type": "complete", "id": .string(id.uuidString)]))) == nil)
+        #expect(scan(try top(["id": "not-a-uuid"])) == nil)
+        #expect(scan(try top(["items": .dictionary([:])])) == nil)
+        #expect(scan(try top(["items": .array([.string("item")])])) == nil)
+        #expect(scan(try top(["items": .array([.dictionary(["title": .integer(1)])])])) == nil)
+        #expect(scan(try top(["items": .array([.dictionary(["attachments": .dictionary([:])])])])) == nil)
+        #expect(scan(try top(["items": .array([.dictionary(["userInfo": .array([])])])])) == nil)
+        #expect(scan(try top(["type": "begin", "extension": .integer(3)])) == nil)
+        #expect(scan(try top(["type": "begin", "deadlineMs": "soon"])) == nil)
+        // An id the forwarder cannot rewrite in place (UTF-16) and a UTF-16 key.
+        #expect(scan(try top(["id": .string(id.uuidString + "é")])) == nil)
+        #expect(scan(try top(["ïtems": .array([])])) == nil)  // a UTF-16 key might spell a known one
+        // Unknown keys are fine, but their values are checked like any other.
+        #expect(agree(try top(["later": .array([.dictionary(["x": .date(PlistDate(secondsSinceReferenceDate: 1))])])]), "unknown key"))
+    }
+
+    @Test func repeatedKeysAreRefusedOrCheckedAtEveryOccurrence() {
+        let id = RequestID().uuidString
+        let other = RequestID().uuidString
+        // Objects: 0 top dict, then keys and values; our encoder never repeats a key, a hostile peer may.
+        var b = RawPlist()
+        let type = b.ascii("type"), complete = b.ascii("complete"), idKey = b.ascii("id"), items = b.ascii("items")
+        let first = b.ascii(id), second = b.ascii(other), empty = b.array([])
+        // Two ids: a decoder keeps the last, ForwardedFrame would rewrite the first. Both refuse.
+        let top = b.dict([(type, complete), (idKey, first), (items, empty), (idKey, second)])
+        var bytes = b.build(top: top)
+        #expect(scan(bytes) == nil)
+        #expect(bytes.withUnsafeBytes { ForwardedFrame.idRange(in: $0) } == nil)
+        #expect(decoded(bytes)?.1 == RequestID(uuidString: other))  // it is valid; the decoded path takes it
+        // An item's title twice: taken only if every occurrence is a string.
+        b = RawPlist()
+        let keys = (b.ascii("type"), b.ascii("complete"), b.ascii("id"), b.ascii(id), b.ascii("items"), b.ascii("title"))
+        let s = b.ascii("a"), n = b.integer(5)
+        for (firstTitle, secondTitle, taken) in [(s, s, true), (s, n, false), (n, s, false)] {
+            var c = b
+            let item = c.dict([(keys.5, firstTitle), (keys.5, secondTitle)])
+            let top = c.dict([(keys.0, keys.1), (keys.2, keys.3), (keys.4, c.array([item]))])
+            bytes = c.build(top: top)
+            #expect((scan(bytes) != nil) == taken)
+            #expect(agree(bytes, "title twice") == taken)
+        }
+    }
+
+    @Test func sharedObjectsCyclesAndDepthAreChargedAsTheDecoderChargesThem() {
+        let id = RequestID().uuidString
+        var b = RawPlist()
+        let keys = (b.ascii("type"), b.ascii("complete"), b.ascii("id"), b.ascii(id), b.ascii("items"))
+        let blob = b.data(Array(repeating: 7, count: 200))
+        let attachments = b.ascii("attachments")
+        let list = b.array(Array(repeating: blob, count: 12))
+        let item = b.dict([(attachments, list)])
+        // One item referenced 20 times: each reference charged in full, as a decode would.
+        let top = b.dict([(keys.0, keys.1), (keys.2, keys.3), (keys.4, b.array(Array(repeating: item, count: 20)))])
+        var bytes = b.build(top: top)
+        #expect(agree(bytes, "shared"))
+        // The same with a small byte budget: both must refuse it.
+        #expect(scan(bytes, limits: WireLimits(maxDecodedBytes: 20_000)) == nil)
+        #expect(decoded(bytes, limits: WireLimits(maxDecodedBytes: 20_000)) == nil)
+        // A userInfo that contains itself.
+        b = RawPlist()
+        let k = (b.ascii("type"), b.ascii("complete"), b.ascii("id"), b.ascii(id), b.ascii("items"), b.ascii("userInfo"), b.ascii("me"))
+        let selfRef = b.count + 1  // the dict after the item below refers to itself
+        let cyclicItem = b.dict([(k.5, selfRef)])
+        _ = b.dict([(k.6, selfRef)])
+        let cyclicTop = b.dict([(k.0, k.1), (k.2, k.3), (k.4, b.array([cyclicItem]))])
+        bytes = b.build(top: cyclicTop)
+        #expect(scan(bytes) == nil)
+        #expect(decoded(bytes) == nil)
+        // Nesting past the limit inside an attachment.
+        let deep = PlistValue.dictionary(["type": "complete", "id": .string(id), "items": .array([.dictionary(["attachments":
+            .array([(0..<20).reduce(PlistValue.integer(1)) { inner, _ in .array([inner]) }])])])])
+        let encoded = Array(try! Frame.encode(deep).dropFirst(Frame.headerSize))
+        #expect(scan(encoded, limits: WireLimits(maxDepth: 10)) == nil)
+        #expect(decoded(encoded, limits: WireLimits(maxDepth: 10)) == nil)
+        #expect(agree(encoded, "deep, within the default limit"))
+    }
+
+    /// Random messages near the valid ones, then their bytes mutated: whatever the scan takes, the decoder takes
+    /// as the same message.
+    @Test func agreesWithTheDecoderOnRandomAndMutatedMessages() throws {
+        let seed = testSeed(default: 0x5CA7)
+        var g = SeededGenerator(seed: seed)
+        var taken = 0, takenMutated = 0
+        for round in 0..<3_000 {
+            let bytes = try payload(Self.nearlyAMessage(&g))
+            if agree(bytes, "seed \(seed) round \(round)") { taken += 1 }
+            for _ in 0..<3 {
+                var mutated = bytes
+                for _ in 0..<Int.random(in: 1...3, using: &g) {
+                    let index = Int.random(in: 0..<mutated.count, using: &g)
+                    mutated[index] = Bool.random(using: &g)
+                        ? mutated[index] ^ (1 << UInt8.random(in: 0..<8, using: &g))
+                        : [0x00, 0x0F, 0x10, 0x24, 0x5F, 0x7F, 0x80, 0xA1, 0xD1, 0xFF].randomElement(using: &g)!
+                }
+                if agree(mutated, "seed \(seed) round \(round) mutated") { takenMutated += 1 }
+            }
+        }
+        // Both must be exercised: plenty of messages taken, and some mutations that still scan.
+        #expect(taken > 100, "seed \(seed): only \(taken) of 3000 taken")
+        #expect(takenMutated > 0, "seed \(seed)")
+    }
+
+    static func nearlyAMessage(_ g: inout SeededGenerator) -> PlistValue {
+        func pick<T>(_ options: [T]) -> T { options.randomElement(using: &g)! }
+        var d: [String: PlistValue] = [:]
+        d["type"] = pick(["begin", "complete", "complete", "begin", "partial", .integer(1)])
+        if Int.random(in: 0..<12, using: &g) > 0 {
+            let id = RequestID().uuidString
+            d["id"] = pick([.string(id), .string(id), .string(id.lowercased()), .string(String(id.dropLast())), .integer(9)])
+        }
+        if Bool.random(using: &g) { d["extension"] = pick(["com.example.echo", "é", .integer(1)]) }
+        if Bool.random(using: &g) { d["deadlineMs"] = pick([.integer(RandomPlist.integer(&g)), .real(1), "x"]) }
+        if Int.random(in: 0..<10, using: &g) == 0 { d["fds"] = .integer(Int64.random(in: 0...2, using: &g)) }
+        if Int.random(in: 0..<4, using: &g) == 0 { d[RandomPlist.string(&g)] = RandomPlist.value(&g) }
+        if Int.random(in: 0..<12, using: &g) > 0 {
+            let items = (0..<Int.random(in: 0..<4, using: &g)).map { _ -> PlistValue in
+                if Int.random(in: 0..<15, using: &g) == 0 { return RandomPlist.value(&g) }
+                var item: [String: PlistValue] = [:]
+                let keys = ["title", "text", "attachments", "userInfo", "files", "other"]
+                for key in keys where Bool.random(using: &g) {
+                    switch (key, Int.random(in: 0..<8, using: &g)) {
+                    case (_, 0): item[key] = RandomPlist.value(&g)
+                    case ("title", _), ("text", _): item[key] = .string(RandomPlist.string(&g))
+                    case ("attachments", _): item[key] = .array((0..<Int.random(in: 0..<3, using: &g)).map { _ in RandomPlist.value(&g) })
+                    case ("userInfo", _): item[key] = .dictionary([RandomPlist.string(&g): RandomPlist.value(&g)])
+                    case ("files", _): if Int.random(in: 0..<3, using: &g) == 0 { item[key] = .array([]) }
+                    default: item[key] = RandomPlist.value(&g)
+                    }
+                }
+                return .dictionary(item)
+            }
+            d["items"] = Int.random(in: 0..<15, using: &g) == 0 ? RandomPlist.value(&g) : .array(items)
+        }
+        return .dictionary(d)
+    }
+}
+
+/// A bplist00 laid out by hand (LimitTests' `handBuilt`), one object at a time, with 2-byte offsets and 1-byte references: for what our
+/// encoder never writes (a key twice, a container inside itself).
+struct RawPlist {
+    private var objects: [[UInt8]] = []
+    var count: Int { objects.count }
+
+    private mutating func add(_ bytes: [UInt8]) -> Int {
+        objects.append(bytes)
+        return objects.count - 1
+    }
+
+    private static func header(_ marker: UInt8, _ n: Int) -> [UInt8] {
+        n < 15 ? [marker | UInt8(n)] : [marker | 0x0F, 0x10, UInt8(n)]
+    }
+
+    mutating func ascii(_ s: String) -> Int { add(Self.header(0x50, s.utf8.count) + Array(s.utf8)) }
+    mutating func integer(_ v: UInt8) -> Int { add([0x10, v]) }
+    mutating func data(_ bytes: [UInt8]) -> Int { add(Self.header(0x40, bytes.count) + bytes) }
+    mutating func array(_ refs: [Int]) -> Int { add(Self.header(0xA0, refs.count) + refs.map { UInt8($0) }) }
+    mutating func dict(_ entries: [(Int, Int)]) -> Int {
+        add(Self.header(0xD0, entries.count) + entries.map { UInt8($0.0) } + entries.map { UInt8($0.1) })
+    }
+
+    func build(top: Int) -> [UInt8] {
+        handBuilt(objects: objects, top: UInt64(top), offsetSize: 2)
+    }
+}
