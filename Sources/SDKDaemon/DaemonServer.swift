@@ -382,7 +382,7 @@ package final class DaemonServer: @unchecked Sendable {
         pendingRequestBytes += bytes
         session.pendingDescriptors += descriptors
         pendingDescriptors += descriptors
-        let internalID = RequestID()
+        let internalID = RequestID.distinct()  // the worker's id for it: distinct is enough, and needs no getrandom
         session.internalIDs[clientID] = internalID
         // Clamped: a peer's deadline is any Int64; negative is "now", huge is the host's maximum.
         let deadline = deadlineMs.map { Double(min(max($0, 0), Int64(maximumSeconds) * 1000)) / 1000 }

@@ -124,16 +124,7 @@ private struct Writer {
         }
     }
 
-    func writeInteger(_ i: Int64, to out: inout [UInt8]) {
-        if i < 0 {
-            out.append(0x13)
-            appendBigEndian(UInt64(bitPattern: i), size: 8, to: &out)
-            return
-        }
-        let width = byteWidth(UInt64(i))
-        out.append(0x10 | UInt8(width.trailingZeroBitCount))
-        appendBigEndian(UInt64(i), size: width, to: &out)
-    }
+    func writeInteger(_ i: Int64, to out: inout [UInt8]) { appendPlistInteger(i, to: &out) }
 
     func writeHeader(_ marker: UInt8, count: Int, to out: inout [UInt8]) {
         if count < 15 {
@@ -169,6 +160,19 @@ private struct Writer {
 
 /// "bplist00", allocated once.
 let bplistMagic: [UInt8] = Array("bplist00".utf8)
+
+/// An integer object: the fewest of 1, 2, 4 or 8 bytes for a non-negative value, 8 for a negative one.
+@inline(__always)
+func appendPlistInteger(_ i: Int64, to out: inout [UInt8]) {
+    if i < 0 {
+        out.append(0x13)
+        appendBigEndian(UInt64(bitPattern: i), size: 8, to: &out)
+        return
+    }
+    let width = byteWidth(UInt64(i))
+    out.append(0x10 | UInt8(width.trailingZeroBitCount))
+    appendBigEndian(UInt64(i), size: width, to: &out)
+}
 
 /// The smallest of 1, 2, 4 or 8 bytes that holds `v` unsigned.
 @inline(__always)

@@ -15,11 +15,18 @@ package struct OutgoingDescriptors {
     package mutating func encode(_ message: Message, with encoder: inout BinaryPlistEncoder, appendingTo bytes: inout [UInt8],
                                  limits: WireLimits = .default) throws(WireError)
     {
+        let start = bytes.count
+        if FlatFrame.append(message, to: &bytes) {
+            guard bytes.count - start - Frame.headerSize <= limits.maxFrameBytes else {
+                bytes.removeSubrange(start...)
+                throw WireError(.notEncodable, "frame payload exceeds the limit of \(limits.maxFrameBytes)")
+            }
+            return
+        }
         let files = message.fileAttachments
         if files.count > maxDescriptorsPerMessage {
             throw WireError(.notEncodable, "\(files.count) file attachments in one message; at most \(maxDescriptorsPerMessage)")
         }
-        let start = bytes.count
         try Frame.encode(message.plist, with: &encoder, appendingTo: &bytes, limits: limits)
         if !files.isEmpty { marks.append((start, files)) }
     }

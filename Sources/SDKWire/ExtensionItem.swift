@@ -2,6 +2,7 @@
 // (NSExtensionItem's shape, plus file attachments). Their wire forms are described in Messages.swift.
 
 import CSDKShim
+import Synchronization
 
 /// Identifies one request. Random 128 bits, written as a UUID string on the wire.
 public struct RequestID: Hashable, Sendable, CustomStringConvertible {
@@ -20,6 +21,15 @@ public struct RequestID: Hashable, Sendable, CustomStringConvertible {
             var g = SystemRandomNumberGenerator()
             self.init(high: g.next(), low: g.next())
         }
+    }
+
+    /// A new identifier distinct from every other this process made this way, without a system call: a random
+    /// 128-bit key drawn once, with a counter in the low 62 bits. Predictable within the process, so only for ids
+    /// that need to be distinct and are never shown to another party as a secret: the daemon's ids for the requests
+    /// it forwards to its workers (a worker can complete only what was sent to it).
+    package static func distinct() -> RequestID {
+        let n = distinctCounter.add(1, ordering: .relaxed).newValue
+        return RequestID(high: distinctKey.high, low: distinctKey.low ^ (n & (1 << 62 - 1)))
     }
 
     init(high: UInt64, low: UInt64) {
@@ -90,6 +100,9 @@ public struct RequestID: Hashable, Sendable, CustomStringConvertible {
 
     public var description: String { uuidString }
 }
+
+private let distinctKey = RequestID()
+private let distinctCounter = Atomic<UInt64>(0)
 
 /// One unit of input or output, modelled on NSExtensionItem.
 public struct ExtensionItem: Equatable, Sendable {

@@ -55,11 +55,13 @@ import Testing
         #expect(array.withUnsafeBytes { ForwardedFrame.idRange(in: $0) } == nil)
     }
 
-    /// New ids are random version-4 UUIDs (128 bits from one getrandom call): distinct, and well-formed on the wire.
-    @Test func newRequestIDsAreDistinctVersion4UUIDs() {
+    /// New ids are random version-4 UUIDs (128 bits from one getrandom call), or the daemon's `distinct()` ones:
+    /// distinct and well-formed on the wire.
+    @Test(arguments: [false, true])
+    func newRequestIDsAreDistinctVersion4UUIDs(distinct: Bool) {
         var seen = Set<RequestID>()
         for _ in 0..<20_000 {
-            let id = RequestID()
+            let id = distinct ? RequestID.distinct() : RequestID()
             let text = id.uuidString
             #expect(Array(text.utf8)[14] == UInt8(ascii: "4"))
             #expect("89AB".utf8.contains(Array(text.utf8)[19]))
