@@ -232,10 +232,11 @@ package final class DaemonServer: @unchecked Sendable {
             let session = ClientSession(connection: connection, credentials: credentials, connectedAt: engine.loop.now)
             // A well-formed begin is checked in place and forwarded without being decoded (ForwardScan).
             connection.onForwardable = { [unowned self, unowned session] scanned in
-                guard scanned.kind == .begin, session.handshaken else { return false }
-                let forwarded = session.connection.withForwardablePayload { payload in
-                    payload.map { ForwardedFrame(payload: $0, idRange: scanned.idRange) }
-                }
+                guard scanned.kind == .begin, session.handshaken,
+                    let forwarded = session.connection.withForwardablePayload({ payload in
+                        payload.map { ForwardedFrame(payload: $0, idRange: scanned.idRange) }
+                    })
+                else { return false }
                 self.begin(session, clientID: scanned.id, items: [], extensionID: scanned.extensionID,
                            deadlineMs: scanned.deadlineMs, forwarded: forwarded)
                 return true
