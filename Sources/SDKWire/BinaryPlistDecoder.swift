@@ -311,10 +311,13 @@ struct BinaryPlistReader {
         }
     }
 
-    /// Checks `object` and everything under it exactly as `value` would decode it, building nothing.
-    mutating func skim(object: Int, depth: Int) throws(WireError) {
-        switch try header(of: object) {
-        case .bool, .integer, .real, .date, .data, .ascii, .utf16: return
+    /// Checks `object` and everything under it exactly as `value` would decode it, building nothing. Returns the
+    /// object's header, so a caller can require a kind.
+    @discardableResult
+    mutating func skim(object: Int, depth: Int) throws(WireError) -> Object {
+        let kind = try header(of: object)
+        switch kind {
+        case .bool, .integer, .real, .date, .data, .ascii, .utf16: break
         case .array(let n, let start):
             try enter(object: object, depth: depth)
             for i in 0..<n { try skim(object: try ref(at: start + i * refSize), depth: depth + 1) }
@@ -331,6 +334,7 @@ struct BinaryPlistReader {
             }
             onPath[object] = false
         }
+        return kind
     }
 
     /// Marks `object` as on the current path; rejects nesting past the limit and containers that contain

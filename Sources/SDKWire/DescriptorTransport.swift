@@ -15,14 +15,11 @@ package struct OutgoingDescriptors {
     package mutating func encode(_ message: Message, with encoder: inout BinaryPlistEncoder, appendingTo bytes: inout [UInt8],
                                  limits: WireLimits = .default) throws(WireError)
     {
-        let start = bytes.count
-        if FlatFrame.append(message, to: &bytes) {
-            guard bytes.count - start - Frame.headerSize <= limits.maxFrameBytes else {
-                bytes.removeSubrange(start...)
-                throw WireError(.notEncodable, "frame payload exceeds the limit of \(limits.maxFrameBytes)")
-            }
+        if let flat = FlatFrame.entries(of: message) {
+            try Frame.append(to: &bytes, limits: limits) { FlatFrame.appendPayload(flat, to: &$0) }
             return
         }
+        let start = bytes.count
         let files = message.fileAttachments
         if files.count > maxDescriptorsPerMessage {
             throw WireError(.notEncodable, "\(files.count) file attachments in one message; at most \(maxDescriptorsPerMessage)")

@@ -48,30 +48,25 @@ public struct RequestID: Hashable, Sendable, CustomStringConvertible {
     /// Parses the 36 ASCII bytes of the UUID form, in either case; nil for anything else.
     package init?(uuidBytes u: UnsafeRawBufferPointer) {
         guard u.count == 36 else { return nil }
-        var words: (UInt64, UInt64) = (0, 0)
-        var i = 0
-        for w in 0..<2 {
-            var word: UInt64 = 0
-            for _ in 0..<16 {
-                if i == 8 || i == 13 || i == 18 || i == 23 {
-                    guard u[i] == UInt8(ascii: "-") else { return nil }
-                    i += 1
-                }
-                let c = u[i]
-                let v: UInt8
-                switch c {
-                case UInt8(ascii: "0")...UInt8(ascii: "9"): v = c &- UInt8(ascii: "0")
-                case UInt8(ascii: "a")...UInt8(ascii: "f"): v = c &- UInt8(ascii: "a") &+ 10
-                case UInt8(ascii: "A")...UInt8(ascii: "F"): v = c &- UInt8(ascii: "A") &+ 10
-                default: return nil
-                }
-                word = word << 4 | UInt64(v)
-                i += 1
+        var high: UInt64 = 0, low: UInt64 = 0
+        for i in 0..<36 {
+            let c = u[i]
+            if i == 8 || i == 13 || i == 18 || i == 23 {
+                guard c == UInt8(ascii: "-") else { return nil }
+                continue
             }
-            if w == 0 { words.0 = word } else { words.1 = word }
+            let v: UInt8
+            switch c {
+            case UInt8(ascii: "0")...UInt8(ascii: "9"): v = c &- UInt8(ascii: "0")
+            case UInt8(ascii: "a")...UInt8(ascii: "f"): v = c &- UInt8(ascii: "a") &+ 10
+            case UInt8(ascii: "A")...UInt8(ascii: "F"): v = c &- UInt8(ascii: "A") &+ 10
+            default: return nil
+            }
+            // The first 16 digits (before the dash at 18) are the high word.
+            if i < 18 { high = high << 4 | UInt64(v) } else { low = low << 4 | UInt64(v) }
         }
-        high = words.0
-        low = words.1
+        self.high = high
+        self.low = low
     }
 
     /// The UUID string, e.g. "6F9619FF-8B86-4011-B42D-00C04FC964FF".

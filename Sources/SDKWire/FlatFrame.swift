@@ -11,30 +11,25 @@ enum FlatValue {
     case integer(Int64)
 }
 
+/// A flat message's entries: two, or three.
+typealias FlatEntries = ((StaticString, FlatValue), (StaticString, FlatValue), (StaticString, FlatValue)?)
+
 enum FlatFrame {
-    /// Appends the frame of `message` if it is one of the flat messages, and returns whether it did.
-    static func append(_ message: Message, to out: inout [UInt8]) -> Bool {
+    /// The entries of `message` if it is one of the flat messages.
+    static func entries(of message: Message) -> FlatEntries? {
         switch message {
-        case .assigned(let id, let pid):
-            append(("type", .ascii("assigned")), ("id", .id(id)), ("pid", .integer(Int64(pid))), to: &out)
-        case .cancel(let id):
-            append(("type", .ascii("cancel")), ("id", .id(id)), nil, to: &out)
-        case .credit(let id, let count):
-            append(("type", .ascii("credit")), ("id", .id(id)), ("count", .integer(count)), to: &out)
-        default:
-            return false
+        case .assigned(let id, let pid): (("type", .ascii("assigned")), ("id", .id(id)), ("pid", .integer(Int64(pid))))
+        case .cancel(let id): (("type", .ascii("cancel")), ("id", .id(id)), nil)
+        case .credit(let id, let count): (("type", .ascii("credit")), ("id", .id(id)), ("count", .integer(count)))
+        default: nil
         }
-        return true
     }
 
-    /// Keys and values are short (under 15 bytes, or the 36-byte id), so the whole payload stays under 256 bytes
-    /// and every offset fits one byte.
-    static func append(_ a: (StaticString, FlatValue), _ b: (StaticString, FlatValue), _ c: (StaticString, FlatValue)?,
-                       to out: inout [UInt8])
-    {
+    /// Appends the payload (no frame header) of a flat message. Keys and values are short (under 15 bytes, or the
+    /// 36-byte id), so the whole payload stays under 256 bytes and every offset fits one byte.
+    static func appendPayload(_ entries: FlatEntries, to out: inout [UInt8]) {
+        let (a, b, c) = entries
         let n = c == nil ? 2 : 3
-        let frameAt = out.count
-        out.append(contentsOf: [0, 0, 0, 0])
         let start = out.count
         out.append(contentsOf: bplistMagic)
         // Objects: 0 the dictionary, 1...n the keys, n+1...2n the values.
@@ -68,9 +63,6 @@ enum FlatFrame {
             appendBigEndian(0, size: 8, to: &out)
             appendBigEndian(UInt64(tableAt), size: 8, to: &out)
         }
-        let length = out.count - start
-        out[frameAt + 2] = UInt8(truncatingIfNeeded: length >> 8)
-        out[frameAt + 3] = UInt8(truncatingIfNeeded: length)
     }
 
     private static func writeASCII(_ s: StaticString, to out: inout [UInt8]) {

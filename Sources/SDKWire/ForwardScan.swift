@@ -174,16 +174,14 @@ extension BinaryPlistReader {
                 // Every occurrence of a key is checked, so a repeated key is as valid as the last one decoded.
                 switch ItemKey(UnsafeRawBufferPointer(rebasing: base[keyRange])) {
                 case .string:
-                    switch try header(of: valueObject) {
+                    switch try skim(object: valueObject, depth: 3) {
                     case .ascii, .utf16: break
                     default: throw notForwardable
                     }
                 case .attachments:
-                    guard case .array = try peek(valueObject) else { throw notForwardable }
-                    try skim(object: valueObject, depth: 3)
+                    guard case .array = try skim(object: valueObject, depth: 3) else { throw notForwardable }
                 case .userInfo:
-                    guard case .dictionary = try peek(valueObject) else { throw notForwardable }
-                    try skim(object: valueObject, depth: 3)
+                    guard case .dictionary = try skim(object: valueObject, depth: 3) else { throw notForwardable }
                 case .files:
                     throw notForwardable
                 case .other:
@@ -193,12 +191,5 @@ extension BinaryPlistReader {
             onPath[item] = false
         }
         onPath[object] = false
-    }
-
-    /// `object`'s header without charging it (the skim that follows does).
-    private mutating func peek(_ object: Int) throws(WireError) -> Object {
-        let saved = (budget, byteBudget)
-        defer { (budget, byteBudget) = saved }
-        return try header(of: object)
     }
 }

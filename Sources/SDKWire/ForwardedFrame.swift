@@ -1,9 +1,9 @@
 // Forwarding a frame without re-encoding it (the daemon: a client's `begin` to a worker, a worker's `complete` to
-// the client). The message was decoded once to check it; what is sent on is its payload byte for byte, with only
-// the request id rewritten in place (the daemon gives each client request its own id towards the worker). An
-// encoder writes a request id as a 36-character ASCII string object; `idRange` finds those 36 bytes through the
-// payload's trailer, offset table and top-level dictionary. A payload that holds its id any other way (a UTF-16
-// string, say) is not forwardable, and the sender encodes the decoded message instead.
+// the client). The message was checked once, scanned by ForwardScan or decoded; what is sent on is its payload
+// byte for byte, with only the request id rewritten in place (the daemon gives each client request its own id
+// towards the worker). An encoder writes a request id as a 36-character ASCII string object; `idRange` finds those
+// 36 bytes through the payload's trailer, offset table and top-level dictionary. A payload that holds its id any
+// other way (a UTF-16 string, say) is not forwardable, and the sender encodes the decoded message instead.
 //
 // The id object is rewritten wherever the payload refers to it: a peer that also used it as, say, an item's title
 // sees that title rewritten, in its own request only.
@@ -88,14 +88,8 @@ extension OutgoingDescriptors {
     package mutating func appendForwarded(_ payload: UnsafeRawBufferPointer, id: RequestID, idRange: Range<Int>,
                                           to bytes: inout [UInt8], limits: WireLimits = .default) throws(WireError)
     {
-        guard payload.count <= limits.maxFrameBytes, payload.count <= Int(UInt32.max) else {
-            throw WireError(.notEncodable, "frame payload of \(payload.count) bytes exceeds the limit of \(limits.maxFrameBytes)")
-        }
-        let start = bytes.count
-        let length = UInt32(payload.count)
-        bytes.append(contentsOf: [UInt8(length >> 24), UInt8(truncatingIfNeeded: length >> 16),
-                                  UInt8(truncatingIfNeeded: length >> 8), UInt8(truncatingIfNeeded: length)])
-        bytes.append(contentsOf: payload)
-        ForwardedFrame.write(id, into: &bytes, at: (start + 4 + idRange.lowerBound)..<(start + 4 + idRange.upperBound))
+        let start = bytes.count + Frame.headerSize
+        try Frame.append(to: &bytes, limits: limits) { $0.append(contentsOf: payload) }
+        ForwardedFrame.write(id, into: &bytes, at: (start + idRange.lowerBound)..<(start + idRange.upperBound))
     }
 }

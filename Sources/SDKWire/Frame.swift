@@ -27,9 +27,21 @@ public enum Frame {
         _ value: PlistValue, with encoder: inout BinaryPlistEncoder, appendingTo out: inout [UInt8],
         limits: WireLimits = .default
     ) throws(WireError) {
+        try append(to: &out, limits: limits) { encoder.encode(value, appendingTo: &$0) }
+    }
+
+    /// Appends a frame whose payload `writePayload` appends to the bytes it is given: the one place a frame's
+    /// length is written and checked (encoded, flat and forwarded frames).
+    ///
+    /// - Throws: `WireError` with code `notEncodable` when the payload would exceed `limits.maxFrameBytes`;
+    ///   `out` is then left as it was.
+    @inline(__always)
+    static func append(to out: inout [UInt8], limits: WireLimits, _ writePayload: (inout [UInt8]) -> Void)
+        throws(WireError)
+    {
         let headerAt = out.count
         out.append(contentsOf: [0, 0, 0, 0])
-        encoder.encode(value, appendingTo: &out)
+        writePayload(&out)
         let length = out.count - headerAt - headerSize
         guard length <= limits.maxFrameBytes, length <= Int(UInt32.max) else {
             out.removeSubrange(headerAt...)
