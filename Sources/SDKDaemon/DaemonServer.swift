@@ -387,9 +387,9 @@ package final class DaemonServer: @unchecked Sendable {
         session.internalIDs[clientID] = internalID
         // Clamped: a peer's deadline is any Int64; negative is "now", huge is the host's maximum.
         let deadline = deadlineMs.map { Double(min(max($0, 0), Int64(maximumSeconds) * 1000)) / 1000 }
-        // Called on the loop thread by the engine, exactly once: `payload` is the worker's completion frame
-        // when it can be sent on as it is.
-        let ended: @Sendable (RequestOutcome, UnsafeRawBufferPointer?) -> Void = { [unowned self, session] outcome, payload in
+        // Called on the loop thread by the engine, exactly once: `forwarded` is the worker's completion payload
+        // and its id's range when it can be sent on as it is.
+        let ended: @Sendable (RequestOutcome, (UnsafeRawBufferPointer, Range<Int>)?) -> Void = { [unowned self, session] outcome, forwarded in
             session.pendingBytes -= bytes
             self.pendingRequestBytes -= bytes
             session.pendingDescriptors -= descriptors
@@ -397,8 +397,8 @@ package final class DaemonServer: @unchecked Sendable {
             session.internalIDs.removeValue(forKey: clientID)
             switch outcome {
             case .completed(let items):
-                if let payload, let range = ForwardedFrame.idRange(in: payload) {
-                    session.sendForwarded(payload, id: clientID, idRange: range)
+                if let (payload, idRange) = forwarded {
+                    session.sendForwarded(payload, id: clientID, idRange: idRange)
                 } else {
                     session.send(.complete(id: clientID, items: items))
                 }
@@ -414,7 +414,7 @@ package final class DaemonServer: @unchecked Sendable {
             // Partial results go to the client as they come; the client's `credit` lets the worker send more.
             progress: { [session] items in session.send(.partial(id: clientID, items: items)) },
             app: session.app)
-        request.deliverForwarded = { outcome, payload in ended(outcome, payload) }
+        request.deliverForwarded = { outcome, payload, idRange in ended(outcome, (payload, idRange)) }
         request.forwardedBegin = forwarded
         engine.start(request)
     }

@@ -38,7 +38,7 @@ final class CallbackBatcher: Sendable {
             return true
         }
         guard now else { return }
-        queue.async { [self] in drain() }
+        scheduleDrain()
         backend.atEndOfTurn { [self] in turnEnded() }
     }
 
@@ -50,8 +50,10 @@ final class CallbackBatcher: Sendable {
             s.draining = true
             return true
         }
-        if start { queue.async { [self] in drain() } }
+        if start { scheduleDrain() }
     }
+
+    private func scheduleDrain() { queue.async { [self] in drain() } }
 
     /// On the queue: runs calls until none is left, or queues itself again after `callsPerHop`.
     private func drain() {
@@ -76,7 +78,7 @@ final class CallbackBatcher: Sendable {
                         let rest = batch[(index + 1)...]
                         state.withLock { $0.calls.insert(contentsOf: rest, at: 0) }
                     }
-                    queue.async { [self] in drain() }
+                    scheduleDrain()
                     return
                 }
             }

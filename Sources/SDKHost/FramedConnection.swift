@@ -329,19 +329,13 @@ package final class FramedConnection {
             switch result {
             case .success(.bytes(let n)): sent += n
             case .success(.wouldBlock):
-                if !wantsWritable {
-                    wantsWritable = true
-                    updateInterest()
-                }
+                watchWritable()
                 return
             case .success(.endOfFile), .failure:
                 // Written from an app's thread (`executeInline`): the end is the loop thread's to handle, not the
                 // caller's. Watching for writability makes epoll report the error to the loop at once.
                 if loop.runningInline {
-                    if !wantsWritable {
-                        wantsWritable = true
-                        updateInterest()
-                    }
+                    watchWritable()
                     return
                 }
                 // A peer that hung up may have said why first (the daemon refusing a uid does): read that
@@ -367,6 +361,13 @@ package final class FramedConnection {
             wantsWritable = false
             updateInterest()
         }
+    }
+
+    /// Has epoll report the socket writable (or failed) to the loop, which flushes the rest.
+    private func watchWritable() {
+        guard !wantsWritable else { return }
+        wantsWritable = true
+        updateInterest()
     }
 
     private func end(_ reason: ConnectionEnd) {

@@ -24,9 +24,10 @@ package struct SubmittedRequest: Sendable {
     /// The daemon: the client's begin payload, sent to the worker as it is (its id rewritten) instead of encoding
     /// `items` again.
     package var forwardedBegin: ForwardedFrame?
-    /// The daemon: takes a completion with the worker's payload, to send on as it is, in place of `deliver`
-    /// (which still takes every other outcome). Called on the loop thread, exactly once if at all.
-    package var deliverForwarded: (@Sendable (RequestOutcome, UnsafeRawBufferPointer) -> Void)?
+    /// The daemon: takes a completion with the worker's payload and where its id is in it, to send on as it is,
+    /// in place of `deliver` (which still takes every other outcome, and a completion whose id cannot be
+    /// rewritten in place). Called on the loop thread, exactly once if at all.
+    package var deliverForwarded: (@Sendable (RequestOutcome, UnsafeRawBufferPointer, Range<Int>) -> Void)?
 
     package init(id: RequestID, extensionID: String, items: [ExtensionItem], deadline: Double?,
                  onWorkerAssigned: (@Sendable (pid_t) -> Void)?, deliver: @escaping @Sendable (RequestOutcome) -> Void,

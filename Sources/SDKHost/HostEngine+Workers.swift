@@ -98,10 +98,16 @@ extension HostEngine {
 
     /// Marks `id` as no longer in flight on `worker`. A duplicate of a recent reply is dropped and logged;
     /// a reply to an id this worker never had is a protocol violation.
-    private func completed(_ id: RequestID, _ items: [ExtensionItem], from worker: WorkerProcess) {
+    /// `idRange`: where the payload's id is, when ForwardScan found it already.
+    private func completed(_ id: RequestID, _ items: [ExtensionItem], from worker: WorkerProcess,
+                           idRange: Range<Int>? = nil)
+    {
         guard settle(id, on: worker) else { return }
         let finished = forwardsPayloads && requests[id]?.deliverForwarded != nil
-            ? worker.connection.withForwardablePayload { finish(id, .completed(items), payload: $0) }
+            ? worker.connection.withForwardablePayload { payload in
+                let forwarded = payload.flatMap { p in (idRange ?? ForwardedFrame.idRange(in: p)).map { (p, $0) } }
+                return finish(id, .completed(items), forwarded: forwarded)
+            }
             : finish(id, .completed(items))
         if !finished {
             log(.info, "\(worker.extensionID): late completion of \(id) (already ended); dropped")
@@ -116,7 +122,7 @@ extension HostEngine {
         guard scanned.kind == .complete, worker.inFlight.contains(scanned.id),
             requests[scanned.id]?.deliverForwarded != nil, worker.connection.withForwardablePayload({ $0 != nil })
         else { return false }
-        completed(scanned.id, [], from: worker)
+        completed(scanned.id, [], from: worker, idRange: scanned.idRange)
         return true
     }
 

@@ -294,9 +294,11 @@ package final class HostEngine: @unchecked Sendable {
     }
 
     /// Ends a request: removes every trace of it, then delivers. Returns false if it had already ended.
-    /// `payload`: the worker's completion frame, for a request that forwards it (`deliverForwarded`).
+    /// `forwarded`: the worker's completion payload and its id's range, for a request that forwards it
+    /// (`deliverForwarded`).
     @discardableResult
-    func finish(_ id: RequestID, _ outcome: RequestOutcome, payload: UnsafeRawBufferPointer? = nil) -> Bool {
+    func finish(_ id: RequestID, _ outcome: RequestOutcome,
+                forwarded: (payload: UnsafeRawBufferPointer, idRange: Range<Int>)? = nil) -> Bool {
         guard let record = requests.removeValue(forKey: id) else { return false }
         if let timer = record.deadlineTimer {
             loop.cancelTimer(timer)
@@ -330,8 +332,8 @@ package final class HostEngine: @unchecked Sendable {
         case .interrupted: count(record.extensionID, \.interruptions)
         }
         recordActivity(record, outcome)
-        if let payload, let deliverForwarded {
-            deliverForwarded(outcome, payload)
+        if let forwarded, let deliverForwarded {
+            deliverForwarded(outcome, forwarded.payload, forwarded.idRange)
         } else if let deliver {
             loop.runOutsideInlineTask { deliver(outcome) }
         }

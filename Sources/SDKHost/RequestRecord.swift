@@ -31,7 +31,7 @@ final class RequestRecord {
     var progress: (@Sendable ([ExtensionItem]) -> Void)?
     /// The daemon's forwarding (SubmittedRequest); dropped with `items` and `deliver`.
     var forwardedBegin: ForwardedFrame?
-    var deliverForwarded: (@Sendable (RequestOutcome, UnsafeRawBufferPointer) -> Void)?
+    var deliverForwarded: (@Sendable (RequestOutcome, UnsafeRawBufferPointer, Range<Int>) -> Void)?
     let deadline: Double?
     /// The pool that serves it (the extension, or the extension for one daemon client app).
     var poolKey: String = ""

@@ -153,8 +153,7 @@ public final class EventLoop: @unchecked Sendable {
         }
         turnHolder.store(UInt(pthread_self()), ordering: .relaxed)
         guard allowed() else {
-            turnHolder.store(0, ordering: .relaxed)
-            pthread_mutex_unlock(turn)
+            releaseTurn()
             return execute(task)
         }
         runningInline = true
@@ -163,8 +162,7 @@ public final class EventLoop: @unchecked Sendable {
         runningInline = false
         // The loop thread sleeps until `sleepingUntil`: a timer set here for earlier must wake it.
         let wake = (timers.nextDeadline ?? .max) < sleepingUntil
-        turnHolder.store(0, ordering: .relaxed)
-        pthread_mutex_unlock(turn)
+        releaseTurn()
         if wake { signalWake() }
         return true
     }
