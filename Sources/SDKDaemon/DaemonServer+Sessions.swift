@@ -1,0 +1,199 @@
+// DaemonServer's clients once connected: the messages a client may send, its requests (each charged to the
+// client and to the daemon until it ends, its begin forwarded to a worker as the client wrote it), and the
+// session's end. Accepting, sweeping and draining are in DaemonServer.swift.
+
+import SDKWire
+import SDKHost
+import SDKPosix
+
+extension DaemonServer {
+    func handle(_ message: Message, from session: ClientSession) {
+        if !session.handshaken {
+            guard case .connect = message else {
+                session.send(.error(message: "send 'connect' first", id: nil))
+                return closeSession(session, reason: "'\(message.typeName)' before 'connect'")
+            }
+        }
+        switch message {
+        case .connect(let version, let app):
+            guard !session.handshaken else {
+                session.send(.error(message: "'connect' sent twice", id: nil))
+                return closeSession(session, reason: "'connect' sent twice")
+            }
+            session.handshaken = true
+            guard version == protocolVersion else {
+                session.send(.error(message: "protocol \(version) is not supported; this daemon speaks \(protocolVersion)", id: nil))
+                return closeSession(session, reason: "protocol version \(version)")
+            }
+            // The app is the peer's uid (from the kernel) and the name it gives; a name is only a label within
+            // its own uid, so no client can join another user's workers by naming itself after them.
+            session.app = "\(session.credentials.uid)/" + Self.appLabel(app)
+            session.send(connectedMessage())
+        case .begin(let clientID, let items, let extensionID, let deadlineMs):
+            let forwarded = session.connection.withForwardablePayload { $0.flatMap(ForwardedFrame.init(payload:)) }
+            begin(session, clientID: clientID, items: items, extensionID: extensionID, deadlineMs: deadlineMs,
+                  forwarded: forwarded)
+        case .prewarm(let id, let extensionID):
+            engine.prewarmOnLoop(extensionID, app: session.app) { [session] result in
+                switch result {
+                case .success(let pid): session.send(.prewarmed(id: id, pid: pid))
+                case .failure(.interrupted(let reason)): session.send(.interrupted(id: id, reason: reason.plist))
+                case .failure(.cancelled): session.send(.interrupted(id: id, reason: InterruptionReason.hostShutdown.plist))
+                }
+            }
+        case .cancel(let clientID):
+            if let internalID = session.internalIDs[clientID] { engine.cancelOnLoop(internalID) }
+        case .credit(let clientID, let count):
+            if let internalID = session.internalIDs[clientID] { engine.creditOnLoop(internalID, Int(clamping: count)) }
+        case .status(let seq):
+            session.send(.statusReport(seq: seq, report: engine.statusOnLoop().plist))
+        case .subscribe:
+            session.subscribed = true
+        case .ping(let seq):
+            session.send(.pong(seq: seq))
+        case .pong, .unknown:
+            break
+        default:
+            session.send(.error(message: "a client may not send '\(message.plist["type"]?.stringValue ?? "?")'", id: nil))
+            closeSession(session, reason: "unexpected message")
+        }
+    }
+
+    /// A client's `begin`, decoded or (with `items` empty) scanned: `forwarded` is its payload to send on as it
+    /// is, which a scanned one always has.
+    func begin(_ session: ClientSession, clientID: RequestID, items: [ExtensionItem], extensionID: String?,
+                       deadlineMs: Int64?, forwarded: ForwardedFrame?)
+    {
+        guard let extensionID else {
+            session.send(.error(message: "begin without 'extension'", id: clientID))
+            return closeSession(session, reason: "begin without 'extension'")
+        }
+        guard session.internalIDs[clientID] == nil else {
+            session.send(.error(message: "request id \(clientID) is already in flight", id: clientID))
+            return closeSession(session, reason: "duplicate request id")
+        }
+        if draining {
+            session.send(.interrupted(id: clientID, reason: InterruptionReason.hostShutdown.plist))
+            return
+        }
+        // What this request holds until it ends: its bytes, charged to the client and to the daemon.
+        let bytes = session.connection.currentFrameBytes
+        let descriptors = items.reduce(0) { $0 + $1.fileAttachments.count }
+        if session.internalIDs.count >= configuration.maxInFlightRequests
+            || session.pendingBytes + bytes > configuration.pendingRequestBytesPerClient
+            || pendingRequestBytes + bytes > configuration.pendingRequestBytesTotal
+            || session.pendingDescriptors + descriptors > configuration.maxDescriptorsPerClient
+            || pendingDescriptors + descriptors > configuration.maxDescriptorsTotal
+        {
+            engine.log(.debug, "client pid \(session.credentials.pid): request \(clientID) overloaded "
+                + "(\(session.internalIDs.count) in flight, \(session.pendingBytes) bytes and "
+                + "\(session.pendingDescriptors) descriptors held)")
+            session.overloads += 1
+            // Its descriptors close as `items` goes out of scope.
+            session.send(.interrupted(id: clientID, reason: InterruptionReason.overloaded.plist))
+            return
+        }
+        session.pendingBytes += bytes
+        pendingRequestBytes += bytes
+        session.pendingDescriptors += descriptors
+        pendingDescriptors += descriptors
+        let internalID = RequestID.distinct()  // the worker's id for it: distinct is enough, and needs no getrandom
+        session.internalIDs[clientID] = internalID
+        // Clamped: a peer's deadline is any Int64; negative is "now", huge is the host's maximum.
+        let deadline = deadlineMs.map { Double(min(max($0, 0), Int64(maximumSeconds) * 1000)) / 1000 }
+        // Called on the loop thread by the engine, exactly once: `forwarded` is the worker's completion payload
+        // and its id's range when it can be sent on as it is.
+        let ended: @Sendable (RequestOutcome, (UnsafeRawBufferPointer, Range<Int>)?) -> Void = { [unowned self, session] outcome, forwarded in
+            session.pendingBytes -= bytes
+            self.pendingRequestBytes -= bytes
+            session.pendingDescriptors -= descriptors
+            self.pendingDescriptors -= descriptors
+            session.internalIDs.removeValue(forKey: clientID)
+            switch outcome {
+            case .completed(let items):
+                if let (payload, idRange) = forwarded {
+                    session.sendForwarded(payload, id: clientID, idRange: idRange)
+                } else {
+                    session.send(.complete(id: clientID, items: items))
+                }
+            case .cancelled(let error): session.send(.cancelled(id: clientID, error: error))
+            case .interrupted(let reason): session.send(.interrupted(id: clientID, reason: reason.plist))
+            }
+        }
+        var request = SubmittedRequest(
+            id: internalID, extensionID: extensionID, items: items,
+            deadline: deadline,
+            onWorkerAssigned: { [session] pid in session.send(.assigned(id: clientID, pid: pid)) },
+            deliver: { outcome in ended(outcome, nil) },
+            // Partial results go to the client as they come; the client's `credit` lets the worker send more.
+            progress: { [session] items in session.send(.partial(id: clientID, items: items)) },
+            app: session.app)
+        request.deliverForwarded = { outcome, payload, idRange in ended(outcome, (payload, idRange)) }
+        request.forwardedBegin = forwarded
+        engine.start(request)
+    }
+
+    func sessionEnded(_ session: ClientSession, _ end: ConnectionEnd) {
+        switch end {
+        case .badInput(let detail):
+            engine.log(.warning, "client uid \(session.credentials.uid) pid \(session.credentials.pid) sent bad input "
+                + "(\(detail)); dropped that client only")
+        case .broken(let detail):
+            engine.log(.warning, "client uid \(session.credentials.uid) pid \(session.credentials.pid) dropped: \(detail)")
+        case .endOfFile:
+            break
+        }
+        closeSession(session, reason: nil)
+    }
+
+    /// Closes a client and cancels its in-flight requests at the workers.
+    func closeSession(_ session: ClientSession, reason: String?) {
+        guard sessions.removeValue(forKey: ObjectIdentifier(session)) != nil else { return }
+        if let reason { engine.log(.warning, "closing client pid \(session.credentials.pid): \(reason)") }
+        session.connection.close()
+        let orphans = Array(session.internalIDs.values)
+        session.internalIDs.removeAll()
+        for id in orphans { engine.cancelOnLoop(id) }
+    }
+
+    /// A client's app name as a label: at most 64 bytes of printable ASCII (others become "_"); "app" if none.
+    static func appLabel(_ name: String?) -> String {
+        let bytes = Array((name ?? "").utf8.prefix(64)).map { $0 >= 0x21 && $0 < 0x7F && $0 != UInt8(ascii: "/") ? $0 : UInt8(ascii: "_") }
+        return bytes.isEmpty ? "app" : String(decoding: bytes, as: UTF8.self)
+    }
+}
+
+/// One connected client. `@unchecked Sendable`: used only on the engine's loop thread (the closures that
+/// capture it are called there).
+final class ClientSession: @unchecked Sendable {
+    let connection: FramedConnection
+    let credentials: PeerCredentials
+    let connectedAt: UInt64
+    var handshaken = false
+    /// Whether the client asked for worker events (`subscribe`).
+    var subscribed = false
+    /// "uid/name": the pool of workers this client's requests go to (`WorkerSharing` perApp).
+    var app: String?
+    /// The client's request id → the engine's.
+    var internalIDs: [RequestID: RequestID] = [:]
+    /// Frame bytes of this client's requests that have not ended.
+    var pendingBytes = 0
+    /// Descriptor attachments of this client's requests that have not ended.
+    var pendingDescriptors = 0
+    var overloads = 0
+
+    init(connection: FramedConnection, credentials: PeerCredentials, connectedAt: UInt64) {
+        self.connection = connection
+        self.credentials = credentials
+        self.connectedAt = connectedAt
+    }
+
+    func send(_ message: Message) {
+        try? connection.send(message)
+    }
+
+    /// Sends a worker's payload on as it is, with the client's request id.
+    func sendForwarded(_ payload: UnsafeRawBufferPointer, id: RequestID, idRange: Range<Int>) {
+        try? connection.sendForwarded(payload, id: id, idRange: idRange)
+    }
+}
