@@ -91,11 +91,9 @@ public final class EventLoop: @unchecked Sendable {
     }
 
     deinit {
-        // The loop thread closes both descriptors when it stops; a loop whose thread never started has them open.
-        if !threadStarted {
-            _ = Glibc.close(wakeFD)
-            _ = Glibc.close(epfd)
-        }
+        // The loop thread closes the epoll descriptor when it stops; a loop whose thread never started has it open.
+        _ = Glibc.close(wakeFD)
+        if !threadStarted { _ = Glibc.close(epfd) }
         pthread_mutex_destroy(turn)
         turn.deallocate()
     }
@@ -361,7 +359,8 @@ public final class EventLoop: @unchecked Sendable {
             defer { inbox.onStopped.removeAll() }  // they may hold what owns this loop
             return inbox.onStopped
         }
-        FileDescriptor(adopting: wakeFD).close()
+        // The wake descriptor stays open until deinit: a thread in `execute` or `wake` may still write to it, and
+        // closed here its number could be reused by the app and receive those 8 bytes.
         FileDescriptor(adopting: epfd).close()
         releaseTurn()
         for callback in callbacks { callback() }

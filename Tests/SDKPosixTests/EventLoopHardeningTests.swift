@@ -147,4 +147,31 @@ func stopAndWait(_ loop: EventLoop) async {
             #expect(r == a)
         }
     }
+
+    @Test func aWakeAfterTheStopWritesToNoReusedDescriptor() async throws {
+        // `execute` writes its wake-up after leaving the inbox's lock, so a stop can complete in between. The
+        // loop used to close its eventfd at the stop: the next descriptor the process opened took its number and
+        // received the 8 bytes. Each round opens pipes at once after the stop (the lowest free numbers, so one of
+        // them the eventfd's if it was closed), wakes the stopped loop, and checks that nothing arrived.
+        for _ in 0..<20 {
+            var loop: EventLoop? = try EventLoop(name: "test-wake-after-stop")
+            await stopAndWait(loop!)
+            var pipes: [[Int32]] = []
+            for _ in 0..<3 {
+                var fds: [Int32] = [-1, -1]
+                #expect(pipe(&fds) == 0)
+                _ = fcntl(fds[0], F_SETFL, fcntl(fds[0], F_GETFL) | O_NONBLOCK)
+                pipes.append(fds)
+            }
+            loop!.wake()
+            #expect(loop!.execute {} == false)
+            for fds in pipes {
+                var byte: UInt8 = 0
+                #expect(read(fds[0], &byte, 1) == -1 && errno == EAGAIN, "a stopped loop wrote to descriptor \(fds[1])")
+                close(fds[0])
+                close(fds[1])
+            }
+            loop = nil
+        }
+    }
 }
