@@ -18,7 +18,10 @@ public protocol RequestHandler: Sendable {
 
     /// True if `beginRequest` returns quickly and never blocks. The runtime then calls it on its own reader
     /// thread, saving a thread hand-off per request; heartbeats and cancels wait while it runs, so a handler that
-    /// blocks here looks hung. Defaults to false.
+    /// blocks here looks hung. What an inline handler sends is written after each 8 frames the reader handles (or
+    /// at the end of what it read), several replies in one write: so a crash in an inline handler also
+    /// interrupts the requests of that batch that had completed but whose replies were not written yet.
+    /// Defaults to false.
     static var runsInline: Bool { get }
 }
 
