@@ -130,6 +130,7 @@ extension DaemonServer {
             app: session.app)
         request.deliverForwarded = { outcome, payload, idRange in ended(outcome, (payload, idRange)) }
         request.forwardedBegin = forwarded
+        request.publishesPid = false
         engine.start(request)
     }
 

@@ -129,8 +129,8 @@ extension HostEngine {
     func settle(_ id: RequestID, on worker: WorkerProcess) -> Bool {
         if worker.inFlight.remove(id) != nil {
             worker.recentlyFinished.insert(id)
-            worker.streamOutstanding[id] = nil
-            if let timer = worker.cancelTimers.removeValue(forKey: id) { loop.cancelTimer(timer) }
+            if !worker.streamOutstanding.isEmpty { worker.streamOutstanding[id] = nil }
+            if !worker.cancelTimers.isEmpty, let timer = worker.cancelTimers.removeValue(forKey: id) { loop.cancelTimer(timer) }
             return true
         }
         if worker.recentlyFinished.contains(id) {
@@ -313,7 +313,7 @@ extension HostEngine {
             } else if requeue, let record = requests[id], record.requeues < 2 {
                 record.requeues += 1
                 record.worker = nil
-                pids.withLock { _ = $0.removeValue(forKey: id) }
+                if record.publishesPid { pids.withLock { _ = $0.removeValue(forKey: id) } }
                 waitQueue(worker.poolKey).prepend(record)
             } else {
                 finish(id, .interrupted(reason))

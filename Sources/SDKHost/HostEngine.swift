@@ -170,6 +170,7 @@ package final class HostEngine: @unchecked Sendable {
         record.app = request.app
         record.forwardedBegin = request.forwardedBegin
         record.deliverForwarded = request.deliverForwarded
+        record.publishesPid = request.publishesPid
         start(record)
     }
 
@@ -268,7 +269,7 @@ package final class HostEngine: @unchecked Sendable {
             loop.cancelTimer(timer)
             worker.idleTimer = nil
         }
-        pids.withLock { $0[record.id] = worker.pid }
+        if record.publishesPid { pids.withLock { $0[record.id] = worker.pid } }
         record.onWorkerAssigned?(worker.pid)
         let items = record.items
         let forwarded = record.forwardedBegin
@@ -306,10 +307,12 @@ package final class HostEngine: @unchecked Sendable {
         }
         if record.isQueued { waiting[record.poolKey]?.remove(record) }
         if let worker = record.worker {
-            pids.withLock { _ = $0.removeValue(forKey: id) }
+            if record.publishesPid { pids.withLock { _ = $0.removeValue(forKey: id) } }
             // Partial results nobody will take now: credited back, so that a worker still running the request
-            // (until it sees the cancel) is not left waiting for credit.
-            if let outstanding = worker.streamOutstanding.removeValue(forKey: id), outstanding > 0,
+            // (until it sees the cancel) is not left waiting for credit. (An empty table is not searched: a
+            // search hashes the id, and most requests stream nothing.)
+            if !worker.streamOutstanding.isEmpty, let outstanding = worker.streamOutstanding.removeValue(forKey: id),
+                outstanding > 0,
                 worker.inFlight.contains(id)
             {
                 send(.credit(id: id, count: Int64(outstanding)), to: worker)

@@ -32,6 +32,8 @@ final class RequestRecord {
     /// The daemon's forwarding (SubmittedRequest); dropped with `items` and `deliver`.
     var forwardedBegin: ForwardedFrame?
     var deliverForwarded: (@Sendable (RequestOutcome, UnsafeRawBufferPointer, Range<Int>) -> Void)?
+    /// `SubmittedRequest.publishesPid`.
+    var publishesPid = true
     let deadline: Double?
     /// The pool that serves it (the extension, or the extension for one daemon client app).
     var poolKey: String = ""

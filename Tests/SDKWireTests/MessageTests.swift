@@ -38,6 +38,41 @@ import Testing
         #expect(Set((0..<1000).map { _ in RequestID() }).count == 1000)
     }
 
+    @Test func requestIDParseAgreesWithAPlainReadingForEveryByteAtEveryPosition() {
+        // The parse is table-driven; here a slow, obvious reading of the same text is the reference.
+        func reference(_ bytes: [UInt8]) -> (UInt64, UInt64)? {
+            guard bytes.count == 36 else { return nil }
+            var digits: [UInt64] = []
+            for (i, c) in bytes.enumerated() {
+                if [8, 13, 18, 23].contains(i) {
+                    if c != UInt8(ascii: "-") { return nil }
+                } else if let v = Character(Unicode.Scalar(c)).hexDigitValue, c < 0x80 {
+                    digits.append(UInt64(v))
+                } else {
+                    return nil
+                }
+            }
+            return (digits[0..<16].reduce(0) { $0 << 4 | $1 }, digits[16..<32].reduce(0) { $0 << 4 | $1 })
+        }
+        let base = Array("6f9619FF-8B86-4011-b42d-00C04FC964FF".utf8)
+        var checked = 0
+        for position in 0..<36 {
+            for byte in 0...255 {
+                var bytes = base
+                bytes[position] = UInt8(byte)
+                let parsed = bytes.withUnsafeBytes { RequestID(uuidBytes: $0) }
+                let expected = reference(bytes)
+                #expect(parsed.map { [$0.high, $0.low] } == expected.map { [$0.0, $0.1] }, "byte \(byte) at \(position)")
+                checked += 1
+            }
+        }
+        #expect(checked == 36 * 256)
+        for length in [0, 35, 37] {
+            let bytes = Array(repeating: UInt8(ascii: "a"), count: length)
+            #expect(bytes.withUnsafeBytes { RequestID(uuidBytes: $0) } == nil)
+        }
+    }
+
     @Test func malformedMessagesNameTheProblem() {
         func error(_ v: PlistValue) -> String? {
             do { _ = try Message(plist: v); return nil } catch { return error.detail }
