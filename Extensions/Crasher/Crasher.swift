@@ -27,6 +27,10 @@ struct Crasher: RequestHandler {
         if fault.hasPrefix("sleep:"), let ms = UInt32(fault.dropFirst(6)) { usleep(ms * 1000) }
     }
 
+    /// CRASHER_INLINE=1 runs the faults on the runtime's reader thread (tests of what an inline handler's crash
+    /// takes with it).
+    static var runsInline: Bool { getenv("CRASHER_INLINE") != nil }
+
     func beginRequest(with context: ExtensionContext) {
         let command = context.inputItems.first.flatMap { $0.title ?? $0.attachments.first?.stringValue } ?? "echo"
         switch command {

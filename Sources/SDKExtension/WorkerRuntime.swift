@@ -276,6 +276,11 @@ enum WorkerRuntime {
                     }
                     idleTimeoutMs = idle
                     connection.send(.welcome(version: protocolVersion, identifier: env.identifier, pid: getpid()))
+                    // Never held: a worker that dies before its welcome is out is one that died before its
+                    // handshake, and the host sends its requests again to the next worker. A begin read with the
+                    // hello whose handler crashed would then run again.
+                    connection.uncork()
+                    connection.cork()
                 case .begin(let id, let items, _, _):
                     lastBegin = monotonicNanoseconds()
                     let watch = leakDelay != nil

@@ -70,4 +70,32 @@ import Glibc
         #expect(status == .exited(2))
         #expect(stderr.contains("protocol error from host"), "\(stderr)")
     }
+
+    @Test func theWelcomeIsWrittenBeforeAnInlineHandlerReadWithTheHelloCanCrash() throws {
+        // A worker that dies before its welcome reaches the host died "before its handshake", and the host sends
+        // its requests to the next worker: a request that crashes its worker would run up to three times. The
+        // hello and a crashing begin arrive in one write, so the reader handles both in one batch.
+        let crasher = "\(try #require(currentExecutableDirectory()))/Crasher"
+        let id = RequestID()
+        var burst = try Frame.encode(Message.hello(version: protocolVersion, identifier: "com.example.crasher",
+                                                   hostPid: getpid(), idleTimeoutMs: 0).plist)
+        burst += try Frame.encode(Message.begin(id: id, items: [ExtensionItem(title: "segv")]).plist)
+        let channels = try spawnWithChannels(SpawnRequest(
+            path: crasher, arguments: [crasher],
+            environment: ["SDKHOST_IPC_FD=3", "SDKHOST_EXTENSION_ID=com.example.crasher", "CRASHER_INLINE=1"]))
+        let written = burst.withUnsafeBytes { send(channels.socket.rawValue, $0.baseAddress, $0.count, Int32(MSG_NOSIGNAL)) }
+        #expect(written == burst.count)
+        let replies = readToEnd(channels.socket.rawValue)
+        let status = try waitForExit(channels.process)
+        channels.close()
+        var reader = FrameReader()
+        replies.withUnsafeBytes { reader.append($0) }
+        var messages: [Message] = []
+        while let value = try reader.nextValue() { messages.append(try Message(plist: value)) }
+        #expect(status == .signaled(SIGSEGV), "the inline handler crashed the worker")
+        guard case .welcome? = messages.first else {
+            Issue.record("no welcome before the crash: \(messages.map(\.typeName))")
+            return
+        }
+    }
 }
