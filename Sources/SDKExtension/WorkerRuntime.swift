@@ -106,6 +106,12 @@ final class HostConnection: Sendable {
         if write { writePending() }
     }
 
+    /// Sends what is held now and goes on holding (the reader, mid-read).
+    func writeHeld() {
+        uncork()
+        cork()
+    }
+
     /// Writes until the outbox is empty, taking whatever other threads add meanwhile (the caller set `writing`).
     /// Two buffers rotate (pending <-> spare), so steady state allocates nothing.
     private func writePending() {
@@ -256,8 +262,7 @@ enum WorkerRuntime {
                 corkedFrames += 1
                 if corkedFrames > HostConnection.framesPerCork {
                     corkedFrames = 1
-                    connection.uncork()
-                    connection.cork()
+                    connection.writeHeld()
                 }
                 let message: Message
                 do {
@@ -279,8 +284,7 @@ enum WorkerRuntime {
                     // Never held: a worker that dies before its welcome is out is one that died before its
                     // handshake, and the host sends its requests again to the next worker. A begin read with the
                     // hello whose handler crashed would then run again.
-                    connection.uncork()
-                    connection.cork()
+                    connection.writeHeld()
                 case .begin(let id, let items, _, _):
                     lastBegin = monotonicNanoseconds()
                     let watch = leakDelay != nil
