@@ -30,6 +30,7 @@ enum FlatFrame {
     static func appendPayload(_ entries: FlatEntries, to out: inout [UInt8]) {
         let (a, b, c) = entries
         let n = c == nil ? 2 : 3
+        let all = [a, b, c]
         let start = out.count
         out.append(contentsOf: bplistMagic)
         // Objects: 0 the dictionary, 1...n the keys, n+1...2n the values.
@@ -38,12 +39,12 @@ enum FlatFrame {
             table[0] = UInt8(out.count - start)
             out.append(0xD0 | UInt8(n))
             for i in 1...(2 * n) { out.append(UInt8(i)) }
-            for (i, entry) in [a, b, c].enumerated() {
+            for (i, entry) in all.enumerated() {
                 guard let (key, _) = entry else { continue }
                 table[1 + i] = UInt8(out.count - start)
                 writeASCII(key, to: &out)
             }
-            for (i, entry) in [a, b, c].enumerated() {
+            for (i, entry) in all.enumerated() {
                 guard let (_, value) = entry else { continue }
                 table[1 + n + i] = UInt8(out.count - start)
                 switch value {
