@@ -98,12 +98,14 @@ extension HostEngine {
 
     /// Marks `id` as no longer in flight on `worker`. A duplicate of a recent reply is dropped and logged;
     /// a reply to an id this worker never had is a protocol violation.
-    /// `idRange`: where the payload's id is, when ForwardScan found it already.
+    /// `idRange`: where the payload's id is, when ForwardScan found it already (`forwardableCompletion` has then
+    /// checked that the request forwards its completion, so it is not looked up again).
     private func completed(_ id: RequestID, _ items: [ExtensionItem], from worker: WorkerProcess,
                            idRange: Range<Int>? = nil)
     {
         guard settle(id, on: worker) else { return }
-        let finished = forwardsPayloads && requests[id]?.deliverForwarded != nil
+        let forwards = idRange != nil || (forwardsPayloads && requests[id]?.deliverForwarded != nil)
+        let finished = forwards
             ? worker.connection.withForwardablePayload { payload in
                 let forwarded = payload.flatMap { p in (idRange ?? ForwardedFrame.idRange(in: p)).map { (p, $0) } }
                 return finish(id, .completed(items), forwarded: forwarded)
