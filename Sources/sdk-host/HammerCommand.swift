@@ -1,4 +1,4 @@
-// `sdk-host hammer --socket P --count N [--faults K] [--in-flight M]`: a load client for tests and soak runs.
+// `sdk-host hammer --socket P --count N [--faults K] [--in-flight M] [--sample]`: a load client for tests and soak runs.
 // Sends N echo requests to com.example.echo, M at a time, plus K segv requests to com.example.crasher, through
 // the daemon; prints one JSON line: how each ended, duplicates (must be 0), and echo replies that differed.
 import Dispatch
@@ -10,19 +10,22 @@ import Glibc
 #endif
 
 enum HammerCommand {
-    static let usage = "usage: sdk-host hammer --socket PATH --count N [--faults K] [--in-flight M]"
+    static let usage = "usage: sdk-host hammer --socket PATH --count N [--faults K] [--in-flight M] [--sample]"
 
     final class Tally: Sendable {
         let state = Mutex<(callbacks: [RequestID: Int], completed: Int, cancelled: Int, interrupted: Int, wrongEcho: Int)>(([:], 0, 0, 0, 0))
     }
 
     static func run(_ arguments: [String]) -> Never {
-        let options = Options(arguments, valued: ["--socket", "--count", "--faults", "--in-flight"], boolean: [], usage: usage)
+        let options = Options(arguments, valued: ["--socket", "--count", "--faults", "--in-flight"], boolean: ["--sample"],
+                              usage: usage)
         guard let socket = options.value("--socket"), let count = options.value("--count").flatMap(Int.init) else {
             fail(usage, status: 2)
         }
         let faults = options.value("--faults").flatMap(Int.init) ?? 0
         let width = options.value("--in-flight").flatMap(Int.init) ?? 64
+        // `--sample`: each echo carries the bench's 300-byte item (its title replaced), not a bare title.
+        let template = options.has("--sample") ? EmbeddedBench.item : ExtensionItem()
         let connected: ExtensionHost? = runAsync { try? await ExtensionHost.connect(socketPath: socket) }
         guard let host = connected, let echo = try? host.extension(identifier: "com.example.echo"),
             let crasher = try? host.extension(identifier: "com.example.crasher")
@@ -31,6 +34,7 @@ enum HammerCommand {
         let slots = DispatchSemaphore(value: width)
         let all = DispatchGroup()
         let expected = Mutex<[RequestID: String]>([:])
+        let prefix = "m\(getpid())-"  // once: glibc does not cache the pid, and a syscall per request skews the load
         func install(_ ext: Extension) {
             ext.requestCompletionHandler = { id, items in
                 // Echo replies must carry this process's text; when the reply beats the bookkeeping below,
@@ -41,7 +45,7 @@ enum HammerCommand {
                     $0.callbacks[id, default: 0] += 1
                     $0.completed += 1
                     if let want, title != want { $0.wrongEcho += 1 }
-                    if want == nil, title != "segv", title?.hasPrefix("m\(getpid())-") != true { $0.wrongEcho += 1 }
+                    if want == nil, title != "segv", title?.hasPrefix(prefix) != true { $0.wrongEcho += 1 }
                 }
                 slots.signal()
                 all.leave()
@@ -65,8 +69,10 @@ enum HammerCommand {
         for i in 0..<count {
             slots.wait()
             all.enter()
-            let text = "m\(getpid())-\(i)"
-            let rid = echo.beginRequest(withInputItems: [ExtensionItem(title: text)])
+            let text = "\(prefix)\(i)"
+            var item = template
+            item.title = text
+            let rid = echo.beginRequest(withInputItems: [item])
             expected.withLock { $0[rid] = text }
             sent.append(rid)
             if i % faultEvery == faultEvery - 1 && faultsSent < faults {
