@@ -13,12 +13,13 @@ import Glibc
 
 enum BenchCommand {
     static let usage = """
-        usage: sdk-host bench [codec | cold | drain | stream | throughput] [--json] [--quick] [--config PATH] [--peer PATH]
+        usage: sdk-host bench [codec | cold | daemon | drain | stream | throughput] [--json] [--quick] [--config PATH] [--peer PATH]
                sdk-host bench --soak N [--json]
           (none)     raw socketpair round trip, then embedded and daemon echo, throughput, cold starts, kills,
                      drain: every figure also as a ratio to the raw round trip (build with -c release)
           codec      the wire codec beside Foundation's
           cold       cold starts alone: default sandbox, Sandbox = none, no launcher, AllowSubprocesses
+          daemon     the daemon alone: warm echo, requests/s at 1, 8 and 64 in flight, RSS
           drain      shutdown with 2k and 32k requests queued
           throughput embedded requests/s at 1, 8 and 64 in flight, and at 64 with handlers on the host loop
           stream     1 GiB (256 MiB with --quick) echoed as a descriptor and as data frames; Ticker's partial
@@ -43,7 +44,7 @@ enum BenchCommand {
         }
         let mode = options.positionals.first
         guard options.positionals.count <= 1, mode == nil || mode == "codec" || mode == "drain" || mode == "stream"
-            || mode == "throughput" || mode == "cold" else {
+            || mode == "throughput" || mode == "cold" || mode == "daemon" else {
             fail("unexpected argument '\(options.positionals.last ?? "")'\n\(usage)", status: ExitStatus.usage)
         }
         var results = Results()
@@ -65,6 +66,9 @@ enum BenchCommand {
         } else if mode == "cold" {
             results.raw = RawBench.measure(roundTrips: 4000)
             EmbeddedBench.measureColdStarts(into: &results, samples: quick ? 10 : 50)
+        } else if mode == "daemon" {
+            results.raw = RawBench.measure(roundTrips: 4000)
+            DaemonBench.measure(into: &results, scale: quick ? 1 : 5)
         } else if mode == "drain" {
             results.raw = RawBench.measure(roundTrips: 4000)
             for queued in [2000, 32000] { results.drain[queued] = EmbeddedBench.shutdownDrain(queued: queued) }
