@@ -305,6 +305,34 @@ int sdk_random_bytes(void *buffer, size_t length) {
     return got == (ssize_t)length ? 0 : -1;
 }
 
+/* Random bytes for request ids, 16 at a time, from a per-thread pool that one getrandom call fills with 256:
+   a getrandom per id was one of the three system calls a daemon client made per request. The pool lives in
+   thread-local storage, so threads never share or lock it. A forked child empties the pool of the thread that
+   forked (the only thread it has), so parent and child never hand out the same bytes. */
+static __thread unsigned char random_pool[256];
+static __thread size_t random_pool_left;
+static pthread_once_t random_pool_once = PTHREAD_ONCE_INIT;
+
+static void random_pool_forget(void) {
+    memset(random_pool, 0, sizeof random_pool);
+    random_pool_left = 0;
+}
+
+static void random_pool_register(void) { pthread_atfork(NULL, NULL, random_pool_forget); }
+
+int sdk_random_16(void *out) {
+    if (random_pool_left < 16) {
+        pthread_once(&random_pool_once, random_pool_register);
+        if (sdk_random_bytes(random_pool, sizeof random_pool) != 0) return -1;
+        random_pool_left = sizeof random_pool;
+    }
+    unsigned char *from = random_pool + sizeof random_pool - random_pool_left;
+    memcpy(out, from, 16);
+    memset(from, 0, 16);  /* handed out once: no copy stays behind */
+    random_pool_left -= 16;
+    return 0;
+}
+
 int sdk_seal_readonly(int fd) {
     return fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_WRITE | F_SEAL_SEAL);
 }

@@ -11,10 +11,10 @@ public struct RequestID: Hashable, Sendable, CustomStringConvertible {
 
     /// A new random (version 4) identifier.
     public init() {
-        // One getrandom call for all 128 bits (the generator makes one per 64): a request id is made on every
-        // beginRequest, and by the daemon for every request it forwards.
+        // From the shim's per-thread pool: one getrandom call per 16 ids (the generator makes one per 64 bits), as
+        // a request id is made on every beginRequest.
         var words: (UInt64, UInt64) = (0, 0)
-        let filled = withUnsafeMutableBytes(of: &words) { sdk_random_bytes($0.baseAddress, 16) == 0 }
+        let filled = withUnsafeMutableBytes(of: &words) { sdk_random_16($0.baseAddress) == 0 }
         if filled {
             self.init(high: words.0, low: words.1)
         } else {

@@ -3,6 +3,10 @@
 import SDKWire
 import Testing
 
+#if canImport(Glibc)
+import Glibc
+#endif
+
 @Suite struct MessageTests {
     static let id = RequestID(uuidString: "6F9619FF-8B86-4011-B42D-00C04FC964FF")!
     static let messages: [Message] = [
@@ -36,6 +40,43 @@ import Testing
         #expect(RequestID(uuidString: fresh.uuidString) == fresh)
         #expect(fresh.uuidString[fresh.uuidString.index(fresh.uuidString.startIndex, offsetBy: 14)] == "4")
         #expect(Set((0..<1000).map { _ in RequestID() }).count == 1000)
+    }
+
+    @Test func requestIDsFromManyThreadsAreDistinctAndVersion4() async {
+        // Each thread draws from its own pool of random bytes; across 8 threads, 4000 ids (250 refills) all differ.
+        let ids = await withTaskGroup(of: [RequestID].self) { group in
+            for _ in 0..<8 { group.addTask { (0..<500).map { _ in RequestID() } } }
+            var all: [RequestID] = []
+            for await some in group { all += some }
+            return all
+        }
+        #expect(Set(ids).count == ids.count)
+        #expect(ids.allSatisfy { ($0.high >> 12) & 0xF == 4 && $0.low >> 62 == 2 })
+    }
+
+    @Test func aForkedChildDoesNotRepeatItsParentsNextRequestID() throws {
+        // The parent's pool holds bytes for 15 more ids when it forks; a child that kept them would make the very
+        // id the parent makes next.
+        _ = RequestID()
+        var fds: [Int32] = [-1, -1]
+        #expect(pipe(&fds) == 0)
+        let child = fork()
+        if child == 0 {
+            // Only async-signal-safe work here: the id is a struct and the pool refill is one getrandom.
+            var id = RequestID()
+            _ = withUnsafeBytes(of: &id) { write(fds[1], $0.baseAddress, 16) }
+            _exit(0)
+        }
+        #expect(child > 0)
+        close(fds[1])
+        let parentsNext = RequestID()
+        var childs = RequestID()
+        let got = withUnsafeMutableBytes(of: &childs) { read(fds[0], $0.baseAddress, 16) }
+        close(fds[0])
+        var status: Int32 = 0
+        _ = waitpid(child, &status, 0)
+        #expect(got == 16)
+        #expect(childs != parentsNext)
     }
 
     @Test func requestIDParseAgreesWithAPlainReadingForEveryByteAtEveryPosition() {

@@ -87,6 +87,9 @@ ssize_t sdk_recv_with_fds(int sock, void *buf, size_t len, int *fds, int max_fds
 int sdk_memfd(const char *name);
 /// Fills `buffer` with `length` (at most 256) random bytes in one getrandom call. 0, or -1 with errno.
 int sdk_random_bytes(void *buffer, size_t length);
+/// Fills `out` with 16 random bytes from a per-thread pool that one getrandom call refills every 16 calls (emptied
+/// in a forked child). 0, or -1 with errno.
+int sdk_random_16(void *out);
 /// Seals a memfd against writing, growing and shrinking, and against further seal changes. 0 or -1 with errno.
 int sdk_seal_readonly(int fd);
 /// The seals of `fd` (F_GET_SEALS), or -1 with errno (EINVAL: not a memfd).
