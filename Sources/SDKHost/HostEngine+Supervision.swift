@@ -88,6 +88,13 @@ struct LatencyHistogram: Sendable, Equatable {
     }
 }
 
+/// An extension's counters and what its requests did. A class, so a request can keep its extension's and count
+/// in place.
+final class ExtensionTally {
+    var statistics = HostStatistics()
+    var activity = ExtensionActivity()
+}
+
 /// What an extension's requests did: the figures behind `status`'s per-extension report.
 struct ExtensionActivity {
     var requests = 0
@@ -105,7 +112,10 @@ extension HostEngine {
     func poolKey(_ manifest: ExtensionManifest?, app: String?) -> String {
         guard let manifest else { return "" }
         guard let app, manifest.policy.workerSharing == .perApp else { return manifest.identifier }
-        return manifest.identifier + "\u{1F}" + app
+        if let last = lastPoolKey, last.app == app, last.extensionID == manifest.identifier { return last.key }
+        let key = manifest.identifier + "\u{1F}" + app
+        lastPoolKey = (manifest.identifier, app, key)
+        return key
     }
 
     func poolState(_ key: String, extensionID: String, app: String?) -> PoolState {
@@ -150,7 +160,7 @@ extension HostEngine {
         state.backoff = state.backoff > 0 ? min(state.backoff * 2, maximumQuarantine) : policy.quarantineSeconds
         state.quarantinedUntil = now &+ nanoseconds(state.backoff)
         state.quarantines += 1
-        activity[worker.extensionID, default: ExtensionActivity()].quarantines += 1
+        tally(worker.extensionID).activity.quarantines += 1
         log(.warning, "\(worker.extensionID)\(worker.app.map { " (app \($0))" } ?? ""): \(state.recentDeaths.count) "
             + "worker(s) died on their own within \(policy.restartLimitInterval) s; quarantined for \(state.backoff) s")
         emit(.quarantined, worker, detail: "\(state.recentDeaths.count) death(s) within \(policy.restartLimitInterval) s; for \(state.backoff) s")
@@ -194,27 +204,22 @@ extension HostEngine {
     func recordActivity(_ record: RequestRecord, _ outcome: RequestOutcome) {
         let elapsed = loop.now &- record.startedAt
         let threshold = record.hangThreshold
-        // Mutated in place through the dictionary: a copy of the histogram per request would cost more than the
+        // Mutated in place in the tally (a class): a copy of the histogram per request would cost more than the
         // rest of this function.
-        modifyActivity(record.extensionID) { a in
-            switch outcome {
-            case .completed: a.latency.record(nanoseconds: elapsed)
-            case .cancelled: break
-            case .interrupted(let reason): a.interruptionsByKind[reason.kind, default: 0] += 1
-            }
-            if elapsed > threshold {
-                a.hangs += 1
-                a.hungNanoseconds &+= elapsed
-            }
+        let tally = record.tally ?? tally(record.extensionID)
+        switch outcome {
+        case .completed: tally.activity.latency.record(nanoseconds: elapsed)
+        case .cancelled: break
+        case .interrupted(let reason): tally.activity.interruptionsByKind[reason.kind, default: 0] += 1
+        }
+        if elapsed > threshold {
+            tally.activity.hangs += 1
+            tally.activity.hungNanoseconds &+= elapsed
         }
         if elapsed > threshold {
             log(.info, "\(record.extensionID): request \(record.id) ran \(Double(elapsed) / 1e6) ms (hang threshold "
                 + "\(Double(threshold) / 1e6) ms)")
         }
-    }
-
-    func modifyActivity(_ id: String, _ body: (inout ExtensionActivity) -> Void) {
-        body(&activity[id, default: ExtensionActivity()])
     }
 
     // MARK: Warm workers
@@ -301,7 +306,7 @@ extension HostEngine {
     /// Retires a worker past `MaxRequestsPerWorker` or `MaxWorkerRSSMB` once it has nothing in flight.
     func recycleIfDrained(_ worker: WorkerProcess) {
         guard worker.recycling, worker.inFlight.isEmpty, worker.state == .ready || worker.state == .starting else { return }
-        activity[worker.extensionID, default: ExtensionActivity()].recycles += 1
+        tally(worker.extensionID).activity.recycles += 1
         log(.info, "\(worker.extensionID): recycling worker pid \(worker.pid) after \(worker.requestsSent) request(s)"
             + (worker.recycleReason.map { " (\($0))" } ?? ""))
         emit(.recycled, worker, detail: worker.recycleReason)

@@ -89,13 +89,18 @@ package final class HostEngine: @unchecked Sendable {
     var requests: [RequestID: RequestRecord] = [:]
     var waiting: [String: RequestQueue] = [:]
     var pools: [String: PoolState] = [:]
-    var activity: [String: ExtensionActivity] = [:]
+    /// Each extension's counters and activity, made on first use; a request holds its extension's, so counting
+    /// it costs no lookup by name.
+    var tallies: [String: ExtensionTally] = [:]
+    /// The last pool key made (extension, app, key): a daemon client's requests all ask for the same one, and
+    /// building it joins two strings.
+    var lastPoolKey: (extensionID: String, app: String?, key: String)?
     var crashReports: [CrashReport] = []
     /// The newest leak reports (at most `recentLeakLimit`), for `status`.
     var recentLeaks: [LeakReport] = []
     static let recentLeakLimit = 32
     var statistics = HostStatistics()
-    var perExtension: [String: HostStatistics] = [:]
+    var perExtension: [String: HostStatistics] { tallies.mapValues(\.statistics) }
     var readBuffer = [UInt8](repeating: 0, count: 64 * 1024)
     var heartbeatTimer: TimerID?
     /// What each executable needs to run under Landlock (its loader and libraries), read once per path.
@@ -144,7 +149,15 @@ package final class HostEngine: @unchecked Sendable {
     /// Counts one event for `extensionID` and in the totals.
     func count(_ extensionID: String, _ counter: WritableKeyPath<HostStatistics, Int>) {
         statistics[keyPath: counter] += 1
-        perExtension[extensionID, default: HostStatistics()][keyPath: counter] += 1
+        tally(extensionID).statistics[keyPath: counter] += 1
+    }
+
+    /// `extensionID`'s counters and activity, made on first use.
+    func tally(_ extensionID: String) -> ExtensionTally {
+        if let tally = tallies[extensionID] { return tally }
+        let tally = ExtensionTally()
+        tallies[extensionID] = tally
+        return tally
     }
 
     /// Logs a line: to the configured handler, else through the bounded stderr writer (never blocking the loop).
@@ -161,9 +174,11 @@ package final class HostEngine: @unchecked Sendable {
 
     /// Starts `request` (loop thread). The daemon calls this directly; `submit` hops here from any thread.
     package func start(_ request: SubmittedRequest) {
+        // Looked up once per request, and handed on: each lookup hashes the name and copies the manifest.
+        let manifest = manifests[request.extensionID]
         let record = RequestRecord(
             id: request.id, extensionID: request.extensionID, items: request.items,
-            deadline: request.deadline ?? manifests[request.extensionID]?.policy.requestDeadline,
+            deadline: request.deadline ?? manifest?.policy.requestDeadline,
             deliver: request.deliver)
         record.onWorkerAssigned = request.onWorkerAssigned
         record.progress = request.progress
@@ -171,10 +186,10 @@ package final class HostEngine: @unchecked Sendable {
         record.forwardedBegin = request.forwardedBegin
         record.deliverForwarded = request.deliverForwarded
         record.publishesPid = request.publishesPid
-        start(record)
+        start(record, manifest)
     }
 
-    func start(_ record: RequestRecord) {
+    func start(_ record: RequestRecord, _ manifest: ExtensionManifest?) {
         loop.preconditionInLoop()
         if shuttingDown {
             record.deliver?(.interrupted(.hostShutdown))
@@ -187,23 +202,25 @@ package final class HostEngine: @unchecked Sendable {
         }
         requests[record.id] = record
         record.startedAt = loop.now
-        let manifest = manifests[record.extensionID]
         record.poolKey = poolKey(manifest, app: record.app)
         if let manifest { record.hangThreshold = nanoseconds(manifest.policy.hangThreshold) }
-        count(record.extensionID, \.requests)
+        let tally = tally(record.extensionID)
+        record.tally = tally
+        statistics.requests += 1
+        tally.statistics.requests += 1
         if let deadline = record.deadline {
             let id = record.id
             record.deadlineTimer = loop.schedule(afterNanoseconds: nanoseconds(deadline)) { [unowned self] in
                 self.deadlinePassed(id)
             }
         }
-        dispatch(record)
+        dispatch(record, manifest)
     }
 
     /// Sends `record` to a worker with room (spawning one if allowed), or queues it, or ends it as `overloaded`
     /// when the queue is full.
-    func dispatch(_ record: RequestRecord) {
-        guard let manifest = manifests[record.extensionID] else {
+    func dispatch(_ record: RequestRecord, _ manifest: ExtensionManifest?) {
+        guard let manifest else {
             finish(record.id, .interrupted(.launchFailed("unknown extension \(record.extensionID)")))
             return
         }
@@ -327,12 +344,18 @@ package final class HostEngine: @unchecked Sendable {
         let deliverForwarded = record.deliverForwarded
         record.deliver = nil
         record.deliverForwarded = nil
+        let tally = record.tally ?? tally(record.extensionID)
         switch outcome {
         case .completed:
-            count(record.extensionID, \.completions)
+            statistics.completions += 1
+            tally.statistics.completions += 1
             poolSucceeded(record.poolKey)
-        case .cancelled: count(record.extensionID, \.cancellations)
-        case .interrupted: count(record.extensionID, \.interruptions)
+        case .cancelled:
+            statistics.cancellations += 1
+            tally.statistics.cancellations += 1
+        case .interrupted:
+            statistics.interruptions += 1
+            tally.statistics.interruptions += 1
         }
         recordActivity(record, outcome)
         if let forwarded, let deliverForwarded {

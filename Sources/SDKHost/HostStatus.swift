@@ -105,10 +105,10 @@ extension HostEngine {
     package func statusOnLoop() -> HostStatus {
         let now = loop.now
         // Every installed extension, used or not, so an operator sees what could run.
-        let ids = Set(manifests.keys).union(perExtension.keys).union(workers.values.joined().map(\.extensionID)).union(pools.values.map(\.extensionID))
+        let ids = Set(manifests.keys).union(tallies.keys).union(workers.values.joined().map(\.extensionID)).union(pools.values.map(\.extensionID))
         let extensions = ids.sorted().map { id -> ExtensionStatus in
-            let c = perExtension[id] ?? HostStatistics()
-            let a = activity[id] ?? ExtensionActivity()
+            let c = tallies[id]?.statistics ?? HostStatistics()
+            let a = tallies[id]?.activity ?? ExtensionActivity()
             // Pools with a crash record, and pools that only have workers.
             let keys = Set(pools.values.filter { $0.extensionID == id }.map(\.key))
                 .union(workers.filter { $0.value.first?.extensionID == id }.map(\.key))

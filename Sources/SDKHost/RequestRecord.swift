@@ -40,6 +40,8 @@ final class RequestRecord {
     var app: String?
     /// When it began (loop clock), for latency and hang reports.
     var startedAt: UInt64 = 0
+    /// Its extension's counters (set when it starts).
+    var tally: ExtensionTally?
     /// Its extension's `HangThresholdMilliseconds`, in nanoseconds.
     var hangThreshold: UInt64 = .max
     /// Times it went back to the queue because its worker died before its handshake.
