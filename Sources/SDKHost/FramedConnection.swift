@@ -283,10 +283,17 @@ package final class FramedConnection {
                 let keep = keepsPayloads
                 let scans = keep && onForwardable != nil
                 var scanned: ScannedMessage?
+                var flat: Message?
                 guard let decoded = try reader.withNextPayload({ payload throws(WireError) -> PlistValue? in
                     if keep {
                         currentPayload.removeAll(keepingCapacity: currentPayload.capacity <= 64 << 10)
                         currentPayload.append(contentsOf: payload)
+                    }
+                    // `assigned`, `cancel` and `credit` exactly as we write them: no decoding needed.
+                    if let message = FlatFrame.message(from: payload) {
+                        flat = message
+                        size = payload.count
+                        return nil
                     }
                     if scans, let fields = ForwardScan.scan(payload, limits: limits) {
                         scanned = fields
@@ -298,6 +305,11 @@ package final class FramedConnection {
                     return try BinaryPlistDecoder.decode(payload, limits: limits, decodedBytes: &decoded)
                 }) else { return }
                 currentFrameBytes = size
+                if let flat {
+                    incoming.claimedNone()  // a flat message has no `fds`
+                    onMessage?(flat)
+                    continue
+                }
                 // A scanned frame carries no descriptors (it has no `fds`): it claims none, as a decoded one would.
                 if let scanned, let onForwardable {
                     incoming.claimedNone()

@@ -415,6 +415,8 @@ enum CodecBench {
     struct Result {
         var bytes = 0
         var encode = 0.0, decode = 0.0, foundationEncode = Double.nan, foundationDecode = Double.nan
+        /// An `assigned` (one per daemon request) through the decoder into a `Message`, and read as a flat frame.
+        var assignedDecode = 0.0, assignedFlat = 0.0
     }
 
     static func measure(quick: Bool) -> Result {
@@ -429,6 +431,10 @@ enum CodecBench {
             encoder.encode(message, appendingTo: &buffer)
         }
         r.decode = medianMicrosecondsPerCall(n) { blackHole(try! BinaryPlistDecoder.decode(payload)) }
+        var assigned: [UInt8] = []
+        FlatFrame.appendPayload(FlatFrame.entries(of: .assigned(id: RequestID(), pid: 4242))!, to: &assigned)
+        r.assignedDecode = medianMicrosecondsPerCall(n) { blackHole(try! Message(plist: BinaryPlistDecoder.decode(assigned))) }
+        r.assignedFlat = medianMicrosecondsPerCall(n) { blackHole(assigned.withUnsafeBytes { FlatFrame.message(from: $0) }!) }
         (r.foundationEncode, r.foundationDecode) = foundation(payload, iterations: n / 10)
         return r
     }

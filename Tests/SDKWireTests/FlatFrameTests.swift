@@ -37,6 +37,57 @@ import Testing
         }
     }
 
+    func flatPayload(_ message: Message) -> [UInt8] {
+        var payload: [UInt8] = []
+        FlatFrame.appendPayload(FlatFrame.entries(of: message)!, to: &payload)
+        return payload
+    }
+
+    @Test func aFlatPayloadIsReadBackWithoutTheDecoder() throws {
+        var g = SeededGenerator(seed: testSeed(default: 0xF1A8))
+        for _ in 0..<200 {
+            for message in messages(&g) {
+                let payload = flatPayload(message)
+                #expect(payload.withUnsafeBytes { FlatFrame.message(from: $0) } == message)
+            }
+        }
+    }
+
+    /// Bytes changed anywhere, or cut short: the fast reading either declines (and the decoder has the frame) or
+    /// returns exactly what the decoder makes of the same bytes. It never traps.
+    @Test func aChangedFlatPayloadIsEitherDeclinedOrReadAsTheDecoderReadsIt() throws {
+        var g = SeededGenerator(seed: testSeed(default: 0xF1A9))
+        var declined = 0, taken = 0
+        for _ in 0..<3000 {
+            var payload = flatPayload(messages(&g).randomElement(using: &g)!)
+            for _ in 0..<Int.random(in: 1...3, using: &g) {
+                payload[Int.random(in: 0..<payload.count, using: &g)] = UInt8.random(in: 0...255, using: &g)
+            }
+            if Bool.random(using: &g) && Int.random(in: 0..<4, using: &g) == 0 { payload.removeLast(Int.random(in: 1...8, using: &g)) }
+            guard let fast = payload.withUnsafeBytes({ FlatFrame.message(from: $0) }) else {
+                declined += 1
+                continue
+            }
+            taken += 1
+            #expect(try Message(plist: BinaryPlistDecoder.decode(payload)) == fast)
+        }
+        #expect(declined > 0 && taken > 0)
+    }
+
+    @Test func theSameMessageInAnotherWritersLayoutIsLeftToTheDecoder() throws {
+        let id = RequestID()
+        // Our general encoder (dictionary order, its own offsets), and the id in lower case.
+        let general = BinaryPlistEncoder.encode(Message.assigned(id: id, pid: 42).plist)
+        if let fast = general.withUnsafeBytes({ FlatFrame.message(from: $0) }) { #expect(fast == .assigned(id: id, pid: 42)) }
+        var lower = flatPayload(.cancel(id: id))
+        let upper = Array(id.uuidString.utf8)
+        let at = try #require(lower.indices.first { Array(lower[$0..<min($0 + 36, lower.count)]) == upper })
+        for i in at..<at + 36 where lower[i] >= UInt8(ascii: "A") && lower[i] <= UInt8(ascii: "F") { lower[i] |= 0x20 }
+        #expect(lower != flatPayload(.cancel(id: id)))
+        #expect(lower.withUnsafeBytes { FlatFrame.message(from: $0) } == nil)
+        #expect(try Message(plist: BinaryPlistDecoder.decode(lower)) == .cancel(id: id))
+    }
+
     @Test func aFlatFrameOverTheLimitIsRefusedAndNothingIsAppended() {
         var bytes: [UInt8] = [1, 2, 3]
         var outgoing = OutgoingDescriptors()
