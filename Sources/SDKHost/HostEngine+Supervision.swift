@@ -200,13 +200,13 @@ extension HostEngine {
 
     // MARK: Reports
 
-    /// Records how long a request ran, as latency (completions) and as a hang past the threshold.
-    func recordActivity(_ record: RequestRecord, _ outcome: RequestOutcome) {
+    /// Records how long a request ran, as latency (completions) and as a hang past the threshold, in its
+    /// extension's `tally`.
+    func recordActivity(_ record: RequestRecord, _ outcome: RequestOutcome, in tally: ExtensionTally) {
         let elapsed = loop.now &- record.startedAt
         let threshold = record.hangThreshold
         // Mutated in place in the tally (a class): a copy of the histogram per request would cost more than the
         // rest of this function.
-        let tally = record.tally ?? tally(record.extensionID)
         switch outcome {
         case .completed: tally.activity.latency.record(nanoseconds: elapsed)
         case .cancelled: break
@@ -215,8 +215,6 @@ extension HostEngine {
         if elapsed > threshold {
             tally.activity.hangs += 1
             tally.activity.hungNanoseconds &+= elapsed
-        }
-        if elapsed > threshold {
             log(.info, "\(record.extensionID): request \(record.id) ran \(Double(elapsed) / 1e6) ms (hang threshold "
                 + "\(Double(threshold) / 1e6) ms)")
         }

@@ -148,8 +148,13 @@ package final class HostEngine: @unchecked Sendable {
 
     /// Counts one event for `extensionID` and in the totals.
     func count(_ extensionID: String, _ counter: WritableKeyPath<HostStatistics, Int>) {
+        count(tally(extensionID), counter)
+    }
+
+    /// Counts one event in `tally` (a request's own, so its extension is not looked up) and in the totals.
+    func count(_ tally: ExtensionTally, _ counter: WritableKeyPath<HostStatistics, Int>) {
         statistics[keyPath: counter] += 1
-        tally(extensionID).statistics[keyPath: counter] += 1
+        tally.statistics[keyPath: counter] += 1
     }
 
     /// `extensionID`'s counters and activity, made on first use.
@@ -206,8 +211,7 @@ package final class HostEngine: @unchecked Sendable {
         if let manifest { record.hangThreshold = nanoseconds(manifest.policy.hangThreshold) }
         let tally = tally(record.extensionID)
         record.tally = tally
-        statistics.requests += 1
-        tally.statistics.requests += 1
+        count(tally, \.requests)
         if let deadline = record.deadline {
             let id = record.id
             record.deadlineTimer = loop.schedule(afterNanoseconds: nanoseconds(deadline)) { [unowned self] in
@@ -347,17 +351,12 @@ package final class HostEngine: @unchecked Sendable {
         let tally = record.tally ?? tally(record.extensionID)
         switch outcome {
         case .completed:
-            statistics.completions += 1
-            tally.statistics.completions += 1
+            count(tally, \.completions)
             poolSucceeded(record.poolKey)
-        case .cancelled:
-            statistics.cancellations += 1
-            tally.statistics.cancellations += 1
-        case .interrupted:
-            statistics.interruptions += 1
-            tally.statistics.interruptions += 1
+        case .cancelled: count(tally, \.cancellations)
+        case .interrupted: count(tally, \.interruptions)
         }
-        recordActivity(record, outcome)
+        recordActivity(record, outcome, in: tally)
         if let forwarded, let deliverForwarded {
             deliverForwarded(outcome, forwarded.payload, forwarded.idRange)
         } else if let deliver {

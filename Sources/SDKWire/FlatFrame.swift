@@ -53,7 +53,7 @@ package enum FlatFrame {
                     out.append(contentsOf: [0x5F, 0x10, 36])
                     let at = out.count
                     out.append(contentsOf: repeatElement(0, count: 36))
-                    out.withUnsafeMutableBytes { id.writeUUID(into: UnsafeMutableRawBufferPointer(rebasing: $0[at..<at + 36])) }
+                    ForwardedFrame.write(id, into: &out, at: at..<at + 36)
                 case .integer(let v): appendPlistInteger(v, to: &out)
                 }
             }
@@ -93,9 +93,8 @@ package enum FlatFrame {
             guard at < tableAt, payload[at] & 0xF0 == 0x10, payload[at] & 0x0F <= 3 else { return nil }
             let width = 1 << Int(payload[at] & 0x0F)
             guard at + 1 + width <= tableAt else { return nil }
-            var v: UInt64 = 0
-            for k in 0..<width { v = v << 8 | UInt64(payload[at + 1 + k]) }
-            integer = Int64(bitPattern: v)  // written with 8 bytes when negative, so the bits are the value
+            // Written with 8 bytes when negative, so the bits are the value.
+            integer = Int64(bitPattern: BinaryPlistReader.bigEndian(payload, at: at + 1, size: width))
         }
         let candidate: Message
         switch (n, type.elementsEqual("assigned".utf8), type.elementsEqual("credit".utf8), type.elementsEqual("cancel".utf8)) {

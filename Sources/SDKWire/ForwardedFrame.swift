@@ -37,8 +37,7 @@ package struct ForwardedFrame: Sendable {
         guard (1...8).contains(offsetSize), (1...8).contains(refSize) else { return nil }
         func uint(_ at: Int, _ size: Int) -> Int? {
             guard at >= 0, size <= 8, at + size <= n else { return nil }
-            var v: UInt64 = 0
-            for i in 0..<size { v = v << 8 | UInt64(p[at + i]) }
+            let v = BinaryPlistReader.bigEndian(p, at: at, size: size)
             return v <= UInt64(Int.max) ? Int(v) : nil
         }
         guard let objects = uint(trailer + 8, 8), let top = uint(trailer + 16, 8),
