@@ -1,15 +1,15 @@
 // Encoder for binary property lists (bplist00).
 //
-// Two passes over the value tree and no intermediate object list: the first counts objects (which fixes the
-// reference width), the second writes each object once. A container reserves consecutive indices for its
-// children, writes their references, then writes the children, so an object's index is known before its bytes
-// are. Objects are not deduplicated: messages are small trees and hashing costs more than it saves. Strings are
-// ASCII when they can be and UTF-16BE otherwise, as Foundation and plistlib write them.
+// Two passes over the value tree and no intermediate object list. The first pass counts objects, references and
+// bytes, which fixes the reference and offset widths and so the payload's exact size; the buffer grows once and
+// the second pass stores every object, reference and offset-table entry in place through a raw pointer, with no
+// per-byte append (an `Array.append` checks capacity and uniqueness each time, which was most of the cost). A
+// container reserves consecutive indices for its children, so an object's index is known before its bytes are.
+// Objects are not deduplicated: messages are small trees and hashing costs more than it saves. Strings are ASCII
+// when they can be and UTF-16BE otherwise, as Foundation and plistlib write them.
 
-/// Encodes `PlistValue`s as bplist00. Reuse one encoder to avoid re-allocating its scratch space.
+/// Encodes `PlistValue`s as bplist00.
 public struct BinaryPlistEncoder: Sendable {
-    private var offsets: [Int] = []
-
     /// Creates an encoder.
     public init() {}
 
@@ -27,134 +27,244 @@ public struct BinaryPlistEncoder: Sendable {
     ///   - value: The value to encode.
     ///   - out: The buffer to append to; existing bytes are kept (a frame header, say).
     public mutating func encode(_ value: PlistValue, appendingTo out: inout [UInt8]) {
-        let objectCount = Self.countObjects(value)
-        let start = out.count
-        offsets.removeAll(keepingCapacity: true)
-        offsets.reserveCapacity(objectCount)
-        offsets.append(contentsOf: repeatElement(0, count: objectCount))
-        out.reserveCapacity(start + 64 + objectCount * 12)
-        out.append(contentsOf: bplistMagic)
-        let writer = Writer(refSize: byteWidth(UInt64(objectCount)), start: start)
-        var next = 1
-        offsets.withUnsafeMutableBufferPointer { table in
-            writer.write(value, index: 0, next: &next, offsets: table, out: &out)
+        var size = EncodedSize()
+        size.add(value)
+        Self.write(size, appendingTo: &out) { writer in
+            var next = 1
+            writer.write(value, index: 0, next: &next)
+            return next
         }
-        let tableOffset = out.count - start
-        let offsetSize = byteWidth(UInt64(tableOffset))
-        for offset in offsets { appendBigEndian(UInt64(offset), size: offsetSize, to: &out) }
-        out.append(contentsOf: repeatElement(0, count: 6))
-        out.append(UInt8(offsetSize))
-        out.append(UInt8(writer.refSize))
-        appendBigEndian(UInt64(objectCount), size: 8, to: &out)
-        appendBigEndian(0, size: 8, to: &out)  // top object
-        appendBigEndian(UInt64(tableOffset), size: 8, to: &out)
     }
 
-    /// The number of bplist objects `value` encodes to (dictionary keys are objects too).
-    static func countObjects(_ value: PlistValue) -> Int {
-        switch value {
-        case .array(let elements):
-            var n = 1
-            for e in elements { n += countObjects(e) }
-            return n
-        case .dictionary(let entries):
-            var n = 1 + entries.count
-            for (_, v) in entries { n += countObjects(v) }
-            return n
-        default:
-            return 1
+    /// Sizes the payload from the first pass, grows `out` once, lets `writeObjects` store the objects from index 0
+    /// (it returns how many it stored), then stores the trailer.
+    static func write(_ size: EncodedSize, appendingTo out: inout [UInt8], _ writeObjects: (inout Writer) -> Int) {
+        let refSize = byteWidth(UInt64(size.objects))
+        let tableOffset = bplistMagic.count + size.bytes + size.references * refSize
+        let offsetSize = byteWidth(UInt64(tableOffset))
+        let total = tableOffset + size.objects * offsetSize + 32
+        let start = out.count
+        out.append(contentsOf: repeatElement(0, count: total))
+        out.withUnsafeMutableBytes { buffer in
+            let base = buffer.baseAddress! + start
+            var writer = Writer(base: base, refSize: refSize, offsetSize: offsetSize, table: base + tableOffset)
+            writer.putBytes(bplistMagic)
+            let written = writeObjects(&writer)
+            precondition(writer.cursor == tableOffset && written == size.objects,
+                         "bplist encoder: the size pass and the write pass disagree")
+            // Trailer: 6 unused bytes, the two widths, object count, top object 0, offset table position.
+            let trailer = base + tableOffset + size.objects * offsetSize
+            trailer.storeBytes(of: UInt8(offsetSize), toByteOffset: 6, as: UInt8.self)
+            trailer.storeBytes(of: UInt8(refSize), toByteOffset: 7, as: UInt8.self)
+            trailer.storeBytes(of: UInt64(size.objects).bigEndian, toByteOffset: 8, as: UInt64.self)
+            trailer.storeBytes(of: UInt64(tableOffset).bigEndian, toByteOffset: 24, as: UInt64.self)
         }
     }
 }
 
-private struct Writer {
-    let refSize: Int
-    let start: Int
+/// The first pass: objects, references and the bytes of every object apart from its references.
+struct EncodedSize {
+    var objects = 0
+    var references = 0
+    var bytes = 0
 
-    init(refSize: Int, start: Int) {
-        self.refSize = refSize
-        self.start = start
+    mutating func add(_ value: PlistValue) {
+        objects += 1
+        switch value {
+        case .bool: bytes += 1
+        case .integer(let i): bytes += i < 0 ? 9 : 1 + byteWidth(UInt64(i))
+        case .real, .date: bytes += 9
+        case .data(let d): bytes += headerSize(d.count) + d.count
+        case .string(let s): addString(s)
+        case .array(let elements):
+            bytes += headerSize(elements.count)
+            references += elements.count
+            for e in elements { add(e) }
+        case .dictionary(let entries):
+            bytes += headerSize(entries.count)
+            references += 2 * entries.count
+            for (k, v) in entries {
+                objects += 1
+                addString(k)
+                add(v)
+            }
+        }
     }
 
-    func write(
-        _ value: PlistValue, index: Int, next: inout Int, offsets: UnsafeMutableBufferPointer<Int>,
-        out: inout [UInt8]
-    ) {
-        offsets[index] = out.count - start
+    mutating func addString(_ s: String) {
+        let (ascii, count) = stringShape(s)
+        bytes += headerSize(count) + (ascii ? count : 2 * count)
+    }
+}
+
+/// A marker byte plus, from 15 elements on, an integer object holding the count.
+@inline(__always)
+func headerSize(_ count: Int) -> Int { count < 15 ? 1 : 2 + byteWidth(UInt64(count)) }
+
+/// Whether `s` is ASCII, and its length in the units it will be written in (bytes, or UTF-16 code units).
+@inline(__always)
+private func stringShape(_ s: String) -> (ascii: Bool, count: Int) {
+    if let shape = s.utf8.withContiguousStorageIfAvailable({ isASCII($0) ? (true, $0.count) : nil }), let shape {
+        return shape
+    }
+    var copy = s
+    if copy.withUTF8({ isASCII($0) }) { return (true, copy.utf8.count) }
+    return (false, s.utf16.count)
+}
+
+/// Eight bytes at a time: no byte has its top bit set.
+@inline(__always)
+private func isASCII(_ bytes: UnsafeBufferPointer<UInt8>) -> Bool {
+    guard let p = bytes.baseAddress else { return true }
+    let raw = UnsafeRawPointer(p)
+    var i = 0
+    var high: UInt64 = 0
+    while i + 8 <= bytes.count {
+        high |= raw.loadUnaligned(fromByteOffset: i, as: UInt64.self)
+        i += 8
+    }
+    while i < bytes.count {
+        high |= UInt64(bytes[i])
+        i += 1
+    }
+    return high & 0x8080_8080_8080_8080 == 0
+}
+
+/// The second pass: stores each object at `cursor` and its offset in the table, in a buffer the first pass sized.
+struct Writer {
+    let base: UnsafeMutableRawPointer
+    let refSize: Int
+    let offsetSize: Int
+    let table: UnsafeMutableRawPointer
+    var cursor = 0
+
+    init(base: UnsafeMutableRawPointer, refSize: Int, offsetSize: Int, table: UnsafeMutableRawPointer) {
+        self.base = base
+        self.refSize = refSize
+        self.offsetSize = offsetSize
+        self.table = table
+    }
+
+    /// The object about to be stored at `cursor` is object `index`.
+    @inline(__always)
+    mutating func storeOffset(of index: Int) {
+        storeBigEndian(UInt64(cursor), size: offsetSize, at: table + index * offsetSize)
+    }
+
+    mutating func write(_ value: PlistValue, index: Int, next: inout Int) {
+        storeOffset(of: index)
         switch value {
         case .bool(let b):
-            out.append(b ? 0x09 : 0x08)
+            put(b ? 0x09 : 0x08)
         case .integer(let i):
-            writeInteger(i, to: &out)
+            putInteger(i)
         case .real(let d):
-            out.append(0x23)
-            appendBigEndian(d.bitPattern, size: 8, to: &out)
+            put(0x23)
+            putBigEndian(d.bitPattern, size: 8)
         case .date(let d):
-            out.append(0x33)
-            appendBigEndian(d.secondsSinceReferenceDate.bitPattern, size: 8, to: &out)
+            put(0x33)
+            putBigEndian(d.secondsSinceReferenceDate.bitPattern, size: 8)
         case .data(let bytes):
-            writeHeader(0x40, count: bytes.count, to: &out)
-            out.append(contentsOf: bytes)
+            putHeader(0x40, count: bytes.count)
+            putBytes(bytes)
         case .string(let s):
-            writeString(s, to: &out)
+            putString(s)
         case .array(let elements):
-            let base = next
+            let first = next
             next += elements.count
-            writeHeader(0xA0, count: elements.count, to: &out)
-            for i in 0..<elements.count { appendBigEndian(UInt64(base + i), size: refSize, to: &out) }
-            for (i, e) in elements.enumerated() { write(e, index: base + i, next: &next, offsets: offsets, out: &out) }
+            putHeader(0xA0, count: elements.count)
+            for i in 0..<elements.count { putBigEndian(UInt64(first + i), size: refSize) }
+            var i = first
+            for e in elements {
+                write(e, index: i, next: &next)
+                i += 1
+            }
         case .dictionary(let entries):
             let n = entries.count
-            let base = next
+            let first = next
             next += 2 * n
-            writeHeader(0xD0, count: n, to: &out)
-            for i in 0..<(2 * n) { appendBigEndian(UInt64(base + i), size: refSize, to: &out) }
-            // Keys take indices base..<base+n and values base+n..<base+2n, in the dictionary's iteration order.
-            var i = 0
+            putHeader(0xD0, count: n)
+            for i in 0..<(2 * n) { putBigEndian(UInt64(first + i), size: refSize) }
+            // Keys take indices first..<first+n and values first+n..<first+2n, in the dictionary's iteration order.
+            var i = first
             for key in entries.keys {
-                offsets[base + i] = out.count - start
-                writeString(key, to: &out)
+                storeOffset(of: i)
+                putString(key)
                 i += 1
             }
-            i = 0
             for v in entries.values {
-                write(v, index: base + n + i, next: &next, offsets: offsets, out: &out)
+                write(v, index: i, next: &next)
                 i += 1
             }
         }
     }
 
-    func writeInteger(_ i: Int64, to out: inout [UInt8]) { appendPlistInteger(i, to: &out) }
+    @inline(__always)
+    mutating func put(_ byte: UInt8) {
+        base.storeBytes(of: byte, toByteOffset: cursor, as: UInt8.self)
+        cursor += 1
+    }
 
-    func writeHeader(_ marker: UInt8, count: Int, to out: inout [UInt8]) {
+    @inline(__always)
+    mutating func putBigEndian(_ v: UInt64, size: Int) {
+        storeBigEndian(v, size: size, at: base + cursor)
+        cursor += size
+    }
+
+    mutating func putBytes(_ bytes: [UInt8]) {
+        bytes.withUnsafeBytes { putRaw($0) }
+    }
+
+    @inline(__always)
+    mutating func putRaw(_ bytes: UnsafeRawBufferPointer) {
+        guard let source = bytes.baseAddress, !bytes.isEmpty else { return }
+        (base + cursor).copyMemory(from: source, byteCount: bytes.count)
+        cursor += bytes.count
+    }
+
+    mutating func putInteger(_ i: Int64) {
+        if i < 0 {
+            put(0x13)
+            putBigEndian(UInt64(bitPattern: i), size: 8)
+            return
+        }
+        let width = byteWidth(UInt64(i))
+        put(0x10 | UInt8(width.trailingZeroBitCount))
+        putBigEndian(UInt64(i), size: width)
+    }
+
+    mutating func putHeader(_ marker: UInt8, count: Int) {
         if count < 15 {
-            out.append(marker | UInt8(count))
+            put(marker | UInt8(count))
         } else {
-            out.append(marker | 0x0F)
-            writeInteger(Int64(count), to: &out)
+            put(marker | 0x0F)
+            putInteger(Int64(count))
         }
     }
 
-    func writeString(_ s: String, to out: inout [UInt8]) {
-        var s = s
-        s.withUTF8 { utf8 in
-            var ascii = true
-            for b in utf8 where b >= 0x80 {
-                ascii = false
-                break
+    mutating func putString(_ s: String) {
+        let (ascii, count) = stringShape(s)
+        if ascii {
+            putHeader(0x50, count: count)
+            if s.utf8.withContiguousStorageIfAvailable({ putRaw(UnsafeRawBufferPointer($0)) }) == nil {
+                var copy = s
+                copy.withUTF8 { putRaw(UnsafeRawBufferPointer($0)) }
             }
-            if ascii {
-                writeHeader(0x50, count: utf8.count, to: &out)
-                out.append(contentsOf: utf8)
-            } else {
-                let units = String(decoding: utf8, as: UTF8.self).utf16
-                writeHeader(0x60, count: units.count, to: &out)
-                for u in units {
-                    out.append(UInt8(u >> 8))
-                    out.append(UInt8(u & 0xFF))
-                }
-            }
+        } else {
+            putHeader(0x60, count: count)
+            for u in s.utf16 { putBigEndian(UInt64(u), size: 2) }
         }
+    }
+}
+
+/// Stores the low `size` bytes of `v` (1, 2, 4 or 8) big-endian at `p`, which need not be aligned.
+@inline(__always)
+func storeBigEndian(_ v: UInt64, size: Int, at p: UnsafeMutableRawPointer) {
+    switch size {
+    case 1: p.storeBytes(of: UInt8(truncatingIfNeeded: v), as: UInt8.self)
+    case 2: p.storeBytes(of: UInt16(truncatingIfNeeded: v).bigEndian, as: UInt16.self)
+    case 4: p.storeBytes(of: UInt32(truncatingIfNeeded: v).bigEndian, as: UInt32.self)
+    default: p.storeBytes(of: v.bigEndian, as: UInt64.self)
     }
 }
 

@@ -37,6 +37,24 @@ import SDKWire
         #expect(Array(bytes[8..<11]) == [0x61, 0x00, 0xE9])
     }
 
+    @Test func oneNonASCIICharacterAnywhereMakesTheStringUTF16() throws {
+        // The encoder checks eight bytes at a time; a non-ASCII character in any position of a word or of the
+        // tail must still switch the string to UTF-16, and an all-ASCII string of any length must stay ASCII.
+        for length in 1...24 {
+            let ascii = String(repeating: "a", count: length)
+            let plain = BinaryPlistEncoder.encode(.string(ascii))
+            #expect(plain[8] & 0xF0 == 0x50, "\(length) ASCII characters")
+            for position in 0..<length {
+                var characters = Array(ascii)
+                characters[position] = "é"
+                let string = String(characters)
+                let bytes = BinaryPlistEncoder.encode(.string(string))
+                #expect(bytes[8] & 0xF0 == 0x60, "é at \(position) of \(length)")
+                #expect(try BinaryPlistDecoder.decode(bytes) == .string(string))
+            }
+        }
+    }
+
     @Test func largeArrayWidensReferencesAndOffsets() throws {
         let value = PlistValue.array((0..<70_000).map { .integer(Int64($0)) })
         let bytes = BinaryPlistEncoder.encode(value)
