@@ -24,7 +24,11 @@ package struct OutgoingDescriptors {
         if files.count > maxDescriptorsPerMessage {
             throw WireError(.notEncodable, "\(files.count) file attachments in one message; at most \(maxDescriptorsPerMessage)")
         }
-        try Frame.encode(message.plist, with: &encoder, appendingTo: &bytes, limits: limits)
+        if let fields = ItemsFields(message) {
+            try Frame.append(to: &bytes, limits: limits) { encoder.encode(fields, appendingTo: &$0) }
+        } else {
+            try Frame.encode(message.plist, with: &encoder, appendingTo: &bytes, limits: limits)
+        }
         if !files.isEmpty { marks.append((start, files)) }
     }
 

@@ -417,6 +417,8 @@ enum CodecBench {
         var encode = 0.0, decode = 0.0, foundationEncode = Double.nan, foundationDecode = Double.nan
         /// An `assigned` (one per daemon request) through the decoder into a `Message`, and read as a flat frame.
         var assignedDecode = 0.0, assignedFlat = 0.0
+        /// A `begin` from its items to frame bytes, as the host writes one per request (message built, then encoded).
+        var beginFrame = 0.0
     }
 
     static func measure(quick: Bool) -> Result {
@@ -435,6 +437,12 @@ enum CodecBench {
         FlatFrame.appendPayload(FlatFrame.entries(of: .assigned(id: RequestID(), pid: 4242))!, to: &assigned)
         r.assignedDecode = medianMicrosecondsPerCall(n) { blackHole(try! Message(plist: BinaryPlistDecoder.decode(assigned))) }
         r.assignedFlat = medianMicrosecondsPerCall(n) { blackHole(assigned.withUnsafeBytes { FlatFrame.message(from: $0) }!) }
+        let begin = Message.begin(id: RequestID(), items: [EmbeddedBench.item], extensionID: nil, deadlineMs: 30_000)
+        var outgoing = OutgoingDescriptors()
+        r.beginFrame = medianMicrosecondsPerCall(n) {
+            buffer.removeAll(keepingCapacity: true)
+            try! outgoing.encode(begin, with: &encoder, appendingTo: &buffer)
+        }
         (r.foundationEncode, r.foundationDecode) = foundation(payload, iterations: n / 10)
         return r
     }
