@@ -44,7 +44,7 @@ public struct BinaryPlistEncoder: Sendable {
         let offsetSize = byteWidth(UInt64(tableOffset))
         let total = tableOffset + size.objects * offsetSize + 32
         let start = out.count
-        out.append(contentsOf: repeatElement(0, count: total))
+        appendZeros(total, to: &out)
         out.withUnsafeMutableBytes { buffer in
             let base = buffer.baseAddress! + start
             var writer = Writer(base: base, refSize: refSize, offsetSize: offsetSize, table: base + tableOffset)
@@ -265,6 +265,24 @@ func storeBigEndian(_ v: UInt64, size: Int, at p: UnsafeMutableRawPointer) {
     case 2: p.storeBytes(of: UInt16(truncatingIfNeeded: v).bigEndian, as: UInt16.self)
     case 4: p.storeBytes(of: UInt32(truncatingIfNeeded: v).bigEndian, as: UInt32.self)
     default: p.storeBytes(of: v.bigEndian, as: UInt64.self)
+    }
+}
+
+/// Zeros to grow a buffer by, copied rather than appended one by one: an element-wise append of a 1 MiB payload
+/// took tens of milliseconds in an unoptimized (test) build.
+private let zeroChunk = [UInt8](repeating: 0, count: 1 << 16)
+
+/// Appends `count` zero bytes to `out`, a chunk at a time.
+/// (No `reserveCapacity`: an exact reservation on every frame would defeat the array's geometric growth when a
+/// connection's output appends frame after frame.)
+func appendZeros(_ count: Int, to out: inout [UInt8]) {
+    var remaining = count
+    zeroChunk.withUnsafeBufferPointer { zeros in
+        while remaining > 0 {
+            let n = min(remaining, zeros.count)
+            out.append(contentsOf: UnsafeBufferPointer(rebasing: zeros[0..<n]))
+            remaining -= n
+        }
     }
 }
 
