@@ -12,6 +12,7 @@
 #include <sys/mman.h>
 #include <sys/sendfile.h>
 #include <sys/eventfd.h>
+#include <sys/timerfd.h>
 #include <sys/prctl.h>
 #include <sys/signalfd.h>
 #include <sys/socket.h>
@@ -104,6 +105,14 @@ int sdk_epoll_wait(int epfd, int32_t *fds, uint32_t *events, int max_events, int
 int sdk_epoll_create(void) { return epoll_create1(EPOLL_CLOEXEC); }
 int sdk_eventfd(void) { return eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK); }
 int sdk_blocking_eventfd(void) { return eventfd(0, EFD_CLOEXEC); }
+int sdk_timerfd(void) { return timerfd_create(CLOCK_MONOTONIC, TFD_CLOEXEC | TFD_NONBLOCK); }
+int sdk_timerfd_arm(int fd, uint64_t deadline_ns) {
+    if (deadline_ns == 0) deadline_ns = 1;  // an it_value of zero would disarm it
+    struct itimerspec spec = {0};
+    spec.it_value.tv_sec = (time_t)(deadline_ns / 1000000000u);
+    spec.it_value.tv_nsec = (long)(deadline_ns % 1000000000u);
+    return timerfd_settime(fd, TFD_TIMER_ABSTIME, &spec, NULL);
+}
 
 int sdk_pipe_cloexec(int fds[2]) { return pipe2(fds, O_CLOEXEC); }
 

@@ -5,6 +5,13 @@
 // "Belong to the loop" means: touched only by whoever holds the loop's turn, a mutex the loop thread holds from
 // the moment epoll_wait returns until it calls epoll_wait again. An inline caller takes the turn only when it is
 // free (trylock) and nothing is queued, so everything handed to the loop still runs in the order it was handed.
+//
+// Timers wake the loop through a timerfd in its epoll set, armed for the earliest deadline and re-armed only when
+// an earlier one appears. epoll_wait's own timeout could not be moved by an inline caller, which then had to wake
+// the loop (eventfd write, a turn, epoll_wait again) whenever it set a timer earlier than the loop slept on. With
+// requests one at a time the loop sleeps with no timer at all, so every request's deadline did that: one extra
+// wake-up of the loop thread per request. Now the caller re-arms the timerfd at most, and not even that while an
+// earlier (possibly stale) expiry is armed; a stale one costs one spurious turn.
 
 #if canImport(Glibc)
 import Glibc
@@ -22,6 +29,10 @@ public final class EventLoop: @unchecked Sendable {
 
     private let epfd: Int32
     private let wakeFD: Int32
+    /// Expires at `armedAt`; in the epoll set. Unused under a manual clock.
+    private let timerFD: Int32
+    /// When `timerFD` expires (0: not armed). A timer cancelled since leaves it early, which only costs a turn.
+    private var armedAt: UInt64 = 0
     private var handlers: [Int32: Handler] = [:]
     private var timers = TimerHeap()
     private var beforeSleep: [() -> Void] = []
@@ -30,8 +41,8 @@ public final class EventLoop: @unchecked Sendable {
     private let turnHolder = Atomic<UInt>(0)
     /// The turn itself (a plain pthread mutex: the loop holds it across a whole wake-up, not in one closure).
     private let turn: UnsafeMutablePointer<pthread_mutex_t>
-    /// The deadline the loop thread's current epoll_wait ends at (0: it is not sleeping; .max: no timer), so an
-    /// inline caller that scheduled an earlier timer knows to wake it.
+    /// Under a manual clock: the loop thread sleeps (.max) or polls (0), so an inline caller that scheduled a timer
+    /// knows to wake it (the test moves the clock; no timerfd can follow it).
     private var sleepingUntil: UInt64 = 0
     private let name: String
     private let clock: ManualClock?
@@ -74,7 +85,17 @@ public final class EventLoop: @unchecked Sendable {
             turn.deallocate()
             throw error
         }
+        do throws(SystemError) {
+            timerFD = try retryingEINTR("timerfd_create") { sdk_timerfd() }
+        } catch {
+            FileDescriptor(adopting: wakeFD).close()
+            FileDescriptor(adopting: epfd).close()
+            pthread_mutex_destroy(turn)
+            turn.deallocate()
+            throw error
+        }
         try retryingEINTR("epoll_ctl(ADD)") { sdk_epoll_ctl(epfd, SDK_EPOLL_CTL_ADD, wakeFD, Self.readable) }
+        try retryingEINTR("epoll_ctl(ADD)") { sdk_epoll_ctl(epfd, SDK_EPOLL_CTL_ADD, timerFD, Self.readable) }
         let box = Unmanaged.passRetained(self).toOpaque()
         var thread = pthread_t()
         let rc = pthread_create(&thread, nil, { arg in
@@ -93,7 +114,10 @@ public final class EventLoop: @unchecked Sendable {
     deinit {
         // The loop thread closes the epoll descriptor when it stops; a loop whose thread never started has it open.
         _ = Glibc.close(wakeFD)
-        if !threadStarted { _ = Glibc.close(epfd) }
+        if !threadStarted {
+            _ = Glibc.close(epfd)
+            _ = Glibc.close(timerFD)
+        }
         pthread_mutex_destroy(turn)
         turn.deallocate()
     }
@@ -158,8 +182,9 @@ public final class EventLoop: @unchecked Sendable {
         task()
         runBeforeSleepHooks()
         runningInline = false
-        // The loop thread sleeps until `sleepingUntil`: a timer set here for earlier must wake it.
-        let wake = (timers.nextDeadline ?? .max) < sleepingUntil
+        // A timer set here expires through the timerfd; only a manual clock's loop must be woken to look.
+        let wake = clock != nil && (timers.nextDeadline ?? .max) < sleepingUntil
+        if clock == nil { armTimer() }
         releaseTurn()
         if wake { signalWake() }
         return true
@@ -272,6 +297,12 @@ public final class EventLoop: @unchecked Sendable {
         sleepingUntil = 0
     }
 
+    /// Arms the timerfd for the earliest deadline unless it already expires no later. Holder of the turn only.
+    private func armTimer() {
+        guard let deadline = timers.nextDeadline, armedAt == 0 || deadline < armedAt else { return }
+        if sdk_timerfd_arm(timerFD, deadline) == 0 { armedAt = deadline }
+    }
+
     private func releaseTurn() {
         turnHolder.store(0, ordering: .relaxed)
         pthread_mutex_unlock(turn)
@@ -301,12 +332,15 @@ public final class EventLoop: @unchecked Sendable {
                 timeout = 0
             } else if let clock {
                 timeout = timers.nextDeadline.map { $0 <= clock.now() ? 0 : -1 } ?? -1
+            } else if let next = timers.nextDeadline, next <= monotonicNanoseconds() {
+                timeout = 0
             } else {
-                timeout = timers.millisecondsUntilNext(now: monotonicNanoseconds())
+                armTimer()
+                timeout = -1
             }
             // Under a manual clock any timer may be due at once (the test moves the clock), so an inline caller
             // wakes the loop whenever a timer is pending.
-            sleepingUntil = timeout == 0 ? 0 : (clock != nil ? .max : (timers.nextDeadline ?? .max))
+            sleepingUntil = timeout == 0 || clock == nil ? 0 : .max
             releaseTurn()
             let n = fds.withUnsafeMutableBufferPointer { f in
                 events.withUnsafeMutableBufferPointer { e in
@@ -324,6 +358,10 @@ public final class EventLoop: @unchecked Sendable {
                 if fd == wakeFD {
                     var counter: UInt64 = 0
                     _ = read(wakeFD, &counter, 8)
+                } else if fd == timerFD {
+                    var expirations: UInt64 = 0
+                    _ = read(timerFD, &expirations, 8)
+                    armedAt = 0
                 } else if let handler = handlers[fd] {
                     handler(events[i])
                 }
@@ -360,8 +398,10 @@ public final class EventLoop: @unchecked Sendable {
             return inbox.onStopped
         }
         // The wake descriptor stays open until deinit: a thread in `execute` or `wake` may still write to it, and
-        // closed here its number could be reused by the app and receive those 8 bytes.
+        // closed here its number could be reused by the app and receive those 8 bytes. Only the turn's holder arms
+        // the timerfd, and no one takes the turn for a stopped loop's work.
         FileDescriptor(adopting: epfd).close()
+        FileDescriptor(adopting: timerFD).close()
         releaseTurn()
         for callback in callbacks { callback() }
     }
@@ -400,13 +440,6 @@ struct TimerHeap {
     mutating func cancel(_ id: TimerID) {
         guard let index = position[id.raw] else { return }
         remove(at: index)
-    }
-
-    /// -1 (wait forever) when no timer is pending; otherwise milliseconds rounded up.
-    func millisecondsUntilNext(now: UInt64) -> Int32 {
-        guard let top = heap.first else { return -1 }
-        if top.deadline <= now { return 0 }
-        return Int32(min((top.deadline - now + 999_999) / 1_000_000, 60_000))
     }
 
     /// The earliest deadline, if any.

@@ -114,6 +114,36 @@ import Glibc
         await stopAndWait(loop)
     }
 
+    @Test func anEarlierTimerSetInlineFiresBeforeTheOneTheLoopSleepsOn() async throws {
+        let loop = try EventLoop(name: "test-inline-earlier")
+        let fired = DispatchSemaphore(value: 0)
+        let late = Mutex<Bool>(false)
+        await onLoop(loop) { _ = loop.schedule(afterNanoseconds: 600_000_000_000) { late.withLock { $0 = true } } }
+        usleep(20_000)  // asleep until the ten-minute timer
+        loop.executeInline { _ = loop.schedule(afterNanoseconds: 5_000_000) { fired.signal() } }
+        #expect(fired.wait(timeout: .now() + 10) == .success)
+        #expect(!late.withLock { $0 })
+        await stopAndWait(loop)
+    }
+
+    @Test func aCancelledTimerLeavesLaterTimersFiring() async throws {
+        // The timerfd stays armed for a cancelled timer's deadline; expiring early must re-arm for the next one.
+        let loop = try EventLoop(name: "test-inline-stale")
+        let fired = DispatchSemaphore(value: 0)
+        let cancelledRan = Mutex<Bool>(false)
+        loop.executeInline {
+            let early = loop.schedule(afterNanoseconds: 10_000_000) { cancelledRan.withLock { $0 = true } }
+            loop.cancelTimer(early)
+            _ = loop.schedule(afterNanoseconds: 60_000_000) { fired.signal() }
+        }
+        #expect(fired.wait(timeout: .now() + 10) == .success)
+        #expect(!cancelledRan.withLock { $0 })
+        // And a timer set from the loop thread itself after that.
+        await onLoop(loop) { _ = loop.schedule(afterNanoseconds: 5_000_000) { fired.signal() } }
+        #expect(fired.wait(timeout: .now() + 10) == .success)
+        await stopAndWait(loop)
+    }
+
     @Test func aStoppedLoopRefusesInlineWork() async throws {
         let loop = try EventLoop(name: "test-inline-stop")
         await stopAndWait(loop)

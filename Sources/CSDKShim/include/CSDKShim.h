@@ -31,6 +31,10 @@ int sdk_epoll_create(void);
 int sdk_eventfd(void);
 /// eventfd(0, EFD_CLOEXEC): blocking reads, for a thread that sleeps until woken.
 int sdk_blocking_eventfd(void);
+/// timerfd_create(CLOCK_MONOTONIC, TFD_CLOEXEC | TFD_NONBLOCK).
+int sdk_timerfd(void);
+/// Arms `fd` to expire once at `deadline_ns` on CLOCK_MONOTONIC (absolute; a past deadline expires at once).
+int sdk_timerfd_arm(int fd, uint64_t deadline_ns);
 /// pipe2(fds, O_CLOEXEC).
 int sdk_pipe_cloexec(int fds[2]);
 
