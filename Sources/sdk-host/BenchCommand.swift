@@ -1,6 +1,7 @@
 // `sdk-host bench [--json] [--quick]` (`bench codec` or `bench drain` for one part; `bench --soak N`, SoakCommand.swift): every performance figure of shared/DESIGN.md measured in one run, each
 // next to its ratio to the raw socketpair round trip between two processes on this machine (the physical limit),
 // or to Foundation for the codec. `sdk-host bench codec` runs the codec part alone. Build with -c release.
+import CSDKShim
 import Dispatch
 import SDKHost
 import SDKPosix
@@ -84,7 +85,7 @@ enum BenchCommand {
             results.warmOnLoop = EmbeddedBench.warmRoundTrips(host, count: 4000 * scale, onHostLoop: true)
             EmbeddedBench.measureThroughput(host, into: &results, scale: scale)
             results.echoWorkerRSSKB = EmbeddedBench.echoWorkerRSS(host)
-            results.kill = EmbeddedBench.killToInterruption(host, samples: 20 * scale)
+            (results.kill, results.killExit) = EmbeddedBench.killToInterruption(host, samples: 20 * scale)
             shutdown(host)
             // The same warm path with the runtime's leak check off: what the check costs per request.
             let unchecked = EmbeddedHost.make {
@@ -270,8 +271,11 @@ enum EmbeddedBench {
         return rssKB(of: p)
     }
 
-    /// SIGKILL of a worker running a request → that request's interruption callback, in µs.
-    static func killToInterruption(_ host: ExtensionHost, samples count: Int) -> Samples {
+    /// SIGKILL of a worker running a request → that request's interruption callback, in µs; and, in the same
+    /// samples, SIGKILL → the worker's pidfd readable as this thread sees it: when the kernel has torn the process
+    /// down and reports it dead. The host learns of the death from its socket's end, which the kernel closes in
+    /// the same teardown, so the first figure cannot be much below the second.
+    static func killToInterruption(_ host: ExtensionHost, samples count: Int) -> (Samples, exit: Samples) {
         guard let ext = try? host.extension(identifier: "com.example.crasher") else { fail("bench: no crasher") }
         let interrupted = DispatchSemaphore(value: 0)
         let at = Mutex<Double>(0)
@@ -280,6 +284,7 @@ enum EmbeddedBench {
             interrupted.signal()
         }
         var samples = Samples()
+        var exits = Samples()
         for _ in 0..<count {
             let assigned = DispatchSemaphore(value: 0)
             let pid = Mutex<pid_t?>(nil)
@@ -289,12 +294,19 @@ enum EmbeddedBench {
             })
             assigned.wait()
             usleep(20_000)  // let the worker start running the request
+            let worker = pid.withLock { $0 }!
+            let pidfd = sdk_pidfd_open(worker)
             let start = nowMicros()
-            kill(pid.withLock { $0 }!, SIGKILL)
+            kill(worker, SIGKILL)
+            if pidfd >= 0 {
+                var exited = pollfd(fd: pidfd, events: Int16(POLLIN), revents: 0)
+                if poll(&exited, 1, 10_000) == 1 { exits.add(nowMicros() - start) }
+                close(pidfd)
+            }
             interrupted.wait()
             samples.add(at.withLock { $0 } - start)
         }
-        return samples
+        return (samples, exits)
     }
 
     /// `queued` requests waiting behind busy workers, then `shutdown()`: µs per request from the call to the last

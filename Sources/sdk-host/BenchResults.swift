@@ -36,6 +36,8 @@ struct Results {
     var coldDirect: Samples?
     var prewarmed: Samples?
     var kill: Samples?
+    /// SIGKILL → the worker's pidfd readable, in the same samples as `kill`.
+    var killExit: Samples?
     var warmNoLeakCheck: Samples?
     var rpsNoLeakCheck64: Double?
     var drain: [Int: Double] = [:]
@@ -107,6 +109,10 @@ struct Results {
         if let kill {
             out.append(("kill_to_interrupt_p50_us", kill.percentile(0.5), ratio(kill.percentile(0.5), rawP50), "SIGKILL → interruption callback p50 (µs)"))
             out.append(("kill_to_interrupt_p99_us", kill.percentile(0.99), ratio(kill.percentile(0.99), rawP50), "SIGKILL → interruption callback p99 (µs)"))
+        }
+        if let exit = killExit, !exit.values.isEmpty {
+            out.append(("kill_to_exit_p50_us", exit.percentile(0.5), ratio(exit.percentile(0.5), rawP50), "SIGKILL → pidfd says dead p50 (µs)"))
+            out.append(("kill_to_exit_p99_us", exit.percentile(0.99), ratio(exit.percentile(0.99), rawP50), "SIGKILL → pidfd says dead p99 (µs)"))
         }
         for queued in drain.keys.sorted() {
             out.append(("shutdown_drain_us_per_request_\(queued)", drain[queued]!, ratio(drain[queued]!, rawP50),
