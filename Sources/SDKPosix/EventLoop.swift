@@ -182,9 +182,9 @@ public final class EventLoop: @unchecked Sendable {
         task()
         runBeforeSleepHooks()
         runningInline = false
-        // A timer set here expires through the timerfd; only a manual clock's loop must be woken to look.
-        let wake = clock != nil && (timers.nextDeadline ?? .max) < sleepingUntil
-        if clock == nil { armTimer() }
+        // A timer set here expires through the timerfd; only a manual clock's loop must be woken to look (or
+        // the loop itself, should the timerfd refuse to be armed).
+        let wake = clock != nil ? (timers.nextDeadline ?? .max) < sleepingUntil : !armTimer()
         releaseTurn()
         if wake { signalWake() }
         return true
@@ -298,9 +298,13 @@ public final class EventLoop: @unchecked Sendable {
     }
 
     /// Arms the timerfd for the earliest deadline unless it already expires no later. Holder of the turn only.
-    private func armTimer() {
-        guard let deadline = timers.nextDeadline, armedAt == 0 || deadline < armedAt else { return }
-        if sdk_timerfd_arm(timerFD, deadline) == 0 { armedAt = deadline }
+    /// False if timerfd_settime failed (it has no failure for valid arguments; the loop then polls instead).
+    @discardableResult
+    private func armTimer() -> Bool {
+        guard let deadline = timers.nextDeadline, armedAt == 0 || deadline < armedAt else { return true }
+        guard sdk_timerfd_arm(timerFD, deadline) == 0 else { return false }
+        armedAt = deadline
+        return true
     }
 
     private func releaseTurn() {
@@ -335,8 +339,7 @@ public final class EventLoop: @unchecked Sendable {
             } else if let next = timers.nextDeadline, next <= monotonicNanoseconds() {
                 timeout = 0
             } else {
-                armTimer()
-                timeout = -1
+                timeout = armTimer() ? -1 : 1  // unarmed, poll each millisecond rather than miss a deadline
             }
             // Under a manual clock any timer may be due at once (the test moves the clock), so an inline caller
             // wakes the loop whenever a timer is pending.
