@@ -21,9 +21,9 @@ import Synchronization
 
 /// A single-threaded epoll event loop with timers.
 ///
-/// `@unchecked Sendable`: `handlers`, `timers`, `beforeSleep` and `sleepingUntil` are touched only by the holder
-/// of the turn (checked with `preconditionInLoop`); cross-thread state (`inbox`) sits behind a Mutex; the rest is
-/// immutable.
+/// `@unchecked Sendable`: `handlers`, `timers`, `beforeSleep`, `armedAt` and `sleepsOnManualClock` are touched
+/// only by the holder of the turn (checked with `preconditionInLoop`); cross-thread state (`inbox`) sits behind a
+/// Mutex; the rest is immutable.
 public final class EventLoop: @unchecked Sendable {
     public typealias Handler = (_ events: UInt32) -> Void
 
@@ -41,9 +41,9 @@ public final class EventLoop: @unchecked Sendable {
     private let turnHolder = Atomic<UInt>(0)
     /// The turn itself (a plain pthread mutex: the loop holds it across a whole wake-up, not in one closure).
     private let turn: UnsafeMutablePointer<pthread_mutex_t>
-    /// Under a manual clock: the loop thread sleeps (.max) or polls (0), so an inline caller that scheduled a timer
-    /// knows to wake it (the test moves the clock; no timerfd can follow it).
-    private var sleepingUntil: UInt64 = 0
+    /// Under a manual clock: the loop thread sleeps in epoll_wait (rather than polls), so an inline caller that
+    /// scheduled a timer knows to wake it (the test moves the clock; no timerfd can follow it).
+    private var sleepsOnManualClock = false
     private let name: String
     private let clock: ManualClock?
 
@@ -184,7 +184,7 @@ public final class EventLoop: @unchecked Sendable {
         runningInline = false
         // A timer set here expires through the timerfd; only a manual clock's loop must be woken to look (or
         // the loop itself, should the timerfd refuse to be armed).
-        let wake = clock != nil ? (timers.nextDeadline ?? .max) < sleepingUntil : !armTimer()
+        let wake = clock != nil ? sleepsOnManualClock && timers.nextDeadline != nil : !armTimer()
         releaseTurn()
         if wake { signalWake() }
         return true
@@ -294,7 +294,7 @@ public final class EventLoop: @unchecked Sendable {
             }
         }
         turnHolder.store(UInt(pthread_self()), ordering: .relaxed)
-        sleepingUntil = 0
+        sleepsOnManualClock = false
     }
 
     /// Arms the timerfd for the earliest deadline unless it already expires no later. Holder of the turn only.
@@ -343,7 +343,7 @@ public final class EventLoop: @unchecked Sendable {
             }
             // Under a manual clock any timer may be due at once (the test moves the clock), so an inline caller
             // wakes the loop whenever a timer is pending.
-            sleepingUntil = timeout == 0 || clock == nil ? 0 : .max
+            sleepsOnManualClock = clock != nil && timeout != 0
             releaseTurn()
             let n = fds.withUnsafeMutableBufferPointer { f in
                 events.withUnsafeMutableBufferPointer { e in

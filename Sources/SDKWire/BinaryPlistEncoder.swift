@@ -289,19 +289,6 @@ func appendZeros(_ count: Int, to out: inout [UInt8]) {
 /// "bplist00", allocated once.
 let bplistMagic: [UInt8] = Array("bplist00".utf8)
 
-/// An integer object: the fewest of 1, 2, 4 or 8 bytes for a non-negative value, 8 for a negative one.
-@inline(__always)
-func appendPlistInteger(_ i: Int64, to out: inout [UInt8]) {
-    if i < 0 {
-        out.append(0x13)
-        appendBigEndian(UInt64(bitPattern: i), size: 8, to: &out)
-        return
-    }
-    let width = byteWidth(UInt64(i))
-    out.append(0x10 | UInt8(width.trailingZeroBitCount))
-    appendBigEndian(UInt64(i), size: width, to: &out)
-}
-
 /// The smallest of 1, 2, 4 or 8 bytes that holds `v` unsigned.
 @inline(__always)
 func byteWidth(_ v: UInt64) -> Int {
@@ -309,13 +296,4 @@ func byteWidth(_ v: UInt64) -> Int {
     if v <= 0xFFFF { return 2 }
     if v <= 0xFFFF_FFFF { return 4 }
     return 8
-}
-
-@inline(__always)
-func appendBigEndian(_ v: UInt64, size: Int, to out: inout [UInt8]) {
-    var shift = (size - 1) * 8
-    while shift >= 0 {
-        out.append(UInt8(truncatingIfNeeded: v >> UInt64(shift)))
-        shift -= 8
-    }
 }

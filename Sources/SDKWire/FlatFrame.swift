@@ -25,44 +25,33 @@ package enum FlatFrame {
         }
     }
 
-    /// Appends the payload (no frame header) of a flat message. Keys and values are short (under 15 bytes, or the
-    /// 36-byte id), so the whole payload stays under 256 bytes and every offset fits one byte.
+    /// Appends the payload (no frame header) of a flat message: the dictionary, its keys in order, then its
+    /// values. Keys and values are short (under 15 bytes, or the 36-byte id), so the whole payload stays under 256
+    /// bytes and every offset and reference takes one byte.
     package static func appendPayload(_ entries: FlatEntries, to out: inout [UInt8]) {
+        BinaryPlistEncoder.encodeFields(appendingTo: &out, { emit(entries, into: &$0) }, { emit(entries, into: &$0) })
+    }
+
+    /// Objects: 0 the dictionary, 1...n the keys, n+1...2n the values, written in that order.
+    private static func emit<Sink: FieldSink>(_ entries: FlatEntries, into sink: inout Sink) -> Int {
         let (a, b, c) = entries
         let n = c == nil ? 2 : 3
-        let all = [a, b, c]
-        let start = out.count
-        out.append(contentsOf: bplistMagic)
-        // Objects: 0 the dictionary, 1...n the keys, n+1...2n the values.
-        var offsets: (UInt8, UInt8, UInt8, UInt8, UInt8, UInt8, UInt8) = (0, 0, 0, 0, 0, 0, 0)
-        withUnsafeMutableBytes(of: &offsets) { table in
-            table[0] = UInt8(out.count - start)
-            out.append(0xD0 | UInt8(n))
-            for i in 1...(2 * n) { out.append(UInt8(i)) }
-            for (i, entry) in all.enumerated() {
-                guard let (key, _) = entry else { continue }
-                table[1 + i] = UInt8(out.count - start)
-                writeASCII(key, to: &out)
-            }
-            for (i, entry) in all.enumerated() {
-                guard let (_, value) = entry else { continue }
-                table[1 + n + i] = UInt8(out.count - start)
-                switch value {
-                case .ascii(let s): writeASCII(s, to: &out)
-                case .id(let id):
-                    out.append(contentsOf: [0x5F, 0x10, 36])
-                    let at = out.count
-                    out.append(contentsOf: repeatElement(0, count: 36))
-                    ForwardedFrame.write(id, into: &out, at: at..<at + 36)
-                case .integer(let v): appendPlistInteger(v, to: &out)
-                }
-            }
-            let tableAt = out.count - start
-            for i in 0...(2 * n) { out.append(table[i]) }
-            out.append(contentsOf: [0, 0, 0, 0, 0, 0, 1, 1])
-            appendBigEndian(UInt64(2 * n + 1), size: 8, to: &out)
-            appendBigEndian(0, size: 8, to: &out)
-            appendBigEndian(UInt64(tableAt), size: 8, to: &out)
+        var next = 1
+        let first = sink.container(0xD0, count: n, references: 2 * n, at: 0, next: &next)
+        sink.ascii(a.0, at: first)
+        sink.ascii(b.0, at: first + 1)
+        if let c { sink.ascii(c.0, at: first + 2) }
+        emit(a.1, at: first + n, into: &sink, next: &next)
+        emit(b.1, at: first + n + 1, into: &sink, next: &next)
+        if let c { emit(c.1, at: first + n + 2, into: &sink, next: &next) }
+        return next
+    }
+
+    private static func emit<Sink: FieldSink>(_ value: FlatValue, at index: Int, into sink: inout Sink, next: inout Int) {
+        switch value {
+        case .ascii(let s): sink.ascii(s, at: index)
+        case .id(let id): sink.uuid(id, at: index)
+        case .integer(let v): sink.value(.integer(v), at: index, next: &next)
         }
     }
 
@@ -111,10 +100,4 @@ package enum FlatFrame {
         appendPayload(entries, to: &again)
         return again.withUnsafeBytes { $0.elementsEqual(payload) } ? candidate : nil
     }
-
-    private static func writeASCII(_ s: StaticString, to out: inout [UInt8]) {
-        out.append(0x50 | UInt8(s.utf8CodeUnitCount))
-        out.append(contentsOf: UnsafeBufferPointer(start: s.utf8Start, count: s.utf8CodeUnitCount))
-    }
-
 }

@@ -3,14 +3,16 @@
 // message and one per item, and the id as a String. Here the same two passes as `BinaryPlistEncoder` (size, then
 // store in place) walk the message's fields directly; only `attachments` and `userInfo`, which are already
 // `PlistValue`s, go through the generic writer. The bytes are ordinary bplist00 with the keys `Message.plist`
-// writes, so any reader (ours, Foundation, plistlib) sees the same message.
+// writes, so any reader (ours, Foundation, plistlib) sees the same message. `FlatFrame` emits its small messages
+// (`assigned`, `cancel`, `credit`) through the same `FieldSink`.
 
 /// What the two passes do with each object; `emit` calls them in the same order for both.
 protocol FieldSink {
     /// A dictionary (`0xD0`, 2 × count references) or array (`0xA0`, count references) at `index`; returns the
     /// index of its first child.
     mutating func container(_ marker: UInt8, count: Int, references: Int, at index: Int, next: inout Int) -> Int
-    mutating func key(_ key: StaticString, at index: Int)
+    /// An ASCII string known when the program is built: a key, or a value such as a message's type.
+    mutating func ascii(_ s: StaticString, at index: Int)
     mutating func string(_ s: String, at index: Int)
     mutating func uuid(_ id: RequestID, at index: Int)
     mutating func value(_ v: PlistValue, at index: Int, next: inout Int)
@@ -23,9 +25,9 @@ extension EncodedSize: FieldSink {
         self.references += references
         return 0
     }
-    mutating func key(_ key: StaticString, at index: Int) {
+    mutating func ascii(_ s: StaticString, at index: Int) {
         objects += 1
-        bytes += headerSize(key.utf8CodeUnitCount) + key.utf8CodeUnitCount
+        bytes += headerSize(s.utf8CodeUnitCount) + s.utf8CodeUnitCount
     }
     mutating func string(_ s: String, at index: Int) {
         objects += 1
@@ -47,10 +49,10 @@ extension Writer: FieldSink {
         for i in 0..<references { putBigEndian(UInt64(first + i), size: refSize) }
         return first
     }
-    mutating func key(_ key: StaticString, at index: Int) {
+    mutating func ascii(_ s: StaticString, at index: Int) {
         storeOffset(of: index)
-        putHeader(0x50, count: key.utf8CodeUnitCount)
-        putRaw(UnsafeRawBufferPointer(start: key.utf8Start, count: key.utf8CodeUnitCount))
+        putHeader(0x50, count: s.utf8CodeUnitCount)
+        putRaw(UnsafeRawBufferPointer(start: s.utf8Start, count: s.utf8CodeUnitCount))
     }
     mutating func string(_ s: String, at index: Int) {
         storeOffset(of: index)
@@ -65,12 +67,45 @@ extension Writer: FieldSink {
     mutating func value(_ v: PlistValue, at index: Int, next: inout Int) { write(v, index: index, next: &next) }
 }
 
+extension FieldSink {
+    /// A dictionary of `count` entries at `index`, its keys and values to be emitted through the slots returned.
+    mutating func dictionary(count: Int, at index: Int, next: inout Int) -> DictionarySlots {
+        DictionarySlots(first: container(0xD0, count: count, references: 2 * count, at: index, next: &next), count: count)
+    }
+}
+
+/// Where a dictionary's entries go: keys take `first..<first+count`, values `first+count..<first+2*count`.
+struct DictionarySlots {
+    let first: Int
+    let count: Int
+    private var emitted = 0
+
+    init(first: Int, count: Int) {
+        self.first = first
+        self.count = count
+    }
+
+    /// Emits `key` as the next entry's key; returns the index its value takes.
+    mutating func next<Sink: FieldSink>(_ key: StaticString, in sink: inout Sink) -> Int {
+        sink.ascii(key, at: first + emitted)
+        defer { emitted += 1 }
+        return first + count + emitted
+    }
+}
+
 extension BinaryPlistEncoder {
+    /// Appends the bplist00 payload of a message emitted field by field, without building its `PlistValue`.
+    static func encodeFields(appendingTo out: inout [UInt8], _ emit: (inout EncodedSize) -> Int,
+                             _ emitAgain: (inout Writer) -> Int)
+    {
+        var size = EncodedSize()
+        _ = emit(&size)
+        write(size, appendingTo: &out, emitAgain)
+    }
+
     /// Appends the bplist00 payload of an items message without building its `PlistValue`.
     package mutating func encode(_ fields: ItemsFields, appendingTo out: inout [UInt8]) {
-        var size = EncodedSize()
-        fields.emit(into: &size)
-        Self.write(size, appendingTo: &out) { writer in fields.emit(into: &writer) }
+        Self.encodeFields(appendingTo: &out, { fields.emit(into: &$0) }, { fields.emit(into: &$0) })
     }
 }
 
@@ -98,39 +133,31 @@ package struct ItemsFields {
     }
 
     /// Emits every object; returns how many (the next free index).
-    @discardableResult
     func emit<Sink: FieldSink>(into sink: inout Sink) -> Int {
         var files = 0
         for item in items { files += item.fileAttachments.count }
-        let n = 3 + (extensionID == nil ? 0 : 1) + (deadlineMs == nil ? 0 : 1) + (files == 0 ? 0 : 1)
         var next = 1
-        var key = sink.container(0xD0, count: n, references: 2 * n, at: 0, next: &next)
-        var value = key + n
-        sink.key("type", at: key)
-        sink.key(type, at: value)
-        sink.key("id", at: key + 1)
-        sink.uuid(id, at: value + 1)
-        sink.key("items", at: key + 2)
-        let first = sink.container(0xA0, count: items.count, references: items.count, at: value + 2, next: &next)
-        key += 3
-        value += 3
+        var top = sink.dictionary(count: 3 + (extensionID == nil ? 0 : 1) + (deadlineMs == nil ? 0 : 1) + (files == 0 ? 0 : 1),
+                                  at: 0, next: &next)
+        var at = top.next("type", in: &sink)
+        sink.ascii(type, at: at)
+        at = top.next("id", in: &sink)
+        sink.uuid(id, at: at)
+        at = top.next("items", in: &sink)
+        let first = sink.container(0xA0, count: items.count, references: items.count, at: at, next: &next)
         var numbered = 0
         for (i, item) in items.enumerated() { emit(item, at: first + i, numberingFilesFrom: &numbered, into: &sink, next: &next) }
         if let extensionID {
-            sink.key("extension", at: key)
-            sink.string(extensionID, at: value)
-            key += 1
-            value += 1
+            at = top.next("extension", in: &sink)
+            sink.string(extensionID, at: at)
         }
         if let deadlineMs {
-            sink.key("deadlineMs", at: key)
-            sink.value(.integer(deadlineMs), at: value, next: &next)
-            key += 1
-            value += 1
+            at = top.next("deadlineMs", in: &sink)
+            sink.value(.integer(deadlineMs), at: at, next: &next)
         }
         if files > 0 {
-            sink.key("fds", at: key)
-            sink.value(.integer(Int64(files)), at: value, next: &next)
+            at = top.next("fds", in: &sink)
+            sink.value(.integer(Int64(files)), at: at, next: &next)
         }
         return next
     }
@@ -139,30 +166,23 @@ package struct ItemsFields {
                                        into sink: inout Sink, next: inout Int)
     {
         let files = item.fileAttachments.count
-        let n = 2 + (item.title == nil ? 0 : 1) + (item.text == nil ? 0 : 1) + (files == 0 ? 0 : 1)
-        var key = sink.container(0xD0, count: n, references: 2 * n, at: index, next: &next)
-        var value = key + n
-        sink.key("attachments", at: key)
-        sink.value(.array(item.attachments), at: value, next: &next)
-        sink.key("userInfo", at: key + 1)
-        sink.value(.dictionary(item.userInfo), at: value + 1, next: &next)
-        key += 2
-        value += 2
+        var entries = sink.dictionary(count: 2 + (item.title == nil ? 0 : 1) + (item.text == nil ? 0 : 1) + (files == 0 ? 0 : 1),
+                                      at: index, next: &next)
+        var at = entries.next("attachments", in: &sink)
+        sink.value(.array(item.attachments), at: at, next: &next)
+        at = entries.next("userInfo", in: &sink)
+        sink.value(.dictionary(item.userInfo), at: at, next: &next)
         if let title = item.title {
-            sink.key("title", at: key)
-            sink.string(title, at: value)
-            key += 1
-            value += 1
+            at = entries.next("title", in: &sink)
+            sink.string(title, at: at)
         }
         if let text = item.text {
-            sink.key("text", at: key)
-            sink.string(text, at: value)
-            key += 1
-            value += 1
+            at = entries.next("text", in: &sink)
+            sink.string(text, at: at)
         }
         if files > 0 {
-            sink.key("files", at: key)
-            let first = sink.container(0xA0, count: files, references: files, at: value, next: &next)
+            at = entries.next("files", in: &sink)
+            let first = sink.container(0xA0, count: files, references: files, at: at, next: &next)
             for j in 0..<files { sink.value(.integer(Int64(numbered + j)), at: first + j, next: &next) }
             numbered += files
         }
