@@ -72,6 +72,7 @@ package final class DaemonServer: @unchecked Sendable {
             throw error
         }
         self.signals = consume signals
+        Self.startDispatchWorker()
         if let inherited {
             listener = FileDescriptor(adopting: inherited)
             return
@@ -119,6 +120,16 @@ package final class DaemonServer: @unchecked Sendable {
     }
 
     /// Serves until SIGTERM or SIGINT, then drains and stops. Blocks the calling (main) thread; returns 0.
+    /// libdispatch makes its own epoll and eventfd descriptors when its first worker thread starts, and traps
+    /// if it cannot. The engine's first use of a global queue comes whenever that thread is scheduled, which on
+    /// a loaded machine was after clients had taken the descriptor limit: the daemon died of SIGILL. One worker
+    /// started and waited for here makes those descriptors before any client can be accepted.
+    private static func startDispatchWorker() {
+        let started = DispatchSemaphore(value: 0)
+        DispatchQueue.global(qos: .utility).async { started.signal() }
+        started.wait()
+    }
+
     package func run() -> Int32 {
         engine.loop.execute { self.startOnLoop() }
         finished.wait()

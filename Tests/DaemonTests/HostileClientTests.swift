@@ -217,6 +217,11 @@ func expectHealthy(_ daemon: DaemonProcess, maxLogBytes: Int = 2 << 20, sourceLo
         let daemon = try await DaemonProcess(extraConfig: "<key>LogLevel</key><string>info</string>",
                                              descriptorLimit: 48)
         defer { daemon.remove() }
+        // libdispatch traps if it cannot make its epoll descriptor when its first worker thread starts; on a
+        // loaded machine that came after the clients below, and the daemon died of SIGILL. It must exist (beside
+        // the daemon's own loop's) before the socket accepts.
+        let epolls = (listNames("/proc/\(daemon.pid)/fd") ?? []).filter { readLink("/proc/\(daemon.pid)/fd/\($0)") == "anon_inode:[eventpoll]" }
+        #expect(epolls.count == 2, "the daemon's loop and libdispatch each hold an epoll descriptor: \(epolls)")
         var clients: [HostileClient] = []
         for _ in 0..<80 { if let c = try? HostileClient(daemon.socket) { clients.append(c) } }
         let cpuBefore = daemon.cpuSeconds
