@@ -266,8 +266,8 @@ enum WorkerRuntime {
                 }
                 let message: Message
                 do {
-                    guard let value = try reader.nextValue() else { break }
-                    message = try incoming.message(from: value)
+                    guard let next = try incoming.nextMessage(from: &reader) else { break }
+                    message = next
                 } catch {
                     connection.uncork()  // the replies already made still count
                     WorkerLog.write("protocol error from host: \(error); exiting")

@@ -284,6 +284,7 @@ package final class FramedConnection {
                 let scans = keep && onForwardable != nil
                 var scanned: ScannedMessage?
                 var flat: Message?
+                var direct: Message?
                 guard let decoded = try reader.withNextPayload({ payload throws(WireError) -> PlistValue? in
                     if keep {
                         currentPayload.removeAll(keepingCapacity: currentPayload.capacity <= 64 << 10)
@@ -302,12 +303,17 @@ package final class FramedConnection {
                     }
                     var decoded = 0
                     defer { size = max(payload.count, decoded) }
+                    // A `begin` or `complete` without descriptors: its items built without the dictionaries.
+                    if !keep, let message = ForwardScan.decode(payload, limits: limits, decodedBytes: &decoded) {
+                        direct = message
+                        return nil
+                    }
                     return try BinaryPlistDecoder.decode(payload, limits: limits, decodedBytes: &decoded)
                 }) else { return }
                 currentFrameBytes = size
-                if let flat {
-                    incoming.claimedNone()  // a flat message has no `fds`
-                    onMessage?(flat)
+                if let one = flat ?? direct {
+                    incoming.claimedNone()  // neither a flat nor a directly decoded message has `fds`
+                    onMessage?(one)
                     continue
                 }
                 // A scanned frame carries no descriptors (it has no `fds`): it claims none, as a decoded one would.

@@ -88,6 +88,26 @@ package struct IncomingDescriptors {
         return try Message(plist: plist, files: claimed)
     }
 
+    /// The next whole frame in `reader` as a message, or nil when none is buffered. The per-request messages we
+    /// write (`cancel`, `credit`, and a `begin` or `complete` without descriptors) are read without a
+    /// `PlistValue` tree; anything else is decoded and then parsed.
+    ///
+    /// - Throws: `WireError` for a frame that does not decode, `MessageError` for an invalid message.
+    package mutating func nextMessage(from reader: inout FrameReader) throws -> Message? {
+        let limits = reader.limits
+        var direct: Message?
+        guard let decoded = try reader.withNextPayload({ payload throws(WireError) -> PlistValue? in
+            var charged = 0
+            direct = FlatFrame.message(from: payload) ?? ForwardScan.decode(payload, limits: limits, decodedBytes: &charged)
+            return direct == nil ? try BinaryPlistDecoder.decode(payload, limits: limits) : nil
+        }) else { return nil }
+        if let direct {
+            lastClaimed = 0
+            return direct
+        }
+        return try message(from: decoded!)
+    }
+
     /// A message that carries no descriptors was taken without `message(from:)` (a forwarded frame).
     package mutating func claimedNone() { lastClaimed = 0 }
 

@@ -11,6 +11,10 @@
 //   - a message with `fds` or an item with `files` (descriptors travel with a re-encoded frame);
 //   - a top-level key given twice, a UTF-16 key in the message or an item, or an `id` not written as the
 //     36-byte ASCII string object that `ForwardedFrame` rewrites in place.
+//
+// `ForwardScan.decode` is the same walk for a receiver that wants the message: it builds the items' titles,
+// texts, attachments and userInfo as a decode would, and the message and items from them directly, so the
+// messages sent per request are parsed without hashing their keys into dictionaries first.
 
 /// What the daemon needs of a `begin` or `complete` it forwards unread.
 package struct ScannedMessage: Sendable, Equatable {
@@ -36,8 +40,33 @@ package enum ForwardScan {
         return withUnsafeTemporaryAllocation(of: Bool.self, capacity: reader.objectCount) { onPath in
             onPath.initialize(repeating: false)
             reader.onPath = onPath
-            guard let fields = try? reader.forwardableFields() else { return nil }
+            var items: [ExtensionItem]? = nil
+            guard let fields = try? reader.forwardableFields(building: &items) else { return nil }
             return fields.message(decodedBytes: budget - reader.byteBudget)
+        }
+    }
+
+    /// The `begin` or `complete` in `payload` decoded by the same walk as `scan`, building the items' values
+    /// but not the message's or the items' own dictionaries (their keys were hashed into a Swift Dictionary
+    /// only to be looked up once). It takes what `scan` takes and returns nil for the rest, which the caller
+    /// decodes as before; `decodedBytes` is what `BinaryPlistDecoder.decode` would have charged.
+    package static func decode(_ payload: UnsafeRawBufferPointer, limits: WireLimits, decodedBytes: inout Int)
+        -> Message?
+    {
+        guard var reader = try? BinaryPlistReader(payload, limits: limits) else { return nil }
+        let budget = reader.byteBudget
+        return withUnsafeTemporaryAllocation(of: Bool.self, capacity: reader.objectCount) { onPath -> Message? in
+            onPath.initialize(repeating: false)
+            reader.onPath = onPath
+            var items: [ExtensionItem]? = []
+            guard let fields = try? reader.forwardableFields(building: &items), let items else { return nil }
+            decodedBytes = budget - reader.byteBudget
+            switch fields.kind {
+            case .begin:
+                return .begin(id: fields.id, items: items, extensionID: fields.extensionID, deadlineMs: fields.deadlineMs)
+            case .complete:
+                return .complete(id: fields.id, items: items)
+            }
         }
     }
 }
@@ -83,12 +112,12 @@ private enum TopKey: Int {
 }
 
 private enum ItemKey {
-    case string, attachments, userInfo, files, other
+    case title, text, attachments, userInfo, files, other
 
     init(_ key: UnsafeRawBufferPointer) {
         switch key.count {
-        case 4 where key.spells("text"): self = .string
-        case 5 where key.spells("title"): self = .string
+        case 4 where key.spells("text"): self = .text
+        case 5 where key.spells("title"): self = .title
         case 5 where key.spells("files"): self = .files
         case 8 where key.spells("userInfo"): self = .userInfo
         case 11 where key.spells("attachments"): self = .attachments
@@ -102,8 +131,8 @@ private let notForwardable = WireError(.invalidObject, "not forwardable unread")
 
 extension BinaryPlistReader {
     /// Walks the whole payload as `value(object: topObject, depth: 0)` would, returning the message's fields if
-    /// it is a forwardable `begin` or `complete`.
-    mutating func forwardableFields() throws(WireError) -> ForwardableFields? {
+    /// it is a forwardable `begin` or `complete`. With `items` non-nil, the items are built into it as well.
+    mutating func forwardableFields(building items: inout [ExtensionItem]?) throws(WireError) -> ForwardableFields? {
         let top = topObject
         guard case .dictionary(let n, let start) = try header(of: top) else { return nil }
         try enter(object: top, depth: 0)
@@ -144,7 +173,7 @@ extension BinaryPlistReader {
                 guard case .integer(let v) = try header(of: valueObject) else { return nil }
                 deadlineMs = v
             case .items:
-                try forwardableItems(valueObject)
+                try forwardableItems(valueObject, building: &items)
                 itemsSeen = true
             case .fds:
                 return nil
@@ -159,29 +188,49 @@ extension BinaryPlistReader {
     }
 
     /// The `items` array at depth 1: each a dictionary that `ExtensionItem(plist:)` accepts, with no `files`.
-    private mutating func forwardableItems(_ object: Int) throws(WireError) {
+    /// With `built` non-nil, each item is appended to it as `ExtensionItem(plist:)` would make it.
+    private mutating func forwardableItems(_ object: Int, building built: inout [ExtensionItem]?) throws(WireError) {
         guard case .array(let count, let start) = try header(of: object) else { throw notForwardable }
         try enter(object: object, depth: 1)
+        let building = built != nil
+        if building { built!.reserveCapacity(count) }
         for i in 0..<count {
             let item = try ref(at: start + i * refSize)
             guard case .dictionary(let n, let entries) = try header(of: item) else { throw notForwardable }
             try enter(object: item, depth: 2)
+            var made = ExtensionItem()
             for k in 0..<n {
                 guard case .ascii(let keyRange) = try header(of: try ref(at: entries + k * refSize)) else {
                     throw notForwardable
                 }
                 let valueObject = try ref(at: entries + (n + k) * refSize)
-                // Every occurrence of a key is checked, so a repeated key is as valid as the last one decoded.
-                switch ItemKey(UnsafeRawBufferPointer(rebasing: base[keyRange])) {
-                case .string:
-                    switch try skim(object: valueObject, depth: 3) {
-                    case .ascii, .utf16: break
-                    default: throw notForwardable
+                // Every occurrence of a key is checked, and a later one replaces an earlier, as in a decoded
+                // dictionary.
+                let key = ItemKey(UnsafeRawBufferPointer(rebasing: base[keyRange]))
+                switch key {
+                case .title, .text:
+                    guard building else {
+                        switch try skim(object: valueObject, depth: 3) {
+                        case .ascii, .utf16: continue
+                        default: throw notForwardable
+                        }
                     }
+                    guard case .string(let text) = try value(object: valueObject, depth: 3) else { throw notForwardable }
+                    if key == .title { made.title = text } else { made.text = text }
                 case .attachments:
-                    guard case .array = try skim(object: valueObject, depth: 3) else { throw notForwardable }
+                    guard building else {
+                        guard case .array = try skim(object: valueObject, depth: 3) else { throw notForwardable }
+                        continue
+                    }
+                    guard case .array(let values) = try value(object: valueObject, depth: 3) else { throw notForwardable }
+                    made.attachments = values
                 case .userInfo:
-                    guard case .dictionary = try skim(object: valueObject, depth: 3) else { throw notForwardable }
+                    guard building else {
+                        guard case .dictionary = try skim(object: valueObject, depth: 3) else { throw notForwardable }
+                        continue
+                    }
+                    guard case .dictionary(let values) = try value(object: valueObject, depth: 3) else { throw notForwardable }
+                    made.userInfo = values
                 case .files:
                     throw notForwardable
                 case .other:
@@ -189,6 +238,7 @@ extension BinaryPlistReader {
                 }
             }
             onPath[item] = false
+            if building { built!.append(made) }
         }
         onPath[object] = false
     }

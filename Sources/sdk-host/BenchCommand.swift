@@ -431,6 +431,9 @@ enum CodecBench {
         var assignedDecode = 0.0, assignedFlat = 0.0
         /// A `begin` from its items to frame bytes, as the host writes one per request (message built, then encoded).
         var beginFrame = 0.0
+        /// That `begin`'s payload to a `Message`, as a worker reads one (`ForwardScan.decode`), and through the
+        /// decoder's `PlistValue` tree and `Message(plist:)`, as every receiver did before.
+        var beginMessage = 0.0, beginMessageTree = 0.0
     }
 
     static func measure(quick: Bool) -> Result {
@@ -455,6 +458,14 @@ enum CodecBench {
             buffer.removeAll(keepingCapacity: true)
             try! outgoing.encode(begin, with: &encoder, appendingTo: &buffer)
         }
+        buffer.removeAll(keepingCapacity: true)
+        try! outgoing.encode(begin, with: &encoder, appendingTo: &buffer)
+        let beginPayload = Array(buffer.dropFirst(Frame.headerSize))
+        r.beginMessage = medianMicrosecondsPerCall(n) {
+            var charged = 0
+            blackHole(beginPayload.withUnsafeBytes { ForwardScan.decode($0, limits: .default, decodedBytes: &charged) }!)
+        }
+        r.beginMessageTree = medianMicrosecondsPerCall(n) { blackHole(try! Message(plist: BinaryPlistDecoder.decode(beginPayload))) }
         (r.foundationEncode, r.foundationDecode) = foundation(payload, iterations: n / 10)
         return r
     }

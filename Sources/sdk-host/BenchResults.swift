@@ -160,6 +160,8 @@ struct Results {
             out.append(("codec_assigned_decode_us", c.assignedDecode, "", "'assigned' decoded to a message (µs)"))
             out.append(("codec_assigned_flat_us", c.assignedFlat, "", "'assigned' read as our flat frame (µs)"))
             out.append(("codec_begin_frame_us", c.beginFrame, "", "a begin from its items to frame bytes (µs)"))
+            out.append(("codec_begin_message_us", c.beginMessage, "", "a begin's payload to a Message, as receivers read it (µs)"))
+            out.append(("codec_begin_message_tree_us", c.beginMessageTree, "", "the same through a PlistValue tree (µs)"))
             out.append(("foundation_encode_us", c.foundationEncode, "", "Foundation encode (µs)"))
             out.append(("foundation_decode_us", c.foundationDecode, "", "Foundation decode (µs)"))
         }

@@ -1,6 +1,7 @@
 // ForwardScan: the daemon forwards a begin or complete it has only scanned, so whatever the scan accepts must
 // decode, parse as the same message, and cost the same against the byte budget. It may refuse valid messages
-// (they are then decoded); it must never accept an invalid one.
+// (they are then decoded); it must never accept an invalid one. `ForwardScan.decode` builds the message by the
+// same walk: it takes exactly what the scan takes, and makes the message and the charge a decode makes.
 import HostTestSupport
 @testable import SDKWire
 import Testing
@@ -18,14 +19,14 @@ import Testing
 
     /// What a full decode makes of `bytes`, in the scan's terms; nil when it is not a begin or complete without
     /// descriptors (or does not decode at all).
-    func decoded(_ bytes: [UInt8], limits: WireLimits = limits) -> (ScannedMessage.Kind, RequestID, String?, Int64?, Int)? {
+    func decoded(_ bytes: [UInt8], limits: WireLimits = limits) -> (ScannedMessage.Kind, RequestID, String?, Int64?, Int, Message)? {
         var cost = 0
         guard let plist = try? bytes.withUnsafeBytes({ try BinaryPlistDecoder.decode($0, limits: limits, decodedBytes: &cost) }),
             (try? Message.descriptorCount(of: plist)) == 0, let message = try? Message(plist: plist)
         else { return nil }
         switch message {
-        case .begin(let id, _, let ext, let deadline): return (.begin, id, ext, deadline, cost)
-        case .complete(let id, _): return (.complete, id, nil, nil, cost)
+        case .begin(let id, _, let ext, let deadline): return (.begin, id, ext, deadline, cost, message)
+        case .complete(let id, _): return (.complete, id, nil, nil, cost, message)
         default: return nil
         }
     }
@@ -33,11 +34,18 @@ import Testing
     /// Checks the one property that matters; returns whether the scan took it.
     @discardableResult
     func agree(_ bytes: [UInt8], _ context: String, limits: WireLimits = limits) -> Bool {
-        guard let scanned = scan(bytes, limits: limits) else { return false }
-        guard let (kind, id, ext, deadline, cost) = decoded(bytes, limits: limits) else {
+        var directCost = -1
+        let direct = bytes.withUnsafeBytes { ForwardScan.decode($0, limits: limits, decodedBytes: &directCost) }
+        guard let scanned = scan(bytes, limits: limits) else {
+            #expect(direct == nil, "\(context): decoded directly as \(String(describing: direct)) but not scanned")
+            return false
+        }
+        guard let (kind, id, ext, deadline, cost, message) = decoded(bytes, limits: limits) else {
             Issue.record("\(context): scanned as \(scanned) but does not decode to a begin or complete: \(bytes)")
             return true
         }
+        #expect(direct == message, "\(context): decoded directly as \(String(describing: direct)), not \(message)")
+        #expect(directCost == cost, "\(context): the direct decode charged \(directCost), a decode \(cost)")
         #expect(scanned.kind == kind && scanned.id == id && scanned.extensionID == ext && scanned.deadlineMs == deadline,
                 "\(context)")
         #expect(scanned.decodedBytes == cost, "\(context): scan charged \(scanned.decodedBytes), decode \(cost)")
