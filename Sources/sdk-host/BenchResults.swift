@@ -49,6 +49,8 @@ struct Results {
     var daemonRPS: [Int: Double] = [:]
     var daemonRSSIdleKB: Int?
     var daemonRSSAfter100kKB: Int?
+    /// CPU time of the daemon's threads per request at 64 in flight (µs).
+    var daemonCPUPerRequestUs: Double?
     var codecResult: CodecBench.Result?
     var attachment: StreamBench.AttachmentResult?
     var stream: StreamBench.StreamResult?
@@ -127,6 +129,9 @@ struct Results {
         }
         for depth in daemonRPS.keys.sorted() {
             out.append(("daemon_rps_\(depth)", daemonRPS[depth]!, ratio(daemonRPS[depth]!, rawRPS), "daemon requests/s, \(depth) in flight"))
+        }
+        if let cpu = daemonCPUPerRequestUs {
+            out.append(("daemon_cpu_us_per_request", cpu, "", "the daemon's CPU per request at 64 in flight (µs)"))
         }
         for figure in peer {
             let base = figure.key.contains("rps") ? rawRPS : rawP50
