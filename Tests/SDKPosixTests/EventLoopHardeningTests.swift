@@ -56,6 +56,60 @@ func stopAndWait(_ loop: EventLoop) async {
         await stopAndWait(manual)
     }
 
+    /// A timer's id stays meaningless once the timer has fired or been cancelled, even after its slot in the heap
+    /// has been reused; and random schedules and cancels fire exactly the live timers, in deadline order.
+    @Test func staleTimerIDsCancelNothingAndRandomSchedulesFireInOrder() async throws {
+        let clock = ManualClock()
+        let loop = try EventLoop(name: "test-stale", clock: clock)
+        let fired = Mutex<[Int]>([])
+        let stale = await onLoop(loop) { () -> [TimerID] in
+            let first = loop.schedule(afterNanoseconds: 10) { fired.withLock { $0.append(-1) } }
+            loop.cancelTimer(first)
+            // Reuses the cancelled timer's slot; cancelling with the old id must leave it alone.
+            _ = loop.schedule(afterNanoseconds: 20) { fired.withLock { $0.append(-2) } }
+            loop.cancelTimer(first)
+            return [first]
+        }
+        clock.advance(by: 100)
+        loop.wake()
+        await onLoop(loop) {}
+        await onLoop(loop) {}
+        #expect(fired.withLock { $0 } == [-2])
+        // The fired timer's id as well, once its slot holds another timer.
+        let (expected, deadlines) = await onLoop(loop) { () -> ([Int], [Int: UInt64]) in
+            fired.withLock { $0 = [] }
+            _ = loop.schedule(afterNanoseconds: 5) { fired.withLock { $0.append(-3) } }
+            for id in stale { loop.cancelTimer(id) }
+            // Then a random mix: each timer fires at most once, cancelled ones never, in deadline order.
+            var g = SystemRandomNumberGenerator()
+            var live: [(deadline: UInt64, n: Int, id: TimerID)] = []
+            for n in 0..<2_000 {
+                if !live.isEmpty, Int.random(in: 0..<3, using: &g) == 0 {
+                    let victim = live.remove(at: Int.random(in: 0..<live.count, using: &g))
+                    loop.cancelTimer(victim.id)
+                    loop.cancelTimer(victim.id)  // twice: the second finds nothing, or someone else's slot
+                } else {
+                    let deadline = UInt64.random(in: 10...1_000_000, using: &g)
+                    live.append((deadline, n, loop.schedule(afterNanoseconds: deadline) { fired.withLock { $0.append(n) } }))
+                }
+            }
+            var deadlines: [Int: UInt64] = [-3: 5]
+            for timer in live { deadlines[timer.n] = timer.deadline }
+            return ([-3] + live.map(\.n), deadlines)
+        }
+        clock.advance(by: 2_000_000)
+        loop.wake()
+        await onLoop(loop) {}
+        await onLoop(loop) {}
+        await onLoop(loop) {}
+        let got = fired.withLock { $0 }
+        #expect(got.count == expected.count && Set(got) == Set(expected), "each live timer fires once, no cancelled one")
+        let firedDeadlines = got.map { deadlines[$0] ?? 0 }
+        #expect(zip(firedDeadlines, firedDeadlines.dropFirst()).allSatisfy { $0 <= $1 }, "in deadline order")
+        #expect(await onLoop(loop) { loop.pendingTimerCount } == 0)
+        await stopAndWait(loop)
+    }
+
     @Test func manualClockTimersFireOnlyWhenTimeMoves() async throws {
         let clock = ManualClock()
         let loop = try EventLoop(name: "test-clock")

@@ -40,6 +40,33 @@ import Glibc
         #expect(RequestID(uuidString: fresh.uuidString) == fresh)
         #expect(fresh.uuidString[fresh.uuidString.index(fresh.uuidString.startIndex, offsetBy: 14)] == "4")
         #expect(Set((0..<1000).map { _ in RequestID() }).count == 1000)
+        // Every digit value at every position, against the words formatted another way.
+        for _ in 0..<2_000 {
+            let id = RequestID()
+            func hex(_ v: UInt64, _ n: Int) -> String {
+                let s = String(v & (n == 16 ? .max : (1 << UInt64(4 * n)) - 1), radix: 16, uppercase: true)
+                return String(repeating: "0", count: n - s.count) + s
+            }
+            let h = hex(id.high, 16), l = hex(id.low, 16)
+            let expected = "\(h.prefix(8))-\(h.dropFirst(8).prefix(4))-\(h.suffix(4))-\(l.prefix(4))-\(l.suffix(12))"
+            #expect(id.uuidString == expected)
+            #expect(RequestID(uuidString: id.uuidString.lowercased()) == id)
+        }
+        // Every byte that is not a hex digit, at every digit position, is refused.
+        let valid = Array("6F9619FF-8B86-4011-B42D-00C04fc964ff".utf8)
+        let hexBytes = Set("0123456789abcdefABCDEF".utf8)
+        var refused = 0
+        for position in valid.indices where valid[position] != UInt8(ascii: "-") {
+            for byte in UInt8.min...UInt8.max where !hexBytes.contains(byte) {
+                var bad = valid
+                bad[position] = byte
+                if bad.withUnsafeBytes({ RequestID(uuidBytes: $0) }) == nil { refused += 1 }
+            }
+        }
+        #expect(refused == 32 * (256 - 22))
+        for edge in ["00000000-0000-0000-0000-000000000000", "FFFFFFFF-FFFF-FFFF-FFFF-FFFFFFFFFFFF", "09AF09AF-9A0F-A9F0-0F9A-F0A90F9AF0A9"] {
+            #expect(RequestID(uuidString: edge)?.uuidString == edge)
+        }
     }
 
     @Test func requestIDsFromManyThreadsAreDistinctAndVersion4() async {
