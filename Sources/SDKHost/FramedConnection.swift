@@ -283,37 +283,38 @@ package final class FramedConnection {
                 let keep = keepsPayloads
                 let scans = keep && onForwardable != nil
                 var scanned: ScannedMessage?
-                var flat: Message?
+                // A message read without a `PlistValue` tree (so one without `fds`).
                 var direct: Message?
                 guard let decoded = try reader.withNextPayload({ payload throws(WireError) -> PlistValue? in
                     if keep {
                         currentPayload.removeAll(keepingCapacity: currentPayload.capacity <= 64 << 10)
                         currentPayload.append(contentsOf: payload)
                     }
-                    // `assigned`, `cancel` and `credit` exactly as we write them: no decoding needed.
-                    if let message = FlatFrame.message(from: payload) {
-                        flat = message
-                        size = payload.count
-                        return nil
-                    }
-                    if scans, let fields = ForwardScan.scan(payload, limits: limits) {
-                        scanned = fields
-                        size = max(payload.count, fields.decodedBytes)
-                        return nil
-                    }
                     var decoded = 0
                     defer { size = max(payload.count, decoded) }
-                    // A `begin` or `complete` without descriptors: its items built without the dictionaries.
-                    if !keep, let message = ForwardScan.decode(payload, limits: limits, decodedBytes: &decoded) {
+                    // `assigned`, `cancel` and `credit` exactly as we write them: no decoding needed.
+                    if let message = FlatFrame.message(from: payload) {
+                        direct = message
+                        return nil
+                    }
+                    if scans {
+                        if let fields = ForwardScan.scan(payload, limits: limits) {
+                            scanned = fields
+                            decoded = fields.decodedBytes
+                            return nil
+                        }
+                        // What the scan refuses, the same walk building items would refuse too.
+                    } else if let message = ForwardScan.decode(payload, limits: limits, decodedBytes: &decoded) {
+                        // A `begin` or `complete` without descriptors: its items built without the dictionaries.
                         direct = message
                         return nil
                     }
                     return try BinaryPlistDecoder.decode(payload, limits: limits, decodedBytes: &decoded)
                 }) else { return }
                 currentFrameBytes = size
-                if let one = flat ?? direct {
-                    incoming.claimedNone()  // neither a flat nor a directly decoded message has `fds`
-                    onMessage?(one)
+                if let direct {
+                    incoming.claimedNone()
+                    onMessage?(direct)
                     continue
                 }
                 // A scanned frame carries no descriptors (it has no `fds`): it claims none, as a decoded one would.

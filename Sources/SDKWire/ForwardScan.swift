@@ -35,15 +35,9 @@ package enum ForwardScan {
     /// The message `payload` holds, if it is a `begin` or `complete` that can be forwarded without decoding it;
     /// nil when it must be decoded (see the file header), including every payload that is not valid.
     package static func scan(_ payload: UnsafeRawBufferPointer, limits: WireLimits) -> ScannedMessage? {
-        guard var reader = try? BinaryPlistReader(payload, limits: limits) else { return nil }
-        let budget = reader.byteBudget
-        return withUnsafeTemporaryAllocation(of: Bool.self, capacity: reader.objectCount) { onPath in
-            onPath.initialize(repeating: false)
-            reader.onPath = onPath
-            var items: [ExtensionItem]? = nil
-            guard let fields = try? reader.forwardableFields(building: &items) else { return nil }
-            return fields.message(decodedBytes: budget - reader.byteBudget)
-        }
+        var items: [ExtensionItem]? = nil
+        guard let (fields, charged) = walk(payload, limits: limits, building: &items) else { return nil }
+        return fields.message(decodedBytes: charged)
     }
 
     /// The `begin` or `complete` in `payload` decoded by the same walk as `scan`, building the items' values
@@ -53,20 +47,28 @@ package enum ForwardScan {
     package static func decode(_ payload: UnsafeRawBufferPointer, limits: WireLimits, decodedBytes: inout Int)
         -> Message?
     {
+        var built: [ExtensionItem]? = []
+        guard let (fields, charged) = walk(payload, limits: limits, building: &built), let items = built else { return nil }
+        decodedBytes = charged
+        switch fields.kind {
+        case .begin:
+            return .begin(id: fields.id, items: items, extensionID: fields.extensionID, deadlineMs: fields.deadlineMs)
+        case .complete:
+            return .complete(id: fields.id, items: items)
+        }
+    }
+
+    /// The walk both share: the fields, and what a decode would charge, or nil.
+    private static func walk(_ payload: UnsafeRawBufferPointer, limits: WireLimits, building items: inout [ExtensionItem]?)
+        -> (ForwardableFields, decodedBytes: Int)?
+    {
         guard var reader = try? BinaryPlistReader(payload, limits: limits) else { return nil }
         let budget = reader.byteBudget
-        return withUnsafeTemporaryAllocation(of: Bool.self, capacity: reader.objectCount) { onPath -> Message? in
+        return withUnsafeTemporaryAllocation(of: Bool.self, capacity: reader.objectCount) { onPath in
             onPath.initialize(repeating: false)
             reader.onPath = onPath
-            var items: [ExtensionItem]? = []
-            guard let fields = try? reader.forwardableFields(building: &items), let items else { return nil }
-            decodedBytes = budget - reader.byteBudget
-            switch fields.kind {
-            case .begin:
-                return .begin(id: fields.id, items: items, extensionID: fields.extensionID, deadlineMs: fields.deadlineMs)
-            case .complete:
-                return .complete(id: fields.id, items: items)
-            }
+            guard let fields = try? reader.forwardableFields(building: &items) else { return nil }
+            return (fields, budget - reader.byteBudget)
         }
     }
 }
