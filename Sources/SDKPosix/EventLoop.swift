@@ -68,32 +68,27 @@ public final class EventLoop: @unchecked Sendable {
     public init(name: String, clock: ManualClock? = nil) throws(SystemError) {
         self.name = name
         self.clock = clock
-        turn = .allocate(capacity: 1)
-        pthread_mutex_init(turn, nil)
-        do throws(SystemError) {
-            epfd = try retryingEINTR("epoll_create1") { sdk_epoll_create() }
-        } catch {
-            pthread_mutex_destroy(turn)
-            turn.deallocate()
-            throw error
+        let mutex = UnsafeMutablePointer<pthread_mutex_t>.allocate(capacity: 1)
+        pthread_mutex_init(mutex, nil)
+        turn = mutex
+        // Until all three descriptors exist, a failure undoes what was made. After that, deinit does (the thread
+        // has not started), should epoll_ctl or pthread_create fail.
+        var made: [Int32] = []
+        func make(_ what: String, _ call: () -> Int32) throws(SystemError) -> Int32 {
+            do throws(SystemError) {
+                let fd = try retryingEINTR(what, call)
+                made.append(fd)
+                return fd
+            } catch {
+                for fd in made { FileDescriptor(adopting: fd).close() }
+                pthread_mutex_destroy(mutex)
+                mutex.deallocate()
+                throw error
+            }
         }
-        do throws(SystemError) {
-            wakeFD = try retryingEINTR("eventfd") { sdk_eventfd() }
-        } catch {
-            FileDescriptor(adopting: epfd).close()
-            pthread_mutex_destroy(turn)
-            turn.deallocate()
-            throw error
-        }
-        do throws(SystemError) {
-            timerFD = try retryingEINTR("timerfd_create") { sdk_timerfd() }
-        } catch {
-            FileDescriptor(adopting: wakeFD).close()
-            FileDescriptor(adopting: epfd).close()
-            pthread_mutex_destroy(turn)
-            turn.deallocate()
-            throw error
-        }
+        epfd = try make("epoll_create1") { sdk_epoll_create() }
+        wakeFD = try make("eventfd") { sdk_eventfd() }
+        timerFD = try make("timerfd_create") { sdk_timerfd() }
         try retryingEINTR("epoll_ctl(ADD)") { sdk_epoll_ctl(epfd, SDK_EPOLL_CTL_ADD, wakeFD, Self.readable) }
         try retryingEINTR("epoll_ctl(ADD)") { sdk_epoll_ctl(epfd, SDK_EPOLL_CTL_ADD, timerFD, Self.readable) }
         let box = Unmanaged.passRetained(self).toOpaque()

@@ -110,6 +110,48 @@ func stopAndWait(_ loop: EventLoop) async {
         await stopAndWait(loop)
     }
 
+    /// A loop that cannot make its epoll, eventfd or timerfd descriptor throws, and leaves open none of those it
+    /// did make. In a child process, since it lowers the descriptor limit.
+    @Test func aLoopWithoutItsDescriptorsClosesWhatItMade() async {
+        await #expect(processExitsWith: .success) {
+            var limit = rlimit()
+            getrlimit(Int32(RLIMIT_NOFILE.rawValue), &limit)
+            // With room for `spare` more descriptors: the loop made, and whether the descriptors are as before.
+            func attempt(spare: Int) -> (EventLoop?, unchanged: Bool) {
+                var used = Set(links(of: getpid()).keys)
+                // The listing's own descriptor had the lowest free number; it is free again.
+                let probe = open("/dev/null", O_RDONLY | O_CLOEXEC)
+                close(probe)
+                used.remove(Int(probe))
+                // A limit just above the `spare` lowest free numbers: exactly that many more can be opened.
+                var ceiling = 0, skipped = 0
+                while used.contains(ceiling) || skipped < spare {
+                    if !used.contains(ceiling) { skipped += 1 }
+                    ceiling += 1
+                }
+                let before = openDescriptors()
+                var lowered = limit
+                lowered.rlim_cur = rlim_t(ceiling)
+                setrlimit(Int32(RLIMIT_NOFILE.rawValue), &lowered)
+                let loop = try? EventLoop(name: "test-limit")
+                setrlimit(Int32(RLIMIT_NOFILE.rawValue), &limit)
+                return (loop, openDescriptors() == before)
+            }
+            // The test runner's own threads open descriptors now and then (a dispatch timer's timerfd, seen once
+            // in 30 runs), and may take the room given to the loop or change the listing, so each case has five
+            // attempts. A descriptor the loop leaks shows in every one.
+            for spare in 0...3 {
+                var shown = false
+                for _ in 0..<5 where !shown {
+                    let (loop, unchanged) = attempt(spare: spare)
+                    if let loop { await stopAndWait(loop) }
+                    shown = spare < 3 ? loop == nil && unchanged : loop != nil
+                }
+                guard shown else { exit(Int32(1 + spare)) }
+            }
+        }
+    }
+
     @Test func manualClockTimersFireOnlyWhenTimeMoves() async throws {
         let clock = ManualClock()
         let loop = try EventLoop(name: "test-clock")
