@@ -28,6 +28,9 @@
 //   MaxDescriptorsPerClient   integer   descriptor attachments one client's    default: 256
 //                                       requests in flight may hold
 //   MaxDescriptorsTotal       integer   the same across all clients            default: 4096
+//   BusyPollMicroseconds      integer   0...1000: after handling a message,    default: 50
+//                                       the loop and each worker poll this
+//                                       long before sleeping (0: sleep at once)
 //   DefaultPolicy             dict      SDKHostPolicy keys, for manifests that leave them out
 
 import SDKWire
@@ -66,7 +69,7 @@ package struct DaemonConfiguration: Sendable {
         "CrashReportDirectory", "MaxCrashReports", "DrainTimeoutSeconds", "HeartbeatIntervalSeconds",
         "HeartbeatTimeoutSeconds", "CancelGraceSeconds", "MaxFrameBytes", "DefaultPolicy", "MaxClients",
         "MaxInFlightRequests", "MaxQueuedRequests", "MaxClientOutputBytes", "HandshakeTimeoutSeconds",
-        "PartialFrameTimeoutSeconds", "MaxDescriptorsPerClient", "MaxDescriptorsTotal",
+        "PartialFrameTimeoutSeconds", "MaxDescriptorsPerClient", "MaxDescriptorsTotal", "BusyPollMicroseconds",
     ]
 
     /// Defaults only (no file).
@@ -137,6 +140,7 @@ package struct DaemonConfiguration: Sendable {
         partialFrameTimeout = try f.seconds("PartialFrameTimeoutSeconds", minimum: 0.1) ?? partialFrameTimeout
         maxDescriptorsPerClient = try f.integer("MaxDescriptorsPerClient", in: 0...1_000_000) ?? maxDescriptorsPerClient
         maxDescriptorsTotal = try f.integer("MaxDescriptorsTotal", in: 0...1_000_000) ?? maxDescriptorsTotal
+        host.busyPollMicroseconds = try f.integer("BusyPollMicroseconds", in: 0...1000) ?? host.busyPollMicroseconds
     }
 
     /// Where the daemon keeps its socket and crash reports by default: $XDG_RUNTIME_DIR/sdk-host if set (a

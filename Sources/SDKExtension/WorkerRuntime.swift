@@ -213,12 +213,21 @@ enum WorkerRuntime {
         // request ended; checked at most every quarter second, from this loop.
         let leakDelay = env.leakCheckMs > 0 ? UInt64(env.leakCheckMs) * 1_000_000 : nil
         var nextLeakCheck = lastBegin
+        // Busy polling as the host's loop does (EventLoop.swift): after a read, poll for a moment before sleeping,
+        // so the next request of a one-at-a-time caller finds this thread awake.
+        let busyPollNanoseconds = UInt64(env.busyPollMicroseconds) * 1000
+        var lastPollFoundWork = false
 
         while true {
             // The idle backstop is twice the host's idle timeout: the host retires us first in normal operation.
             var pfd = pollfd(fd: connection.fd, events: Int16(POLLIN), revents: 0)
             let timeout: Int32 = idleTimeoutMs > 0 ? Int32(min(idleTimeoutMs, 1000)) : 1000
-            let ready = poll(&pfd, 1, leakDelay == nil ? timeout : min(timeout, 250))
+            var ready: Int32 = 0
+            if busyPollNanoseconds > 0, lastPollFoundWork {
+                ready = busyPoll(nanoseconds: busyPollNanoseconds) { poll(&pfd, 1, 0) }
+            }
+            if ready == 0 { ready = poll(&pfd, 1, leakDelay == nil ? timeout : min(timeout, 250)) }
+            lastPollFoundWork = ready > 0
             if let leakDelay, monotonicNanoseconds() >= nextLeakCheck {
                 nextLeakCheck = monotonicNanoseconds() + 250_000_000
                 for leak in connection.leaks(olderThan: leakDelay) { connection.send(leak) }
@@ -340,6 +349,8 @@ struct Environment {
     var idleTimeoutMs: Int64
     /// LeakCheckDelaySeconds in ms; 0 turns the check off.
     let leakCheckMs: Int64
+    /// The host's BusyPollMicroseconds (0, sleep at once, when unset or out of range).
+    let busyPollMicroseconds: Int
 
     init() {
         func value(_ name: String) -> String? { getenv(name).map { String(cString: $0) } }
@@ -347,6 +358,7 @@ struct Environment {
         identifier = value("SDKHOST_EXTENSION_ID") ?? "unknown"
         idleTimeoutMs = value("SDKHOST_IDLE_TIMEOUT_MS").flatMap { Int64($0) } ?? 0
         leakCheckMs = value("SDKHOST_LEAK_CHECK_MS").flatMap { Int64($0) } ?? 0
+        busyPollMicroseconds = value("SDKHOST_BUSY_POLL_US").flatMap { Int($0) }.map { (0...1000).contains($0) ? $0 : 0 } ?? 0
         var st = stat()
         if fstat(ipcFD, &st) != 0 {
             WorkerLog.write("no host connection on fd \(ipcFD): this program is an sdk-host extension; run it through sdk-host")

@@ -48,7 +48,7 @@ final class DaemonClient: HostBackend, @unchecked Sendable {
         self.reconnectTimeout = reconnectTimeout
         self.daemonUID = daemonUID
         do {
-            loop = try EventLoop(name: "sdk-host-client")
+            loop = try EventLoop(name: "sdk-host-client", busyPollMicroseconds: HostConfiguration.defaultBusyPollMicroseconds)
         } catch {
             throw HostError(.system, "cannot start the client event loop: \(error)")
         }

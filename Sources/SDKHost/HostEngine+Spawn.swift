@@ -23,6 +23,7 @@ extension HostEngine {
             "SDKHOST_IPC_FD=3", "SDKHOST_EXTENSION_ID=\(manifest.identifier)",
             "SDKHOST_IDLE_TIMEOUT_MS=\(idleMs)",
             "SDKHOST_LEAK_CHECK_MS=\(Int64(manifest.policy.leakCheckDelay * 1000))",
+            "SDKHOST_BUSY_POLL_US=\(configuration.busyPollMicroseconds)",
         ]
         // Under an address-space limit every malloc arena's 64 MiB reservation counts, and glibc makes up to 8
         // per core: four arenas keep a threaded worker well inside a few hundred MiB. The config may override.

@@ -115,6 +115,10 @@ package final class HostEngine: @unchecked Sendable {
     private var keepAliveUntilStopped: HostEngine?
 
     package init(configuration: HostConfiguration) throws(HostError) {
+        guard (0...1000).contains(configuration.busyPollMicroseconds) else {
+            throw HostError(.invalidConfiguration,
+                "busyPollMicroseconds: \(configuration.busyPollMicroseconds) is outside 0...1000")
+        }
         self.configuration = configuration
         launcher = configuration.launcher ?? PosixLauncher()
         launcherPath = SandboxProfile.findLauncher(configured: configuration.launcherPath,
@@ -125,7 +129,8 @@ package final class HostEngine: @unchecked Sendable {
             try CrashReportStore(directory: directory, limit: configuration.crashReportLimit)
         }
         do {
-            loop = try EventLoop(name: "sdk-host", clock: configuration.clock)
+            loop = try EventLoop(name: "sdk-host", clock: configuration.clock,
+                                 busyPollMicroseconds: configuration.busyPollMicroseconds)
         } catch {
             throw HostError(.system, "cannot start the host event loop: \(error)")
         }

@@ -12,6 +12,13 @@
 // requests one at a time the loop sleeps with no timer at all, so every request's deadline did that: one extra
 // wake-up of the loop thread per request. Now the caller re-arms the timerfd at most, and not even that while an
 // earlier (possibly stale) expiry is armed; a stale one costs one spurious turn.
+//
+// Busy polling: after a wait that found work, the loop polls without sleeping for a few tens of microseconds
+// before it sleeps. A reply usually arrives within that time, and then neither side pays for waking a sleeping
+// CPU (measured here: 15-20 us per wake-up of an idle vCPU, two per round trip; the whole raw round trip
+// between two processes on one CPU is 12 us). Each empty poll yields the CPU, so a thread that has work on it
+// runs first; an idle loop polls once for the budget, then sleeps until something happens. The same idea as
+// Linux's busy_poll and Go's spinning scheduler threads.
 
 #if canImport(Glibc)
 import Glibc
@@ -46,6 +53,13 @@ public final class EventLoop: @unchecked Sendable {
     private var sleepsOnManualClock = false
     private let name: String
     private let clock: ManualClock?
+    /// How long to poll before sleeping after a wait that found work (0: sleep at once).
+    private let busyPollNanoseconds: UInt64
+    /// Whether the last turn found or did work (loop thread only): an idle loop does not poll again.
+    private var lastWaitFoundWork = false
+    private let busyPollHitCount = Atomic<Int>(0)
+    /// Waits that busy polling answered without sleeping (for tests and diagnostics).
+    package var busyPollHits: Int { busyPollHitCount.load(ordering: .relaxed) }
 
     private struct Inbox {
         var tasks = Deque<@Sendable () -> Void>()
@@ -63,11 +77,15 @@ public final class EventLoop: @unchecked Sendable {
 
     /// Creates the loop and starts its thread.
     ///
-    /// - Parameter clock: A clock that a test advances by hand; timers then fire only when it says so (and
-    ///   `wake()` is called). Nil for the monotonic clock.
-    public init(name: String, clock: ManualClock? = nil) throws(SystemError) {
+    /// - Parameters:
+    ///   - clock: A clock that a test advances by hand; timers then fire only when it says so (and `wake()` is
+    ///     called). Nil for the monotonic clock.
+    ///   - busyPollMicroseconds: After a wait that found work, how long to poll (yielding the CPU between polls)
+    ///     before sleeping; 0 sleeps at once. Not used under a manual clock.
+    public init(name: String, clock: ManualClock? = nil, busyPollMicroseconds: Int = 0) throws(SystemError) {
         self.name = name
         self.clock = clock
+        busyPollNanoseconds = UInt64(max(0, busyPollMicroseconds)) * 1000
         let mutex = UnsafeMutablePointer<pthread_mutex_t>.allocate(capacity: 1)
         pthread_mutex_init(mutex, nil)
         turn = mutex
@@ -340,11 +358,21 @@ public final class EventLoop: @unchecked Sendable {
             // wakes the loop whenever a timer is pending.
             sleepsOnManualClock = clock != nil && timeout != 0
             releaseTurn()
-            let n = fds.withUnsafeMutableBufferPointer { f in
-                events.withUnsafeMutableBufferPointer { e in
-                    sdk_epoll_wait(epfd, f.baseAddress, e.baseAddress, 64, timeout)
+            func wait(_ timeout: Int32) -> Int32 {
+                fds.withUnsafeMutableBufferPointer { f in
+                    events.withUnsafeMutableBufferPointer { e in
+                        sdk_epoll_wait(epfd, f.baseAddress, e.baseAddress, 64, timeout)
+                    }
                 }
             }
+            var n: Int32 = 0
+            if timeout != 0, busyPollNanoseconds > 0, clock == nil, lastWaitFoundWork {
+                n = busyPoll(nanoseconds: busyPollNanoseconds) { wait(0) }
+                if n > 0 { busyPollHitCount.add(1, ordering: .relaxed) }
+            }
+            if n == 0 { n = wait(timeout) }
+            // A turn that ran tasks polls afterwards too (its wait had timeout 0 and may well have found nothing).
+            lastWaitFoundWork = n > 0 || timeout == 0
             takeTurn()
             if n < 0 {
                 let e = errno
@@ -402,5 +430,18 @@ public final class EventLoop: @unchecked Sendable {
         FileDescriptor(adopting: timerFD).close()
         releaseTurn()
         for callback in callbacks { callback() }
+    }
+}
+
+/// Calls `poll` (a wait that does not block) until it returns non-zero or `nanoseconds` have passed, yielding the
+/// CPU between calls so that a thread with work on this CPU runs first; returns `poll`'s last result. The busy
+/// polling of the host's loop and of the worker runtime (see the top of this file).
+@inline(__always)
+public func busyPoll(nanoseconds: UInt64, _ poll: () -> Int32) -> Int32 {
+    let until = monotonicNanoseconds() + nanoseconds
+    while true {
+        let n = poll()
+        if n != 0 || monotonicNanoseconds() >= until { return n }
+        sched_yield()
     }
 }

@@ -260,6 +260,7 @@ import Glibc
             ("<key>AllowedUIDs</key><array><string>root</string></array>", "AllowedUIDs[0]: expected a uid"),
             ("<key>DefaultPolicy</key><dict><key>MaxWorkers</key><real>2.5</real></dict>", "DefaultPolicy.MaxWorkers: expected an integer"),
             ("<key>DrainTimeoutSeconds</key><string>soon</string>", "DrainTimeoutSeconds: expected a number"),
+            ("<key>BusyPollMicroseconds</key><integer>5000</integer>", "BusyPollMicroseconds: 5000 is outside 0...1000"),
         ]
         for (n, (body, expected)) in cases.enumerated() {
             let path = "\(folder)/bad\(n).plist"

@@ -186,6 +186,41 @@ import Glibc
         }
     }
 
+    /// The host hands its busy-poll budget to each worker, and a worker with nothing to do polls once for it and
+    /// then sleeps. A budget outside 0...1000 µs is a configuration error.
+    @Test func busyPollReachesWorkersAndAnIdleWorkerSleeps() async throws {
+        try await withHost({
+            $0.busyPollMicroseconds = 1000
+            $0.heartbeatInterval = 30  // no pings in the measured second
+            $0.heartbeatTimeout = 60
+        }) { host, _ in
+            let ext = try host.extension(identifier: "com.example.echo")
+            let recorder = Recorder()
+            recorder.attach(to: ext)
+            let (id, assigned) = beginNotingPid(ext, "poll")
+            #expect(await recorder.wait(for: id) == .completed([ExtensionItem(title: "poll")]))
+            let pid = assigned.pid
+            let environment = try #require(readSmallFile("/proc/\(pid)/environ"))
+            #expect(environment.split(separator: "\0").contains("SDKHOST_BUSY_POLL_US=1000"))
+            func cpu() -> UInt64? {
+                readSmallFile("/proc/\(pid)/schedstat")?.split(separator: " ").first.flatMap { UInt64($0) }
+            }
+            usleep(100_000)  // past its last poll
+            let before = try #require(cpu())
+            usleep(1_000_000)
+            let after = try #require(cpu())
+            #expect(after - before < 100_000_000, "the idle worker ran \((after - before) / 1000) us in 1 s")
+        }
+        var configuration = HostConfiguration(extensionSearchPaths: ["\(packageRoot)/Extensions"])
+        configuration.busyPollMicroseconds = 1001
+        #expect {
+            _ = try ExtensionHost(configuration: configuration)
+        } throws: { error in
+            let e = error as? HostError
+            return e?.code == .invalidConfiguration && e?.detail.contains("busyPollMicroseconds: 1001") == true
+        }
+    }
+
     @Test func idleWorkerIsRetiredWithoutACrashReport() async throws {
         let temp = TemporaryExtension(identifier: "com.example.brief", executable: "Echo",
                                       policy: "<key>IdleTimeoutSeconds</key><real>0.3</real>")

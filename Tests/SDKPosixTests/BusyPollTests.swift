@@ -1,0 +1,77 @@
+// Busy polling (EventLoop.swift): a loop that has just handled something polls for its budget before it sleeps,
+// so a message that comes within the budget is taken awake; an idle loop polls once and then sleeps.
+import SDKPosix
+import Testing
+
+#if canImport(Glibc)
+import Glibc
+#endif
+
+@Suite struct BusyPollTests {
+    /// Ping-pongs `rounds` one-byte messages with a handler on `loop` that echoes them.
+    func pingPong(_ loop: EventLoop, rounds: Int) async throws {
+        var pair: [Int32] = [0, 0]
+        #expect(socketpair(AF_UNIX, Int32(SOCK_STREAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0, &pair) == 0)
+        let (mine, theirs) = (pair[0], pair[1])
+        defer { _ = close(mine); _ = close(theirs) }
+        let registered = await onLoop(loop) { () -> Bool in
+            (try? loop.register(theirs, events: EventLoop.readable) { _ in
+                var byte: UInt8 = 0
+                while recv(theirs, &byte, 1, Int32(MSG_DONTWAIT)) == 1 { _ = send(theirs, &byte, 1, Int32(MSG_DONTWAIT)) }
+            }) != nil
+        }
+        #expect(registered)
+        for i in 0..<rounds {
+            var byte = UInt8(truncatingIfNeeded: i)
+            #expect(send(mine, &byte, 1, 0) == 1)
+            var back: UInt8 = 0
+            #expect(recv(mine, &back, 1, 0) == 1 && back == byte)
+        }
+        await onLoop(loop) { loop.unregister(theirs) }
+    }
+
+    /// CPU time of one thread of this process, from /proc (nanoseconds run).
+    func cpuNanoseconds(thread tid: String) -> UInt64? {
+        let fd = open("/proc/self/task/\(tid)/schedstat", O_RDONLY | O_CLOEXEC)
+        guard fd >= 0 else { return nil }
+        defer { _ = close(fd) }
+        var buffer = [UInt8](repeating: 0, count: 128)
+        let n = read(fd, &buffer, buffer.count)
+        guard n > 0 else { return nil }
+        return String(decoding: buffer[0..<n], as: UTF8.self).split(separator: " ").first.flatMap { UInt64($0) }
+    }
+
+    @Test func aPollingLoopTakesTheNextMessageAwake() async throws {
+        // The peer answers at once, well inside a 1 ms budget, so some of 200 waits must end while polling even
+        // on a loaded machine; a loop that does not poll never counts one.
+        let polling = try EventLoop(name: "test-busy-poll", busyPollMicroseconds: 1000)
+        try await pingPong(polling, rounds: 200)
+        #expect(polling.busyPollHits >= 1, "no wait was answered by polling")
+        await stopAndWait(polling)
+
+        let sleeping = try EventLoop(name: "test-no-busy-poll")
+        try await pingPong(sleeping, rounds: 200)
+        #expect(sleeping.busyPollHits == 0)
+        await stopAndWait(sleeping)
+    }
+
+    @Test func anIdleLoopPollsOnceThenSleeps() async throws {
+        let loop = try EventLoop(name: "test-busy-poll-idle", busyPollMicroseconds: 1000)
+        try await pingPong(loop, rounds: 50)
+        // "<pid>/task/<tid>": the loop thread's own id, for its CPU time.
+        let tid = await onLoop(loop) { () -> String in
+            var buffer = [CChar](repeating: 0, count: 64)
+            let n = readlink("/proc/thread-self", &buffer, buffer.count - 1)
+            let path = String(decoding: buffer.prefix(max(0, n)).map { UInt8(bitPattern: $0) }, as: UTF8.self)
+            return String(path.split(separator: "/").last ?? "")
+        }
+        usleep(100_000)  // past the last poll
+        let before = try #require(cpuNanoseconds(thread: tid))
+        usleep(1_000_000)
+        let after = try #require(cpuNanoseconds(thread: tid))
+        // Asleep, it runs for nothing; polling on, it would run for a good part of the second even if it had to
+        // share a CPU with two busy threads.
+        #expect(after - before < 100_000_000, "the idle loop ran \((after - before) / 1000) us in 1 s")
+        await stopAndWait(loop)
+    }
+}
