@@ -69,6 +69,7 @@ enum BenchCommand {
             EmbeddedBench.measureColdStarts(into: &results, samples: quick ? 10 : 50)
         } else if mode == "daemon" {
             results.raw = RawBench.measure(roundTrips: 4000)
+            results.rawBusyPoll = RawBench.measure(roundTrips: 4000, busyPoll: true)
             DaemonBench.measure(into: &results, scale: quick ? 1 : 5)
         } else if mode == "drain" {
             results.raw = RawBench.measure(roundTrips: 4000)
@@ -76,6 +77,7 @@ enum BenchCommand {
         } else {
             let scale = quick ? 1 : 5
             results.raw = RawBench.measure(roundTrips: 4000 * scale)
+            results.rawBusyPoll = RawBench.measure(roundTrips: 4000 * scale, busyPoll: true)
             let host = EmbeddedHost.make {
                 $0.logHandler = { _, _ in }
                 // The kill figure kills a worker per sample; that is measurement, not a crash loop to quarantine.
@@ -117,14 +119,17 @@ enum BenchCommand {
 func nowMicros() -> Double { Double(monotonicNanoseconds()) / 1000 }
 
 /// The raw baseline: a 310-byte message (the typical begin frame) ping-ponged over a socketpair with a second
-/// process that echoes bytes back (this binary, `sdk-host bench-peer`), with plain blocking read/write.
+/// process that echoes bytes back (this binary, `sdk-host bench-peer`), with plain blocking read/write. With
+/// `busyPoll`, both ends first poll for the host's default BusyPollMicroseconds before each blocking read, as the
+/// host's loop and its workers do: the socket's own round trip under the same rule.
 enum RawBench {
     static let messageSize = 310
 
-    static func measure(roundTrips: Int) -> Samples {
+    static func measure(roundTrips: Int, busyPoll: Bool = false) -> Samples {
         let exe = "/proc/self/exe"
         var samples = Samples()
-        guard let channels = try? spawnWithChannels(SpawnRequest(path: exe, arguments: ["sdk-host", "bench-peer"], environment: [])) else {
+        let arguments = ["sdk-host", "bench-peer"] + (busyPoll ? ["--busy-poll"] : [])
+        guard let channels = try? spawnWithChannels(SpawnRequest(path: exe, arguments: arguments, environment: [])) else {
             fail("bench: cannot spawn the raw echo peer")
         }
         let fd = channels.socket.rawValue
@@ -137,6 +142,7 @@ enum RawBench {
             message.withUnsafeBytes { _ = try? sendAll(fd, $0) }
             var got = 0
             while got < messageSize {
+                if busyPoll { waitReadable(fd) }
                 let n = reply.withUnsafeMutableBytes { read(fd, $0.baseAddress! + got, messageSize - got) }
                 if n <= 0 { fail("bench: raw peer closed") }
                 got += n
@@ -148,10 +154,17 @@ enum RawBench {
         return samples
     }
 
+    /// Busy polls until `fd` is readable, for at most the default budget; the blocking read follows.
+    static func waitReadable(_ fd: Int32) {
+        var pfd = pollfd(fd: fd, events: Int16(POLLIN), revents: 0)
+        _ = busyPoll(nanoseconds: UInt64(HostConfiguration.defaultBusyPollMicroseconds) * 1000) { poll(&pfd, 1, 0) }
+    }
+
     /// The peer: echo whatever arrives on fd 3 until EOF.
-    static func peer() -> Never {
+    static func peer(busyPoll: Bool) -> Never {
         var buffer = [UInt8](repeating: 0, count: 65536)
         while true {
+            if busyPoll { waitReadable(3) }
             let n = buffer.withUnsafeMutableBytes { read(3, $0.baseAddress, $0.count) }
             if n <= 0 { exit(0) }
             buffer.withUnsafeBytes { _ = try? sendAll(3, UnsafeRawBufferPointer(rebasing: $0[0..<n])) }

@@ -67,7 +67,7 @@ arguments.removeFirst()
 switch command {
 case "plist": PlistCommand.run(arguments)
 case "bench": BenchCommand.run(arguments)
-case "bench-peer": RawBench.peer()  // internal: the far end of the raw baseline
+case "bench-peer": RawBench.peer(busyPoll: arguments.contains("--busy-poll"))  // internal: the far end of the raw baseline
 case "demo": DemoCommand.run(arguments)
 case "request": RequestCommand.run(arguments)
 case "serve": ServeCommand.run(arguments)
