@@ -13,8 +13,8 @@
 // wake-up of the loop thread per request. Now the caller re-arms the timerfd at most, and not even that while an
 // earlier (possibly stale) expiry is armed; a stale one costs one spurious turn.
 //
-// Busy polling: after a wait that found work, the loop polls without sleeping for a few tens of microseconds
-// before it sleeps. A reply usually arrives within that time, and then neither side pays for waking a sleeping
+// Busy polling: after a turn that found or did work, the loop polls without sleeping for a few tens of
+// microseconds before it sleeps. A reply usually arrives within that time, and then neither side pays for waking a sleeping
 // CPU (measured here: 15-20 us per wake-up of an idle vCPU, two per round trip; the whole raw round trip
 // between two processes on one CPU is 12 us). Each empty poll yields the CPU, so a thread that has work on it
 // runs first; an idle loop polls once for the budget, then sleeps until something happens. The same idea as
@@ -53,7 +53,7 @@ public final class EventLoop: @unchecked Sendable {
     private var sleepsOnManualClock = false
     private let name: String
     private let clock: ManualClock?
-    /// How long to poll before sleeping after a wait that found work (0: sleep at once).
+    /// How long to poll before sleeping after a turn that found or did work (0: sleep at once).
     private let busyPollNanoseconds: UInt64
     /// Whether the last turn found or did work (loop thread only): an idle loop does not poll again.
     private var lastWaitFoundWork = false
@@ -80,8 +80,8 @@ public final class EventLoop: @unchecked Sendable {
     /// - Parameters:
     ///   - clock: A clock that a test advances by hand; timers then fire only when it says so (and `wake()` is
     ///     called). Nil for the monotonic clock.
-    ///   - busyPollMicroseconds: After a wait that found work, how long to poll (yielding the CPU between polls)
-    ///     before sleeping; 0 sleeps at once. Not used under a manual clock.
+    ///   - busyPollMicroseconds: After a turn that found or did work, how long to poll (yielding the CPU between
+    ///     polls) before sleeping; 0 sleeps at once. Not used under a manual clock.
     public init(name: String, clock: ManualClock? = nil, busyPollMicroseconds: Int = 0) throws(SystemError) {
         self.name = name
         self.clock = clock
@@ -437,7 +437,7 @@ public final class EventLoop: @unchecked Sendable {
 /// CPU between calls so that a thread with work on this CPU runs first; returns `poll`'s last result. The busy
 /// polling of the host's loop and of the worker runtime (see the top of this file).
 @inline(__always)
-public func busyPoll(nanoseconds: UInt64, _ poll: () -> Int32) -> Int32 {
+package func busyPoll(nanoseconds: UInt64, _ poll: () -> Int32) -> Int32 {
     let until = monotonicNanoseconds() + nanoseconds
     while true {
         let n = poll()
