@@ -14,10 +14,10 @@
 // earlier (possibly stale) expiry is armed; a stale one costs one spurious turn.
 //
 // Busy polling: after a turn that found or did work, the loop polls without sleeping for a few tens of
-// microseconds before it sleeps. A reply usually arrives within that time, and then neither side pays for waking a sleeping
-// CPU (measured here: 15-20 us per wake-up of an idle vCPU, two per round trip; the whole raw round trip
-// between two processes on one CPU is 12 us). Each empty poll yields the CPU, so a thread that has work on it
-// runs first; an idle loop polls once for the budget, then sleeps until something happens. The same idea as
+// microseconds before it sleeps. A reply usually arrives within that time, and then neither side pays for waking
+// a sleeping CPU (measured here: 15-20 us per wake-up of an idle vCPU, two per round trip; the whole raw round
+// trip between two processes on one CPU is 12 us). Each empty poll yields the CPU, so a thread that has work on
+// it runs first; an idle loop polls once for the budget, then sleeps until something happens. The same idea as
 // Linux's busy_poll and Go's spinning scheduler threads.
 
 #if canImport(Glibc)
