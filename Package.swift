@@ -7,6 +7,21 @@ import PackageDescription
 /// unlike GNU ld it does not print glibc's static-dlopen notice (the Swift runtime's optional dlopen just fails).
 let staticExecutable: [LinkerSetting] = [.unsafeFlags(["-static-executable", "-use-ld=lld"])]
 
+/// The bundled extensions are linked with the code a worker runs laid out first (`Extensions/hot-text.order`,
+/// made by `bench/order-file/generate.sh`). A worker maps its executable's text through the kernel's
+/// fault-around, 64 KiB around each page it touches, and a killed worker's teardown unmaps every page mapped:
+/// with the hot code scattered over the whole text, that was ~3.4 MB of 5.3 MB and about a third of the time from
+/// SIGKILL to the worker's death being seen (docs/BENCHMARKS.md). Names an executable does not define are skipped,
+/// so a stale file only costs layout, never the build.
+let packageDirectory = String(#filePath.dropLast("/Package.swift".count))
+let extensionExecutable: [LinkerSetting] = [
+    .unsafeFlags([
+        "-static-executable", "-use-ld=lld",
+        "-Xlinker", "--symbol-ordering-file=\(packageDirectory)/Extensions/hot-text.order",
+        "-Xlinker", "--no-warn-symbol-ordering",
+    ])
+]
+
 let package = Package(
     name: "sdk-host",
     products: [
@@ -39,16 +54,16 @@ let package = Package(
         // They link the Swift stdlib statically: fewer shared objects to map and relocate at every spawn.
         .executableTarget(
             name: "Echo", dependencies: ["SDKExtension"], path: "Extensions/Echo", exclude: ["Info.plist"],
-            linkerSettings: staticExecutable),
+            linkerSettings: extensionExecutable),
         .executableTarget(
             name: "Crasher", dependencies: ["SDKExtension", "SDKWire"], path: "Extensions/Crasher", exclude: ["Info.plist"],
-            linkerSettings: staticExecutable),
+            linkerSettings: extensionExecutable),
         .executableTarget(
             name: "AsyncEcho", dependencies: ["SDKExtension"], path: "Extensions/AsyncEcho", exclude: ["Info.plist"],
-            linkerSettings: staticExecutable),
+            linkerSettings: extensionExecutable),
         .executableTarget(
             name: "Ticker", dependencies: ["SDKExtension"], path: "Extensions/Ticker", exclude: ["Info.plist"],
-            linkerSettings: staticExecutable),
+            linkerSettings: extensionExecutable),
         // Tries every sandbox escape (Extensions/Escaper). Linked the ordinary way, dynamically against the
         // toolchain's Swift runtime, as an extension in another package would be.
         .executableTarget(
