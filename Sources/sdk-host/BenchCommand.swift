@@ -86,7 +86,7 @@ enum BenchCommand {
             results.warm = EmbeddedBench.warmRoundTrips(host, count: 4000 * scale)
             results.warmOnLoop = EmbeddedBench.warmRoundTrips(host, count: 4000 * scale, onHostLoop: true)
             EmbeddedBench.measureThroughput(host, into: &results, scale: scale)
-            results.echoWorkerRSSKB = EmbeddedBench.echoWorkerRSS(host)
+            (results.echoWorkerRSSKB, results.echoWorkerTextRSSKB) = EmbeddedBench.echoWorkerRSS(host)
             (results.kill, results.killExit) = EmbeddedBench.killToInterruption(host, samples: 20 * scale)
             shutdown(host)
             // The same warm path with the runtime's leak check off: what the check costs per request.
@@ -280,15 +280,16 @@ enum EmbeddedBench {
         return Double(total) / ((nowMicros() - start) / 1e6)
     }
 
-    static func echoWorkerRSS(_ host: ExtensionHost) -> Int {
+    /// The warm Echo worker's VmRSS and the part of it that is its executable's text (`textRSSKB`), in KiB.
+    static func echoWorkerRSS(_ host: ExtensionHost) -> (Int, text: Int) {
         let ext = echo(host)
         let pid = Mutex<pid_t?>(nil)
         let done = DispatchSemaphore(value: 0)
         ext.requestCompletionHandler = { _, _ in done.signal() }
         ext.beginRequest(withInputItems: [item], deadline: nil, onWorkerAssigned: { p in pid.withLock { $0 = p } })
         done.wait()
-        guard let p = pid.withLock({ $0 }) else { return -1 }
-        return rssKB(of: p)
+        guard let p = pid.withLock({ $0 }) else { return (-1, -1) }
+        return (rssKB(of: p), textRSSKB(of: p))
     }
 
     /// SIGKILL of a worker running a request → that request's interruption callback, in µs; and, in the same
@@ -431,6 +432,24 @@ func firstRequest(_ ext: Extension) -> Double {
 }
 
 func rssKB(of pid: pid_t) -> Int { procStatus("\(pid)", ["VmRSS:"])[0] }
+
+/// KiB of `pid`'s file-backed executable mappings that are mapped in (their smaps `Rss`). The kernel maps text 64
+/// KiB around each page a process touches, and a killed process's teardown unmaps every one of those pages, so
+/// this is what the hot-code layout (Extensions/hot-text.order) keeps down. -1 if smaps cannot be read.
+func textRSSKB(of pid: pid_t) -> Int {
+    guard let smaps = try? readFile("/proc/\(pid)/smaps") else { return -1 }
+    var total = 0
+    var inText = false
+    for line in String(decoding: smaps, as: UTF8.self).split(separator: "\n") {
+        let fields = line.split(separator: " ")
+        if fields.count >= 6, fields[0].contains("-"), fields[1].count == 4 {
+            inText = fields[1].hasPrefix("r-x") && fields[5].hasPrefix("/")  // a mapping's header line
+        } else if inText, fields.count >= 2, fields[0] == "Rss:", let kb = Int(fields[1]) {
+            total += kb
+        }
+    }
+    return total
+}
 
 /// CPU time all of `pid`'s threads have run, in ns (the first field of each /proc/<pid>/task/*/schedstat).
 func cpuNanoseconds(of pid: pid_t) -> UInt64? {

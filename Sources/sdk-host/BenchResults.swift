@@ -44,6 +44,8 @@ struct Results {
     var rpsNoLeakCheck64: Double?
     var drain: [Int: Double] = [:]
     var echoWorkerRSSKB: Int?
+    /// Of which the Echo executable's text mapped in.
+    var echoWorkerTextRSSKB: Int?
     var daemonWarm: Samples?
     var warmOnLoop: Samples?
     var daemonWarmOnLoop: Samples?
@@ -171,6 +173,9 @@ struct Results {
         if let rss = daemonRSSIdleKB { out.append(("daemon_rss_idle_kb", Double(rss), "", "daemon RSS idle (KiB)")) }
         if let rss = daemonRSSAfter100kKB { out.append(("daemon_rss_100k_kb", Double(rss), "", "daemon RSS after 100k requests (KiB)")) }
         if let rss = echoWorkerRSSKB { out.append(("echo_worker_rss_kb", Double(rss), "", "idle Echo worker RSS (KiB)")) }
+        if let rss = echoWorkerTextRSSKB {
+            out.append(("echo_worker_text_rss_kb", Double(rss), "", "of which its executable's text mapped in (KiB)"))
+        }
         if let c = codecResult {
             out.append(("codec_message_bytes", Double(c.bytes), "", "typical message size (bytes)"))
             out.append(("codec_encode_us", c.encode, ratio(c.encode, c.foundationEncode) + " of Foundation", "codec encode (µs)"))
