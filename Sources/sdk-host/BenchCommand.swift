@@ -442,8 +442,8 @@ func textRSSKB(of pid: pid_t) -> Int {
     var inText = false
     for line in String(decoding: smaps, as: UTF8.self).split(separator: "\n") {
         let fields = line.split(separator: " ")
-        if fields.count >= 6, fields[0].contains("-"), fields[1].count == 4 {
-            inText = fields[1].hasPrefix("r-x") && fields[5].hasPrefix("/")  // a mapping's header line
+        if fields.count >= 5, fields[0].contains("-"), fields[1].count == 4 {  // a mapping's header line
+            inText = fields[1].hasPrefix("r-x") && fields.count >= 6 && fields[5].hasPrefix("/")
         } else if inText, fields.count >= 2, fields[0] == "Rss:", let kb = Int(fields[1]) {
             total += kb
         }

@@ -3,8 +3,8 @@
 # attachments, crashes), which Package.swift hands to lld for the bundled extensions so that they sit together at
 # the front of the text. Why: docs/BENCHMARKS.md, "Where a killed worker's teardown goes".
 #
-# Needs valgrind (callgrind lists every function that ran, but on its own emulated CPU) and, when it can record,
-# perf (samples of native runs add glibc's variants for this CPU and its start-up code). Neither the build nor
+# Needs valgrind (callgrind lists every function that ran, but on its own emulated CPU), python3 and objdump and,
+# when it can record, perf (samples of native runs add glibc's variants for this CPU and its start-up code). Neither the build nor
 # the tests need this script or its tools; a stale order file only costs layout.
 #
 #   bash bench/order-file/generate.sh          # builds release, profiles, writes Extensions/hot-text.order
