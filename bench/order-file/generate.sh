@@ -1,11 +1,11 @@
 #!/bin/bash
 # Regenerates Extensions/hot-text.order: the functions a worker runs (start-up, handshake, requests, streaming,
 # attachments, crashes), which Package.swift hands to lld for the bundled extensions so that they sit together at
-# the front of the text. Why: docs/BENCHMARKS.md, "Where a killed worker's teardown goes".
+# the front of the text. Why: docs/BENCHMARKS.md, "A killed worker's teardown, and the hot-text order".
 #
 # Needs valgrind (callgrind lists every function that ran, but on its own emulated CPU), python3 and objdump and,
-# when it can record, perf (samples of native runs add glibc's variants for this CPU and its start-up code). Neither the build nor
-# the tests need this script or its tools; a stale order file only costs layout.
+# when it can record, perf (samples of native runs add glibc's variants for this CPU and its start-up code).
+# Neither the build nor the tests need this script or its tools; a stale order file only costs layout.
 #
 #   bash bench/order-file/generate.sh          # builds release, profiles, writes Extensions/hot-text.order
 set -euo pipefail
