@@ -140,7 +140,7 @@ package struct DaemonConfiguration: Sendable {
         partialFrameTimeout = try f.seconds("PartialFrameTimeoutSeconds", minimum: 0.1) ?? partialFrameTimeout
         maxDescriptorsPerClient = try f.integer("MaxDescriptorsPerClient", in: 0...1_000_000) ?? maxDescriptorsPerClient
         maxDescriptorsTotal = try f.integer("MaxDescriptorsTotal", in: 0...1_000_000) ?? maxDescriptorsTotal
-        host.busyPollMicroseconds = try f.integer("BusyPollMicroseconds", in: 0...1000) ?? host.busyPollMicroseconds
+        host.busyPollMicroseconds = try f.integer("BusyPollMicroseconds", in: HostConfiguration.busyPollMicrosecondsRange) ?? host.busyPollMicroseconds
     }
 
     /// Where the daemon keeps its socket and crash reports by default: $XDG_RUNTIME_DIR/sdk-host if set (a

@@ -119,7 +119,6 @@ package final class DaemonServer: @unchecked Sendable {
         return fd
     }
 
-    /// Serves until SIGTERM or SIGINT, then drains and stops. Blocks the calling (main) thread; returns 0.
     /// libdispatch makes its own epoll and eventfd descriptors when its first worker thread starts, and traps
     /// if it cannot. The engine's first use of a global queue comes whenever that thread is scheduled, which on
     /// a loaded machine was after clients had taken the descriptor limit: the daemon died of SIGILL. One worker
@@ -130,6 +129,7 @@ package final class DaemonServer: @unchecked Sendable {
         started.wait()
     }
 
+    /// Serves until SIGTERM or SIGINT, then drains and stops. Blocks the calling (main) thread; returns 0.
     package func run() -> Int32 {
         engine.loop.execute { self.startOnLoop() }
         finished.wait()

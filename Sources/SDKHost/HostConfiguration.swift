@@ -113,6 +113,8 @@ public struct HostConfiguration: Sendable {
     public var busyPollMicroseconds = HostConfiguration.defaultBusyPollMicroseconds
     /// The default `busyPollMicroseconds`: Linux's suggested `net.core.busy_poll`.
     public static let defaultBusyPollMicroseconds = 50
+    /// The `busyPollMicroseconds` a host accepts (also the daemon's `BusyPollMicroseconds`).
+    package static let busyPollMicrosecondsRange = 0...1000
     /// Creates workers (tests substitute failing or in-process launchers); nil for posix_spawn.
     package var launcher: (any WorkerLauncher)?
     /// The sandbox launcher; nil looks for `sdk-host-launcher` next to the running executable, then in

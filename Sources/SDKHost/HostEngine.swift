@@ -115,9 +115,9 @@ package final class HostEngine: @unchecked Sendable {
     private var keepAliveUntilStopped: HostEngine?
 
     package init(configuration: HostConfiguration) throws(HostError) {
-        guard (0...1000).contains(configuration.busyPollMicroseconds) else {
-            throw HostError(.invalidConfiguration,
-                "busyPollMicroseconds: \(configuration.busyPollMicroseconds) is outside 0...1000")
+        guard HostConfiguration.busyPollMicrosecondsRange.contains(configuration.busyPollMicroseconds) else {
+            throw HostError(.invalidConfiguration, "busyPollMicroseconds: \(configuration.busyPollMicroseconds) is "
+                + "outside \(HostConfiguration.busyPollMicrosecondsRange)")
         }
         self.configuration = configuration
         launcher = configuration.launcher ?? PosixLauncher()

@@ -453,12 +453,10 @@ func textRSSKB(of pid: pid_t) -> Int {
 
 /// CPU time all of `pid`'s threads have run, in ns (the first field of each /proc/<pid>/task/*/schedstat).
 func cpuNanoseconds(of pid: pid_t) -> UInt64? {
-    guard let dir = opendir("/proc/\(pid)/task") else { return nil }
-    defer { closedir(dir) }
+    guard let tasks = listDirectory("/proc/\(pid)/task") else { return nil }
     var total: UInt64 = 0
-    while let entry = readdir(dir) {
-        let name = withDirectoryEntryName(entry) { String(decoding: $0, as: UTF8.self) }
-        guard name.first?.isNumber == true, let stat = try? readFile("/proc/\(pid)/task/\(name)/schedstat") else { continue }
+    for task in tasks {
+        guard let stat = try? readFile("/proc/\(pid)/task/\(task)/schedstat") else { continue }
         total += String(decoding: stat, as: UTF8.self).split(separator: " ").first.flatMap { UInt64($0) } ?? 0
     }
     return total

@@ -1,5 +1,6 @@
 // Busy polling (EventLoop.swift): a loop that has just handled something polls for its budget before it sleeps,
 // so a message that comes within the budget is taken awake; an idle loop polls once and then sleeps.
+import HostTestSupport
 import SDKPosix
 import Testing
 
@@ -32,13 +33,7 @@ import Glibc
 
     /// CPU time of one thread of this process, from /proc (nanoseconds run).
     func cpuNanoseconds(thread tid: String) -> UInt64? {
-        let fd = open("/proc/self/task/\(tid)/schedstat", O_RDONLY | O_CLOEXEC)
-        guard fd >= 0 else { return nil }
-        defer { _ = close(fd) }
-        var buffer = [UInt8](repeating: 0, count: 128)
-        let n = read(fd, &buffer, buffer.count)
-        guard n > 0 else { return nil }
-        return String(decoding: buffer[0..<n], as: UTF8.self).split(separator: " ").first.flatMap { UInt64($0) }
+        readSmallFile("/proc/self/task/\(tid)/schedstat")?.split(separator: " ").first.flatMap { UInt64($0) }
     }
 
     @Test func aPollingLoopTakesTheNextMessageAwake() async throws {
@@ -60,10 +55,7 @@ import Glibc
         try await pingPong(loop, rounds: 50)
         // "<pid>/task/<tid>": the loop thread's own id, for its CPU time.
         let tid = await onLoop(loop) { () -> String in
-            var buffer = [CChar](repeating: 0, count: 64)
-            let n = readlink("/proc/thread-self", &buffer, buffer.count - 1)
-            let path = String(decoding: buffer.prefix(max(0, n)).map { UInt8(bitPattern: $0) }, as: UTF8.self)
-            return String(path.split(separator: "/").last ?? "")
+            String(readLink("/proc/thread-self")?.split(separator: "/").last ?? "")
         }
         usleep(100_000)  // past the last poll
         let before = try #require(cpuNanoseconds(thread: tid))
