@@ -36,6 +36,7 @@ struct Results {
     var coldUnsandboxed: Samples?
     var coldSubprocesses: Samples?
     var coldDirect: Samples?
+    var bareExec: Samples?
     var prewarmed: Samples?
     var kill: Samples?
     /// SIGKILL → the worker's pidfd readable, in the same samples as `kill`.
@@ -108,6 +109,9 @@ struct Results {
         }
         if let c = coldDirect {
             out.append(("cold_start_no_launcher_p50_ms", c.percentile(0.5) / 1000, ratio(c.percentile(0.5), rawP50), "cold start, extension spawned directly, p50 (ms)"))
+        }
+        if let c = bareExec {
+            out.append(("bare_start_p50_ms", c.percentile(0.5) / 1000, ratio(c.percentile(0.5), rawP50), "Echo spawned alone until main runs, p50 (ms)"))
         }
         if let c = coldSubprocesses {
             out.append(("cold_start_subprocesses_p50_ms", c.percentile(0.5) / 1000, ratio(c.percentile(0.5), rawP50), "cold start, AllowSubprocesses (pid ns), p50 (ms)"))
