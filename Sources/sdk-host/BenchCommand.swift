@@ -381,13 +381,13 @@ enum EmbeddedBench {
             $0.launcherPath = "/nonexistent/sdk-host-launcher"  // Sandbox = none without a launcher: spawned directly
         }.cold
         results.coldSubprocesses = coldStarts(samples: samples) { $0.defaultPolicy.allowSubprocesses = true }.cold
-        results.bareExec = bareExecs(samples: samples * 4)
+        results.bareStart = bareStarts(samples: samples * 4)
     }
 
     /// The Echo executable spawned with no host connection until its `main` has run, in µs: posix_spawn, exec,
     /// the static C library's and the Swift runtime's start-up, then the worker runtime's first line (that it has
     /// no connection) on stderr. A cold start does all of this and more, and none of it is sdk-host's.
-    static func bareExecs(samples count: Int) -> Samples {
+    static func bareStarts(samples count: Int) -> Samples {
         guard let dir = HostConfiguration.executableDirectory else { fail("bench: no executable directory") }
         var samples = Samples()
         for _ in 0..<count {
@@ -395,10 +395,14 @@ enum EmbeddedBench {
             let start = nowMicros()
             guard let channels = try? spawnWithChannels(request) else { fail("bench: cannot spawn \(dir)/Echo") }
             var said = pollfd(fd: channels.stderr.rawValue, events: Int16(POLLIN), revents: 0)
-            guard poll(&said, 1, 10_000) == 1 else { fail("bench: Echo said nothing on stderr") }
-            samples.add(nowMicros() - start)
+            let spoke = poll(&said, 1, 10_000) == 1
+            let end = nowMicros()
             var exited = pollfd(fd: channels.process.pidfd.rawValue, events: Int16(POLLIN), revents: 0)
-            guard poll(&exited, 1, 10_000) == 1 else { fail("bench: Echo did not exit by itself") }
+            guard spoke, poll(&exited, 1, 10_000) == 1 else {
+                channels.terminate(signal: SIGKILL)  // reaped and closed: a failed bench leaves no process behind
+                fail("bench: Echo, spawned alone, did not report the missing connection and exit within 10 s")
+            }
+            samples.add(end - start)
             _ = try? channels.process.reap()
             channels.close()
         }

@@ -36,7 +36,7 @@ struct Results {
     var coldUnsandboxed: Samples?
     var coldSubprocesses: Samples?
     var coldDirect: Samples?
-    var bareExec: Samples?
+    var bareStart: Samples?
     var prewarmed: Samples?
     var kill: Samples?
     /// SIGKILL → the worker's pidfd readable, in the same samples as `kill`.
@@ -110,7 +110,7 @@ struct Results {
         if let c = coldDirect {
             out.append(("cold_start_no_launcher_p50_ms", c.percentile(0.5) / 1000, ratio(c.percentile(0.5), rawP50), "cold start, extension spawned directly, p50 (ms)"))
         }
-        if let c = bareExec {
+        if let c = bareStart {
             out.append(("bare_start_p50_ms", c.percentile(0.5) / 1000, ratio(c.percentile(0.5), rawP50), "Echo spawned alone until main runs, p50 (ms)"))
         }
         if let c = coldSubprocesses {
