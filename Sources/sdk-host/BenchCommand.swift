@@ -320,8 +320,7 @@ enum EmbeddedBench {
             let start = nowMicros()
             kill(worker, SIGKILL)
             if pidfd >= 0 {
-                var exited = pollfd(fd: pidfd, events: Int16(POLLIN), revents: 0)
-                if poll(&exited, 1, 10_000) == 1 { exits.add(nowMicros() - start) }
+                if readable(pidfd, withinMilliseconds: 10_000) { exits.add(nowMicros() - start) }
                 close(pidfd)
             }
             interrupted.wait()
@@ -394,11 +393,9 @@ enum EmbeddedBench {
             let request = SpawnRequest(path: dir + "/Echo", arguments: ["Echo"], environment: ["SDKHOST_IPC_FD=99"])
             let start = nowMicros()
             guard let channels = try? spawnWithChannels(request) else { fail("bench: cannot spawn \(dir)/Echo") }
-            var said = pollfd(fd: channels.stderr.rawValue, events: Int16(POLLIN), revents: 0)
-            let spoke = poll(&said, 1, 10_000) == 1
+            let spoke = readable(channels.stderr.rawValue, withinMilliseconds: 10_000)
             let end = nowMicros()
-            var exited = pollfd(fd: channels.process.pidfd.rawValue, events: Int16(POLLIN), revents: 0)
-            guard spoke, poll(&exited, 1, 10_000) == 1 else {
+            guard spoke, readable(channels.process.pidfd.rawValue, withinMilliseconds: 10_000) else {
                 channels.terminate(signal: SIGKILL)  // reaped and closed: a failed bench leaves no process behind
                 fail("bench: Echo, spawned alone, did not report the missing connection and exit within 10 s")
             }
@@ -455,6 +452,12 @@ func firstRequest(_ ext: Extension) -> Double {
     ext.beginRequest(withInputItems: [EmbeddedBench.item])
     done.wait()
     return nowMicros() - start
+}
+
+/// Waits (blocking, on a bench thread) until `fd` is readable, for at most `milliseconds`; false if it was not.
+func readable(_ fd: Int32, withinMilliseconds milliseconds: Int32) -> Bool {
+    var pfd = pollfd(fd: fd, events: Int16(POLLIN), revents: 0)
+    return poll(&pfd, 1, milliseconds) == 1
 }
 
 func rssKB(of pid: pid_t) -> Int { procStatus("\(pid)", ["VmRSS:"])[0] }
