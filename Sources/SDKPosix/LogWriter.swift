@@ -74,19 +74,7 @@ public final class LogWriter: Sendable {
     public var pendingBytes: Int { state.withLock { $0.pending.count } }
 
     private func startThread() {
-        let box = Unmanaged.passRetained(self).toOpaque()
-        var thread = pthread_t()
-        let rc = pthread_create(&thread, nil, { arg in
-            let writer = Unmanaged<LogWriter>.fromOpaque(arg!).takeRetainedValue()
-            _ = sdk_set_thread_name(LogWriter.threadName)
-            writer.run()
-            return nil
-        }, box)
-        if rc == 0 {
-            pthread_detach(thread)
-        } else {
-            Unmanaged<LogWriter>.fromOpaque(box).release()
-        }
+        _ = startDetachedThread(named: LogWriter.threadName) { [self] in run() }
     }
 
     private func run() {
