@@ -56,7 +56,7 @@ let package = Package(
             name: "Echo", dependencies: ["SDKExtension"], path: "Extensions/Echo", exclude: ["Info.plist"],
             linkerSettings: extensionExecutable),
         .executableTarget(
-            name: "Crasher", dependencies: ["SDKExtension", "SDKWire"], path: "Extensions/Crasher", exclude: ["Info.plist"],
+            name: "Crasher", dependencies: ["SDKExtension", "SDKWire", "CSDKShim"], path: "Extensions/Crasher", exclude: ["Info.plist"],
             linkerSettings: extensionExecutable),
         .executableTarget(
             name: "AsyncEcho", dependencies: ["SDKExtension"], path: "Extensions/AsyncEcho", exclude: ["Info.plist"],

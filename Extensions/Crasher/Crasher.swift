@@ -5,6 +5,7 @@ import Glibc
 #endif
 import SDKExtension
 import SDKWire  // Crasher forges wire messages on purpose (garbage, unknown ids, forged leak reports)
+import CSDKShim  // and exit notices
 import Synchronization
 
 /// What `leak:` keeps.
@@ -44,6 +45,23 @@ struct Crasher: RequestHandler {
             _ = values[values.count + 1]
         case "exit":
             exit(7)
+        case "notice-fake":
+            // Marks its own exit-notice word as if it had died, and wakes the host's watcher, then lives on.
+            if let word = exitNoticeWord() {
+                let old = sdk_atomic_load_u32(word)
+                _ = sdk_atomic_cas_u32(word, old, (old & 0x8000_0000) | 0x4000_0000)
+                sdk_futex_wake_shared(word)
+            }
+            context.completeRequest(returningItems: context.inputItems)
+        case let wake where wake.hasPrefix("notice-wake:"):
+            // Wakes the host's watcher `n` times without changing its word, 0.5 ms apart.
+            if let word = exitNoticeWord() {
+                for _ in 0..<(Int(wake.dropFirst(12)) ?? 0) {
+                    sdk_futex_wake_shared(word)
+                    usleep(500)
+                }
+            }
+            context.completeRequest(returningItems: context.inputItems)
         case "kill":
             kill(getpid(), SIGKILL)
         case "hang":
@@ -222,4 +240,20 @@ enum FileManagerless {
         }
         return out
     }
+}
+
+/// The exit-notice word the runtime registered: the first word of the page mapped from the host's memfd, found in
+/// /proc/self/maps as a hostile extension would find it.
+func exitNoticeWord() -> UnsafeMutablePointer<UInt32>? {
+    guard let file = fopen("/proc/self/maps", "r") else { return nil }
+    defer { fclose(file) }
+    var line = [CChar](repeating: 0, count: 512)
+    while fgets(&line, Int32(line.count), file) != nil {
+        let text = String(decoding: line.prefix { $0 != 0 }.map { UInt8(bitPattern: $0) }, as: UTF8.self)
+        guard text.contains("sdk-host-exit-notice"), let dash = text.firstIndex(of: "-"),
+            let start = UInt(text[..<dash], radix: 16)
+        else { continue }
+        return UnsafeMutablePointer(bitPattern: start)
+    }
+    return nil
 }

@@ -20,12 +20,13 @@
 #include <sys/wait.h>
 #include <stddef.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
 int sdk_spawn(const char *path, char *const argv[], char *const envp[], int ipc_fd, int stdout_fd,
-              int stderr_fd, int profile_fd, pid_t *pid) {
+              int stderr_fd, int profile_fd, int notice_fd, pid_t *pid) {
     posix_spawn_file_actions_t actions;
     posix_spawnattr_t attr;
     int rc = posix_spawn_file_actions_init(&actions);
@@ -42,8 +43,12 @@ int sdk_spawn(const char *path, char *const argv[], char *const envp[], int ipc_
     if (rc == 0) rc = posix_spawn_file_actions_adddup2(&actions, stderr_fd, 2);
     if (rc == 0) rc = posix_spawn_file_actions_adddup2(&actions, ipc_fd, 3);
     if (rc == 0 && profile_fd >= 0) rc = posix_spawn_file_actions_adddup2(&actions, profile_fd, 4);
+    if (rc == 0 && notice_fd >= 0) rc = posix_spawn_file_actions_adddup2(&actions, notice_fd, SDK_EXIT_NOTICE_FD);
     // Belt and braces: anything else that is not close-on-exec (a library's leak) does not reach the child.
-    if (rc == 0) rc = posix_spawn_file_actions_addclosefrom_np(&actions, profile_fd >= 0 ? 5 : 4);
+    // (glibc reports a close action's error only for a descriptor out of range.)
+    if (rc == 0 && notice_fd >= 0 && profile_fd < 0) rc = posix_spawn_file_actions_addclose(&actions, 4);
+    int first_closed = notice_fd >= 0 ? SDK_EXIT_NOTICE_FD + 1 : profile_fd >= 0 ? 5 : 4;
+    if (rc == 0) rc = posix_spawn_file_actions_addclosefrom_np(&actions, first_closed);
 
     sigset_t none, all;
     sigemptyset(&none);
@@ -394,4 +399,132 @@ int sdk_copy_file(int in, int out, uint64_t length) {
         if (n == 0) return EIO;  // the file is shorter than it said
     }
     return 0;
+}
+
+// MARK: Exit notices (robust futexes in a shared page)
+
+#include <linux/futex.h>
+
+int sdk_exit_notice_create(void **page) {
+    int fd = memfd_create("sdk-host-exit-notice", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+    if (fd < 0) return -1;
+    void *mapped = MAP_FAILED;
+    if (ftruncate(fd, SDK_EXIT_NOTICE_BYTES) == 0
+        && fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) == 0)
+        mapped = mmap(NULL, SDK_EXIT_NOTICE_BYTES, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (mapped == MAP_FAILED) {
+        int e = errno;
+        close(fd);
+        errno = e;
+        return -1;
+    }
+    *page = mapped;
+    return fd;
+}
+
+int sdk_exit_notice_register(int fd) {
+    void *page = mmap(NULL, SDK_EXIT_NOTICE_BYTES, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    int e = page == MAP_FAILED ? errno : 0;
+    close(fd);
+    if (e) return e;
+    // glibc registers a list for every thread it starts; a static program without one gets ours.
+    static struct robust_list_head own;
+    struct robust_list_head *head = NULL;
+    size_t length = 0;
+    if (syscall(SYS_get_robust_list, 0, &head, &length) != 0 || head == NULL) {
+        own.list.next = &own.list;
+        own.futex_offset = -(long)sizeof(uint64_t);
+        own.list_op_pending = NULL;
+        if (syscall(SYS_set_robust_list, &own, sizeof own) != 0) e = errno;
+        head = &own;
+    }
+    // The kernel finds each entry's word at entry + futex_offset; the list's offset is glibc's (the mutex's lock
+    // word before its list link), so the entry goes that far after the word, in the same page.
+    long entry_at = -head->futex_offset;
+    if (e == 0 && (entry_at < (long)sizeof(uint32_t) || entry_at > SDK_EXIT_NOTICE_BYTES - (long)sizeof(void *)
+                   || entry_at % (long)sizeof(void *) != 0))
+        e = EINVAL;
+    if (e) {
+        munmap(page, SDK_EXIT_NOTICE_BYTES);
+        return e;
+    }
+    uint32_t *word = page;
+    struct robust_list *entry = (struct robust_list *)((char *)page + entry_at);
+    __atomic_store_n(word, (uint32_t)syscall(SYS_gettid), __ATOMIC_SEQ_CST);
+    entry->next = head->list.next;
+    __atomic_store_n(&head->list.next, entry, __ATOMIC_RELEASE);
+    return 0;  // the page stays mapped for the life of the process
+}
+
+struct sdk_futex_waitv { uint64_t val; uint64_t uaddr; uint32_t flags; uint32_t reserved; };
+#ifndef SYS_futex_waitv
+#define SYS_futex_waitv 449
+#endif
+#define SDK_FUTEX2_SIZE_U32 0x02
+#define SDK_FUTEX2_PRIVATE 128
+#define SDK_FUTEX_WAITV_MAX 128
+
+int sdk_futex_waitv(uint32_t *control, uint32_t control_value, uint32_t *const *words, const uint32_t *expected,
+                    int count) {
+    struct sdk_futex_waitv waiters[SDK_FUTEX_WAITV_MAX];
+    if (count < 0 || count >= SDK_FUTEX_WAITV_MAX) {
+        errno = EINVAL;
+        return -1;
+    }
+    waiters[0] = (struct sdk_futex_waitv){control_value, (uint64_t)(uintptr_t)control,
+                                          SDK_FUTEX2_SIZE_U32 | SDK_FUTEX2_PRIVATE, 0};
+    for (int i = 0; i < count; i++)
+        waiters[i + 1] = (struct sdk_futex_waitv){expected[i], (uint64_t)(uintptr_t)words[i], SDK_FUTEX2_SIZE_U32, 0};
+    return (int)syscall(SYS_futex_waitv, waiters, (unsigned)count + 1, 0, NULL, 0);
+}
+
+int sdk_futex_wait_private(uint32_t *word, uint32_t value, int timeout_ms) {
+    struct timespec timeout = {timeout_ms / 1000, (long)(timeout_ms % 1000) * 1000000};
+    return (int)syscall(SYS_futex, word, FUTEX_WAIT_PRIVATE, value, &timeout, NULL, 0);
+}
+
+void sdk_futex_wake_shared(uint32_t *word) { syscall(SYS_futex, word, FUTEX_WAKE, 0x7fffffff, NULL, NULL, 0); }
+
+void sdk_futex_wake_private(uint32_t *word) { syscall(SYS_futex, word, FUTEX_WAKE_PRIVATE, 0x7fffffff, NULL, NULL, 0); }
+
+int sdk_open_proc_stat(pid_t pid) {
+    char path[48];
+    snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
+    return open(path, O_RDONLY | O_CLOEXEC);
+}
+
+int sdk_exiting_status(pid_t pid, int *status) {
+    int fd = sdk_open_proc_stat(pid);
+    if (fd < 0) return -1;
+    int result = sdk_exiting_status_fd(fd, status);
+    int e = errno;
+    close(fd);
+    errno = e;
+    return result;
+}
+
+int sdk_exiting_status_fd(int fd, int *status) {
+    char text[1024];
+    ssize_t n;
+    do { n = pread(fd, text, sizeof text - 1, 0); } while (n < 0 && errno == EINTR);
+    if (n <= 0) {
+        if (n == 0) errno = EIO;
+        return -1;
+    }
+    text[n] = 0;
+    // The command name (field 2) may hold spaces and parentheses: fields are counted after its last ')'.
+    char *p = strrchr(text, ')');
+    if (!p) { errno = EIO; return -1; }
+    unsigned long long flags = 0;
+    long long code = -1;
+    int field = 2;
+    for (char *save = NULL, *token = strtok_r(p + 1, " \n", &save); token; token = strtok_r(NULL, " \n", &save)) {
+        field++;
+        if (field == 9) flags = strtoull(token, NULL, 10);
+        if (field == 52) { code = strtoll(token, NULL, 10); break; }
+    }
+    if (code < 0) { errno = EIO; return -1; }
+    if (!(flags & 0x4)) return 0;  // PF_EXITING
+    *status = (int)code;
+    return 1;
 }

@@ -199,6 +199,12 @@ enum WorkerRuntime {
         sdk_line_buffer_stdout()
         // Dying with the host, the memory limit and the rest of the sandbox are the launcher's work
         // (sdk-host-launcher): they hold whether or not an extension links this runtime.
+        // The host learns of this process's death from the kernel's robust-futex walk, before its memory is torn
+        // down (the host's ExitNotice.swift). Registered from the main thread, which exits last.
+        if let fd = env.exitNoticeFD {
+            let error = sdk_exit_notice_register(fd)
+            if error != 0 { WorkerLog.write("exit notice unavailable: \(String(cString: strerror(error)))") }
+        }
         let connection = HostConnection(fd: env.ipcFD)
         var reader = FrameReader()
         // Not zero-filled: only the bytes a read returns are used, and a filled 64 KiB buffer was 16 page faults
@@ -351,6 +357,8 @@ struct Environment {
     let leakCheckMs: Int64
     /// The host's BusyPollMicroseconds (0, sleep at once, when unset or out of range).
     let busyPollMicroseconds: Int
+    /// The exit-notice page's descriptor, when the host passed one.
+    let exitNoticeFD: Int32?
 
     init() {
         func value(_ name: String) -> String? { getenv(name).map { String(cString: $0) } }
@@ -358,6 +366,7 @@ struct Environment {
         identifier = value("SDKHOST_EXTENSION_ID") ?? "unknown"
         idleTimeoutMs = value("SDKHOST_IDLE_TIMEOUT_MS").flatMap { Int64($0) } ?? 0
         leakCheckMs = value("SDKHOST_LEAK_CHECK_MS").flatMap { Int64($0) } ?? 0
+        exitNoticeFD = value("SDKHOST_EXIT_NOTICE_FD").flatMap { Int32($0) }.flatMap { $0 > 2 ? $0 : nil }
         busyPollMicroseconds = value("SDKHOST_BUSY_POLL_US").flatMap { Int($0) }.map { (0...1000).contains($0) ? $0 : 0 } ?? 0
         var st = stat()
         if fstat(ipcFD, &st) != 0 {

@@ -25,6 +25,10 @@ extension HostEngine {
             "SDKHOST_LEAK_CHECK_MS=\(Int64(manifest.policy.leakCheckDelay * 1000))",
             "SDKHOST_BUSY_POLL_US=\(configuration.busyPollMicroseconds)",
         ]
+        // The exit notice (ExitNotice.swift) names the host's child. With AllowSubprocesses the launcher may stay
+        // as the supervisor of a worker in its own pid namespace, so that worker gets no page.
+        let exitNotice = !manifest.policy.allowSubprocesses || manifest.policy.sandbox == .none
+        if exitNotice { environment.append("SDKHOST_EXIT_NOTICE_FD=\(ExitNoticePage.descriptor)") }
         // Under an address-space limit every malloc arena's 64 MiB reservation counts, and glibc makes up to 8
         // per core: four arenas keep a threaded worker well inside a few hundred MiB. The config may override.
         if !configuration.workerEnvironment.contains(where: { $0.hasPrefix("MALLOC_ARENA_MAX=") }) {
@@ -37,7 +41,7 @@ extension HostEngine {
             environment.removeAll { entry in names.contains(String(entry.prefix { $0 != "=" })) }
             environment += manifest.policy.environment.sorted { $0.key < $1.key }.map { "\($0.key)=\($0.value)" }
         }
-        let spawn: SandboxedSpawn
+        var spawn: SandboxedSpawn
         // The next worker's folder is made once this spawn is done, off the path of this request.
         defer { if launcherPath != nil { loop.execute { [unowned self] in self.makeSpareWorkerDirectory() } } }
         do throws(HostError) {
@@ -50,6 +54,7 @@ extension HostEngine {
         } catch {
             throw HostError(error.code, "\(manifest.identifier): \(error.detail)")
         }
+        spawn.request.exitNotice = exitNotice
         if manifest.policy.sandbox == .none {
             log(.warning, "\(manifest.identifier): Sandbox is none: the worker runs unconfined")
         }
@@ -110,10 +115,10 @@ extension HostEngine {
     /// Reaps a worker whose exit descriptor is not in the epoll set: checks every 10 ms.
     func pollForExit(_ worker: WorkerProcess) {
         worker.reapPollTimer = loop.schedule(afterNanoseconds: 10_000_000) { [unowned self, weak worker] in
-            guard let worker, worker.state != .dead else { return }
+            guard let worker, worker.awaitsReap else { return }
             worker.reapPollTimer = nil
             self.processExited(worker)
-            if worker.state != .dead { self.pollForExit(worker) }
+            if worker.awaitsReap { self.pollForExit(worker) }
         }
     }
 

@@ -40,6 +40,10 @@ extension HostEngine {
             }
             worker.state = .ready
             worker.welcomed = true
+            // After this turn's writes (the requests queued for it go out first).
+            loop.runBeforeSleeping { [weak self, weak worker] in
+                if let self, let worker { self.watchExitNotice(worker) }
+            }
             emit(.ready, worker)
             // Requests sent before the handshake kept their items in case it never came; it has.
             for id in worker.inFlight { requests[id]?.items = [] }
@@ -233,10 +237,55 @@ extension HostEngine {
         }
     }
 
+    /// Hands the worker's exit-notice page to the watcher, if its runtime registered one (at its start, so by
+    /// its `welcome`). The notice runs on the watcher's thread, which takes the loop's turn when the loop sleeps
+    /// (saving a wake-up), else hands it over.
+    func watchExitNotice(_ worker: WorkerProcess) {
+        guard let page = worker.exitNotice, worker.exitWatched, worker.state != .dead, !worker.exitNoticeWatched else { return }
+        let pid = worker.pid
+        worker.exitNoticeWatched = ExitNoticeWatcher.shared.watch(page) { [weak self] notice in
+            guard let self else { return }
+            self.loop.executeInline(asLoop: true) { [weak self] in self?.exitNoticed(pid: pid, notice) }
+        }
+    }
+
+    func unwatchExitNotice(_ worker: WorkerProcess) {
+        guard worker.exitNoticeWatched, let page = worker.exitNotice else { return }
+        worker.exitNoticeWatched = false
+        ExitNoticeWatcher.shared.unwatch(page)
+    }
+
+    /// A worker's exit notice changed: if /proc says the process is exiting, and not cleanly, its requests end
+    /// now, with the status it is exiting with, instead of once the kernel has torn it down; it is reaped when
+    /// its exit descriptor fires. Anything else leaves it to that descriptor.
+    func exitNoticed(pid: pid_t, _ notice: ExitNoticeWatcher.Notice) {
+        guard let worker = workers.values.joined().first(where: { $0.pid == pid && $0.exitNoticeWatched }) else { return }
+        worker.exitNoticeWatched = false
+        switch notice {
+        case .exiting(let status):
+            // A clean exit has no requests to end early (a retired or idle worker): reaped as usual.
+            guard status != .exited(0) else { return }
+            log(.debug, "\(worker.extensionID) pid \(pid) is exiting (\(status)): its requests end now")
+            worker.endedEarly = true
+            dyingWorkers.append(worker)
+            workerEnded(worker, status: status)
+            // It is exiting; should its main thread alone have ended, the rest goes too.
+            worker.finishOff()
+        case .notExiting:
+            log(.warning, "\(worker.extensionID) pid \(pid) changed its exit notice but is not exiting; no longer watched")
+        case .unreadable(let error):
+            log(.debug, "\(worker.extensionID) pid \(pid): exit notice, but /proc/\(pid)/stat is unreadable "
+                + "(\(String(cString: strerror(error))))")
+        case .tooManyWakeups:
+            log(.warning, "\(worker.extensionID) pid \(pid) woke its exit notice \(ExitNoticeWatcher.spuriousWakeLimit) "
+                + "times without exiting; no longer watched")
+        }
+    }
+
     /// The exit descriptor is readable (or the poll fired): reap, unregister, read what is left, interrupt what
-    /// was in flight, record a crash.
+    /// was in flight, record a crash. A worker that ended on its exit notice is only reaped.
     func processExited(_ worker: WorkerProcess) {
-        guard worker.state != .dead else { return }
+        guard worker.awaitsReap else { return }
         let status: ExitStatus?
         do {
             guard let reaped = try worker.reap() else {
@@ -255,26 +304,34 @@ extension HostEngine {
             worker.exitWatched = false
         }
         worker.closeChild()
+        unwatchExitNotice(worker)
+        if worker.endedEarly {
+            worker.endedEarly = false
+            if let timer = worker.reapPollTimer { loop.cancelTimer(timer) }
+            dyingWorkers.removeAll { $0 === worker }
+            removeTemporaryDirectory(worker)
+            log(.debug, "\(worker.extensionID) pid \(worker.pid) reaped (\(status.map(String.init(describing:)) ?? "status unavailable"))")
+            stopIfIdle()
+            return
+        }
+        workerEnded(worker, status: status)
+    }
+
+    /// The worker is gone, or going (`endedEarly`): mark it dead, read what is left, interrupt what was in
+    /// flight, record a crash, and start what its death makes room for.
+    func workerEnded(_ worker: WorkerProcess, status: ExitStatus?) {
+        unwatchExitNotice(worker)
         let wasRetiring = worker.state == .retiring
         worker.state = .dead
         workers[worker.poolKey]?.removeAll { $0 === worker }
         if workers[worker.poolKey]?.isEmpty == true { workers[worker.poolKey] = nil }
-        for timer in [worker.idleTimer, worker.exitTimer, worker.reapPollTimer].compactMap({ $0 }) { loop.cancelTimer(timer) }
+        let reapTimer = worker.endedEarly ? nil : worker.reapPollTimer
+        for timer in [worker.idleTimer, worker.exitTimer, reapTimer].compactMap({ $0 }) { loop.cancelTimer(timer) }
         for timer in worker.cancelTimers.values { loop.cancelTimer(timer) }
         worker.cancelTimers.removeAll()
         // Replies already written before the exit still count: a completed request is completed.
         worker.connection.drain()
         worker.connection.close()
-        drainPipe(worker, stderr: true, maxReads: .max)
-        drainPipe(worker, stderr: false, maxReads: .max)
-        if worker.stderrOpen {
-            loop.unregister(worker.stderrFD)
-            worker.closeStderr()
-        }
-        if worker.stdoutOpen {
-            loop.unregister(worker.stdoutFD)
-            worker.closeStdout()
-        }
 
         let reason: InterruptionReason
         if let failure = worker.launchFailure, status == .exited(launcherFailureStatus) {
@@ -292,14 +349,7 @@ extension HostEngine {
         worker.inFlight.removeAll()
         let clean = status == .exited(0) && inFlight.isEmpty && worker.killReason == nil
         let crashed = !(clean || (wasRetiring && (worker.killReason == nil || worker.killReason == .hostShutdown)))
-        let statusText = status.map(String.init(describing:)) ?? "status unavailable"
-        if crashed {
-            count(worker.extensionID, \.crashes)
-            recordCrash(worker, reason: reason, inFlight: inFlight)
-        } else {
-            log(.info, "\(worker.extensionID): worker pid \(worker.pid) exited (\(statusText))")
-        }
-        emit(.exited, worker, reason: crashed ? reason : nil, detail: statusText)
+        if crashed { count(worker.extensionID, \.crashes) }
         let waiters = worker.readyWaiters
         worker.readyWaiters = []
         for waiter in waiters { waiter(.failure(.interrupted(reason))) }
@@ -321,18 +371,41 @@ extension HostEngine {
                 finish(id, .interrupted(reason))
             }
         }
-        // After the requests' outcomes are on their way: removing a folder is an opendir, a read and an rmdir
-        // (~0.1 ms on this VM's ext4), and the app waits for none of it.
-        if let folder = worker.temporaryDirectory {
-            worker.temporaryDirectory = nil
-            if !removeTree(folder) { log(.warning, "\(worker.extensionID): cannot remove the worker's temp folder \(folder)") }
+        // The rest waits for no app: the outcomes above are on their way first. (Status and crash reports are
+        // read on the loop, so nobody sees this turn half done.) The report takes the output's tail.
+        drainPipe(worker, stderr: true, maxReads: .max)
+        drainPipe(worker, stderr: false, maxReads: .max)
+        if worker.stderrOpen {
+            loop.unregister(worker.stderrFD)
+            worker.closeStderr()
         }
+        if worker.stdoutOpen {
+            loop.unregister(worker.stdoutFD)
+            worker.closeStdout()
+        }
+        let statusText = status.map(String.init(describing:)) ?? "status unavailable"
+        if crashed {
+            recordCrash(worker, reason: reason, inFlight: inFlight)
+        } else {
+            log(.info, "\(worker.extensionID): worker pid \(worker.pid) exited (\(statusText))")
+        }
+        emit(.exited, worker, reason: crashed ? reason : nil, detail: statusText)
+        // After the requests' outcomes are on their way: removing a folder is an opendir, a read and an rmdir
+        // (~0.1 ms on this VM's ext4), and the app waits for none of it. A worker still exiting keeps it until
+        // it is reaped.
+        if !worker.endedEarly { removeTemporaryDirectory(worker) }
         drainWaiting(worker.poolKey)
         if let manifest = manifests[worker.extensionID], worker.poolKey == worker.extensionID {
             topUpWarmWorkers(manifest)
         }
         if workers[worker.poolKey] == nil { prunePools() }
         stopIfIdle()
+    }
+
+    func removeTemporaryDirectory(_ worker: WorkerProcess) {
+        guard let folder = worker.temporaryDirectory else { return }
+        worker.temporaryDirectory = nil
+        if !removeTree(folder) { log(.warning, "\(worker.extensionID): cannot remove the worker's temp folder \(folder)") }
     }
 
     /// Whether a worker that did not end cleanly died on its own: crashed, exited, broke the protocol, stopped

@@ -86,6 +86,9 @@ package final class HostEngine: @unchecked Sendable {
     // Loop-confined state.
     /// Workers and waiting requests by pool (HostEngine+Supervision).
     var workers: [String: [WorkerProcess]] = [:]
+    /// Workers ended on their exit notice and not yet reaped (HostEngine+Workers): no longer in `workers`, held
+    /// here until their exit descriptor fires.
+    var dyingWorkers: [WorkerProcess] = []
     var requests: [RequestID: RequestRecord] = [:]
     var waiting: [String: RequestQueue] = [:]
     var pools: [String: PoolState] = [:]
@@ -455,7 +458,7 @@ package final class HostEngine: @unchecked Sendable {
 
     /// Once shutting down and every worker is reaped, stops the loop.
     func stopIfIdle() {
-        guard shuttingDown, workers.values.allSatisfy(\.isEmpty) else { return }
+        guard shuttingDown, workers.values.allSatisfy(\.isEmpty), dyingWorkers.isEmpty else { return }
         if let timer = heartbeatTimer { loop.cancelTimer(timer) }
         // The loop runs this after its last task, when no handler or timer can reach the engine any more. The
         // completions are read there, not here: a second `shutdown` accepted by the loop before it stopped (the

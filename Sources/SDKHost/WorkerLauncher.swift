@@ -31,11 +31,14 @@ package struct LaunchedWorker: ~Copyable {
     package var socket: FileDescriptor?
     package var stdout: FileDescriptor?
     package var stderr: FileDescriptor?
+    /// The page the worker registers its exit notice in (ExitNotice.swift), if it was given one.
+    package var exitNotice: ExitNoticePage?
 
     package init(child: any WorkerChild, socket: consuming FileDescriptor, stdout: consuming FileDescriptor,
-                 stderr: consuming FileDescriptor)
+                 stderr: consuming FileDescriptor, exitNotice: ExitNoticePage? = nil)
     {
         self.child = child
+        self.exitNotice = exitNotice
         self.socket = .some(consume socket)
         self.stdout = .some(consume stdout)
         self.stderr = .some(consume stderr)
@@ -47,14 +50,17 @@ package protocol WorkerLauncher: Sendable {
     func launch(_ request: SpawnRequest) throws(SystemError) -> LaunchedWorker
 }
 
-/// The real launcher: posix_spawn, a socketpair on fd 3, stdout and stderr pipes, a pidfd.
+/// The real launcher: posix_spawn, a socketpair on fd 3, stdout and stderr pipes, a pidfd, and the exit-notice
+/// page on fd 5 when the request asks for one.
 package struct PosixLauncher: WorkerLauncher {
     package init() {}
 
     package func launch(_ request: SpawnRequest) throws(SystemError) -> LaunchedWorker {
         let channels = try spawnWithChannels(request)
+        let notice = channels.exitNotice
         let child = PidfdChild(channels.process)
-        return LaunchedWorker(child: child, socket: channels.socket, stdout: channels.stdout, stderr: channels.stderr)
+        return LaunchedWorker(child: child, socket: channels.socket, stdout: channels.stdout, stderr: channels.stderr,
+                              exitNotice: notice)
     }
 }
 

@@ -40,6 +40,13 @@ final class WorkerProcess {
     private var stderrPipe: FileDescriptor?
     /// Whether the exit descriptor is in the loop's epoll set.
     var exitWatched = false
+    /// The page its runtime registered its exit notice in, if it was given one (ExitNotice.swift).
+    let exitNotice: ExitNoticePage?
+    /// Whether the exit-notice watcher has its page.
+    var exitNoticeWatched = false
+    /// Ended on its exit notice: its requests are over and it is `dead`, but the kernel has not finished with the
+    /// process, so it is reaped (and its temp folder removed) when its exit descriptor fires.
+    var endedEarly = false
     /// The IPC socket.
     let connection: FramedConnection
 
@@ -103,6 +110,7 @@ final class WorkerProcess {
         stderrFD = stderr.rawValue
         stdoutPipe = consume stdout
         stderrPipe = consume stderr
+        exitNotice = launched.exitNotice
         connection = FramedConnection(socket, loop: loop, limits: wireLimits)
         startedAt = loop.now
     }
@@ -122,6 +130,14 @@ final class WorkerProcess {
     /// Sends SIGKILL (through the pidfd, so never to a recycled pid) and records why, once.
     func kill(reason: InterruptionReason) {
         if killReason == nil { killReason = reason }
+        if childOpen { child.signal(SIGKILL) }
+    }
+
+    /// Whether its process has yet to be reaped.
+    var awaitsReap: Bool { state != .dead || endedEarly }
+
+    /// Sends SIGKILL without recording a reason: for a worker already ended (it is exiting, or must).
+    func finishOff() {
         if childOpen { child.signal(SIGKILL) }
     }
 

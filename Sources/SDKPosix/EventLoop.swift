@@ -109,19 +109,9 @@ public final class EventLoop: @unchecked Sendable {
         timerFD = try make("timerfd_create") { sdk_timerfd() }
         try retryingEINTR("epoll_ctl(ADD)") { sdk_epoll_ctl(epfd, SDK_EPOLL_CTL_ADD, wakeFD, Self.readable) }
         try retryingEINTR("epoll_ctl(ADD)") { sdk_epoll_ctl(epfd, SDK_EPOLL_CTL_ADD, timerFD, Self.readable) }
-        let box = Unmanaged.passRetained(self).toOpaque()
-        var thread = pthread_t()
-        let rc = pthread_create(&thread, nil, { arg in
-            let loop = Unmanaged<EventLoop>.fromOpaque(arg!).takeRetainedValue()
-            loop.run()
-            return nil
-        }, box)
-        guard rc == 0 else {
-            // The thread never ran: this is the last reference, and deinit closes the descriptors.
-            Unmanaged<EventLoop>.fromOpaque(box).release()
-            throw SystemError("pthread_create", errno: rc, detail: name)
-        }
-        pthread_detach(thread)
+        let rc = startDetachedThread { [self] in run() }
+        // The thread never ran: its closure held the last reference, and deinit closes the descriptors.
+        guard rc == 0 else { throw SystemError("pthread_create", errno: rc, detail: name) }
     }
 
     deinit {
@@ -178,8 +168,12 @@ public final class EventLoop: @unchecked Sendable {
     /// with `runBeforeSleeping` are flushed before this returns. Saves the loop thread a wake-up (and the caller a
     /// hand-off) for work that ends in a syscall anyway, such as writing a frame. Never blocks: a busy loop means
     /// the task is queued. A task run inline must not wait for the loop.
+    ///
+    /// `asLoop`: the caller is a thread of the library's own, not an app's, so the task runs as it would on the
+    /// loop thread (`runningInline` stays false): what it hands to an app, or starts, is not sent over to the loop.
     @discardableResult
-    public func executeInline(when allowed: () -> Bool = { true }, _ task: @escaping @Sendable () -> Void) -> Bool {
+    public func executeInline(when allowed: () -> Bool = { true }, asLoop: Bool = false,
+                              _ task: @escaping @Sendable () -> Void) -> Bool {
         guard pthread_mutex_trylock(turn) == 0 else { return execute(task) }
         let free = inbox.withLock { !$0.stopping && !$0.stopped && $0.tasks.isEmpty }
         guard free else {
@@ -191,7 +185,7 @@ public final class EventLoop: @unchecked Sendable {
             releaseTurn()
             return execute(task)
         }
-        runningInline = true
+        runningInline = !asLoop
         task()
         runBeforeSleepHooks()
         runningInline = false

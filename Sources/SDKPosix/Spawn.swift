@@ -19,6 +19,8 @@ public struct SpawnRequest {
     /// Bytes the child reads from descriptor 4 until end-of-file (the sandbox launcher's profile), or nil.
     /// At most `maxProfileBytes`, so that writing them into a pipe before the spawn never blocks.
     public var profile: [UInt8]?
+    /// Whether the child gets an exit-notice page on descriptor 5 (`ExitNoticePage`).
+    public var exitNotice = false
 
     /// The largest `profile`: what a pipe holds without a reader.
     public static let maxProfileBytes = 60 * 1024
@@ -108,6 +110,8 @@ public struct WorkerChannels: ~Copyable {
     public var stdout: FileDescriptor
     /// Read end of the child's stderr.
     public var stderr: FileDescriptor
+    /// The exit-notice page the child got on descriptor 5, if the request asked for one.
+    public var exitNotice: ExitNoticePage?
 
     /// Closes all four descriptors. Reap the process first: its pidfd is one of them.
     public consuming func close() {
@@ -152,10 +156,10 @@ public func spawnWithChannels(_ request: SpawnRequest) throws(SystemError) -> Wo
         opened += out
         try retryingEINTR("pipe2") { sdk_pipe_cloexec(&err) }
         opened += err
-        // The child's ends must not sit on 0...4, or dup2 onto them would alias its own source.
+        // The child's ends must not sit on 0...5, or dup2 onto them would alias its own source.
         func raised(_ fd: Int32) throws(SystemError) -> Int32 {
-            if fd > 4 { return fd }
-            let copy = try retryingEINTR("fcntl(F_DUPFD_CLOEXEC)") { fcntl(fd, F_DUPFD_CLOEXEC, 5) }
+            if fd > 5 { return fd }
+            let copy = try retryingEINTR("fcntl(F_DUPFD_CLOEXEC)") { fcntl(fd, F_DUPFD_CLOEXEC, 6) }
             opened.append(copy)
             return copy
         }
@@ -179,22 +183,33 @@ public func spawnWithChannels(_ request: SpawnRequest) throws(SystemError) -> Wo
             opened.removeAll { $0 == pipe[1] }
             profileFD = try raised(pipe[0])
         }
-        let process = try spawnRaw(request, ipc: childSocket, stdout: childOut, stderr: childErr, profile: profileFD)
+        var notice: ExitNoticePage?
+        var noticeFD: Int32 = -1
+        if request.exitNotice {
+            let (page, fd) = try ExitNoticePage.create()
+            notice = page
+            opened.append(fd)
+            noticeFD = try raised(fd)
+        }
+        let process = try spawnRaw(request, ipc: childSocket, stdout: childOut, stderr: childErr, profile: profileFD,
+                                   notice: noticeFD)
         let hostEnds: Set<Int32> = [sv[0], out[0], err[0]]
         for fd in opened where !hostEnds.contains(fd) { _ = Glibc.close(fd) }
+        notice?.owner = process.pid
         return WorkerChannels(
             process: process, socket: FileDescriptor(adopting: sv[0]), stdout: FileDescriptor(adopting: out[0]),
-            stderr: FileDescriptor(adopting: err[0]))
+            stderr: FileDescriptor(adopting: err[0]), exitNotice: notice)
     } catch {
         closeAll()
         throw error
     }
 }
 
-func spawnRaw(_ request: SpawnRequest, ipc: Int32, stdout: Int32, stderr: Int32, profile: Int32 = -1)
+func spawnRaw(_ request: SpawnRequest, ipc: Int32, stdout: Int32, stderr: Int32, profile: Int32 = -1, notice: Int32 = -1)
     throws(SystemError) -> SpawnedProcess
 {
-    precondition(ipc > 4 && stdout > 4 && stderr > 4 && (profile == -1 || profile > 4), "spawn sources must be above 4")
+    precondition(ipc > 5 && stdout > 5 && stderr > 5 && (profile == -1 || profile > 5) && (notice == -1 || notice > 5),
+                 "spawn sources must be above 5")
     let argv = CStringArray(request.arguments)
     let envp = CStringArray(request.environment)
     defer {
@@ -202,7 +217,7 @@ func spawnRaw(_ request: SpawnRequest, ipc: Int32, stdout: Int32, stderr: Int32,
         envp.free()
     }
     var pid: pid_t = 0
-    let rc = sdk_spawn(request.path, argv.pointers, envp.pointers, ipc, stdout, stderr, profile, &pid)
+    let rc = sdk_spawn(request.path, argv.pointers, envp.pointers, ipc, stdout, stderr, profile, notice, &pid)
     guard rc == 0 else { throw SystemError("posix_spawn", errno: rc, detail: request.path) }
     let pidfd = sdk_pidfd_open(pid)
     guard pidfd >= 0 else {

@@ -3,7 +3,7 @@
 // extension in its own process, so that no layer depends on the extension's cooperation and the host's child
 // *is* the worker: its pid, exit status and signals are the extension's (shared/DESIGN.md "Sandbox").
 //
-//   descriptors but 0-3 closed -> session (posix_spawn made one) -> parent-death signal, parent checked ->
+//   descriptors but 0-3 (and 5, an exit-notice page) closed -> session (posix_spawn made one) -> parent-death signal, parent checked ->
 //   rlimits -> [user namespace when not root, pid namespace: AllowSubprocesses only] -> no_new_privs ->
 //   capabilities dropped -> Landlock -> seccomp -> `sandboxed` frame to the host -> execve
 //
@@ -44,6 +44,7 @@
 
 #define PROFILE_FD 4
 #define HOST_FD 3
+#define NOTICE_FD 5
 #define LAUNCH_FAILED_STATUS 125
 #define MAX_PROFILE_BYTES (1 << 20)
 
@@ -351,7 +352,9 @@ int doctor(void);
 int main(int argc, char **argv) {
     if (argc == 2 && strcmp(argv[1], "--doctor") == 0) return doctor();
     read_profile();
-    close_other_descriptors(PROFILE_FD);
+    // Descriptor 5, when open, is the worker's exit-notice page (SDKHOST_EXIT_NOTICE_FD): it passes through.
+    close(PROFILE_FD);
+    close_other_descriptors(NOTICE_FD + 1);
     // New session: posix_spawn made us a session leader already (POSIX_SPAWN_SETSID); make sure of it.
     if (getsid(0) != getpid() && setsid() < 0) launch_failed("session: setsid failed: %s", strerror(errno));
     applied("session");

@@ -7,11 +7,62 @@
 #include <sys/types.h>
 
 /// Spawns `path` with exactly these descriptors in the child: /dev/null on 0, `stdout_fd` on 1, `stderr_fd`
-/// on 2, `ipc_fd` on 3, and `profile_fd` on 4 unless it is -1. Every other descriptor is close-on-exec in the
-/// parent. The child gets an empty signal mask, default dispositions for every signal, and its own session
-/// (terminal signals aimed at the app do not hit its workers). Returns 0 and sets *pid, or an errno value.
+/// on 2, `ipc_fd` on 3, `profile_fd` on 4 and `notice_fd` on 5 unless they are -1. Every other descriptor is
+/// close-on-exec in the parent. The child gets an empty signal mask, default dispositions for every signal, and
+/// its own session (terminal signals aimed at the app do not hit its workers). Returns 0 and sets *pid, or an
+/// errno value.
 int sdk_spawn(const char *path, char *const argv[], char *const envp[], int ipc_fd, int stdout_fd,
-              int stderr_fd, int profile_fd, pid_t *pid);
+              int stderr_fd, int profile_fd, int notice_fd, pid_t *pid);
+
+/// The number of the descriptor a worker's exit-notice page is passed on (SDKHOST_EXIT_NOTICE_FD).
+#define SDK_EXIT_NOTICE_FD 5
+/// The size of an exit-notice page.
+#define SDK_EXIT_NOTICE_BYTES 4096
+
+/// Host side: a memfd of one page, sealed so that nobody can shrink or grow it (no SIGBUS for the host) or seal
+/// it further, mapped shared into *page. Returns the memfd (close-on-exec), or -1 with errno and nothing left.
+int sdk_exit_notice_create(void **page);
+
+/// Worker side: maps the page on `fd` (and closes `fd`), stores this thread's id in its first word and links an
+/// entry for that word into this thread's robust-futex list (glibc's, or a new one), so that the kernel marks
+/// the word FUTEX_OWNER_DIED and wakes its waiter as this thread exits, before its memory is torn down. Call
+/// from the main thread. Returns 0, or an errno value (nothing is registered).
+int sdk_exit_notice_register(int fd);
+
+/// Waits until the private futex `control` no longer holds `control_value`, or one of `count` shared futexes
+/// `words[i]` no longer holds `expected[i]`, or a wake-up (futex_waitv(2)). Returns the index woken (0: control,
+/// i + 1: words[i]), or -1 with errno (EAGAIN: a value had already changed).
+int sdk_futex_waitv(uint32_t *control, uint32_t control_value, uint32_t *const *words, const uint32_t *expected,
+                    int count);
+
+/// Waits while the private futex `word` holds `value`, at most `timeout_ms`. 0 when woken or the value differs,
+/// -1 with errno (ETIMEDOUT, EINTR).
+int sdk_futex_wait_private(uint32_t *word, uint32_t value, int timeout_ms);
+
+/// Sequentially consistent load and compare-and-swap of a 32-bit word another process may write.
+static inline uint32_t sdk_atomic_load_u32(uint32_t *word) { return __atomic_load_n(word, __ATOMIC_SEQ_CST); }
+static inline int sdk_atomic_cas_u32(uint32_t *word, uint32_t expected, uint32_t desired) {
+    return __atomic_compare_exchange_n(word, &expected, desired, 0, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST);
+}
+static inline uint32_t sdk_atomic_add_u32(uint32_t *word, uint32_t value) {
+    return __atomic_add_fetch(word, value, __ATOMIC_SEQ_CST);
+}
+
+/// FUTEX_WAKE of every waiter on a shared futex (the Crasher's forged exit notices).
+void sdk_futex_wake_shared(uint32_t *word);
+
+/// FUTEX_WAKE of every waiter on a private futex.
+void sdk_futex_wake_private(uint32_t *word);
+
+/// Whether process `pid` is exiting, from /proc/<pid>/stat: 1 with *status set to the wait status it is exiting
+/// with (its main thread has PF_EXITING), 0 if it is not exiting, -1 with errno if that cannot be read.
+int sdk_exiting_status(pid_t pid, int *status);
+
+/// The same from a descriptor of /proc/<pid>/stat (read again from its start at each call).
+int sdk_exiting_status_fd(int fd, int *status);
+
+/// Opens /proc/<pid>/stat (close-on-exec); -1 with errno.
+int sdk_open_proc_stat(pid_t pid);
 
 /// pidfd_open(2); returns the descriptor (close-on-exec by kernel contract) or -1 with errno.
 int sdk_pidfd_open(pid_t pid);

@@ -1,0 +1,102 @@
+// Exit notices (SDKPosix/ExitNotice.swift): a killed worker's requests end when the kernel walks its robust-futex
+// list, before its memory is torn down; and a worker that forges or floods its own notice page changes nothing
+// but how its death will be seen.
+import SDKWire
+import HostTestSupport
+import SDKHost
+import SDKPosix
+import Testing
+
+#if canImport(Glibc)
+import Glibc
+#endif
+
+extension FaultTests {
+    @Suite(.serialized) struct ExitNotices {
+        /// One Crasher worker that has touched 64 MiB: its teardown takes milliseconds, so the notice, which comes
+        /// before the teardown, ends its requests first even on a loaded machine.
+        static func withFatWorker(_ body: (ExtensionHost, Extension, Recorder, LogCapture) async throws -> Void) async throws {
+            let temp = TemporaryExtension(identifier: "com.example.fat", executable: "Crasher", policy: """
+                <key>MaxWorkers</key><integer>1</integer>
+                """)
+            defer { temp.remove() }
+            try await withHost(extraSearchPaths: [temp.root], { $0.logLevel = .debug }) { host, log in
+                let ext = try host.extension(identifier: "com.example.fat")
+                let recorder = Recorder()
+                recorder.attach(to: ext)
+                let fat = ext.beginRequest(withInputItems: [ExtensionItem(title: "leak:64")], deadline: 60)
+                #expect(await recorder.wait(for: fat) == .completed([ExtensionItem(title: "leaked 64 MB")]))
+                try await body(host, ext, recorder, log)
+            }
+        }
+
+        @Test func aKilledWorkersRequestsEndOnItsExitNoticeAndItIsStillReaped() async throws {
+            try await Self.withFatWorker { host, ext, recorder, log in
+                let id = ext.beginRequest(withInputItems: [ExtensionItem(title: "slow:60000")], deadline: 120)
+                #expect(await eventually { ext.pid(for: id) != nil })
+                let pid = try #require(ext.pid(for: id))
+                #expect(ExitNoticeWatcher.shared.watchedCount >= 1)
+                kill(pid, SIGKILL)
+                #expect(await recorder.wait(for: id) == .interrupted(.signal(SIGKILL)))
+                #expect(log.contains("pid \(pid) is exiting (signal 9 (SIGKILL)): its requests end now"),
+                        "the request did not end on the exit notice")
+                // Reaped all the same (withHost checks that no worker child is left), and the crash recorded once.
+                #expect(await eventually { log.contains("pid \(pid) reaped (signal 9 (SIGKILL))") })
+                let reports = await host.crashReports().filter { $0.pid == pid }
+                #expect(reports.count == 1)
+                #expect(reports.first?.reason == .signal(SIGKILL))
+                #expect(recorder.callbacks(id).count == 1)
+                let next = ext.beginRequest(withInputItems: [ExtensionItem(title: "echo")])
+                #expect(await recorder.wait(for: next) == .completed([ExtensionItem(title: "echo")]))
+            }
+        }
+
+        @Test func aCrashEndsOnTheNoticeWithItsOwnSignal() async throws {
+            try await Self.withFatWorker { _, ext, recorder, log in
+                let id = ext.beginRequest(withInputItems: [ExtensionItem(title: "segv")], deadline: 60)
+                #expect(await recorder.wait(for: id) == .interrupted(.signal(SIGSEGV)))
+                #expect(log.contains("is exiting (signal 11 (SIGSEGV))"))
+            }
+        }
+
+        @Test func aForgedNoticeOnlyEndsTheWatch() async throws {
+            try await withHost({ $0.logLevel = .debug }) { host, log in
+                let ext = try host.extension(identifier: "com.example.crasher")
+                let recorder = Recorder()
+                recorder.attach(to: ext)
+                let first = ext.beginRequest(withInputItems: [ExtensionItem(title: "slow:300")])
+                #expect(await eventually { ext.pid(for: first) != nil })
+                let pid = try #require(ext.pid(for: first))
+                #expect(await recorder.wait(for: first) == .completed([ExtensionItem(title: "slow:300")]))
+                let forged = ext.beginRequest(withInputItems: [ExtensionItem(title: "notice-fake")])
+                #expect(await recorder.wait(for: forged) == .completed([ExtensionItem(title: "notice-fake")]))
+                #expect(await eventually { log.contains("pid \(pid) changed its exit notice but is not exiting; no longer watched") })
+                #expect(!log.contains("is exiting"))
+                // The worker lives on (signal 0 only asks), nothing was recorded as a crash, and it still serves.
+                #expect(kill(pid, 0) == 0)
+                #expect(await host.crashReports().isEmpty)
+                let next = ext.beginRequest(withInputItems: [ExtensionItem(title: "echo")])
+                #expect(await recorder.wait(for: next) == .completed([ExtensionItem(title: "echo")]))
+                #expect(recorder.callbacks(forged).count == 1)
+            }
+        }
+
+        @Test func wakingTheWatcherWithoutExitingEndsTheWatchNotTheHost() async throws {
+            try await withHost({ $0.logLevel = .debug }) { host, log in
+                let ext = try host.extension(identifier: "com.example.crasher")
+                let recorder = Recorder()
+                recorder.attach(to: ext)
+                let flood = ext.beginRequest(withInputItems: [ExtensionItem(title: "notice-wake:2000")], deadline: 60)
+                let echo = try host.extension(identifier: "com.example.echo")
+                let echoRecorder = Recorder()
+                echoRecorder.attach(to: echo)
+                let other = echo.beginRequest(withInputItems: [ExtensionItem(title: "meanwhile")])
+                #expect(await echoRecorder.wait(for: other) == .completed([ExtensionItem(title: "meanwhile")]))
+                #expect(await recorder.wait(for: flood) == .completed([ExtensionItem(title: "notice-wake:2000")]))
+                #expect(log.contains("woke its exit notice \(ExitNoticeWatcher.spuriousWakeLimit) times without exiting"))
+                #expect(recorder.callbacks(flood).count == 1)
+                #expect(await host.crashReports().isEmpty)
+            }
+        }
+    }
+}
