@@ -200,7 +200,8 @@ enum WorkerRuntime {
         // Dying with the host, the memory limit and the rest of the sandbox are the launcher's work
         // (sdk-host-launcher): they hold whether or not an extension links this runtime.
         // The host learns of this process's death from the kernel's robust-futex walk, before its memory is torn
-        // down (the host's ExitNotice.swift). Registered from the main thread, which exits last.
+        // down (the host's ExitNotice.swift). Registered from the main thread: the host reads whether the process
+        // is exiting, and with what status, from /proc/<pid>/stat, which shows the main thread.
         if let fd = env.exitNoticeFD {
             let error = sdk_exit_notice_register(fd)
             if error != 0 { WorkerLog.write("exit notice unavailable: \(String(cString: strerror(error)))") }
