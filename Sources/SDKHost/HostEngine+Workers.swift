@@ -238,7 +238,8 @@ extension HostEngine {
     }
 
     /// Hands the worker's exit-notice page to the watcher, if its runtime registered one (at its start, so by
-    /// its `welcome`). The notice runs on the watcher's thread, which takes the loop's turn when the loop sleeps
+    /// its `welcome`). Only a worker whose exit descriptor is in the epoll set: one that ends early is reaped
+    /// there, never by `pollForExit`. The notice runs on the watcher's thread, which takes the loop's turn when the loop sleeps
     /// (saving a wake-up), else hands it over.
     func watchExitNotice(_ worker: WorkerProcess) {
         guard let page = worker.exitNotice, worker.exitWatched, worker.state != .dead, !worker.exitNoticeWatched else { return }
@@ -307,7 +308,6 @@ extension HostEngine {
         unwatchExitNotice(worker)
         if worker.endedEarly {
             worker.endedEarly = false
-            if let timer = worker.reapPollTimer { loop.cancelTimer(timer) }
             dyingWorkers.removeAll { $0 === worker }
             removeTemporaryDirectory(worker)
             log(.debug, "\(worker.extensionID) pid \(worker.pid) reaped (\(status.map(String.init(describing:)) ?? "status unavailable"))")
@@ -325,8 +325,7 @@ extension HostEngine {
         worker.state = .dead
         workers[worker.poolKey]?.removeAll { $0 === worker }
         if workers[worker.poolKey]?.isEmpty == true { workers[worker.poolKey] = nil }
-        let reapTimer = worker.endedEarly ? nil : worker.reapPollTimer
-        for timer in [worker.idleTimer, worker.exitTimer, reapTimer].compactMap({ $0 }) { loop.cancelTimer(timer) }
+        for timer in [worker.idleTimer, worker.exitTimer, worker.reapPollTimer].compactMap({ $0 }) { loop.cancelTimer(timer) }
         for timer in worker.cancelTimers.values { loop.cancelTimer(timer) }
         worker.cancelTimers.removeAll()
         // Replies already written before the exit still count: a completed request is completed.

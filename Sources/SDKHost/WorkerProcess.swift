@@ -130,7 +130,7 @@ final class WorkerProcess {
     /// Sends SIGKILL (through the pidfd, so never to a recycled pid) and records why, once.
     func kill(reason: InterruptionReason) {
         if killReason == nil { killReason = reason }
-        if childOpen { child.signal(SIGKILL) }
+        finishOff()
     }
 
     /// Whether its process has yet to be reaped.
