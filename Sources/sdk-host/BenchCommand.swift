@@ -14,7 +14,7 @@ import Glibc
 
 enum BenchCommand {
     static let usage = """
-        usage: sdk-host bench [codec | cold | daemon | drain | stream | throughput] [--json] [--quick] [--config PATH] [--peer PATH]
+        usage: sdk-host bench [codec | cold | daemon | drain | kill | stream | throughput] [--json] [--quick] [--config PATH] [--peer PATH]
                sdk-host bench --soak N [--json]
           (none)     raw socketpair round trip, then embedded and daemon echo, throughput, cold starts, kills,
                      drain: every figure also as a ratio to the raw round trip (build with -c release)
@@ -22,6 +22,7 @@ enum BenchCommand {
           cold       cold starts alone: default sandbox, Sandbox = none, no launcher, AllowSubprocesses
           daemon     the daemon alone: warm echo, requests/s at 1, 8 and 64 in flight, RSS
           drain      shutdown with 2k and 32k requests queued
+          kill       SIGKILL → interruption and SIGKILL → pidfd readable alone (100 kills, 20 with --quick)
           throughput embedded requests/s at 1, 8 and 64 in flight, and at 64 with handlers on the host loop
           stream     1 GiB (256 MiB with --quick) echoed as a descriptor and as data frames; Ticker's partial
                      results through a stream
@@ -45,7 +46,7 @@ enum BenchCommand {
         }
         let mode = options.positionals.first
         guard options.positionals.count <= 1, mode == nil || mode == "codec" || mode == "drain" || mode == "stream"
-            || mode == "throughput" || mode == "cold" || mode == "daemon" else {
+            || mode == "throughput" || mode == "cold" || mode == "daemon" || mode == "kill" else {
             fail("unexpected argument '\(options.positionals.last ?? "")'\n\(usage)", status: ExitStatus.usage)
         }
         var results = Results()
@@ -71,6 +72,11 @@ enum BenchCommand {
             results.raw = RawBench.measure(roundTrips: 4000)
             results.rawBusyPoll = RawBench.measure(roundTrips: 4000, busyPoll: true)
             DaemonBench.measure(into: &results, scale: quick ? 1 : 5)
+        } else if mode == "kill" {
+            results.raw = RawBench.measure(roundTrips: 4000)
+            let host = EmbeddedBench.hostForKills()
+            (results.kill, results.killExit) = EmbeddedBench.killToInterruption(host, samples: quick ? 20 : 100)
+            shutdown(host)
         } else if mode == "drain" {
             results.raw = RawBench.measure(roundTrips: 4000)
             for queued in [2000, 32000] { results.drain[queued] = EmbeddedBench.shutdownDrain(queued: queued) }
@@ -78,11 +84,7 @@ enum BenchCommand {
             let scale = quick ? 1 : 5
             results.raw = RawBench.measure(roundTrips: 4000 * scale)
             results.rawBusyPoll = RawBench.measure(roundTrips: 4000 * scale, busyPoll: true)
-            let host = EmbeddedHost.make {
-                $0.logHandler = { _, _ in }
-                // The kill figure kills a worker per sample; that is measurement, not a crash loop to quarantine.
-                $0.defaultPolicy.restartLimitBurst = 1000
-            }
+            let host = EmbeddedBench.hostForKills()
             results.warm = EmbeddedBench.warmRoundTrips(host, count: 4000 * scale)
             results.warmOnLoop = EmbeddedBench.warmRoundTrips(host, count: 4000 * scale, onHostLoop: true)
             EmbeddedBench.measureThroughput(host, into: &results, scale: scale)
@@ -290,6 +292,15 @@ enum EmbeddedBench {
         done.wait()
         guard let p = pid.withLock({ $0 }) else { return (-1, -1) }
         return (rssKB(of: p), textRSSKB(of: p))
+    }
+
+    /// A quiet host whose crash-loop limit is out of the kill figure's way: it kills a worker per sample, and that
+    /// is measurement, not a crash loop to quarantine.
+    static func hostForKills() -> ExtensionHost {
+        EmbeddedHost.make {
+            $0.logHandler = { _, _ in }
+            $0.defaultPolicy.restartLimitBurst = 1000
+        }
     }
 
     /// SIGKILL of a worker running a request → that request's interruption callback, in µs; and, in the same
