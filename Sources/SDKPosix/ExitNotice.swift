@@ -196,11 +196,14 @@ public final class ExitNoticeWatcher: @unchecked Sendable {
                     sdk_futex_waitv(control, generation, w.baseAddress, e.baseAddress, Int32(w.count))
                 }
             }
-            // Whatever woke the thread, the next turn sees every changed word (arm fails on it). A wake-up of a
-            // word that did not change is counted against its worker.
+            // The word that woke the thread is read at once (a death is what the wait is for); the next turn sees
+            // every other changed word (arm fails on it). A wake-up of a word that did not change is counted
+            // against its worker.
             if woken >= 1, Int(woken) <= pages.count {
                 let page = pages[Int(woken) - 1]
-                if page.value == page.armed {
+                if page.value != page.armed {
+                    ended(page)
+                } else {
                     let over = state.withLock { s -> Bool in
                         guard var watch = s.watches[ObjectIdentifier(page)] else { return false }
                         watch.spurious += 1
@@ -216,8 +219,8 @@ public final class ExitNoticeWatcher: @unchecked Sendable {
     /// Ends `page`'s watch (if `unwatch` has not) and tells its owner.
     private func end(_ page: ExitNoticePage, _ notice: Notice) {
         guard let watch = state.withLock({ $0.watches.removeValue(forKey: ObjectIdentifier(page)) }) else { return }
-        if watch.stat >= 0 { close(watch.stat) }
         watch.notice(notice)
+        if watch.stat >= 0 { close(watch.stat) }
     }
 
     /// `page`'s word changed: ends its watch with what /proc says of its process.
@@ -227,12 +230,13 @@ public final class ExitNoticeWatcher: @unchecked Sendable {
         var result = watch.stat >= 0 ? sdk_exiting_status_fd(watch.stat, &code) : sdk_exiting_status(page.owner, &code)
         if result < 0, watch.stat >= 0 { result = sdk_exiting_status(page.owner, &code) }
         let error = errno
-        if watch.stat >= 0 { close(watch.stat) }
         switch result {
         case 1: watch.notice(.exiting(ExitStatus(waitStatus: code)))
         case 0: watch.notice(.notExiting)
         default: watch.notice(.unreadable(error))
         }
+        // After the notice: its owner is waiting for it, and a close of a /proc file costs ~10 µs here.
+        if watch.stat >= 0 { close(watch.stat) }
     }
 
     /// Opens the /proc/<pid>/stat of a new watch (kept by the watch, closed when it ends).
