@@ -1,0 +1,246 @@
+// The bench's embedded-host figures: the warm round trip, requests/s in flight, cold and prewarmed starts, an
+// Echo worker's memory, SIGKILL → interruption and the shutdown drain, each through the public API as an app
+// would use it (`sdk-host bench`, BenchCommand.swift, runs them).
+import CSDKShim
+import Dispatch
+import SDKHost
+import SDKPosix
+import Synchronization
+
+#if canImport(Glibc)
+import Glibc
+#endif
+
+enum EmbeddedBench {
+    /// One item shaped like SampleMessages.begin, so the begin frame is the same ~310 bytes as the raw message.
+    static let item: ExtensionItem = {
+        let message = SampleMessages.begin
+        return try! ExtensionItem(plist: message["items"]![0]!)
+    }()
+
+    static func echo(_ host: ExtensionHost) -> Extension {
+        do {
+            return try host.extension(identifier: "com.example.echo")
+        } catch {
+            fail("bench: \(error)")
+        }
+    }
+
+    static func warmRoundTrips(_ host: ExtensionHost, count: Int, onHostLoop: Bool = false) -> Samples {
+        let ext = echo(host)
+        ext.callsHandlersOnHostLoop = onHostLoop
+        let done = DispatchSemaphore(value: 0)
+        ext.requestCompletionHandler = { _, _ in done.signal() }
+        ext.requestInterruptionHandler = { _, reason in fail("bench: echo interrupted: \(reason)") }
+        var samples = Samples()
+        for i in 0..<(count + count / 10) {
+            let start = nowMicros()
+            ext.beginRequest(withInputItems: [item])
+            done.wait()
+            if i >= count / 10 { samples.add(nowMicros() - start) }
+        }
+        return samples
+    }
+
+    /// Requests per second with `inFlight` outstanding at all times.
+    static func pipelined(_ host: ExtensionHost, inFlight: Int, total: Int, onHostLoop: Bool = false) -> Double {
+        let ext = echo(host)
+        ext.callsHandlersOnHostLoop = onHostLoop
+        let slots = DispatchSemaphore(value: inFlight)
+        let finished = DispatchSemaphore(value: 0)
+        let remaining = Atomic<Int>(total)
+        ext.requestCompletionHandler = { _, _ in
+            slots.signal()
+            if remaining.subtract(1, ordering: .relaxed).newValue == 0 { finished.signal() }
+        }
+        let start = nowMicros()
+        for _ in 0..<total {
+            slots.wait()
+            ext.beginRequest(withInputItems: [item])
+        }
+        finished.wait()
+        return Double(total) / ((nowMicros() - start) / 1e6)
+    }
+
+    /// The warm Echo worker's VmRSS and the part of it that is its executable's text (`textRSSKB`), in KiB.
+    static func echoWorkerRSS(_ host: ExtensionHost) -> (Int, text: Int) {
+        let ext = echo(host)
+        let pid = Mutex<pid_t?>(nil)
+        let done = DispatchSemaphore(value: 0)
+        ext.requestCompletionHandler = { _, _ in done.signal() }
+        ext.beginRequest(withInputItems: [item], deadline: nil, onWorkerAssigned: { p in pid.withLock { $0 = p } })
+        done.wait()
+        guard let p = pid.withLock({ $0 }) else { return (-1, -1) }
+        return (rssKB(of: p), textRSSKB(of: p))
+    }
+
+    /// A quiet host whose crash-loop limit is out of the kill figure's way: it kills a worker per sample, and that
+    /// is measurement, not a crash loop to quarantine.
+    static func hostForKills() -> ExtensionHost {
+        EmbeddedHost.make {
+            $0.logHandler = { _, _ in }
+            $0.defaultPolicy.restartLimitBurst = 1000
+        }
+    }
+
+    /// SIGKILL of a worker running a request → that request's interruption callback, in µs; and, in the same
+    /// samples, SIGKILL → the worker's pidfd readable as this thread sees it: when the kernel has torn the process
+    /// down and reports it dead. The host learns of the death from its socket's end, which the kernel closes in
+    /// the same teardown, so the first figure cannot be much below the second.
+    static func killToInterruption(_ host: ExtensionHost, samples count: Int) -> (Samples, exit: Samples) {
+        guard let ext = try? host.extension(identifier: "com.example.crasher") else { fail("bench: no crasher") }
+        let interrupted = DispatchSemaphore(value: 0)
+        let at = Mutex<Double>(0)
+        ext.requestInterruptionHandler = { _, _ in
+            at.withLock { $0 = nowMicros() }
+            interrupted.signal()
+        }
+        var samples = Samples()
+        var exits = Samples()
+        for _ in 0..<count {
+            let assigned = DispatchSemaphore(value: 0)
+            let pid = Mutex<pid_t?>(nil)
+            ext.beginRequest(withInputItems: [ExtensionItem(title: "slow:60000")], deadline: 120, onWorkerAssigned: { p in
+                pid.withLock { $0 = p }
+                assigned.signal()
+            })
+            assigned.wait()
+            usleep(20_000)  // let the worker start running the request
+            let worker = pid.withLock { $0 }!
+            let pidfd = sdk_pidfd_open(worker)
+            let start = nowMicros()
+            kill(worker, SIGKILL)
+            if pidfd >= 0 {
+                if readable(pidfd, withinMilliseconds: 10_000) { exits.add(nowMicros() - start) }
+                close(pidfd)
+            }
+            interrupted.wait()
+            samples.add(at.withLock { $0 } - start)
+        }
+        return (samples, exits)
+    }
+
+    /// `queued` requests waiting behind busy workers, then `shutdown()`: µs per request from the call to the last
+    /// interruption callback. Equal figures at 2k and 32k show the drain is linear (the first slice was quadratic).
+    static func shutdownDrain(queued: Int) -> Double {
+        let host = EmbeddedHost.make {
+            $0.logHandler = { _, _ in }
+            $0.maxQueuedRequests = queued + 64
+        }
+        guard let ext = try? host.extension(identifier: "com.example.crasher") else { fail("bench: no crasher") }
+        let ended = Atomic<Int>(0)
+        let allEnded = DispatchSemaphore(value: 0)
+        let busy = 32  // the Crasher's MaxWorkers 4 × MaxConcurrentRequests 8
+        let total = busy + queued
+        ext.callsHandlersOnHostLoop = true
+        ext.requestInterruptionHandler = { _, _ in
+            if ended.add(1, ordering: .relaxed).newValue == total { allEnded.signal() }
+        }
+        let running = DispatchSemaphore(value: 0)
+        let long = [ExtensionItem(title: "slow:60000")]
+        for _ in 0..<busy {
+            _ = ext.beginRequest(withInputItems: long, deadline: 120, onWorkerAssigned: { _ in running.signal() })
+        }
+        for _ in 0..<busy { running.wait() }
+        for _ in 0..<queued { _ = ext.beginRequest(withInputItems: long, deadline: 120) }
+        let start = nowMicros()
+        host.shutdown {}
+        allEnded.wait()
+        let perRequest = (nowMicros() - start) / Double(total)
+        BenchCommand.shutdown(host)
+        return perRequest
+    }
+
+    /// A fresh host with no worker: beginRequest → completion, in µs; and the first request of another fresh
+    /// host after `Extension.prewarm()` has returned (the worker spawned and handshaken, as `MinWarmWorkers` does).
+    /// Requests per second at 1, 8 and 64 in flight, and at 64 with handlers on the host loop.
+    static func measureThroughput(_ host: ExtensionHost, into results: inout Results, scale: Int) {
+        for depth in [1, 8, 64] {
+            results.rps[depth] = pipelined(host, inFlight: depth, total: 4000 * scale)
+        }
+        results.rpsOnLoop64 = pipelined(host, inFlight: 64, total: 4000 * scale, onHostLoop: true)
+    }
+
+    /// Cold starts with the default sandbox, without it, without the launcher, and with the pid namespace
+    /// AllowSubprocesses adds.
+    static func measureColdStarts(into results: inout Results, samples: Int) {
+        (results.cold, results.prewarmed) = coldStarts(samples: samples)
+        results.coldUnsandboxed = coldStarts(samples: samples) { $0.defaultPolicy.sandbox = .none }.cold
+        results.coldDirect = coldStarts(samples: samples) {
+            $0.defaultPolicy.sandbox = .none
+            $0.launcherPath = "/nonexistent/sdk-host-launcher"  // Sandbox = none without a launcher: spawned directly
+        }.cold
+        results.coldSubprocesses = coldStarts(samples: samples) { $0.defaultPolicy.allowSubprocesses = true }.cold
+        results.bareStart = bareStarts(samples: samples * 4)
+    }
+
+    /// The Echo executable spawned with no host connection until its `main` has run, in µs: posix_spawn, exec,
+    /// the static C library's and the Swift runtime's start-up, then the worker runtime's first line (that it has
+    /// no connection) on stderr. A cold start does all of this and more, and none of it is sdk-host's.
+    static func bareStarts(samples count: Int) -> Samples {
+        guard let dir = HostConfiguration.executableDirectory else { fail("bench: no executable directory") }
+        var samples = Samples()
+        for _ in 0..<count {
+            let request = SpawnRequest(path: dir + "/Echo", arguments: ["Echo"], environment: ["SDKHOST_IPC_FD=99"])
+            let start = nowMicros()
+            guard let channels = try? spawnWithChannels(request) else { fail("bench: cannot spawn \(dir)/Echo") }
+            let spoke = readable(channels.stderr.rawValue, withinMilliseconds: 10_000)
+            let end = nowMicros()
+            guard spoke, readable(channels.process.pidfd.rawValue, withinMilliseconds: 10_000) else {
+                channels.terminate(signal: SIGKILL)  // reaped and closed: a failed bench leaves no process behind
+                fail("bench: Echo, spawned alone, did not report the missing connection and exit within 10 s")
+            }
+            samples.add(end - start)
+            _ = try? channels.process.reap()
+            channels.close()
+        }
+        return samples
+    }
+
+    static func coldStarts(samples count: Int, _ tweak: (inout HostConfiguration) -> Void = { _ in })
+        -> (cold: Samples, prewarmed: Samples)
+    {
+        var cold = Samples(), prewarmed = Samples()
+        for _ in 0..<count {
+            let host = EmbeddedHost.make {
+                $0.logHandler = { _, _ in }
+                tweak(&$0)
+            }
+            settle(host)
+            cold.add(firstRequest(echo(host)))
+            BenchCommand.shutdown(host)
+            let warmHost = EmbeddedHost.make {
+                $0.logHandler = { _, _ in }
+                tweak(&$0)
+            }
+            let ext = echo(warmHost)
+            let ready = DispatchSemaphore(value: 0)
+            Task {
+                _ = try? await ext.prewarm()
+                ready.signal()
+            }
+            ready.wait()
+            prewarmed.add(firstRequest(ext))
+            BenchCommand.shutdown(warmHost)
+        }
+        return (cold, prewarmed)
+    }
+}
+
+/// Waits until `host` has run the work it queued when it was made (such as making the first worker's temp
+/// folder), as an app's host has long before its first request: a cold start is timed from a settled host.
+func settle(_ host: ExtensionHost) {
+    let settled = DispatchSemaphore(value: 0)
+    host.inspect { _, _, _ in settled.signal() }
+    settled.wait()
+}
+
+/// One request's beginRequest → completion, in µs.
+func firstRequest(_ ext: Extension) -> Double {
+    let done = DispatchSemaphore(value: 0)
+    ext.requestCompletionHandler = { _, _ in done.signal() }
+    let start = nowMicros()
+    ext.beginRequest(withInputItems: [EmbeddedBench.item])
+    done.wait()
+    return nowMicros() - start
+}
