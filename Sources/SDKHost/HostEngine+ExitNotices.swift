@@ -9,8 +9,8 @@ import SDKPosix
 extension HostEngine {
     /// Hands the worker's exit-notice page to the watcher, if its runtime registered one (at its start, so by
     /// its `welcome`). Only a worker whose exit descriptor is in the epoll set: one that ends early is reaped
-    /// there, never by `pollForExit`. The notice runs on the watcher's thread, which takes the loop's turn when the loop sleeps
-    /// (saving a wake-up), else hands it over.
+    /// there, never by `pollForExit`. The notice runs on the watcher's thread, which takes the loop's turn when the
+    /// loop sleeps (saving a wake-up), else hands it over.
     func watchExitNotice(_ worker: WorkerProcess) {
         guard let page = worker.exitNotice, worker.exitWatched, worker.state != .dead, !worker.exitNoticeWatched else { return }
         let pid = worker.pid
