@@ -21,11 +21,7 @@ extension FaultTests {
                 recorder.attach(to: ext)
                 // 64 MiB of output, about 300,000 lines; the first slice put every byte into the log.
                 let flood = ext.beginRequest(withInputItems: [ExtensionItem(title: "flood:64")], deadline: 60)
-                let echo = try host.extension(identifier: "com.example.echo")
-                let echoRecorder = Recorder()
-                echoRecorder.attach(to: echo)
-                let other = echo.beginRequest(withInputItems: [ExtensionItem(title: "meanwhile")])
-                #expect(await echoRecorder.wait(for: other) == .completed([ExtensionItem(title: "meanwhile")]))
+                #expect(try await bystanderEcho(host, "meanwhile") == .completed([ExtensionItem(title: "meanwhile")]))
                 #expect(await recorder.wait(for: flood) == .completed([ExtensionItem(title: "flood:64")]))
                 let lines = log.all.filter { $0.contains("com.example.crasher[") && $0.contains("stdout:") }
                 #expect(lines.count < 2000, "\(lines.count) output lines logged")

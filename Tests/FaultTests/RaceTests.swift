@@ -124,10 +124,7 @@ extension FaultTests {
                 }
                 #expect(detail.contains(copy))
                 // Other extensions are unaffected.
-                let echoExt = try host.extension(identifier: "com.example.echo")
-                recorder.attach(to: echoExt)
-                let ok = echoExt.beginRequest(withInputItems: [ExtensionItem(title: "fine")])
-                #expect(await recorder.wait(for: ok) == .completed([ExtensionItem(title: "fine")]))
+                #expect(try await bystanderEcho(host, "fine") == .completed([ExtensionItem(title: "fine")]))
             }
         }
 

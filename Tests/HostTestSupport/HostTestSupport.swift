@@ -114,6 +114,16 @@ public final class Recorder: Sendable {
     }
 }
 
+/// A request to Echo, a bystander beside whatever a test attacks the host with: its outcome, or nil after
+/// `timeout` seconds. A host under attack from one worker must still serve the others.
+public func bystanderEcho(_ host: ExtensionHost, _ title: String, timeout: Double = 60) async throws -> RequestOutcome? {
+    let echo = try host.extension(identifier: "com.example.echo")
+    let recorder = Recorder()
+    recorder.attach(to: echo)
+    let id = echo.beginRequest(withInputItems: [ExtensionItem(title: title)])
+    return await recorder.wait(for: id, timeout: timeout)
+}
+
 /// "completed", "cancelled" or "interrupted".
 public func kind(_ outcome: RequestOutcome) -> String {
     switch outcome {
