@@ -98,6 +98,9 @@ enum EmbeddedBench {
         var samples = Samples()
         var exits = Samples()
         for _ in 0..<count {
+            // A handshaken worker first: one killed before its handshake ran no handler, so its request is
+            // queued for the next worker instead of interrupted (and this loop would wait for it forever).
+            guard runAsync({ try? await ext.prewarm() }) != nil else { fail("bench: cannot start a crasher worker") }
             let assigned = DispatchSemaphore(value: 0)
             let pid = Mutex<pid_t?>(nil)
             ext.beginRequest(withInputItems: [ExtensionItem(title: "slow:60000")], deadline: 120, onWorkerAssigned: { p in
@@ -114,7 +117,9 @@ enum EmbeddedBench {
                 if readable(pidfd, withinMilliseconds: 10_000) { exits.add(nowMicros() - start) }
                 close(pidfd)
             }
-            interrupted.wait()
+            guard interrupted.wait(timeout: .now() + 30) == .success else {
+                fail("bench: the request on worker pid \(worker) was not interrupted within 30 s of its SIGKILL")
+            }
             samples.add(at.withLock { $0 } - start)
         }
         return (samples, exits)
