@@ -251,7 +251,8 @@ public final class Extension: Sendable {
     }
 
     /// `beginRequest`, also telling `onWorkerAssigned` (on the host's loop thread; keep it trivial) the pid of
-    /// the worker the request is sent to. For tools that report pids after the request has ended.
+    /// the worker the request is sent to, which may not have finished its handshake (see `pid(for:)`). For tools
+    /// that report pids after the request has ended.
     @discardableResult
     package func beginRequest(
         withInputItems items: [ExtensionItem], deadline: Double?, onWorkerAssigned: (@Sendable (pid_t) -> Void)?
@@ -308,6 +309,10 @@ public final class Extension: Sendable {
     }
 
     /// The pid of the worker running the request, or nil if it has not been sent to a worker or has ended.
+    ///
+    /// A request can be sent to a worker that has not finished its handshake. Should that worker die before
+    /// it, no handler ran: the request goes to the next worker (at most twice) instead of being interrupted,
+    /// and this pid changes.
     public func pid(for id: RequestID) -> pid_t? {
         host.backend.pid(for: id)
     }
