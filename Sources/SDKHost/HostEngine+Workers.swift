@@ -260,7 +260,7 @@ extension HostEngine {
             worker.exitWatched = false
         }
         worker.closeChild()
-        unwatchExitNotice(worker)
+        // An early end has ended the watch already; `workerEnded` ends any other.
         if worker.endedEarly {
             worker.endedEarly = false
             dyingWorkers.removeAll { $0 === worker }

@@ -109,7 +109,7 @@ public final class EventLoop: @unchecked Sendable {
         timerFD = try make("timerfd_create") { sdk_timerfd() }
         try retryingEINTR("epoll_ctl(ADD)") { sdk_epoll_ctl(epfd, SDK_EPOLL_CTL_ADD, wakeFD, Self.readable) }
         try retryingEINTR("epoll_ctl(ADD)") { sdk_epoll_ctl(epfd, SDK_EPOLL_CTL_ADD, timerFD, Self.readable) }
-        let rc = startDetachedThread { [self] in run() }
+        let rc = startDetachedThread(named: Self.threadName) { [self] in run() }
         // The thread never ran: its closure held the last reference, and deinit closes the descriptors.
         guard rc == 0 else { throw SystemError("pthread_create", errno: rc, detail: name) }
     }
@@ -320,7 +320,6 @@ public final class EventLoop: @unchecked Sendable {
     }
 
     private func run() {
-        _ = sdk_set_thread_name(Self.threadName)
         takeTurn()
         threadStarted = true
         var fds = [Int32](repeating: 0, count: 64)

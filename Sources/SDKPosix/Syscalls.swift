@@ -162,22 +162,22 @@ public func withDirectoryEntryName<R>(_ entry: UnsafeMutablePointer<dirent>, _ b
 
 /// A closure handed to a new thread.
 private final class ThreadBody {
-    let name: String?
+    let name: String
     let body: () -> Void
-    init(name: String?, body: @escaping () -> Void) {
+    init(name: String, body: @escaping () -> Void) {
         self.name = name
         self.body = body
     }
 }
 
-/// Starts a detached thread that names itself `name` (when given) and runs `body`. Returns pthread_create's
+/// Starts a detached thread that names itself `name` and runs `body`. Returns pthread_create's
 /// result: 0, or an errno value (no thread, and `body` is released unrun).
-func startDetachedThread(named name: String? = nil, _ body: @escaping () -> Void) -> Int32 {
+func startDetachedThread(named name: String, _ body: @escaping () -> Void) -> Int32 {
     let box = Unmanaged.passRetained(ThreadBody(name: name, body: body)).toOpaque()
     var thread = pthread_t()
     let rc = pthread_create(&thread, nil, { arg in
         let thread = Unmanaged<ThreadBody>.fromOpaque(arg!).takeRetainedValue()
-        if let name = thread.name { _ = sdk_set_thread_name(name) }
+        _ = sdk_set_thread_name(thread.name)
         thread.body()
         return nil
     }, box)

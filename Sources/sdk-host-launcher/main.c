@@ -3,9 +3,10 @@
 // extension in its own process, so that no layer depends on the extension's cooperation and the host's child
 // *is* the worker: its pid, exit status and signals are the extension's (shared/DESIGN.md "Sandbox").
 //
-//   descriptors but 0-3 (and 5, an exit-notice page) closed -> session (posix_spawn made one) -> parent-death signal, parent checked ->
-//   rlimits -> [user namespace when not root, pid namespace: AllowSubprocesses only] -> no_new_privs ->
-//   capabilities dropped -> Landlock -> seccomp -> `sandboxed` frame to the host -> execve
+//   descriptors but 0-3 (and 5, an exit-notice page) closed -> session (posix_spawn made one) ->
+//   parent-death signal, parent checked -> rlimits -> [user namespace when not root, pid namespace:
+//   AllowSubprocesses only] -> no_new_privs -> capabilities dropped -> Landlock -> seccomp ->
+//   `sandboxed` frame to the host -> execve
 //
 // The pid namespace is for grandchildren: without AllowSubprocesses seccomp refuses fork, so there are none, and
 // the launcher execs the extension itself, so the host's child *is* the worker (its pid, exit status and
