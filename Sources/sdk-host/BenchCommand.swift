@@ -214,11 +214,20 @@ enum DaemonBench {
         }
         // The rest of the 100k at 64 in flight, counting the daemon's CPU: far steadier than req/s, which moves
         // with how the scheduler places three processes on two cores.
+        // The app's and the workers' CPU beside it: with the three processes on two cores, their sum per request
+        // bounds req/s (2 s of CPU per second ÷ the sum), whatever the scheduler does with them.
         let cpuBefore = cpuNanoseconds(of: daemonPid)
+        let appBefore = ownCPUNanoseconds()
+        let workersBefore = childrenCPUNanoseconds(of: daemonPid)
         let remaining = 100_000 - 4000 * scale * 4
         _ = EmbeddedBench.pipelined(host, inFlight: 64, total: remaining)
+        let workersAfter = childrenCPUNanoseconds(of: daemonPid)
+        let appAfter = ownCPUNanoseconds()
         if let before = cpuBefore, let after = cpuNanoseconds(of: daemonPid) {
             results.daemonCPUPerRequestUs = Double(after - before) / 1000 / Double(remaining)
+            results.daemonAppCPUPerRequestUs = Double(appAfter - appBefore) / 1000 / Double(remaining)
+            results.daemonWorkerCPUPerRequestUs = CPUSplit.workers(before: workersBefore, after: workersAfter)
+                .map { Double($0) / 1000 / Double(remaining) }
         }
         results.daemonRSSAfter100kKB = rssKB(of: daemonPid)
         BenchCommand.shutdown(host)
@@ -266,6 +275,37 @@ func cpuNanoseconds(of pid: pid_t) -> UInt64? {
         total += String(decoding: stat, as: UTF8.self).split(separator: " ").first.flatMap { UInt64($0) } ?? 0
     }
     return total
+}
+
+/// CPU time this process has used, in ns, counting threads that have already exited (getrusage).
+func ownCPUNanoseconds() -> UInt64 {
+    var usage = rusage()
+    getrusage(RUSAGE_SELF.rawValue, &usage)
+    let user = UInt64(usage.ru_utime.tv_sec) * 1_000_000_000 + UInt64(usage.ru_utime.tv_usec) * 1000
+    let system = UInt64(usage.ru_stime.tv_sec) * 1_000_000_000 + UInt64(usage.ru_stime.tv_usec) * 1000
+    return user + system
+}
+
+/// CPU time of each live child of `pid` (any of its threads' children), in ns, by child pid.
+func childrenCPUNanoseconds(of pid: pid_t) -> [pid_t: UInt64] {
+    var out: [pid_t: UInt64] = [:]
+    for task in listDirectory("/proc/\(pid)/task") ?? [] {
+        guard let text = try? readFile("/proc/\(pid)/task/\(task)/children") else { continue }
+        for child in String(decoding: text, as: UTF8.self).split(separator: " ").compactMap({ pid_t($0) }) {
+            out[child] = cpuNanoseconds(of: child)
+        }
+    }
+    return out
+}
+
+enum CPUSplit {
+    /// The workers' CPU between two `childrenCPUNanoseconds` readings: only workers alive at both count, so a
+    /// worker that started or ended in between is not charged its whole life. Nil if none was alive at both.
+    static func workers(before: [pid_t: UInt64], after: [pid_t: UInt64]) -> UInt64? {
+        let both = before.keys.filter { after[$0] != nil }
+        guard !both.isEmpty else { return nil }
+        return both.reduce(0) { $0 + (after[$1]! &- before[$1]!) }
+    }
 }
 
 /// Numeric fields of /proc/<process>/status (`process` a pid or "self"), such as "VmRSS:" (KiB) or "Threads:",

@@ -56,6 +56,10 @@ struct Results {
     var daemonRSSAfter100kKB: Int?
     /// CPU time of the daemon's threads per request at 64 in flight (µs).
     var daemonCPUPerRequestUs: Double?
+    var daemonAppCPUPerRequestUs: Double?
+    var daemonWorkerCPUPerRequestUs: Double?
+    var embeddedAppCPUPerRequestUs: Double?
+    var embeddedWorkerCPUPerRequestUs: Double?
     var codecResult: CodecBench.Result?
     var attachment: StreamBench.AttachmentResult?
     var stream: StreamBench.StreamResult?
@@ -151,6 +155,14 @@ struct Results {
         }
         if let cpu = daemonCPUPerRequestUs {
             out.append(("daemon_cpu_us_per_request", cpu, "", "the daemon's CPU per request at 64 in flight (µs)"))
+        }
+        // CPU per request at 64 in flight, by process: what bounds req/s on two cores (2e6 ÷ the sum).
+        for (mode, app, workers, daemon) in [("embedded", embeddedAppCPUPerRequestUs, embeddedWorkerCPUPerRequestUs, nil),
+                                             ("daemon", daemonAppCPUPerRequestUs, daemonWorkerCPUPerRequestUs, daemonCPUPerRequestUs)] {
+            guard let app, let workers else { continue }
+            out.append(("\(mode)_app_cpu_us_per_request", app, "", "\(mode) app CPU per request, 64 (µs)"))
+            out.append(("\(mode)_worker_cpu_us_per_request", workers, "", "\(mode) worker CPU per request, 64 (µs)"))
+            out.append(("\(mode)_total_cpu_us_per_request", app + workers + (daemon ?? 0), "", "\(mode) total CPU per request, 64 (µs)"))
         }
         for figure in peer {
             let base = figure.key.contains("rps") ? rawRPS : rawP50

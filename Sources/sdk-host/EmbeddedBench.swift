@@ -164,6 +164,16 @@ enum EmbeddedBench {
             results.rps[depth] = pipelined(host, inFlight: depth, total: 4000 * scale)
         }
         results.rpsOnLoop64 = pipelined(host, inFlight: 64, total: 4000 * scale, onHostLoop: true)
+        // CPU per request at 64 in flight, the app's and its workers', over a longer run than the req/s figures.
+        let count = 20_000
+        let workersBefore = childrenCPUNanoseconds(of: getpid())
+        let appBefore = ownCPUNanoseconds()
+        _ = pipelined(host, inFlight: 64, total: count)
+        let appAfter = ownCPUNanoseconds()
+        let workersAfter = childrenCPUNanoseconds(of: getpid())
+        results.embeddedAppCPUPerRequestUs = Double(appAfter - appBefore) / 1000 / Double(count)
+        results.embeddedWorkerCPUPerRequestUs = CPUSplit.workers(before: workersBefore, after: workersAfter)
+            .map { Double($0) / 1000 / Double(count) }
     }
 
     /// Cold starts with the default sandbox, without it, without the launcher, and with the pid namespace
