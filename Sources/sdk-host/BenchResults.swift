@@ -166,11 +166,14 @@ struct Results {
         }
         for figure in peer {
             let base = figure.key.contains("rps") ? rawRPS : rawP50
-            out.append((figure.key, figure.value, ratio(figure.value, base), "peer: " + figure.key))
+            let vsRaw = figure.key.contains("_cpu_") ? "" : ratio(figure.value, base)  // CPU time is no round trip
+            out.append((figure.key, figure.value, vsRaw, "peer: " + figure.key))
         }
         // Ours against the peer's, where both measured the same thing.
         for (ours, theirs, label) in [("daemon_rps_64", "go_plugin_rps_64", "daemon vs go-plugin, requests/s at 64 in flight"),
-                                      ("daemon_rtt_p50_us", "go_plugin_rtt_p50_us", "daemon vs go-plugin, warm echo p50")] {
+                                      ("daemon_rtt_p50_us", "go_plugin_rtt_p50_us", "daemon vs go-plugin, warm echo p50"),
+                                      ("daemon_total_cpu_us_per_request", "go_plugin_total_cpu_us_per_request",
+                                       "daemon vs go-plugin, CPU per request at 64 in flight")] {
             guard let mine = out.first(where: { $0.0 == ours })?.1, let peerValue = peer.first(where: { $0.key == theirs })?.value
             else { continue }
             out.append((ours + "_vs_go_plugin", mine / peerValue, "", label + " (×)"))

@@ -11,7 +11,10 @@ import (
 	"net/rpc"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"sort"
+	"strconv"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -88,6 +91,24 @@ func pipelined(echo Echoer, payload []byte, inFlight, total int) float64 {
 	return float64(per*inFlight) / time.Since(start).Seconds()
 }
 
+// cpuNanoseconds is the CPU time all of pid's live threads have run (the first field of each
+// /proc/<pid>/task/*/schedstat), as sdk-host's bench reads it; 0 if it cannot be read.
+func cpuNanoseconds(pid int) uint64 {
+	tasks, _ := filepath.Glob(fmt.Sprintf("/proc/%d/task/*/schedstat", pid))
+	var total uint64
+	for _, task := range tasks {
+		text, err := ioutil.ReadFile(task)
+		if err != nil {
+			continue
+		}
+		if fields := strings.Fields(string(text)); len(fields) > 0 {
+			n, _ := strconv.ParseUint(fields[0], 10, 64)
+			total += n
+		}
+	}
+	return total
+}
+
 func main() {
 	if os.Getenv(handshake.MagicCookieKey) == handshake.MagicCookieValue {
 		plugin.Serve(&plugin.ServeConfig{
@@ -104,10 +125,11 @@ func main() {
 	if err != nil {
 		log.Fatal(err)
 	}
+	cmd := pluginCommand(self)
 	client := plugin.NewClient(&plugin.ClientConfig{
 		HandshakeConfig: handshake,
 		Plugins:         map[string]plugin.Plugin{"echo": &echoPlugin{}},
-		Cmd:             pluginCommand(self),
+		Cmd:             cmd,
 		Logger:          hclog.New(&hclog.LoggerOptions{Output: ioutil.Discard, Level: hclog.Error}),
 	})
 	defer client.Kill()
@@ -140,6 +162,18 @@ func main() {
 	}
 	for _, depth := range []int{1, 8, 64} {
 		result[fmt.Sprintf("go_plugin_rps_%d", depth)] = pipelined(echo, payload, depth, 4000*scale)
+	}
+	// CPU per request at 64 in flight, the client's and the plugin's, as sdk-host's bench measures its own.
+	const cpuCount = 20000
+	selfBefore, pluginBefore := cpuNanoseconds(os.Getpid()), cpuNanoseconds(cmd.Process.Pid)
+	pipelined(echo, payload, 64, cpuCount)
+	selfAfter, pluginAfter := cpuNanoseconds(os.Getpid()), cpuNanoseconds(cmd.Process.Pid)
+	if pluginBefore > 0 && pluginAfter > pluginBefore {
+		app := float64(selfAfter-selfBefore) / 1000 / cpuCount
+		worker := float64(pluginAfter-pluginBefore) / 1000 / cpuCount
+		result["go_plugin_app_cpu_us_per_request"] = app
+		result["go_plugin_worker_cpu_us_per_request"] = worker
+		result["go_plugin_total_cpu_us_per_request"] = app + worker
 	}
 	keys := make([]string, 0, len(result))
 	for key := range result {
