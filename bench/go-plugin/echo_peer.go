@@ -53,7 +53,9 @@ func (c *echoRPCClient) Echo(payload []byte) []byte {
 
 type echoPlugin struct{ impl Echoer }
 
-func (p *echoPlugin) Server(*plugin.MuxBroker) (interface{}, error) { return &echoRPCServer{impl: p.impl}, nil }
+func (p *echoPlugin) Server(*plugin.MuxBroker) (interface{}, error) {
+	return &echoRPCServer{impl: p.impl}, nil
+}
 func (p *echoPlugin) Client(b *plugin.MuxBroker, c *rpc.Client) (interface{}, error) {
 	return &echoRPCClient{client: c}, nil
 }
