@@ -214,20 +214,15 @@ enum DaemonBench {
         }
         // The rest of the 100k at 64 in flight, counting the daemon's CPU: far steadier than req/s, which moves
         // with how the scheduler places three processes on two cores. The app's and the workers' CPU beside it:
-        // their sum per request bounds req/s (2 s of CPU per second ÷ the sum), whatever the scheduler does. The
-        // app's own reads of /proc stay outside its window.
+        // their sum per request bounds req/s (2 s of CPU per second ÷ the sum), whatever the scheduler does.
         let cpuBefore = cpuNanoseconds(of: daemonPid)
-        let workersBefore = childrenCPUNanoseconds(of: daemonPid)
-        let appBefore = ownCPUNanoseconds()
         let remaining = 100_000 - 4000 * scale * 4
-        _ = EmbeddedBench.pipelined(host, inFlight: 64, total: remaining)
-        let workersAfter = childrenCPUNanoseconds(of: daemonPid)
-        let appAfter = ownCPUNanoseconds()
+        let split = CPUSplit.perRequest(requests: remaining, workersOf: daemonPid) {
+            _ = EmbeddedBench.pipelined(host, inFlight: 64, total: remaining)
+        }
         if let before = cpuBefore, let after = cpuNanoseconds(of: daemonPid) {
             results.daemonCPUPerRequestUs = Double(after - before) / 1000 / Double(remaining)
-            results.daemonAppCPUPerRequestUs = Double(appAfter - appBefore) / 1000 / Double(remaining)
-            results.daemonWorkerCPUPerRequestUs = CPUSplit.workers(before: workersBefore, after: workersAfter)
-                .map { Double($0) / 1000 / Double(remaining) }
+            (results.daemonAppCPUPerRequestUs, results.daemonWorkerCPUPerRequestUs) = split
         }
         results.daemonRSSAfter100kKB = rssKB(of: daemonPid)
         BenchCommand.shutdown(host)
@@ -299,9 +294,24 @@ func childrenCPUNanoseconds(of pid: pid_t) -> [pid_t: UInt64] {
 }
 
 enum CPUSplit {
+    /// Runs `body`, which makes `requests` requests, and returns the CPU per request in µs of this process (the
+    /// app) and of `parent`'s children (its workers; nil if none was alive before and after). The reads of /proc
+    /// for the workers stay outside the app's window.
+    static func perRequest(requests: Int, workersOf parent: pid_t, _ body: () -> Void)
+        -> (app: Double, workers: Double?)
+    {
+        let workersBefore = childrenCPUNanoseconds(of: parent)
+        let appBefore = ownCPUNanoseconds()
+        body()
+        let appAfter = ownCPUNanoseconds()
+        let workersAfter = childrenCPUNanoseconds(of: parent)
+        let perRequest = { (nanoseconds: UInt64) in Double(nanoseconds) / 1000 / Double(requests) }
+        return (perRequest(appAfter - appBefore), workers(before: workersBefore, after: workersAfter).map(perRequest))
+    }
+
     /// The workers' CPU between two `childrenCPUNanoseconds` readings: only workers alive at both count, so a
     /// worker that started or ended in between is not charged its whole life. Nil if none was alive at both.
-    static func workers(before: [pid_t: UInt64], after: [pid_t: UInt64]) -> UInt64? {
+    private static func workers(before: [pid_t: UInt64], after: [pid_t: UInt64]) -> UInt64? {
         let both = before.keys.filter { after[$0] != nil }
         guard !both.isEmpty else { return nil }
         return both.reduce(0) { $0 + (after[$1]! &- before[$1]!) }

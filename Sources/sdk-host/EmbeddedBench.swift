@@ -156,24 +156,19 @@ enum EmbeddedBench {
         return perRequest
     }
 
-    /// A fresh host with no worker: beginRequest → completion, in µs; and the first request of another fresh
-    /// host after `Extension.prewarm()` has returned (the worker spawned and handshaken, as `MinWarmWorkers` does).
-    /// Requests per second at 1, 8 and 64 in flight, and at 64 with handlers on the host loop.
+    /// Requests per second at 1, 8 and 64 in flight, and at 64 with handlers on the host loop; then the app's and
+    /// its workers' CPU per request at 64 in flight.
     static func measureThroughput(_ host: ExtensionHost, into results: inout Results, scale: Int) {
         for depth in [1, 8, 64] {
             results.rps[depth] = pipelined(host, inFlight: depth, total: 4000 * scale)
         }
         results.rpsOnLoop64 = pipelined(host, inFlight: 64, total: 4000 * scale, onHostLoop: true)
-        // CPU per request at 64 in flight, the app's and its workers', over a longer run than the req/s figures.
+        // Over a longer run than the req/s figures.
         let count = 20_000
-        let workersBefore = childrenCPUNanoseconds(of: getpid())
-        let appBefore = ownCPUNanoseconds()
-        _ = pipelined(host, inFlight: 64, total: count)
-        let appAfter = ownCPUNanoseconds()
-        let workersAfter = childrenCPUNanoseconds(of: getpid())
-        results.embeddedAppCPUPerRequestUs = Double(appAfter - appBefore) / 1000 / Double(count)
-        results.embeddedWorkerCPUPerRequestUs = CPUSplit.workers(before: workersBefore, after: workersAfter)
-            .map { Double($0) / 1000 / Double(count) }
+        (results.embeddedAppCPUPerRequestUs, results.embeddedWorkerCPUPerRequestUs) =
+            CPUSplit.perRequest(requests: count, workersOf: getpid()) {
+                _ = pipelined(host, inFlight: 64, total: count)
+            }
     }
 
     /// Cold starts with the default sandbox, without it, without the launcher, and with the pid namespace
@@ -212,6 +207,8 @@ enum EmbeddedBench {
         return samples
     }
 
+    /// A fresh host with no worker: beginRequest → completion, in µs; and the first request of another fresh
+    /// host after `Extension.prewarm()` has returned (the worker spawned and handshaken, as `MinWarmWorkers` does).
     static func coldStarts(samples count: Int, _ tweak: (inout HostConfiguration) -> Void = { _ in })
         -> (cold: Samples, prewarmed: Samples)
     {
