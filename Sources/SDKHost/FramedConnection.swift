@@ -150,7 +150,9 @@ package final class FramedConnection {
     }
 
     /// Reads and delivers what is available now, at most `maxReads` chunks (everything, by default: used to
-    /// collect a dying peer's last words).
+    /// collect a dying peer's last words). A budgeted drain also stops at a read that did not fill the buffer:
+    /// the socket was empty a moment ago, and epoll, level-triggered, reports whatever arrives since. That saves
+    /// the read that would only say EAGAIN: nearly half of all reads under load, before.
     package func drain(maxReads: Int = .max) {
         var reads = 0
         while isOpen, reads < maxReads, !readingPaused || maxReads == .max {
@@ -177,6 +179,7 @@ package final class FramedConnection {
                 }
                 if reader.bufferedByteCount == 0 { partialFrameSince = nil }
                 guard chargeInput() else { return }
+                if n < readBuffer.count, maxReads != .max, !truncated { return }
             case .success(.wouldBlock):
                 return
             case .success(.endOfFile):
