@@ -31,7 +31,7 @@ import Glibc
 #endif
 
 /// A validated extension manifest.
-struct ExtensionManifest: Sendable {
+final class ExtensionManifest: Sendable {
     let identifier: String
     let extensionPoint: String
     let executableName: String
