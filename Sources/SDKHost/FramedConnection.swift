@@ -179,7 +179,7 @@ package final class FramedConnection {
                 }
                 if reader.bufferedByteCount == 0 { partialFrameSince = nil }
                 guard chargeInput() else { return }
-                if n < readBuffer.count, maxReads != .max, !truncated { return }
+                if n < readBuffer.count, maxReads != .max { return }
             case .success(.wouldBlock):
                 return
             case .success(.endOfFile):
