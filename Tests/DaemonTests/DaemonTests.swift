@@ -82,9 +82,7 @@ import Glibc
         let daemon = try await DaemonProcess()
         defer { daemon.remove() }
         let host = try await ExtensionHost.connect(socketPath: daemon.socket)
-        let crasher = try host.extension(identifier: "com.example.crasher")
-        let recorder = Recorder()
-        recorder.attach(to: crasher)
+        let (crasher, recorder) = try recordedExtension(host, "com.example.crasher")
         let ids = (0..<3).map { _ in crasher.beginRequest(withInputItems: [ExtensionItem(title: "slow:20000")], deadline: 60) }
         #expect(await eventually { ids.allSatisfy { crasher.pid(for: $0) != nil } })
         let workerPids = ids.compactMap { crasher.pid(for: $0) }
@@ -187,9 +185,7 @@ import Glibc
         let daemon = try await DaemonProcess()
         defer { daemon.remove() }
         let host = try await ExtensionHost.connect(socketPath: daemon.socket)
-        let crasher = try host.extension(identifier: "com.example.crasher")
-        let recorder = Recorder()
-        recorder.attach(to: crasher)
+        let (crasher, recorder) = try recordedExtension(host, "com.example.crasher")
         let good = crasher.beginRequest(withInputItems: [ExtensionItem(title: "slow:800")])
         for junk in [[0, 0, 0, 5] + Array("hello".utf8), [0x7F, 0xFF, 0xFF, 0xFF], Array(try Frame.encode(["type": 7]))] as [[UInt8]] {
             let raw = try HostileClient(daemon.socket)
@@ -207,9 +203,7 @@ import Glibc
         let daemon = try await DaemonProcess(extraConfig: "<key>DrainTimeoutSeconds</key><real>1</real>")
         defer { daemon.remove() }
         let host = try await ExtensionHost.connect(socketPath: daemon.socket)
-        let crasher = try host.extension(identifier: "com.example.crasher")
-        let recorder = Recorder()
-        recorder.attach(to: crasher)
+        let (crasher, recorder) = try recordedExtension(host, "com.example.crasher")
         let quick = crasher.beginRequest(withInputItems: [ExtensionItem(title: "slow:300")])
         let long = crasher.beginRequest(withInputItems: [ExtensionItem(title: "slow:30000")], deadline: 60)
         #expect(await eventually { crasher.pid(for: quick) != nil && crasher.pid(for: long) != nil })

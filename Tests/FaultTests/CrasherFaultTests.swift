@@ -59,9 +59,7 @@ extension FaultTests {
         @Test(arguments: cases)
         func faultHasItsOutcome(_ c: Case) async throws {
             try await withHost { host, log in
-                let ext = try host.extension(identifier: "com.example.crasher")
-                let recorder = Recorder()
-                recorder.attach(to: ext)
+                let (ext, recorder) = try recordedExtension(host, "com.example.crasher")
                 let id = ext.beginRequest(withInputItems: [ExtensionItem(title: c.fault)], deadline: 2)
                 let outcome = await recorder.wait(for: id)
                 #expect(outcome.map(c.expected) == true, "\(c.fault): \(String(describing: outcome))")
@@ -96,9 +94,7 @@ extension FaultTests {
 
         @Test func crashReportCarriesStderrTail() async throws {
             try await withHost { host, log in
-                let ext = try host.extension(identifier: "com.example.crasher")
-                let recorder = Recorder()
-                recorder.attach(to: ext)
+                let (ext, recorder) = try recordedExtension(host, "com.example.crasher")
                 let id = ext.beginRequest(withInputItems: [ExtensionItem(title: "stderr")])
                 #expect(await recorder.wait(for: id) == .interrupted(.signal(SIGABRT)))
                 let (_, crashes, _) = await host.inspect()

@@ -21,9 +21,7 @@ extension FaultTests {
                 """)
             defer { temp.remove() }
             try await withHost(extraSearchPaths: [temp.root], { $0.logLevel = .debug }) { host, log in
-                let ext = try host.extension(identifier: "com.example.fat")
-                let recorder = Recorder()
-                recorder.attach(to: ext)
+                let (ext, recorder) = try recordedExtension(host, "com.example.fat")
                 let fat = ext.beginRequest(withInputItems: [ExtensionItem(title: "leak:64")], deadline: 60)
                 #expect(await recorder.wait(for: fat) == .completed([ExtensionItem(title: "leaked 64 MB")]))
                 try await body(host, ext, recorder, log)
@@ -61,9 +59,7 @@ extension FaultTests {
 
         @Test func aForgedNoticeOnlyEndsTheWatch() async throws {
             try await withHost({ $0.logLevel = .debug }) { host, log in
-                let ext = try host.extension(identifier: "com.example.crasher")
-                let recorder = Recorder()
-                recorder.attach(to: ext)
+                let (ext, recorder) = try recordedExtension(host, "com.example.crasher")
                 let first = ext.beginRequest(withInputItems: [ExtensionItem(title: "slow:300")])
                 #expect(await eventually { ext.pid(for: first) != nil })
                 let pid = try #require(ext.pid(for: first))
@@ -83,9 +79,7 @@ extension FaultTests {
 
         @Test func wakingTheWatcherWithoutExitingEndsTheWatchNotTheHost() async throws {
             try await withHost({ $0.logLevel = .debug }) { host, log in
-                let ext = try host.extension(identifier: "com.example.crasher")
-                let recorder = Recorder()
-                recorder.attach(to: ext)
+                let (ext, recorder) = try recordedExtension(host, "com.example.crasher")
                 let flood = ext.beginRequest(withInputItems: [ExtensionItem(title: "notice-wake:2000")], deadline: 60)
                 #expect(try await bystanderEcho(host, "meanwhile") == .completed([ExtensionItem(title: "meanwhile")]))
                 #expect(await recorder.wait(for: flood) == .completed([ExtensionItem(title: "notice-wake:2000")]))

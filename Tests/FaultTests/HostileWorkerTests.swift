@@ -16,9 +16,7 @@ extension FaultTests {
     @Suite(.serialized) struct HostileWorkers {
         @Test func anOutputFloodIsRateLimitedEscapedAndDoesNotStallTheHost() async throws {
             try await withHost({ $0.logLevel = .info }) { host, log in
-                let ext = try host.extension(identifier: "com.example.crasher")
-                let recorder = Recorder()
-                recorder.attach(to: ext)
+                let (ext, recorder) = try recordedExtension(host, "com.example.crasher")
                 // 64 MiB of output, about 300,000 lines; the first slice put every byte into the log.
                 let flood = ext.beginRequest(withInputItems: [ExtensionItem(title: "flood:64")], deadline: 60)
                 #expect(try await bystanderEcho(host, "meanwhile") == .completed([ExtensionItem(title: "meanwhile")]))
@@ -39,9 +37,7 @@ extension FaultTests {
                 """)
             defer { temp.remove() }
             try await withHost(extraSearchPaths: [temp.root]) { host, _ in
-                let ext = try host.extension(identifier: "com.example.single")
-                let recorder = Recorder()
-                recorder.attach(to: ext)
+                let (ext, recorder) = try recordedExtension(host, "com.example.single")
                 let victim = ext.beginRequest(withInputItems: [ExtensionItem(title: "slow:1500")])
                 #expect(await eventually { ext.pid(for: victim) != nil })
                 let forger = ext.beginRequest(withInputItems: [ExtensionItem(title: "forge:\(victim.uuidString)")])
@@ -59,9 +55,7 @@ extension FaultTests {
 
         @Test func aStoppedWorkerIsKilledAfterTheHeartbeatTimeout() async throws {
             try await withHost({ $0.heartbeatInterval = 0.2; $0.heartbeatTimeout = 1 }) { host, log in
-                let ext = try host.extension(identifier: "com.example.crasher")
-                let recorder = Recorder()
-                recorder.attach(to: ext)
+                let (ext, recorder) = try recordedExtension(host, "com.example.crasher")
                 let id = ext.beginRequest(withInputItems: [ExtensionItem(title: "stop")], deadline: 60)
                 #expect(await recorder.wait(for: id) == .interrupted(.hang))
                 #expect(log.contains("missed heartbeats"))
@@ -72,9 +66,7 @@ extension FaultTests {
 
         @Test func printReachesTheLogLineByLine() async throws {
             try await withHost({ $0.logLevel = .info }) { host, log in
-                let ext = try host.extension(identifier: "com.example.crasher")
-                let recorder = Recorder()
-                recorder.attach(to: ext)
+                let (ext, recorder) = try recordedExtension(host, "com.example.crasher")
                 let id = ext.beginRequest(withInputItems: [ExtensionItem(title: "print:hello from print()")])
                 #expect(await recorder.wait(for: id) == .completed([ExtensionItem(title: "print:hello from print()")]))
                 // The worker is still running: the line arrived because stdout is line-buffered, not at exit.

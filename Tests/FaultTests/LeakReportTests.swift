@@ -19,9 +19,7 @@ import Glibc
     @Test func aHandlerThatKeepsItsContextIsReportedWithinSeconds() async throws {
         // The default delay (2 s): reported between 2 and about 3 s after the request ended.
         try await withHost { host, log in
-            let crasher = try host.extension(identifier: "com.example.crasher")
-            let recorder = Recorder()
-            recorder.attach(to: crasher)
+            let (crasher, recorder) = try recordedExtension(host, "com.example.crasher")
             let (id, pid) = beginNotingPid(crasher, "hoard")
             #expect(await recorder.wait(for: id) == .completed([ExtensionItem(title: "hoard")]))
             let ended = monotonicNanoseconds()

@@ -14,9 +14,7 @@ extension FaultTests {
     @Suite(.serialized) struct Races {
         @Test func cancelRacingCompletionEndsEachRequestOnce() async throws {
             try await withHost { host, _ in
-                let ext = try host.extension(identifier: "com.example.echo")
-                let recorder = Recorder()
-                recorder.attach(to: ext)
+                let (ext, recorder) = try recordedExtension(host, "com.example.echo")
                 var ids: [RequestID] = []
                 for i in 0..<300 {
                     let id = ext.beginRequest(withInputItems: [ExtensionItem(title: "r\(i)")])
@@ -66,9 +64,7 @@ extension FaultTests {
             // The first slice of the requeue sent them again with no items: a request "slow:20000" came back
             // completed at once with nothing.
             try await withHost({ $0.workerEnvironment = ["CRASHER_FAULT_AT_START=sleep:400"] }) { host, _ in
-                let ext = try host.extension(identifier: "com.example.crasher")
-                let recorder = Recorder()
-                recorder.attach(to: ext)
+                let (ext, recorder) = try recordedExtension(host, "com.example.crasher")
                 let begun = (0..<3).map { n in beginNotingPid(ext, "slow:\(n * 10)") }
                 #expect(await eventually { begun.allSatisfy { $0.1.pid != 0 } })
                 kill(begun[0].1.pid, SIGKILL)  // asleep before its handshake
@@ -82,9 +78,7 @@ extension FaultTests {
 
         @Test func crashDuringHandshakeInterrupts() async throws {
             try await withHost({ $0.workerEnvironment = ["CRASHER_FAULT_AT_START=abort"] }) { host, _ in
-                let ext = try host.extension(identifier: "com.example.crasher")
-                let recorder = Recorder()
-                recorder.attach(to: ext)
+                let (ext, recorder) = try recordedExtension(host, "com.example.crasher")
                 let id = ext.beginRequest(withInputItems: [ExtensionItem(title: "echo")])
                 #expect(await recorder.wait(for: id) == .interrupted(.signal(SIGABRT)))
             }
@@ -130,9 +124,7 @@ extension FaultTests {
 
         @Test func oversizedMessagesEndTheirRequestClearlyAndHarmNothingElse() async throws {
             try await withHost { host, _ in
-                let ext = try host.extension(identifier: "com.example.crasher")
-                let recorder = Recorder()
-                recorder.attach(to: ext)
+                let (ext, recorder) = try recordedExtension(host, "com.example.crasher")
                 // Input over the 16 MiB frame limit: never sent, interrupted with the reason.
                 let huge = ExtensionItem(attachments: [.data([UInt8](repeating: 1, count: 17 << 20))])
                 let tooBig = ext.beginRequest(withInputItems: [ExtensionItem(title: "echo"), huge])
@@ -160,9 +152,7 @@ extension FaultTests {
 
         @Test func ignoredCancelIsKilledAfterGracePeriod() async throws {
             try await withHost({ $0.cancelGracePeriod = 0.3 }) { host, _ in
-                let ext = try host.extension(identifier: "com.example.crasher")
-                let recorder = Recorder()
-                recorder.attach(to: ext)
+                let (ext, recorder) = try recordedExtension(host, "com.example.crasher")
                 let id = ext.beginRequest(withInputItems: [ExtensionItem(title: "hang")], deadline: 120)
                 #expect(await eventually { ext.pid(for: id) != nil })
                 let pid = try #require(ext.pid(for: id))
@@ -189,9 +179,7 @@ extension FaultTests {
                 $0.heartbeatInterval = 0.1
                 $0.heartbeatTimeout = 0.5
             }) { host, _ in
-                let ext = try host.extension(identifier: "com.example.crasher")
-                let recorder = Recorder()
-                recorder.attach(to: ext)
+                let (ext, recorder) = try recordedExtension(host, "com.example.crasher")
                 let id = ext.beginRequest(withInputItems: [ExtensionItem(title: "slow:30000")], deadline: 120)
                 #expect(await eventually { ext.pid(for: id) != nil })
                 let pid = try #require(ext.pid(for: id))
@@ -203,9 +191,7 @@ extension FaultTests {
 
         @Test func shutdownInterruptsInFlightAndReapsWorkers() async throws {
             try await withHost { host, _ in
-                let ext = try host.extension(identifier: "com.example.crasher")
-                let recorder = Recorder()
-                recorder.attach(to: ext)
+                let (ext, recorder) = try recordedExtension(host, "com.example.crasher")
                 let ids = (0..<4).map { _ in ext.beginRequest(withInputItems: [ExtensionItem(title: "slow:30000")], deadline: 120) }
                 #expect(await eventually { ids.allSatisfy { ext.pid(for: $0) != nil } })
                 await host.shutdown()
@@ -221,9 +207,7 @@ extension FaultTests {
             // About 20 kills in half a second would quarantine the extension (5 deaths in 10 s); this test is
             // about exactly-once delivery under kills, so the restart limit is out of its way.
             try await withHost({ $0.defaultPolicy.restartLimitBurst = 1000 }) { host, _ in
-                let ext = try host.extension(identifier: "com.example.crasher")
-                let recorder = Recorder()
-                recorder.attach(to: ext)
+                let (ext, recorder) = try recordedExtension(host, "com.example.crasher")
                 var g = SystemRandomNumberGenerator()
                 var ids: [RequestID] = []
                 var kills = 0

@@ -107,9 +107,7 @@ extension FaultTests {
             let targets = try ProbeTargets()
             defer { targets.remove() }
             try await withHost { host, _ in
-                let ext = try host.extension(identifier: "com.example.escaper")
-                let recorder = Recorder()
-                recorder.attach(to: ext)
+                let (ext, recorder) = try recordedExtension(host, "com.example.escaper")
                 for attempt in targets.escapes {
                     let result = await probe(ext, recorder, attempt)
                     #expect(result.hasPrefix("refused"), "\(attempt): \(result)")
@@ -122,9 +120,7 @@ extension FaultTests {
 
         @Test func theWorkerRunsUnderEveryLayerAndTheControlsWork() async throws {
             try await withHost { host, _ in
-                let ext = try host.extension(identifier: "com.example.escaper")
-                let recorder = Recorder()
-                recorder.attach(to: ext)
+                let (ext, recorder) = try recordedExtension(host, "com.example.escaper")
                 let layers = await probe(ext, recorder, "layers")
                 // From inside: seccomp filter mode, no_new_privs, no effective capabilities, the host its parent.
                 #expect(layers.contains("seccomp 2") && layers.contains("nnp 1") && layers.contains("capeff 0000000000000000"),
@@ -227,9 +223,7 @@ extension FaultTests {
                 // Made when the host starts, before any request.
                 #expect(await eventually { folders().count == 1 }, "\(folders())")
                 let spare = try #require(folders().first)
-                let ext = try host.extension(identifier: "com.example.escaper")
-                let recorder = Recorder()
-                recorder.attach(to: ext)
+                let (ext, recorder) = try recordedExtension(host, "com.example.escaper")
                 let tmp = await probe(ext, recorder, "tmpdir")
                 // The first worker got that folder, and the next one is ready beside it.
                 #expect(tmp.hasPrefix("allowed: wrote \(base.path)/\(spare)/"), "\(tmp)")
@@ -289,9 +283,7 @@ extension FaultTests {
 
         @Test func aForbiddenArchitectureCallKillsWithSIGSYS() async throws {
             try await withHost { host, _ in
-                let ext = try host.extension(identifier: "com.example.escaper")
-                let recorder = Recorder()
-                recorder.attach(to: ext)
+                let (ext, recorder) = try recordedExtension(host, "com.example.escaper")
                 let id = ext.beginRequest(withInputItems: [ExtensionItem(title: "x32")], deadline: 60)
                 let outcome = await recorder.wait(for: id)
                 #if arch(x86_64)

@@ -214,9 +214,7 @@ import Glibc
                                           policy: "<key>MaxRequestsPerWorker</key><integer>5</integer>")
         defer { recycled.remove() }
         try await withHost(extraSearchPaths: [recycled.root]) { host, _ in
-            let ext = try host.extension(identifier: "com.example.recycled")
-            let recorder = Recorder()
-            recorder.attach(to: ext)
+            let (ext, recorder) = try recordedExtension(host, "com.example.recycled")
             let begun = (0..<16).map { n in beginNotingPid(ext, n % 2 == 0 ? "slow:30" : "echo") }
             let ids = begun.map(\.0)
             let outcomes = try #require(await recorder.wait(for: ids))

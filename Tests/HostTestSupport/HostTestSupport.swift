@@ -76,6 +76,14 @@ public func beginNotingPid(_ ext: Extension, _ title: String, deadline: Double? 
 }
 
 /// Records every terminal callback of the extensions it is attached to.
+/// `host`'s extension `identifier`, with a new `Recorder` attached to it.
+public func recordedExtension(_ host: ExtensionHost, _ identifier: String) throws -> (Extension, Recorder) {
+    let ext = try host.extension(identifier: identifier)
+    let recorder = Recorder()
+    recorder.attach(to: ext)
+    return (ext, recorder)
+}
+
 public final class Recorder: Sendable {
     private let outcomes = Mutex<[RequestID: [RequestOutcome]]>([:])
     public init() {}
@@ -117,9 +125,7 @@ public final class Recorder: Sendable {
 /// A request to Echo, a bystander beside whatever a test attacks the host with: its outcome, or nil after
 /// `timeout` seconds. A host under attack from one worker must still serve the others.
 public func bystanderEcho(_ host: ExtensionHost, _ title: String, timeout: Double = 60) async throws -> RequestOutcome? {
-    let echo = try host.extension(identifier: "com.example.echo")
-    let recorder = Recorder()
-    recorder.attach(to: echo)
+    let (echo, recorder) = try recordedExtension(host, "com.example.echo")
     let id = echo.beginRequest(withInputItems: [ExtensionItem(title: title)])
     return await recorder.wait(for: id, timeout: timeout)
 }

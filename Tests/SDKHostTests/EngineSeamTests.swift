@@ -68,9 +68,7 @@ final class Canary: Sendable {}
 @Suite(.serialized) struct EngineSeamTests {
     @Test func spawnFailureEndsTheRequestWithTheReason() async throws {
         try await withHost({ $0.launcher = FailingLauncher() }) { host, log in
-            let ext = try host.extension(identifier: "com.example.echo")
-            let recorder = Recorder()
-            recorder.attach(to: ext)
+            let (ext, recorder) = try recordedExtension(host, "com.example.echo")
             let id = ext.beginRequest(withInputItems: [ExtensionItem(title: "x")])
             guard case .interrupted(.launchFailed(let detail)) = await recorder.wait(for: id) else {
                 Issue.record("not launchFailed")
@@ -83,9 +81,7 @@ final class Canary: Sendable {}
 
     @Test func aLostExitStatusStillEndsTheWorkerAndShutdownReturns() async throws {
         try await withHost({ $0.launcher = WrappingLauncher(reapFails: true) }) { host, log in
-            let ext = try host.extension(identifier: "com.example.crasher")
-            let recorder = Recorder()
-            recorder.attach(to: ext)
+            let (ext, recorder) = try recordedExtension(host, "com.example.crasher")
             let id = ext.beginRequest(withInputItems: [ExtensionItem(title: "exit")])
             // The status is gone, so the reason cannot name it; what matters is one outcome, no spin, no hang.
             #expect(await recorder.wait(for: id) == .interrupted(.exited(-1)))
@@ -98,9 +94,7 @@ final class Canary: Sendable {}
     @Test func aWorkerThatCannotBeWatchedIsKilledAndReaped() async throws {
         WrappedChild.reaped.withLock { $0.removeAll() }
         try await withHost({ $0.launcher = WrappingLauncher(unwatchable: true) }) { host, log in
-            let ext = try host.extension(identifier: "com.example.echo")
-            let recorder = Recorder()
-            recorder.attach(to: ext)
+            let (ext, recorder) = try recordedExtension(host, "com.example.echo")
             let id = ext.beginRequest(withInputItems: [ExtensionItem(title: "x")])
             guard case .interrupted(.launchFailed(let detail)) = await recorder.wait(for: id) else {
                 Issue.record("not launchFailed")

@@ -102,9 +102,7 @@ import Glibc
 
     @Test func pidIsTheLiveWorkerWhileInFlightAndNilAfter() async throws {
         try await withHost { host, _ in
-            let ext = try host.extension(identifier: "com.example.crasher")
-            let recorder = Recorder()
-            recorder.attach(to: ext)
+            let (ext, recorder) = try recordedExtension(host, "com.example.crasher")
             let id = ext.beginRequest(withInputItems: [ExtensionItem(title: "slow:300")])
             #expect(await eventually { ext.pid(for: id) != nil })
             let pid = try #require(ext.pid(for: id))
@@ -117,9 +115,7 @@ import Glibc
 
     @Test func liveWorkerIsReusedAndRequestsRunConcurrently() async throws {
         try await withHost { host, _ in
-            let ext = try host.extension(identifier: "com.example.crasher")
-            let recorder = Recorder()
-            recorder.attach(to: ext)
+            let (ext, recorder) = try recordedExtension(host, "com.example.crasher")
             let ids = (0..<8).map { _ in ext.beginRequest(withInputItems: [ExtensionItem(title: "slow:3000")]) }
             // All eight run at once on one worker (Crasher's MaxConcurrentRequests is 8).
             var peak = 0
@@ -157,9 +153,7 @@ import Glibc
 
     @Test func perRequestDeadlineOverridesTheManifest() async throws {
         try await withHost { host, _ in
-            let ext = try host.extension(identifier: "com.example.crasher")
-            let recorder = Recorder()
-            recorder.attach(to: ext)
+            let (ext, recorder) = try recordedExtension(host, "com.example.crasher")
             let id = ext.beginRequest(withInputItems: [ExtensionItem(title: "slow:5000")], deadline: 0.2)
             #expect(await recorder.wait(for: id) == .interrupted(.timedOut))
         }
@@ -172,9 +166,7 @@ import Glibc
                                         policy: "<key>MaxWorkers</key><integer>1</integer>")
         defer { single.remove() }
         try await withHost(extraSearchPaths: [single.root]) { host, _ in
-            let ext = try host.extension(identifier: "com.example.single")
-            let recorder = Recorder()
-            recorder.attach(to: ext)
+            let (ext, recorder) = try recordedExtension(host, "com.example.single")
             let (neighbour, neighbourPid) = beginNotingPid(ext, "slow:1500")
             #expect(await eventually { neighbourPid.pid != 0 })
             let late = ext.beginRequest(withInputItems: [ExtensionItem(title: "slow:30000")], deadline: 0.3)
@@ -194,9 +186,7 @@ import Glibc
             $0.heartbeatInterval = 30  // no pings in the measured second
             $0.heartbeatTimeout = 60
         }) { host, _ in
-            let ext = try host.extension(identifier: "com.example.echo")
-            let recorder = Recorder()
-            recorder.attach(to: ext)
+            let (ext, recorder) = try recordedExtension(host, "com.example.echo")
             let (id, assigned) = beginNotingPid(ext, "poll")
             #expect(await recorder.wait(for: id) == .completed([ExtensionItem(title: "poll")]))
             let pid = assigned.pid
