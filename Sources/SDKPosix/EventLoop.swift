@@ -18,7 +18,9 @@
 // a sleeping CPU (measured here: 15-20 us per wake-up of an idle vCPU, two per round trip; the whole raw round
 // trip between two processes on one CPU is 12 us). Each empty poll yields the CPU, so a thread that has work on
 // it runs first; an idle loop polls once for the budget, then sleeps until something happens. The same idea as
-// Linux's busy_poll and Go's spinning scheduler threads.
+// Linux's busy_poll and Go's spinning scheduler threads. A yield does not reach threads of other processes'
+// scheduling groups, so the poll also stops once more threads are runnable than the CPUs can take
+// (RunQueueProbe.swift).
 
 #if canImport(Glibc)
 import Glibc
@@ -322,6 +324,7 @@ public final class EventLoop: @unchecked Sendable {
     private func run() {
         takeTurn()
         threadStarted = true
+        let runQueue = busyPollNanoseconds > 0 && clock == nil ? RunQueueProbe() : nil
         var fds = [Int32](repeating: 0, count: 64)
         var events = [UInt32](repeating: 0, count: 64)
         var batch: [@Sendable () -> Void] = []
@@ -360,7 +363,9 @@ public final class EventLoop: @unchecked Sendable {
             }
             var n: Int32 = 0
             if timeout != 0, busyPollNanoseconds > 0, clock == nil, lastWaitFoundWork {
-                n = busyPoll(nanoseconds: busyPollNanoseconds) { wait(0) }
+                n = busyPoll(nanoseconds: busyPollNanoseconds, stopsWhen: { runQueue?.oversubscribed() ?? false }) {
+                    wait(0)
+                }
                 if n > 0 { busyPollHitCount.add(1, ordering: .relaxed) }
             }
             if n == 0 { n = wait(timeout) }
@@ -421,6 +426,7 @@ public final class EventLoop: @unchecked Sendable {
         // the timerfd, and no one takes the turn for a stopped loop's work.
         FileDescriptor(adopting: epfd).close()
         FileDescriptor(adopting: timerFD).close()
+        runQueue?.close()
         releaseTurn()
         for callback in callbacks { callback() }
     }
@@ -429,12 +435,17 @@ public final class EventLoop: @unchecked Sendable {
 /// Calls `poll` (a wait that does not block) until it returns non-zero or `nanoseconds` have passed, yielding the
 /// CPU between calls so that a thread with work on this CPU runs first; returns `poll`'s last result. The busy
 /// polling of the host's loop and of the worker runtime (see the top of this file).
+/// `contended` is asked after the first empty poll and every fourth after it; when it says yes, polling stops
+/// early (RunQueueProbe.swift says why).
 @inline(__always)
-package func busyPoll(nanoseconds: UInt64, _ poll: () -> Int32) -> Int32 {
+package func busyPoll(nanoseconds: UInt64, stopsWhen contended: () -> Bool = { false }, _ poll: () -> Int32) -> Int32 {
     let until = monotonicNanoseconds() + nanoseconds
+    var misses = 0
     while true {
         let n = poll()
         if n != 0 || monotonicNanoseconds() >= until { return n }
+        misses += 1
+        if misses & 3 == 1, contended() { return n }
         sched_yield()
     }
 }

@@ -50,6 +50,43 @@ import Glibc
         await stopAndWait(sleeping)
     }
 
+    @Test func aPollStopsWhenTheMachineIsOversubscribed() {
+        // Asked after the first empty poll: a yes ends the poll there, long before its budget.
+        var polls = 0
+        var asked = 0
+        let n = busyPoll(nanoseconds: 60_000_000_000, stopsWhen: { asked += 1; return true }) { polls += 1; return 0 }
+        #expect(n == 0 && polls == 1 && asked == 1)
+        // A no lets it poll on, asking again after every fourth empty poll, until something comes.
+        polls = 0
+        asked = 0
+        let found = busyPoll(nanoseconds: 60_000_000_000, stopsWhen: { asked += 1; return false }) {
+            polls += 1
+            return polls == 9 ? 1 : 0
+        }
+        #expect(found == 1 && polls == 9 && asked == 2)  // after empty polls 1 and 5
+    }
+
+    @Test func theRunQueueIsReadFromLoadavg() {
+        func runnable(_ text: String) -> Int? {
+            var text = text
+            return text.withUTF8 { RunQueueProbe.runnable(in: UnsafeRawBufferPointer($0)) }
+        }
+        #expect(runnable("0.65 0.74 0.94 3/87 24560\n") == 3)
+        #expect(runnable("12.00 9.10 8.00 130/2048 1") == 130)
+        #expect(runnable("") == nil)
+        #expect(runnable("0.65 0.74 0.94 /87 1") == nil)
+        #expect(runnable("0.65 0.74 0.94 3x/87 1") == nil)
+        #expect(runnable("0.65 0.74 0.94 3") == nil)
+        #expect(runnable("0.65 0.74 0.94 1234567890/87 1") == nil)
+        // Here /proc/loadavg is readable: the probe opens one descriptor and its close gives it back.
+        let before = openDescriptors()
+        let probe = RunQueueProbe()
+        _ = probe.oversubscribed()
+        #expect(openDescriptors().subtracting(before).filter { $0.hasSuffix(" /proc/loadavg") }.count == 1)
+        probe.close()
+        #expect(openDescriptors().subtracting(before).filter { $0.hasSuffix(" /proc/loadavg") }.isEmpty)
+    }
+
     @Test func anIdleLoopPollsOnceThenSleeps() async throws {
         let loop = try EventLoop(name: "test-busy-poll-idle", busyPollMicroseconds: 1000)
         try await pingPong(loop, rounds: 50)
