@@ -65,6 +65,23 @@ enum Attempts {
         case "layers": return layers()
         case "timer": return timer()
         case "x32": return "refused: the call returned \(probe_x32())"
+        case "memfdexec": return outcome(Int32(probe_memfd_exec()), "execveat of a memfd reached the loader", closing: false)
+        case "prlimit": return outcome(Int32(probe_prlimit(pid_t(argument) ?? 0)), "read the limits of \(argument)", closing: false)
+        case "renice": return outcome(Int32(probe_setpriority(pid_t(argument) ?? 0)), "set the priority of \(argument)", closing: false)
+        case "affinity": return outcome(Int32(probe_affinity(pid_t(argument) ?? 0)), "set the affinity of \(argument)", closing: false)
+        case "chmod": return outcome(Int32(probe_chmod(argument)), "changed the mode of \(argument)", closing: false)
+        case "utime": return outcome(Int32(probe_utime(argument)), "touched the times of \(argument)", closing: false)
+        case "xattr": return outcome(Int32(probe_xattr(argument)), "set an xattr on \(argument)", closing: false)
+        case "stat":
+            var info = stat()
+            return outcome(stat(argument, &info), "stat \(argument)", closing: false)
+        case "inotify": return outcome(Int32(probe_inotify(argument)), "watched \(argument)", closing: false)
+        case "dgram": return outcome(Int32(probe_dgram(argument, 0)), "sent a datagram to \(argument)", closing: false)
+        case "dgrampair": return outcome(Int32(probe_dgram(argument, 1)), "sent a datagram to \(argument) from a pair", closing: false)
+        case "cmdline": return readFile("/proc/\(argument)/cmdline")
+        case "sees": return sees(argument)
+        case "manythreads": return manyThreads(Int(argument) ?? 1000)
+        case "tmpfill": return fillTemporary(megabytes: Int(argument) ?? 128)
         default: return "unknown attempt '\(name)'"
         }
     }
@@ -305,6 +322,69 @@ enum Attempts {
         }
         for thread in handles { pthread_join(thread, nil) }
         return "allowed: 4 threads"
+    }
+
+    /// `file=needle`: whether `file` (under /proc, say) can be read and mentions `needle` (a path or name of
+    /// the test's own): the machine's sockets, mounts or processes seen from inside.
+    static func sees(_ argument: String) -> String {
+        let parts = argument.split(separator: "=", maxSplits: 1).map(String.init)
+        guard parts.count == 2 else { return "unknown: sees needs file=needle" }
+        let fd = open(parts[0], O_RDONLY | O_CLOEXEC)
+        guard fd >= 0 else { return "refused: \(describe(errno))" }
+        defer { close(fd) }
+        var text: [UInt8] = []
+        var chunk = [UInt8](repeating: 0, count: 65536)
+        while text.count < 16 << 20 {
+            let n = read(fd, &chunk, chunk.count)
+            if n <= 0 { break }
+            text += chunk[0..<n]
+        }
+        let found = String(decoding: text, as: UTF8.self).contains(parts[1])
+        return found ? "allowed: \(parts[0]) shows \(parts[1])" : "refused: \(parts[0]) does not show it"
+    }
+
+    /// Starts up to `count` threads that wait, then lets them go: how many the worker may have at once.
+    static func manyThreads(_ count: Int) -> String {
+        let gate = UnsafeMutablePointer<pthread_mutex_t>.allocate(capacity: 1)
+        pthread_mutex_init(gate, nil)
+        pthread_mutex_lock(gate)
+        var handles: [pthread_t] = []
+        for _ in 0..<min(count, 20_000) {
+            var thread = pthread_t()
+            let rc = pthread_create(&thread, nil, { arg in
+                let gate = arg!.assumingMemoryBound(to: pthread_mutex_t.self)
+                pthread_mutex_lock(gate)
+                pthread_mutex_unlock(gate)
+                return nil
+            }, gate)
+            if rc != 0 { break }
+            handles.append(thread)
+        }
+        pthread_mutex_unlock(gate)
+        for thread in handles { pthread_join(thread, nil) }
+        pthread_mutex_destroy(gate)
+        gate.deallocate()
+        return handles.count >= count ? "allowed: \(handles.count) threads" : "refused: stopped at \(handles.count) threads"
+    }
+
+    /// Writes up to `megabytes` MiB into TMPDIR, then removes the file.
+    static func fillTemporary(megabytes: Int) -> String {
+        guard let folder = getenv("TMPDIR").map({ String(cString: $0) }) else { return "refused: no TMPDIR" }
+        let path = "\(folder)/fill"
+        let fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0o600)
+        guard fd >= 0 else { return "refused: \(describe(errno))" }
+        defer {
+            close(fd)
+            unlink(path)
+        }
+        signal(SIGXFSZ, SIG_IGN)
+        let block = [UInt8](repeating: 1, count: 1 << 20)
+        for written in 0..<megabytes {
+            guard write(fd, block, block.count) == block.count else {
+                return "refused: stopped at \(written) MiB: \(describe(errno))"
+            }
+        }
+        return "allowed: wrote \(megabytes) MiB into TMPDIR"
     }
 
     static func urandom() -> String {

@@ -15,6 +15,12 @@
 #include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
+#include <sys/inotify.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <sys/xattr.h>
 
 long probe_unshare(int flags) { return syscall(SYS_unshare, flags); }
 
@@ -55,7 +61,86 @@ long probe_perf_event(void) {
 
 long probe_add_key(void) { return syscall(SYS_add_key, "user", "sdk-host-probe", "x", 1, -2 /* process keyring */); }
 
-long probe_memfd(void) { return syscall(SYS_memfd_create, "sdk-host-probe", 1 /* MFD_CLOEXEC */); }
+// Sealed against execution, as the runtime's own memfds are: the memory probes test the limits, not the flag.
+long probe_memfd(void) { return syscall(SYS_memfd_create, "sdk-host-probe", 1 /* MFD_CLOEXEC */ | 8 /* MFD_NOEXEC_SEAL */); }
+
+long probe_memfd_exec(void) {
+    long fd = syscall(SYS_memfd_create, "sdk-host-probe-exec", 1 /* MFD_CLOEXEC */);
+    if (fd < 0) return -1;
+    char *argv[] = {"probe", NULL}, *envp[] = {NULL};
+    // The memfd is empty: if the exec is let through, the kernel answers ENOEXEC and nothing runs.
+    syscall(SYS_execveat, fd, "", argv, envp, AT_EMPTY_PATH);
+    int error = errno;
+    close((int)fd);
+    if (error == ENOEXEC) return 0;
+    errno = error;
+    return -1;
+}
+
+long probe_prlimit(pid_t pid) {
+    struct rlimit old;
+    return syscall(SYS_prlimit64, pid, RLIMIT_NOFILE, NULL, &old);
+}
+
+long probe_setpriority(pid_t pid) {
+    errno = 0;
+    int value = getpriority(PRIO_PROCESS, (id_t)pid);
+    if (value == -1 && errno != 0) return -1;
+    return setpriority(PRIO_PROCESS, (id_t)pid, value);
+}
+
+long probe_affinity(pid_t pid) {
+    cpu_set_t set;
+    if (sched_getaffinity(pid, sizeof set, &set) != 0) return -1;
+    return sched_setaffinity(pid, sizeof set, &set);
+}
+
+long probe_chmod(const char *path) {
+    struct stat info;
+    if (stat(path, &info) != 0) return -1;
+    return chmod(path, info.st_mode & 07777);
+}
+
+long probe_utime(const char *path) {
+    struct timespec times[2] = {{.tv_nsec = UTIME_OMIT}, {.tv_nsec = UTIME_OMIT}};
+    return utimensat(AT_FDCWD, path, times, 0);
+}
+
+long probe_xattr(const char *path) {
+    if (setxattr(path, "user.sdkhost-probe", "1", 1, 0) != 0) return -1;
+    removexattr(path, "user.sdkhost-probe");
+    return 0;
+}
+
+long probe_inotify(const char *path) {
+    int fd = inotify_init1(IN_CLOEXEC);
+    if (fd < 0) return -1;
+    int rc = inotify_add_watch(fd, path, IN_ACCESS);
+    int error = errno;
+    close(fd);
+    errno = error;
+    return rc < 0 ? -1 : 0;
+}
+
+long probe_dgram(const char *path, int pair) {
+    int fds[2] = {-1, -1};
+    int fd;
+    if (pair) {
+        if (socketpair(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0, fds) != 0) return -1;
+        fd = fds[0];
+    } else {
+        fd = socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+        if (fd < 0) return -1;
+    }
+    struct sockaddr_un address = {.sun_family = AF_UNIX};
+    strncpy(address.sun_path, path, sizeof address.sun_path - 1);
+    long rc = sendto(fd, "x", 1, 0, (struct sockaddr *)&address, sizeof address);
+    int error = errno;
+    close(fd);
+    if (fds[1] >= 0) close(fds[1]);
+    errno = error;
+    return rc < 0 ? -1 : 0;
+}
 
 long probe_mount(const char *folder) {
     long rc = mount("sdk-host-probe", folder, "tmpfs", 0, "size=1m");

@@ -310,7 +310,13 @@ ssize_t sdk_recv_with_fds(int sock, void *buf, size_t len, int *fds, int max_fds
     return n;
 }
 
-int sdk_memfd(const char *name) { return memfd_create(name, MFD_CLOEXEC | MFD_ALLOW_SEALING); }
+// Sealed against execution from birth (MFD_NOEXEC_SEAL, Linux 6.3): the worker's seccomp filter refuses a memfd
+// without it. Older kernels do not know the flag (EINVAL) and get a plain sealable memfd.
+int sdk_memfd(const char *name) {
+    int fd = memfd_create(name, MFD_CLOEXEC | MFD_ALLOW_SEALING | 0x0008U /* MFD_NOEXEC_SEAL */);
+    if (fd < 0 && errno == EINVAL) fd = memfd_create(name, MFD_CLOEXEC | MFD_ALLOW_SEALING);
+    return fd;
+}
 
 int sdk_random_bytes(void *buffer, size_t length) {
     if (length > 256) { errno = EINVAL; return -1; }

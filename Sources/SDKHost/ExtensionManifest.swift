@@ -23,6 +23,8 @@
 //       MaxRequestsPerWorker      integer >= 1 (no limit)
 //       MaxWorkerRSSMB            integer 16...65536 (no limit)
 //       WorkerSharing             perApp | shared (perApp)
+//       TempSizeMB                integer 1...65536 (64): the worker's own TMPDIR tmpfs
+//       MaxThreads                integer 4...32768 (512): threads and processes at once
 // Other top-level and NSExtension keys are allowed, as in Apple's Info.plist files.
 
 #if canImport(Glibc)
@@ -105,7 +107,7 @@ extension ExtensionPolicy {
         "NetworkAllowed", "AllowSubprocesses", "ReadablePaths", "WritablePaths", "Sandbox",
         "RestartLimitBurst", "RestartLimitIntervalSeconds", "QuarantineSeconds", "HangThresholdMilliseconds",
         "MinWarmWorkers", "MaxRequestsPerWorker", "MaxWorkerRSSMB", "WorkerSharing", "Environment",
-        "LeakCheckDelaySeconds",
+        "LeakCheckDelaySeconds", "TempSizeMB", "MaxThreads",
     ]
 
     /// Overrides the keys present in `p` (a manifest's SDKHostPolicy or the config's DefaultPolicy).
@@ -145,6 +147,8 @@ extension ExtensionPolicy {
             throw p.fail("MinWarmWorkers", "\(minWarmWorkers) is more than MaxWorkers (\(maxWorkers))")
         }
         if let env = try Self.environment(p, "Environment") { environment = env }
+        tempSizeMB = try p.integer("TempSizeMB", in: 1...65536) ?? tempSizeMB
+        maxThreads = try p.integer("MaxThreads", in: 4...32768) ?? maxThreads
         leakCheckDelay = try p.seconds("LeakCheckDelaySeconds", minimum: 0) ?? leakCheckDelay
         guard leakCheckDelay <= 3600 else { throw p.fail("LeakCheckDelaySeconds", "at most 3600") }
     }

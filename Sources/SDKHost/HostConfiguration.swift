@@ -28,6 +28,10 @@ public struct ExtensionPolicy: Sendable, Equatable {
     public var writablePaths: [String] = []
     /// How much of the sandbox the worker must run under. Manifest key `Sandbox`.
     public var sandbox = SandboxMode.strict
+    /// The size of the worker's `TMPDIR`, a tmpfs of its own, in MiB. Manifest key `TempSizeMB`.
+    public var tempSizeMB = 64
+    /// Threads (and processes) the worker may have at once. Manifest key `MaxThreads`.
+    public var maxThreads = 512
 
     // Supervision (shared/DESIGN.md "Supervision and isolation").
 
@@ -120,8 +124,16 @@ public struct HostConfiguration: Sendable {
     /// The sandbox launcher; nil looks for `sdk-host-launcher` next to the running executable, then in
     /// `executableSearchPaths`.
     public var launcherPath: String?
-    /// Where each worker's private temp folder is made (and removed when the worker exits).
+    /// Where each worker's private temp folder is made (and removed when the worker exits). Used only where the
+    /// kernel refuses a worker its own root (bestEffort); a sandboxed worker's TMPDIR is a tmpfs of its own.
     public var temporaryDirectory = "/tmp"
+    /// The user a root host's workers run as: a name from /etc/passwd, or `uid` or `uid:gid`. Never root. An
+    /// unprivileged host's workers run as its own user. Config key `WorkerUser`; default `nobody`.
+    public var workerUser = "nobody"
+    /// What a worker's root holds besides its executable and its grants, read-only: the system library folders,
+    /// the loader's cache and the Swift runtime, so that an extension built the ordinary way (dynamically) runs.
+    /// The operator's list, never derived from an extension's files. Config key `RuntimePaths`.
+    public var runtimePaths = HostConfiguration.defaultRuntimePaths
     /// Drives the engine's timers by hand (tests and the simulation); nil for the monotonic clock.
     package var clock: ManualClock?
     /// The daemon: keep each worker frame's payload while it is handled, so that a completion can be forwarded
@@ -137,6 +149,64 @@ public struct HostConfiguration: Sendable {
     public init(extensionSearchPaths: [String], executableSearchPaths: [String]? = nil) {
         self.extensionSearchPaths = extensionSearchPaths
         self.executableSearchPaths = executableSearchPaths ?? [currentExecutableDirectory()].compactMap { $0 }
+    }
+}
+
+extension HostConfiguration {
+    /// The system library folders that exist here, the loader's cache, and the Swift runtime folder of the
+    /// toolchain found on PATH (`<toolchain>/usr/lib/swift/linux`) or at /opt/swift.
+    public static let defaultRuntimePaths: [String] = {
+        var paths = ["/lib", "/lib64", "/usr/lib", "/usr/lib64", "/usr/local/lib", "/etc/ld.so.cache"]
+        var toolchains = ["/opt/swift/usr/bin/swift"]
+        if let path = getenv("PATH").map({ String(cString: $0) }) {
+            toolchains = path.split(separator: ":").map { "\($0)/swift" } + toolchains
+        }
+        for candidate in toolchains {
+            guard let real = realpath(candidate, nil) else { continue }
+            let binary = String(cString: real)
+            free(real)
+            let usr = binary.split(separator: "/").dropLast(2).joined(separator: "/")
+            paths.append("/\(usr)/lib/swift/linux")
+            break
+        }
+        var seen = Set<String>()
+        return paths.filter { access($0, F_OK) == 0 && seen.insert($0).inserted }
+    }()
+}
+
+/// The uid and gid a root host's workers run as.
+struct WorkerIdentity: Sendable, Equatable {
+    var uid: UInt32
+    var gid: UInt32
+
+    init(uid: UInt32, gid: UInt32) {
+        self.uid = uid
+        self.gid = gid
+    }
+
+    /// `uid`, `uid:gid`, or a user name looked up in /etc/passwd (its primary group). Root is refused.
+    init(resolving user: String) throws(HostError) {
+        let fields = user.split(separator: ":", omittingEmptySubsequences: false)
+        if let uid = UInt32(fields[0]) {
+            guard fields.count <= 2, let gid = fields.count == 2 ? UInt32(fields[1]) : uid else {
+                throw HostError(.invalidConfiguration, "WorkerUser: '\(user)' is not a name, a uid or uid:gid")
+            }
+            self.init(uid: uid, gid: gid)
+        } else {
+            let passwd = (try? readFile("/etc/passwd")).map { String(decoding: $0, as: UTF8.self) } ?? ""
+            let entry = passwd.split(separator: "\n").map { $0.split(separator: ":", omittingEmptySubsequences: false) }
+                .first { $0.count >= 4 && $0[0] == Substring(user) }
+            if let entry, let uid = UInt32(entry[2]), let gid = UInt32(entry[3]) {
+                self.init(uid: uid, gid: gid)
+            } else if user == "nobody" {
+                self.init(uid: 65534, gid: 65534)  // the conventional nobody, where /etc/passwd has none
+            } else {
+                throw HostError(.invalidConfiguration, "WorkerUser: no user '\(user)' in /etc/passwd")
+            }
+        }
+        guard uid != 0, gid != 0 else {
+            throw HostError(.invalidConfiguration, "WorkerUser: '\(user)' is root; workers never run as root")
+        }
     }
 }
 

@@ -28,7 +28,6 @@ extension HostEngine {
         let before = Set(manifests.keys)
         manifests = fresh
         manifestSnapshot.withLock { $0 = fresh }
-        runtimePathCache = [:]
         for worker in workers.values.joined() where !worker.recycling && worker.killReason == nil {
             worker.recycling = true
             worker.recycleReason = "manifests reloaded"

@@ -1,6 +1,6 @@
 // Spawning a worker on the engine's loop: its environment and sandbox profile, the launch, and the watches on its
-// exit, socket and output; and what a spawn needs ready (the next worker's temp folder, each executable's runtime
-// paths). What happens to a worker afterwards is in HostEngine+Workers.
+// exit, socket and output; and what a spawn needs ready (the next worker's temp folder). What happens to a worker
+// afterwards is in HostEngine+Workers.
 
 #if canImport(Glibc)
 import SDKWire
@@ -25,9 +25,9 @@ extension HostEngine {
             "SDKHOST_LEAK_CHECK_MS=\(Int64(manifest.policy.leakCheckDelay * 1000))",
             "SDKHOST_BUSY_POLL_US=\(configuration.busyPollMicroseconds)",
         ]
-        // The exit notice (ExitNotice.swift) names the host's child. With AllowSubprocesses the launcher may stay
-        // as the supervisor of a worker in its own pid namespace, so that worker gets no page.
-        let exitNotice = !manifest.policy.allowSubprocesses || manifest.policy.sandbox == .none
+        // The exit notice (ExitNotice.swift) names the host's child. A sandboxed worker runs in its own pid
+        // namespace under its launcher, which stays as its supervisor, so that worker gets no page.
+        let exitNotice = manifest.policy.sandbox == .none
         if exitNotice { environment.append("SDKHOST_EXIT_NOTICE_FD=\(ExitNoticePage.descriptor)") }
         // Under an address-space limit every malloc arena's 64 MiB reservation counts, and glibc makes up to 8
         // per core: four arenas keep a threaded worker well inside a few hundred MiB. The config may override.
@@ -49,7 +49,8 @@ extension HostEngine {
             spareWorkerDirectory = nil
             spawn = try SandboxProfile.spawn(
                 manifest, executable: path, environment: environment, launcher: launcherPath,
-                runtimePaths: runtimePaths(of: path), temporaryBase: configuration.temporaryDirectory,
+                runtimePaths: configuration.runtimePaths, worker: workerIdentity,
+                temporaryBase: configuration.temporaryDirectory,
                 premadeDirectory: premade)
         } catch {
             throw HostError(error.code, "\(manifest.identifier): \(error.detail)")
@@ -132,12 +133,5 @@ extension HostEngine {
         } catch {
             // The next spawn makes its own and reports why it cannot.
         }
-    }
-
-    func runtimePaths(of executable: String) -> RuntimePaths {
-        if let known = runtimePathCache[executable] { return known }
-        let paths = RuntimePaths.of(executable)
-        runtimePathCache[executable] = paths
-        return paths
     }
 }

@@ -70,13 +70,21 @@ extension HostEngine {
         case .error(let text, let id):
             log(.warning, "\(worker.extensionID) pid \(worker.pid) reported an error\(id.map { " for \($0)" } ?? ""): "
                 + OutputLines.escape(Array(text.utf8.prefix(OutputLines.maxLineBytes))))
-        case .sandboxed(let layers, let skipped):
+        case .sandboxed(let layers, let skipped, let reportedPID):
             // The launcher's frame comes first, before the extension runs; the extension cannot send a second.
             guard worker.state == .starting, !worker.sandboxReported else {
                 protocolViolation(worker, "worker sent 'sandboxed', which only its launcher sends, first")
                 return
             }
             worker.sandboxReported = true
+            if let reportedPID, worker.adoptWorkerPID(reportedPID) {
+                // Requests handed to it before now were told the launcher's pid.
+                for id in worker.inFlight {
+                    guard let record = requests[id] else { continue }
+                    if record.publishesPid { pids.withLock { $0[id] = reportedPID } }
+                    record.onWorkerAssigned?(reportedPID)
+                }
+            }
             worker.sandboxLayers = layers
             worker.sandboxSkipped = skipped
             for text in skipped {

@@ -106,8 +106,8 @@ package final class HostEngine: @unchecked Sendable {
     var perExtension: [String: HostStatistics] { tallies.mapValues(\.statistics) }
     var readBuffer = [UInt8](repeating: 0, count: 64 * 1024)
     var heartbeatTimer: TimerID?
-    /// What each executable needs to run under Landlock (its loader and libraries), read once per path.
-    var runtimePathCache: [String: RuntimePaths] = [:]
+    /// The uid and gid a root host's workers run as (`HostConfiguration.workerUser`), resolved once.
+    var workerIdentity = WorkerIdentity(uid: 65534, gid: 65534)
     /// The private temp folder the next sandboxed worker gets, made ahead of its spawn (`makeSpareWorkerDirectory`).
     var spareWorkerDirectory: String?
     var shuttingDown = false
@@ -123,6 +123,7 @@ package final class HostEngine: @unchecked Sendable {
                 + "outside \(HostConfiguration.busyPollMicrosecondsRange)")
         }
         self.configuration = configuration
+        workerIdentity = try WorkerIdentity(resolving: configuration.workerUser)
         launcher = configuration.launcher ?? PosixLauncher()
         launcherPath = SandboxProfile.findLauncher(configured: configuration.launcherPath,
                                                    searchPaths: configuration.executableSearchPaths)

@@ -26,7 +26,12 @@ final class WorkerProcess {
     /// The pool it serves (see HostEngine+Supervision), and the daemon client app of that pool.
     var poolKey: String
     var app: String?
-    let pid: pid_t
+    /// The pid of the process that runs the extension: the host's child, or, when the launcher runs the worker in
+    /// its own pid namespace and stays as its supervisor, the launcher's child (`sandboxed` names it, and
+    /// `adoptWorkerPID` checks it). Reported and read in /proc; signals go to the host's child, through its pidfd.
+    private(set) var pid: pid_t
+    /// The host's own child: the worker, or its launcher.
+    let childPID: pid_t
     let startedAt: UInt64
     var state = State.starting
 
@@ -102,6 +107,7 @@ final class WorkerProcess {
         self.app = app
         child = launched.child
         pid = child.pid
+        childPID = child.pid
         exitFD = child.exitDescriptor
         let socket = launched.socket.take()!
         let stdout = launched.stdout.take()!
@@ -128,6 +134,14 @@ final class WorkerProcess {
     func closeStderr() { stderrPipe.take()?.close() }
 
     /// Sends SIGKILL (through the pidfd, so never to a recycled pid) and records why, once.
+    /// Takes `reported` as the worker's pid if it is the host's child's own child (/proc/<pid>/stat says so), as
+    /// the launcher's worker is. Returns whether it did. A worker cannot name another process this way.
+    func adoptWorkerPID(_ reported: pid_t) -> Bool {
+        guard reported > 0, reported != childPID, parentPID(of: reported) == childPID else { return false }
+        pid = reported
+        return true
+    }
+
     func kill(reason: InterruptionReason) {
         if killReason == nil { killReason = reason }
         finishOff()
@@ -196,4 +210,13 @@ struct ByteTail {
 
     var bytes: [UInt8] { Array(ring[start...] + ring[..<start]) }
     var text: String { String(decoding: bytes, as: UTF8.self) }
+}
+
+/// The parent pid in /proc/<pid>/stat (the field after the command name, which may hold spaces and parentheses,
+/// so it is read after the last ')'), or nil.
+func parentPID(of pid: pid_t) -> pid_t? {
+    guard let bytes = try? readFile("/proc/\(pid)/stat"), let close = bytes.lastIndex(of: UInt8(ascii: ")")) else { return nil }
+    let fields = bytes[(close + 1)...].split(separator: UInt8(ascii: " "))
+    guard fields.count > 1 else { return nil }
+    return pid_t(String(decoding: fields[1], as: UTF8.self))
 }

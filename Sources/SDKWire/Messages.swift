@@ -120,7 +120,8 @@ public enum Message: Sendable, Equatable {
     case interrupted(id: RequestID, reason: PlistValue)
     case status(seq: Int64)
     case statusReport(seq: Int64, report: PlistValue)
-    case sandboxed(layers: [String], skipped: [String])
+    /// `pid`: the worker's pid as the host sees it, when the launcher runs it in its own pid namespace.
+    case sandboxed(layers: [String], skipped: [String], pid: Int32? = nil)
     case launchFailed(reason: String)
     case prewarm(id: RequestID, extensionID: String)
     case prewarmed(id: RequestID, pid: Int32)
@@ -181,9 +182,11 @@ public enum Message: Sendable, Equatable {
             return ["type": "assigned", "id": .string(id.uuidString), "pid": .integer(Int64(pid))]
         case let .interrupted(id, reason):
             return ["type": "interrupted", "id": .string(id.uuidString), "reason": reason]
-        case let .sandboxed(layers, skipped):
-            return ["type": "sandboxed", "layers": .array(layers.map(PlistValue.string)),
-                    "skipped": .array(skipped.map(PlistValue.string))]
+        case let .sandboxed(layers, skipped, pid):
+            var fields: [String: PlistValue] = ["type": "sandboxed", "layers": .array(layers.map(PlistValue.string)),
+                                                "skipped": .array(skipped.map(PlistValue.string))]
+            if let pid { fields["pid"] = .string(String(pid)) }
+            return .dictionary(fields)
         case let .launchFailed(reason):
             return ["type": "launchFailed", "reason": .string(reason)]
         case let .status(seq):
@@ -314,7 +317,10 @@ public enum Message: Sendable, Equatable {
             }
             self = .connected(version: try integer("version"), pid: Int32(truncatingIfNeeded: pid),
                               extensions: try strings("extensions"), extensionPoints: points)
-        case "sandboxed": self = .sandboxed(layers: try strings("layers"), skipped: try strings("skipped"))
+        case "sandboxed":
+            // The launcher writes the pid as a string (its frame writer has strings only).
+            let pid = d["pid"]?.stringValue.flatMap { Int32($0) }
+            self = .sandboxed(layers: try strings("layers"), skipped: try strings("skipped"), pid: pid)
         case "launchFailed": self = .launchFailed(reason: try string("reason"))
         case "assigned":
             let pid = try integer("pid")

@@ -152,6 +152,16 @@ static void read_profile(void) {
     profile.memory_mb = integer_for(&doc, "MemoryLimitMB", 0);
     profile.descriptors = integer_for(&doc, "DescriptorLimit", 0);
     profile.executable_paths = paths_for(&doc, "ExecutablePaths");
+    profile.runtime = paths_for(&doc, "RuntimePaths");
+    profile.worker_uid = integer_for(&doc, "WorkerUID", 65534);
+    profile.worker_gid = integer_for(&doc, "WorkerGID", 65534);
+    if (profile.worker_uid < 0 || profile.worker_uid > 0xFFFFFFFELL || profile.worker_gid < 0
+        || profile.worker_gid > 0xFFFFFFFELL)
+        launch_failed("profile: WorkerUID and WorkerGID must be ids");
+    profile.mapped_uid = geteuid() == 0 ? (unsigned)profile.worker_uid : geteuid();
+    profile.mapped_gid = geteuid() == 0 ? (unsigned)profile.worker_gid : getegid();
+    profile.temp_mb = integer_for(&doc, "TempSizeMB", 64);
+    profile.max_threads = integer_for(&doc, "MaxThreads", 512);
     profile.readable = paths_for(&doc, "ReadablePaths");
     profile.writable = paths_for(&doc, "WritablePaths");
 }
@@ -196,55 +206,12 @@ static int write_file(const char *path, const char *text) {
     return error;
 }
 
-/// A user namespace (when not root) and a pid namespace. Returns 1 if they are in place.
-static int enter_namespaces(void) {
-    uid_t uid = geteuid();
-    gid_t gid = getegid();
-    if (uid != 0) {
-        if (unshare(CLONE_NEWUSER) != 0) {
-            unavailable("userNamespace", errno, "unshare(CLONE_NEWUSER) refused");
-            return 0;
-        }
-        char map[64];
-        int error = write_file("/proc/self/setgroups", "deny");
-        snprintf(map, sizeof map, "%u %u 1", uid, uid);
-        if (error == 0) error = write_file("/proc/self/uid_map", map);
-        snprintf(map, sizeof map, "%u %u 1", gid, gid);
-        if (error == 0) error = write_file("/proc/self/gid_map", map);
-        if (error != 0) {
-            unavailable("userNamespace", error, "cannot write its uid and gid maps");
-            return 0;
-        }
-        applied("userNamespace");
-    }
-    if (unshare(CLONE_NEWPID) != 0) {
-        unavailable("pidNamespace", errno, "unshare(CLONE_NEWPID) refused");
-        return 0;
-    }
-    applied("pidNamespace");
-    return 1;
-}
-
 /// In a forked child: die with the launcher; exit at once if it is already gone (`alive` is the read end of a
 /// pipe whose only writer is the launcher, so end-of-file means it has exited).
 static void die_with_launcher(int alive) {
     prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0);
     struct pollfd pfd = {.fd = alive, .events = POLLIN};
     if (poll(&pfd, 1, 0) != 0) _exit(0);
-}
-
-/// Pid 1 of the worker's namespace: reaps whatever is reparented to it until the launcher kills it.
-static void run_init(int alive) {
-    die_with_launcher(alive);
-    close_other_descriptors(0);
-    sigset_t set;
-    sigemptyset(&set);
-    sigaddset(&set, SIGCHLD);
-    sigprocmask(SIG_BLOCK, &set, NULL);
-    for (;;) {
-        while (waitpid(-1, NULL, WNOHANG) > 0) {}
-        sigwaitinfo(&set, NULL);
-    }
 }
 
 static volatile pid_t worker_pid;
@@ -278,44 +245,120 @@ static void supervise(pid_t init) {
 
 static void confine_and_exec(void);
 
-/// Forks the namespace's pid 1 and the worker; the launcher then supervises. Returns only in the worker.
+/// In the worker: whether it runs in its own namespaces (and so builds its root).
+static int in_namespaces;
+/// The worker's pid as the host sees it (the launcher's namespace), sent in `sandboxed`: inside, it is 2.
+static char worker_pid_text[24];
+/// In the worker: the read end of the launcher's `alive` pipe (end-of-file once the launcher has exited).
+static int launcher_alive = -1;
+
+/// Makes the worker's user and pid namespaces around a new pid 1 (`init`), joins them, and forks the worker into
+/// them; the launcher then supervises. Returns only in the worker, which is the launcher's child (so its exit
+/// status and signals are the launcher's to forward) and pid 2 of its namespace.
 static void fork_into_namespace(void) {
-    int alive[2];
-    if (pipe2(alive, O_CLOEXEC) != 0) launch_failed("sandbox: pidNamespace unavailable: pipe (%s)", strerror(errno));
-    pid_t init = fork();
-    if (init < 0) launch_failed("sandbox: pidNamespace unavailable: cannot fork its pid 1 (%s)", strerror(errno));
-    if (init == 0) {
+    int alive[2], told[2];
+    if (pipe2(alive, O_CLOEXEC) != 0 || pipe2(told, O_CLOEXEC) != 0)
+        launch_failed("sandbox: namespaces unavailable: pipe (%s)", strerror(errno));
+    const char *why = NULL;
+    pid_t init = 0;
+    int error = make_namespaces(&profile, alive[0], &init, &why);
+    if (error != 0) {
+        close(alive[0]);
         close(alive[1]);
-        run_init(alive[0]);
+        close(told[0]);
+        close(told[1]);
+        unavailable("namespaces", error, why);
+        return;
     }
+    applied("userNamespace");
+    applied("pidNamespace");
     pid_t worker = fork();
     if (worker < 0) {
+        close_rest();
         kill(init, SIGKILL);
         launch_failed("sandbox: pidNamespace unavailable: cannot fork the worker (%s)", strerror(errno));
     }
     if (worker == 0) {
         close(alive[1]);
+        close(told[1]);
         die_with_launcher(alive[0]);
-        close(alive[0]);
+        launcher_alive = alive[0];
+        pid_t outer = 0;
+        while (read(told[0], &outer, sizeof outer) < 0 && errno == EINTR) {}
+        close(told[0]);
+        if (outer <= 0) _exit(0);  // the launcher is gone
+        snprintf(worker_pid_text, sizeof worker_pid_text, "%d", (int)outer);
         if (setsid() < 0) launch_failed("session: setsid failed: %s", strerror(errno));
+        in_namespaces = 1;
         return;
     }
     worker_pid = worker;
+    close_rest();
     close(alive[0]);
+    close(told[0]);
+    while (write(told[1], &worker, sizeof worker) < 0 && errno == EINTR) {}
+    close(told[1]);
     // The launcher keeps none of the worker's channels, so the host sees end-of-file when the worker ends. The
-    // write end of `alive` (above 3) stays open until the launcher exits.
-    for (int fd = 0; fd <= HOST_FD; fd++) close(fd);
+    // write end of `alive` stays open until the launcher exits.
+    for (int fd = 0; fd <= NOTICE_FD; fd++)
+        if (fd != alive[1]) close(fd);
     supervise(init);
+}
+
+/// Every environment entry but TMPDIR, then TMPDIR=/tmp: the worker's own tmpfs in its new root.
+static void point_tmpdir_at_root_tmp(void) {
+    static char *entries[1024];
+    size_t n = 0;
+    for (char **e = profile.envp; *e && n < 1022; e++)
+        if (strncmp(*e, "TMPDIR=", 7) != 0) entries[n++] = *e;
+    entries[n++] = "TMPDIR=/tmp";
+    entries[n] = NULL;
+    profile.envp = entries;
 }
 
 // MARK: Layers in the worker, then exec
 
 static void confine_and_exec(void) {
     if (profile.mode != SANDBOX_NONE) {
+        const char *why = NULL;
+        int error;
+        if (in_namespaces) {
+            static char missing[1024];
+            error = join_rest(&why);
+            if (error == 0) {
+                applied(profile.network ? "mount, IPC and UTS namespaces" : "mount, IPC, UTS and network namespaces");
+                error = collect_grants(&profile, missing, sizeof missing, &why);
+            } else {
+                unavailable("namespaces", error, why);
+            }
+            // The worker's uid next: files and mounts it makes in its new root must be owned by an id its user
+            // namespace maps. It keeps its capabilities inside that namespace until they are dropped below.
+            int user_error = become_worker_user(&profile, &why);
+            if (user_error == 0) applied("workerUser");
+            else unavailable("workerUser", user_error, why);
+            // A change of credentials clears the parent-death signal: set it again, and make sure the launcher
+            // did not die in between (its pid is not in this namespace: the pipe tells).
+            die_with_launcher(launcher_alive);
+            if (error == 0 && user_error == 0) {
+                error = build_root(&profile, &why);
+                if (error == 0) {
+                    applied("root");
+                    point_tmpdir_at_root_tmp();
+                    if (missing[0] && skipped_count < 8) {
+                        snprintf(skipped_text[skipped_count], sizeof skipped_text[0], "grants not found: %.480s",
+                                 missing);
+                        skipped[skipped_count] = skipped_text[skipped_count];
+                        skipped_count++;
+                    }
+                } else {
+                    unavailable("root", error, why);
+                }
+            }
+            if (profile.max_threads > 0) set_limit(RLIMIT_NPROC, (rlim_t)profile.max_threads, "RLIMIT_NPROC");
+        }
         if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) == 0) applied("noNewPrivs");
         else unavailable("noNewPrivs", errno, "prctl(PR_SET_NO_NEW_PRIVS) refused");
-        const char *why = NULL;
-        int error = drop_capabilities(&why);
+        error = drop_capabilities(&why);
         if (error == 0) applied("capabilities");
         else unavailable("capabilities", error, why);
         int abi = 0;
@@ -325,7 +368,7 @@ static void confine_and_exec(void) {
         if (error == 0) {
             snprintf(landlock_name, sizeof landlock_name, "landlock:%d", abi);
             applied(landlock_name);
-            if (missing[0] && skipped_count < 8) {
+            if (missing[0] && skipped_count < 8 && !in_namespaces) {
                 snprintf(skipped_text[skipped_count], sizeof skipped_text[0], "paths not found: %.480s", missing);
                 skipped[skipped_count] = skipped_text[skipped_count];
                 skipped_count++;
@@ -341,8 +384,9 @@ static void confine_and_exec(void) {
         {.key = "type", .string = "sandboxed"},
         {.key = "layers", .strings = layers, .count = layer_count},
         {.key = "skipped", .strings = skipped, .count = skipped_count},
+        {.key = "pid", .string = worker_pid_text},
     };
-    send_frame(entries, 3);
+    send_frame(entries, worker_pid_text[0] ? 4 : 3);
     execve(profile.executable, profile.argv, profile.envp);
     int error = errno;
     launch_failed("cannot exec %s: %s", profile.executable, strerror(error));
@@ -363,6 +407,6 @@ int main(int argc, char **argv) {
     if (profile.host_pid > 0 && getppid() != (pid_t)profile.host_pid) _exit(0);  // the host is already gone
     applied("parentDeathSignal");
     apply_rlimits();
-    if (profile.mode != SANDBOX_NONE && profile.subprocesses && enter_namespaces()) fork_into_namespace();
+    if (profile.mode != SANDBOX_NONE) fork_into_namespace();
     confine_and_exec();
 }

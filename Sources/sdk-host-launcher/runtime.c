@@ -247,6 +247,21 @@ size_t strlen(const char *s) {
     return n;
 }
 
+int strncmp(const char *a, const char *b, size_t n) {
+    for (; n > 0; a++, b++, n--) {
+        if (*a != *b) return (unsigned char)*a - (unsigned char)*b;
+        if (*a == 0) return 0;
+    }
+    return 0;
+}
+
+char *strstr(const char *haystack, const char *needle) {
+    size_t n = strlen(needle);
+    for (; *haystack; haystack++)
+        if (strncmp(haystack, needle, n) == 0) return (char *)haystack;
+    return n == 0 ? (char *)haystack : NULL;
+}
+
 int strcmp(const char *a, const char *b) {
     while (*a && *a == *b) a++, b++;
     return (unsigned char)*a - (unsigned char)*b;

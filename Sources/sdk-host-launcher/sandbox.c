@@ -18,6 +18,10 @@
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <unistd.h>
+#include <sys/ioctl.h>
+#include <sys/resource.h>
+#include <linux/prctl.h>
+#define PRIO_PROCESS_VALUE 0
 
 // MARK: Landlock. The system headers may predate ABI 4-6, so the structures and rights are declared here.
 
@@ -62,7 +66,7 @@ static uint64_t handled_fs_for(int abi) {
     return all;
 }
 
-static void note(char *skipped, size_t size, const char *path, int error) {
+void note_skipped(char *skipped, size_t size, const char *path, int error) {
     size_t used = strlen(skipped);
     if (used + 2 >= size) return;
     snprintf(skipped + used, size - used, "%s%s (%s)", used ? ", " : "", path, strerror(error));
@@ -73,7 +77,7 @@ static int add_paths(int ruleset, const struct paths *list, uint64_t access, uin
     for (size_t i = 0; i < list->count; i++) {
         int fd = open(list->items[i], O_PATH | O_CLOEXEC);
         if (fd < 0) {
-            note(skipped, skipped_size, list->items[i], errno);
+            note_skipped(skipped, skipped_size, list->items[i], errno);
             continue;
         }
         struct stat st;
@@ -114,7 +118,13 @@ int apply_landlock(const struct profile *p, int *abi_out, char *skipped, size_t 
     uint64_t handled = attr.handled_access_fs;
     uint64_t read = LL_FS_READ_FILE | LL_FS_READ_DIR;
     uint64_t write = handled & ~LL_FS_EXECUTE;
+    // What every worker reads and writes besides its grants: its own /proc and the four device nodes.
+    static char *device_reads[] = {"/proc", "/dev/urandom", "/dev/random", "/dev/zero"};
+    static char *device_writes[] = {"/dev/null"};
+    struct paths reads = {device_reads, 4}, writes = {device_writes, 1};
     int rc = add_paths(ruleset, &p->executable_paths, LL_FS_EXECUTE | read, handled, skipped, skipped_size);
+    if (rc == 0) rc = add_paths(ruleset, &reads, read, handled, skipped, skipped_size);
+    if (rc == 0) rc = add_paths(ruleset, &writes, write, handled, skipped, skipped_size);
     if (rc == 0) rc = add_paths(ruleset, &p->readable, read, handled, skipped, skipped_size);
     if (rc == 0) rc = add_paths(ruleset, &p->writable, write, handled, skipped, skipped_size);
     if (rc != 0) {
@@ -140,40 +150,85 @@ int apply_landlock(const struct profile *p, int *abi_out, char *skipped, size_t 
 
 #define LD_NR BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, nr))
 #define LD_ARCH BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, arch))
-// The low 32 bits of an argument (both architectures are little-endian).
+// The low and high 32 bits of an argument (both architectures are little-endian).
 #define LD_ARG(i) BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, args[i]))
+#define LD_ARG_HI(i) BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, args[i]) + 4)
 #define JEQ(k, t, f) BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, (k), (t), (f))
 #define JSET(k, t, f) BPF_JUMP(BPF_JMP | BPF_JSET | BPF_K, (k), (t), (f))
+#define AND(k) BPF_STMT(BPF_ALU | BPF_AND | BPF_K, (k))
 #define RET(v) BPF_STMT(BPF_RET | BPF_K, (v))
 #define ALLOW RET(SECCOMP_RET_ALLOW)
 #define ERRNO(e) RET(SECCOMP_RET_ERRNO | ((e) & SECCOMP_RET_DATA))
 
-/// Calls no worker needs, refused with EPERM: debugging and memory access across processes, mounts and
-/// namespaces, kernel programs and keys, kernel and module loading, and other host-wide switches.
-static const int denied[] = {
-    SYS_ptrace, SYS_process_vm_readv, SYS_process_vm_writev, SYS_pidfd_getfd, SYS_kcmp, SYS_process_madvise,
-    SYS_mount, SYS_umount2, SYS_pivot_root, SYS_chroot, SYS_fsopen, SYS_fsconfig, SYS_fsmount, SYS_fspick,
-    SYS_move_mount, SYS_open_tree, SYS_mount_setattr, SYS_open_by_handle_at, SYS_name_to_handle_at,
-    SYS_unshare, SYS_setns, SYS_bpf, SYS_perf_event_open, SYS_io_uring_setup, SYS_io_uring_enter,
-    SYS_io_uring_register, SYS_userfaultfd, SYS_keyctl, SYS_add_key, SYS_request_key, SYS_kexec_load,
-    SYS_kexec_file_load, SYS_init_module, SYS_finit_module, SYS_delete_module, SYS_reboot, SYS_swapon,
-    SYS_swapoff, SYS_acct, SYS_syslog, SYS_quotactl, SYS_vhangup,
+// The worker's system calls are an allow-list: a call not named here fails with EPERM, whatever it is, so a call
+// nobody thought of (or one a newer kernel adds) is refused. What is here is what the Swift runtime, Dispatch,
+// Foundation(Essentials), glibc's loader and the worker runtime call, and nothing that names another process,
+// the machine's mounts, namespaces, keys, kernel programs or devices. Calls that could reach outside the worker
+// are allowed only with argument checks (`apply_seccomp`):
+//   clone        threads only (CLONE_THREAD), never new namespaces; new processes only with AllowSubprocesses
+//   clone3       ENOSYS: its flags are in memory a filter cannot read; glibc falls back to clone
+//   execve       only the launcher's own exec of the extension (its path pointer): the worker cannot exec again
+//   kill, tgkill, rt_(tg)sigqueueinfo   the worker itself only (its pid namespace holds nothing else but init)
+//   prlimit64, setpriority, sched_set*  the calling process or thread only (pid 0)
+//   prctl        naming threads and memory, the parent-death signal, dumpable and no_new_privs queries
+//   socket, socketpair   Unix stream and seqpacket sockets only, unless NetworkAllowed (then IPv4, IPv6, Unix
+//                and netlink route sockets)
+//   sendto       no address unless NetworkAllowed (a datagram with an address could reach a named socket)
+//   memfd_create only with MFD_NOEXEC_SEAL: a memfd can never be executed
+//   ioctl        terminal queries and FIONREAD/FIONBIO/FIOCLEX only
+// Not allowed, on purpose: chmod/chown and xattr writes, inotify/fanotify, mount and namespace calls, ptrace,
+// process_vm_*, pidfd_*, kcmp, bpf, perf, io_uring, userfaultfd, keyctl, System V IPC, execveat, personality
+// changes, mlock, sync, and everything else not listed.
+static const int allowed[] = {
+    // Files and descriptors (inside the worker's own root).
+    SYS_read, SYS_write, SYS_readv, SYS_writev, SYS_pread64, SYS_pwrite64, SYS_preadv, SYS_pwritev, SYS_preadv2,
+    SYS_pwritev2, SYS_close, SYS_close_range, SYS_dup, SYS_dup3, SYS_fcntl, SYS_openat, SYS_openat2, SYS_lseek,
+    SYS_newfstatat, SYS_fstat, SYS_statx, SYS_getdents64, SYS_getcwd, SYS_chdir, SYS_fchdir, SYS_readlinkat,
+    SYS_faccessat, SYS_faccessat2, SYS_mkdirat, SYS_unlinkat, SYS_renameat, SYS_renameat2, SYS_linkat, SYS_symlinkat,
+    SYS_ftruncate, SYS_truncate, SYS_fsync, SYS_fdatasync, SYS_flock, SYS_fallocate, SYS_statfs, SYS_fstatfs,
+    SYS_umask, SYS_utimensat, SYS_fadvise64, SYS_readahead, SYS_sendfile, SYS_copy_file_range, SYS_splice, SYS_tee,
+    SYS_getrandom,
+    // Memory.
+    SYS_mmap, SYS_munmap, SYS_mprotect, SYS_mremap, SYS_madvise, SYS_brk, SYS_msync, SYS_mincore, SYS_membarrier,
+    // Threads, futexes, signals on itself, exit.
+    SYS_futex, SYS_futex_waitv, SYS_set_robust_list, SYS_get_robust_list, SYS_set_tid_address, SYS_rseq,
+    SYS_exit, SYS_exit_group, SYS_wait4, SYS_waitid, SYS_rt_sigaction, SYS_rt_sigprocmask, SYS_rt_sigreturn,
+    SYS_rt_sigsuspend, SYS_rt_sigtimedwait, SYS_rt_sigpending, SYS_sigaltstack, SYS_restart_syscall,
+    SYS_sched_yield, SYS_sched_getaffinity, SYS_sched_getparam, SYS_sched_getscheduler, SYS_sched_getattr,
+    SYS_sched_get_priority_max, SYS_sched_get_priority_min, SYS_getpriority, SYS_getcpu,
+    // Who and where it is.
+    SYS_getpid, SYS_gettid, SYS_getppid, SYS_getuid, SYS_geteuid, SYS_getgid, SYS_getegid, SYS_getgroups,
+    SYS_getresuid, SYS_getresgid, SYS_getpgid, SYS_getsid, SYS_uname, SYS_sysinfo, SYS_getrusage, SYS_times,
+    SYS_capget, SYS_getrlimit, SYS_setrlimit,
+    // Time and timers.
+    SYS_clock_gettime, SYS_clock_getres, SYS_clock_nanosleep, SYS_nanosleep, SYS_gettimeofday, SYS_getitimer,
+    SYS_setitimer, SYS_timer_create, SYS_timer_settime, SYS_timer_gettime, SYS_timer_getoverrun, SYS_timer_delete,
+    SYS_timerfd_create, SYS_timerfd_settime, SYS_timerfd_gettime,
+    // Waiting on descriptors.
+    SYS_epoll_create1, SYS_epoll_ctl, SYS_epoll_pwait, SYS_epoll_pwait2, SYS_eventfd2, SYS_pipe2, SYS_ppoll,
+    SYS_pselect6, SYS_signalfd4,
+    // Sockets it already has (the host connection) or may make (checked below).
+    SYS_sendmsg, SYS_recvmsg, SYS_recvfrom, SYS_recvmmsg, SYS_shutdown, SYS_getsockopt, SYS_setsockopt,
+    SYS_getsockname, SYS_getpeername,
 #if defined(__x86_64__)
-    SYS_iopl, SYS_ioperm, SYS_uselib,
+    // The older x86_64 entry points of the same calls, and the thread pointer.
+    SYS_open, SYS_stat, SYS_lstat, SYS_access, SYS_pipe, SYS_dup2, SYS_poll, SYS_select, SYS_getdents, SYS_mkdir,
+    SYS_rmdir, SYS_unlink, SYS_rename, SYS_link, SYS_symlink, SYS_readlink, SYS_epoll_create, SYS_epoll_wait,
+    SYS_eventfd, SYS_signalfd, SYS_alarm, SYS_pause, SYS_time, SYS_getpgrp, SYS_arch_prctl,
 #endif
 };
 
 #define NAMESPACE_FLAGS (CLONE_NEWNS | CLONE_NEWUSER | CLONE_NEWPID | CLONE_NEWNET | CLONE_NEWUTS | CLONE_NEWIPC \
                          | CLONE_NEWCGROUP)
 
-// The filter is a binary search over the system call numbers that are not simply allowed, so a call takes a
-// handful of comparisons, whatever the list's length. That matters most when the filter is installed: the kernel
-// runs it for every system call number to cache the always-allowed ones, and with one chain of comparisons that
-// took ~90 us of each cold start (~2 us per instruction). Jumps are forward only, with 8-bit offsets: leaves
-// and inner nodes are emitted first, each naming its target by label, and the targets (one return for each
-// outcome, and the argument checks) follow; `resolve` patches the offsets once every label has a position.
+// The filter is a binary search over the sorted system call numbers, so a call takes a handful of comparisons
+// whatever the list's length (the kernel also caches the numbers that are always allowed). Classic BPF's
+// conditional jumps reach 255 instructions at most, so every far jump goes through an unconditional one
+// (BPF_JA, 32-bit offset): a leaf tests `nr == k` and falls into a one-instruction `JA label` or `RET`;
+// an inner node tests `nr >= middle` and either falls into `JA right` or skips it into its left half.
+// `resolve` patches the JA offsets once every label has a position.
 
-enum { MAX_INSNS = 255, MAX_RULES = 96, MAX_JUMPS = 192, MAX_LABELS = 96 };
+enum { MAX_INSNS = 1024, MAX_RULES = 256, MAX_JUMPS = 512, MAX_LABELS = 192 };
 
 struct filter {
     struct sock_filter insns[MAX_INSNS + 1];
@@ -181,15 +236,20 @@ struct filter {
     int overflow;
     int label_at[MAX_LABELS];  // instruction index of each label, -1 until placed
     unsigned labels;
-    struct { unsigned insn; int label; } jumps[MAX_JUMPS];  // conditional jumps: true branch to `label`
+    struct { unsigned insn; int label; } jumps[MAX_JUMPS];  // JA instructions to patch
     unsigned jump_count;
 };
 
+/// A rule: a system call number and where it goes (`label`), or -1 for "allowed as it is".
 struct rule { unsigned nr; int label; };
 
 static void emit(struct filter *f, struct sock_filter insn) {
     if (f->count >= MAX_INSNS) { f->overflow = 1; return; }
     f->insns[f->count++] = insn;
+}
+
+static void emit_all(struct filter *f, const struct sock_filter *insns, unsigned n) {
+    for (unsigned i = 0; i < n; i++) emit(f, insns[i]);
 }
 
 static int new_label(struct filter *f) {
@@ -200,36 +260,41 @@ static int new_label(struct filter *f) {
 
 static void place(struct filter *f, int label) { f->label_at[label] = (int)f->count; }
 
-/// A conditional jump whose true branch goes to `label` and whose false branch falls through.
-static void jump_if(struct filter *f, unsigned short op, unsigned k, int label) {
+/// An unconditional jump to `label`.
+static void jump_to(struct filter *f, int label) {
     if (f->jump_count >= MAX_JUMPS) { f->overflow = 1; return; }
     f->jumps[f->jump_count].insn = f->count;
     f->jumps[f->jump_count].label = label;
     f->jump_count++;
-    emit(f, (struct sock_filter)BPF_JUMP(BPF_JMP | op | BPF_K, k, 0, 0));
+    emit(f, (struct sock_filter)BPF_JUMP(BPF_JMP | BPF_JA, 0, 0, 0));
 }
 
 static int resolve(struct filter *f) {
     for (unsigned i = 0; i < f->jump_count; i++) {
         int target = f->label_at[f->jumps[i].label];
         int offset = target - (int)f->jumps[i].insn - 1;
-        if (target < 0 || offset < 0 || offset > 255) return -1;
-        f->insns[f->jumps[i].insn].jt = (unsigned char)offset;
+        if (target < 0 || offset < 0) return -1;
+        f->insns[f->jumps[i].insn].k = (unsigned)offset;
     }
     return f->overflow ? -1 : 0;
 }
 
-/// Rules lo..<hi (sorted by number): a number below the middle rule's goes left, the others right. Up to three
-/// rules are a chain of equality tests; a number that matches none is allowed.
+/// Rules lo..<hi (sorted by number). Up to four rules are a chain of equality tests; a number that matches
+/// none is refused with EPERM.
 static void emit_search(struct filter *f, const struct rule *rules, unsigned lo, unsigned hi) {
-    if (hi - lo <= 3) {
-        for (unsigned i = lo; i < hi; i++) jump_if(f, BPF_JEQ, rules[i].nr, rules[i].label);
-        emit(f, (struct sock_filter)ALLOW);
+    if (hi - lo <= 4) {
+        for (unsigned i = lo; i < hi; i++) {
+            emit(f, (struct sock_filter)JEQ(rules[i].nr, 0, 1));
+            if (rules[i].label < 0) emit(f, (struct sock_filter)ALLOW);
+            else jump_to(f, rules[i].label);
+        }
+        emit(f, (struct sock_filter)ERRNO(EPERM));
         return;
     }
     unsigned mid = lo + (hi - lo) / 2;
     int right = new_label(f);
-    jump_if(f, BPF_JGE, rules[mid].nr, right);
+    emit(f, (struct sock_filter)BPF_JUMP(BPF_JMP | BPF_JGE | BPF_K, rules[mid].nr, 0, 1));
+    jump_to(f, right);
     emit_search(f, rules, lo, mid);
     place(f, right);
     emit_search(f, rules, mid, hi);
@@ -237,49 +302,66 @@ static void emit_search(struct filter *f, const struct rule *rules, unsigned lo,
 
 static int compare_rules(const struct rule *a, const struct rule *b) { return a->nr < b->nr ? -1 : a->nr > b->nr; }
 
+#define MFD_NOEXEC_SEAL_FLAG 0x0008U
+#define MFD_EXEC_FLAG 0x0010U
+
 int apply_seccomp(const struct profile *p, pid_t self, const char **why) {
     static struct filter f;
     memset(&f, 0, sizeof f);
-    struct rule rules[MAX_RULES];
+    static struct rule rules[MAX_RULES];
     unsigned count = 0;
-    int eperm = new_label(&f), enosys = new_label(&f), personality = new_label(&f), clone = new_label(&f);
-    int kill = new_label(&f), to_self = new_label(&f), socket = new_label(&f), socketpair = new_label(&f);
+    int enosys = new_label(&f), personality = new_label(&f), clone = new_label(&f), to_self = new_label(&f);
+    int kill = new_label(&f), pid_zero = new_label(&f), prio = new_label(&f), prctl_check = new_label(&f);
+    int socket = new_label(&f), socketpair = new_label(&f), sendto = new_label(&f), memfd = new_label(&f);
+    int execve = new_label(&f), ioctl = new_label(&f);
 #define RULE(n, l) do { if (count < MAX_RULES) rules[count++] = (struct rule){(unsigned)(n), (l)}; else f.overflow = 1; } while (0)
-    for (unsigned i = 0; i < sizeof denied / sizeof denied[0]; i++) RULE(denied[i], eperm);
-    // clone3 passes its flags in memory a filter cannot read: ENOSYS makes glibc fall back to clone.
+    for (unsigned i = 0; i < sizeof allowed / sizeof allowed[0]; i++) RULE(allowed[i], -1);
     RULE(SYS_clone3, enosys);
     RULE(SYS_personality, personality);
     RULE(SYS_clone, clone);
+    RULE(SYS_kill, kill);
+    RULE(SYS_tgkill, to_self);
+    RULE(SYS_rt_sigqueueinfo, to_self);
+    RULE(SYS_rt_tgsigqueueinfo, to_self);
+    RULE(SYS_prlimit64, pid_zero);
+    RULE(SYS_sched_setaffinity, pid_zero);
+    RULE(SYS_sched_setparam, pid_zero);
+    RULE(SYS_sched_setscheduler, pid_zero);
+    RULE(SYS_sched_setattr, pid_zero);
+    RULE(SYS_setpriority, prio);
+    RULE(SYS_prctl, prctl_check);
     RULE(SYS_socket, socket);
-    if (!p->subprocesses) {
+    RULE(SYS_socketpair, socketpair);
+    RULE(SYS_sendto, sendto);
+    RULE(SYS_memfd_create, memfd);
+    RULE(SYS_execve, execve);
+    RULE(SYS_ioctl, ioctl);
+    if (p->subprocesses) {
 #if defined(__x86_64__)
-        RULE(SYS_fork, eperm);
-        RULE(SYS_vfork, eperm);
+        RULE(SYS_fork, -1);
+        RULE(SYS_vfork, -1);
 #endif
-        RULE(SYS_tkill, eperm);
-        RULE(SYS_pidfd_send_signal, eperm);
-        RULE(SYS_kill, kill);
-        RULE(SYS_tgkill, to_self);
-        RULE(SYS_rt_sigqueueinfo, to_self);
-        RULE(SYS_rt_tgsigqueueinfo, to_self);
+        RULE(SYS_setpgid, -1);
     }
-    if (!p->network) {
-        // No way to reach a named or abstract Unix socket, or to offer one (socket() is checked below).
-        RULE(SYS_connect, eperm);
-        RULE(SYS_bind, eperm);
-        RULE(SYS_listen, eperm);
-        RULE(SYS_accept, eperm);
-        RULE(SYS_accept4, eperm);
-        RULE(SYS_socketpair, socketpair);
+    if (p->network) {
+        RULE(SYS_connect, -1);
+        RULE(SYS_bind, -1);
+        RULE(SYS_listen, -1);
+        RULE(SYS_accept, -1);
+        RULE(SYS_accept4, -1);
+        RULE(SYS_sendmmsg, -1);
     }
 #undef RULE
-    // Insertion sort: a few dozen numbers, and the launcher has no qsort.
+    // Insertion sort: a few hundred numbers, and the launcher has no qsort. A number listed twice would make
+    // the search ambiguous: refuse to build such a filter.
     for (unsigned i = 1; i < count; i++) {
         struct rule r = rules[i];
         unsigned j = i;
         for (; j > 0 && compare_rules(&rules[j - 1], &r) > 0; j--) rules[j] = rules[j - 1];
         rules[j] = r;
     }
+    for (unsigned i = 1; i < count; i++)
+        if (rules[i].nr == rules[i - 1].nr) f.overflow = 1;
 
     // Another architecture's calls (an i386 int 0x80, for one) would be read with the wrong numbers, and x32
     // calls alias x86_64 ones: both kill the process (SIGSYS), as returning to such code is not safe.
@@ -293,51 +375,113 @@ int apply_seccomp(const struct profile *p, pid_t self, const char **why) {
 #endif
     emit_search(&f, rules, 0, count);
 
-    place(&f, eperm);
-    emit(&f, (struct sock_filter)ERRNO(EPERM));
     place(&f, enosys);
     emit(&f, (struct sock_filter)ERRNO(ENOSYS));
     // personality: the query alone (0xffffffff); setting a persona (READ_IMPLIES_EXEC, ADDR_NO_RANDOMIZE) no.
     place(&f, personality);
     struct sock_filter personality_check[] = {LD_ARG(0), JEQ(0xffffffffU, 0, 1), ALLOW, ERRNO(EPERM)};
-    for (unsigned i = 0; i < 4; i++) emit(&f, personality_check[i]);
+    emit_all(&f, personality_check, 4);
     place(&f, clone);
     if (p->subprocesses) {
         // New processes, but not in new namespaces.
         struct sock_filter check[] = {LD_ARG(0), JSET(NAMESPACE_FLAGS, 0, 1), ERRNO(EPERM), ALLOW};
-        for (unsigned i = 0; i < 4; i++) emit(&f, check[i]);
+        emit_all(&f, check, 4);
     } else {
         // Threads only: a clone without CLONE_THREAD is a new process. (A thread clone with namespace flags
         // is EINVAL in the kernel.)
         struct sock_filter check[] = {LD_ARG(0), JSET(CLONE_THREAD, 0, 1), ALLOW, ERRNO(EPERM)};
-        for (unsigned i = 0; i < 4; i++) emit(&f, check[i]);
-        // Signals reach the worker itself and nothing else: it has no children, and the host's pid is in
-        // plain sight (Landlock's signal scope says the same from ABI 6 on; this holds on older kernels too).
-        place(&f, kill);
-        struct sock_filter kill_check[] = {LD_ARG(0), JEQ((unsigned)self, 2, 0), JEQ(0, 1, 0), ERRNO(EPERM), ALLOW};
-        for (unsigned i = 0; i < 5; i++) emit(&f, kill_check[i]);
-        // tgkill, rt_sigqueueinfo and rt_tgsigqueueinfo: the first argument is the target process.
-        place(&f, to_self);
-        struct sock_filter self_check[] = {LD_ARG(0), JEQ((unsigned)self, 0, 1), ALLOW, ERRNO(EPERM)};
-        for (unsigned i = 0; i < 4; i++) emit(&f, self_check[i]);
+        emit_all(&f, check, 4);
     }
+    // kill: itself, or its own process group (0). With AllowSubprocesses, its children too: they are in its pid
+    // namespace, where nothing else lives but init.
+    place(&f, kill);
+    if (p->subprocesses) {
+        struct sock_filter check[] = {LD_ARG(0), JEQ(1, 0, 1), ERRNO(EPERM), ALLOW};
+        emit_all(&f, check, 4);
+    } else {
+        struct sock_filter check[] = {LD_ARG(0), JEQ((unsigned)self, 2, 0), JEQ(0, 1, 0), ERRNO(EPERM), ALLOW};
+        emit_all(&f, check, 5);
+    }
+    // tgkill, rt_sigqueueinfo and rt_tgsigqueueinfo: the first argument is the target process.
+    place(&f, to_self);
+    if (p->subprocesses) {
+        struct sock_filter check[] = {LD_ARG(0), JEQ(1, 0, 1), ERRNO(EPERM), ALLOW};
+        emit_all(&f, check, 4);
+    } else {
+        struct sock_filter check[] = {LD_ARG(0), JEQ((unsigned)self, 0, 1), ALLOW, ERRNO(EPERM)};
+        emit_all(&f, check, 4);
+    }
+    // prlimit64 and sched_set*: pid 0, the caller (prlimit64 also with its own pid).
+    place(&f, pid_zero);
+    struct sock_filter zero_check[] = {LD_ARG(0), JEQ(0, 1, 0), JEQ((unsigned)self, 0, 1), ALLOW, ERRNO(EPERM)};
+    emit_all(&f, zero_check, 5);
+    // setpriority(PRIO_PROCESS, 0, ...): the calling thread only.
+    place(&f, prio);
+    struct sock_filter prio_check[] = {LD_ARG(0), JEQ(PRIO_PROCESS_VALUE, 0, 3), LD_ARG(1), JEQ(0, 0, 1), ALLOW,
+                                       ERRNO(EPERM)};
+    emit_all(&f, prio_check, 6);
+    place(&f, prctl_check);
+    struct sock_filter prctl_checks[] = {
+        LD_ARG(0),
+        JEQ(PR_SET_PDEATHSIG, 9, 0), JEQ(PR_GET_PDEATHSIG, 8, 0), JEQ(PR_GET_DUMPABLE, 7, 0),
+        JEQ(PR_SET_NAME, 6, 0), JEQ(PR_GET_NAME, 5, 0), JEQ(PR_GET_NO_NEW_PRIVS, 4, 0),
+        JEQ(PR_SET_NO_NEW_PRIVS, 3, 0), JEQ(PR_GET_SECCOMP, 2, 0), JEQ(0x53564d41 /* PR_SET_VMA */, 1, 0),
+        ERRNO(EPERM), ALLOW,
+    };
+    emit_all(&f, prctl_checks, sizeof prctl_checks / sizeof prctl_checks[0]);
     place(&f, socket);
     if (p->network) {
         struct sock_filter check[] = {LD_ARG(0), JEQ(AF_UNIX, 5, 0), JEQ(AF_INET, 4, 0), JEQ(AF_INET6, 3, 0),
                                       JEQ(AF_NETLINK, 0, 3), LD_ARG(2), JEQ(0 /* NETLINK_ROUTE */, 0, 1), ALLOW,
                                       ERRNO(EPERM)};
-        for (unsigned i = 0; i < 9; i++) emit(&f, check[i]);
+        emit_all(&f, check, 9);
     } else {
-        // Unix stream sockets only, and no way to reach a named or abstract one: connect, bind and listen are
-        // refused (above). Socket pairs of any type work (the host connection is one).
-        struct sock_filter check[] = {LD_ARG(0), JEQ(AF_UNIX, 0, 4), LD_ARG(1),
-                                      BPF_STMT(BPF_ALU | BPF_AND | BPF_K, ~(unsigned)(SOCK_NONBLOCK | SOCK_CLOEXEC)),
-                                      JEQ(SOCK_STREAM, 0, 1), ALLOW, ERRNO(EPERM)};
-        for (unsigned i = 0; i < 7; i++) emit(&f, check[i]);
-        place(&f, socketpair);
-        struct sock_filter pair_check[] = {LD_ARG(0), JEQ(AF_UNIX, 0, 1), ALLOW, ERRNO(EPERM)};
-        for (unsigned i = 0; i < 4; i++) emit(&f, pair_check[i]);
+        // Unix stream or seqpacket sockets only: they cannot carry an address, and connect, bind and listen
+        // are refused, so no named or abstract socket can be reached or offered.
+        struct sock_filter check[] = {LD_ARG(0), JEQ(AF_UNIX, 0, 5), LD_ARG(1),
+                                      AND(~(unsigned)(SOCK_NONBLOCK | SOCK_CLOEXEC)),
+                                      JEQ(SOCK_STREAM, 1, 0), JEQ(SOCK_SEQPACKET, 0, 1), ALLOW, ERRNO(EPERM)};
+        emit_all(&f, check, 8);
     }
+    place(&f, socketpair);
+    if (p->network) {
+        struct sock_filter check[] = {LD_ARG(0), JEQ(AF_UNIX, 0, 1), ALLOW, ERRNO(EPERM)};
+        emit_all(&f, check, 4);
+    } else {
+        struct sock_filter check[] = {LD_ARG(0), JEQ(AF_UNIX, 0, 5), LD_ARG(1),
+                                      AND(~(unsigned)(SOCK_NONBLOCK | SOCK_CLOEXEC)),
+                                      JEQ(SOCK_STREAM, 1, 0), JEQ(SOCK_SEQPACKET, 0, 1), ALLOW, ERRNO(EPERM)};
+        emit_all(&f, check, 8);
+    }
+    // sendto with an address (its fifth argument) is a datagram to somewhere: only with NetworkAllowed.
+    place(&f, sendto);
+    if (p->network) {
+        emit(&f, (struct sock_filter)ALLOW);
+    } else {
+        struct sock_filter check[] = {LD_ARG(4), JEQ(0, 0, 3), LD_ARG_HI(4), JEQ(0, 0, 1), ALLOW, ERRNO(EPERM)};
+        emit_all(&f, check, 6);
+    }
+    // memfd_create: sealed against execution from birth, and never with MFD_EXEC.
+    place(&f, memfd);
+    struct sock_filter memfd_check[] = {LD_ARG(1), JSET(MFD_EXEC_FLAG, 2, 0), JSET(MFD_NOEXEC_SEAL_FLAG, 0, 1),
+                                        ALLOW, ERRNO(EPERM)};
+    emit_all(&f, memfd_check, 5);
+    // execve: only the launcher's own, with the profile's path pointer (the extension's image replaces the
+    // launcher's, so the worker has no way to hold that pointer but to map memory at it on purpose; even then
+    // Landlock lets it execute only its own executable and the runtime folders).
+    place(&f, execve);
+    uint64_t path = (uint64_t)(uintptr_t)p->executable;
+    struct sock_filter exec_check[] = {LD_ARG(0), JEQ((uint32_t)path, 0, 3), LD_ARG_HI(0), JEQ((uint32_t)(path >> 32), 0, 1),
+                                       ALLOW, ERRNO(EPERM)};
+    emit_all(&f, exec_check, 6);
+    // ioctl: what isatty, terminal size and descriptor flags need.
+    place(&f, ioctl);
+    struct sock_filter ioctl_checks[] = {
+        LD_ARG(1),
+        JEQ(TCGETS, 5, 0), JEQ(TIOCGWINSZ, 4, 0), JEQ(FIONREAD, 3, 0), JEQ(FIONBIO, 2, 0), JEQ(FIOCLEX, 1, 0),
+        ERRNO(ENOTTY), ALLOW,
+    };
+    emit_all(&f, ioctl_checks, sizeof ioctl_checks / sizeof ioctl_checks[0]);
     if (resolve(&f) != 0) {
         *why = "seccomp filter does not fit in classic BPF";
         return E2BIG;

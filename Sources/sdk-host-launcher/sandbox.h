@@ -22,9 +22,16 @@ struct profile {
     int subprocesses;         // AllowSubprocesses
     long long memory_mb;      // MemoryLimitMB (0: none)
     long long descriptors;    // RLIMIT_NOFILE (0: leave)
-    struct paths executable_paths;  // read + execute: the executable, its loader and libraries
+    struct paths executable_paths;  // read + execute (Landlock): the executable and the runtime folders
+    struct paths runtime;           // the operator's runtime folders: bound read-only into the new root
     struct paths readable;          // ReadablePaths and what the runtime must read
     struct paths writable;          // WritablePaths and the private temp folder
+    long long worker_uid;     // WorkerUser, for a root launcher
+    long long worker_gid;
+    unsigned mapped_uid;      // the worker's uid and gid (inside its user namespace, the same as outside)
+    unsigned mapped_gid;
+    long long temp_mb;        // TempSizeMB: the worker's TMPDIR tmpfs
+    long long max_threads;    // MaxThreads: RLIMIT_NPROC inside the worker's own user namespace
 };
 
 enum { SANDBOX_STRICT, SANDBOX_BEST_EFFORT, SANDBOX_NONE };
@@ -36,6 +43,22 @@ int landlock_abi(void);
 int apply_landlock(const struct profile *p, int *abi, char *skipped, size_t skipped_size, const char **why);
 /// Installs the seccomp filter for a worker whose pid is `self`. Returns 0 or an errno.
 int apply_seccomp(const struct profile *p, pid_t self, const char **why);
+/// Appends "path (reason)" to a comma-separated list of what was skipped.
+void note_skipped(char *skipped, size_t size, const char *path, int error);
+/// New user and pid namespaces around a new pid 1 (*init), with one-to-one uid and gid maps of the worker's
+/// ids, joined by the caller so that its next child is forked into them. `alive` is the read end of a pipe the
+/// launcher holds open while it lives. Returns 0 or an errno.
+int make_namespaces(const struct profile *p, int alive, pid_t *init, const char **why);
+/// In the worker: joins pid 1's mount, IPC, UTS and (without NetworkAllowed) network namespaces.
+int join_rest(const char **why);
+/// In the launcher, once the worker is forked: closes its descriptors of those namespaces.
+void close_rest(void);
+/// In the worker (pid 2 of its namespace), before it takes its uid: opens each grant's source.
+int collect_grants(const struct profile *p, char *skipped, size_t skipped_size, const char **why);
+/// Then, as the worker's uid: builds its root from the grants and pivots into it.
+int build_root(const struct profile *p, const char **why);
+/// Takes the worker's uid and gid (a root host's WorkerUser). Call after build_root.
+int become_worker_user(const struct profile *p, const char **why);
 /// Empties the effective, permitted, inheritable and ambient sets and, as root, locks the securebits that
 /// would let an exec or a uid change restore them. Call after no_new_privs.
 int drop_capabilities(const char **why);

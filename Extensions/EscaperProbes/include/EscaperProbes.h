@@ -16,6 +16,26 @@ long probe_perf_event(void);
 /// add_key("user", ...) into the process keyring.
 long probe_add_key(void);
 long probe_memfd(void);
+/// An executable memfd (no MFD_NOEXEC_SEAL), then execveat of it while it is empty: 0 if the exec reached the
+/// loader (ENOEXEC), -1 if refused.
+long probe_memfd_exec(void);
+/// prlimit64(pid, RLIMIT_NOFILE) as a query only.
+long probe_prlimit(pid_t pid);
+/// setpriority(pid) to the value getpriority(pid) reads: no change if allowed.
+long probe_setpriority(pid_t pid);
+/// sched_setaffinity(pid) to the mask sched_getaffinity(pid) reads.
+long probe_affinity(pid_t pid);
+/// chmod(path) to its own mode.
+long probe_chmod(const char *path);
+/// utimensat(path) with both times UTIME_OMIT.
+long probe_utime(const char *path);
+/// setxattr(path, user.sdkhost-probe) and, if it worked, removexattr.
+long probe_xattr(const char *path);
+/// An inotify watch on path.
+long probe_inotify(const char *path);
+/// A one-byte datagram to the named socket at path, from a new datagram socket (pair == 0) or one of a
+/// datagram socket pair (pair == 1).
+long probe_dgram(const char *path, int pair);
 /// mount a 1 MiB tmpfs over `folder` and, if it worked, unmount it at once.
 long probe_mount(const char *folder);
 /// A raw clone3 with no flags but SIGCHLD: ENOSYS under the sandbox. A child that appears exits at once.

@@ -1,0 +1,353 @@
+// The worker's world, by construction: new namespaces (user, pid, mount, IPC, UTS and, without NetworkAllowed,
+// network) and a root that holds only the profile's grants (bubblewrap's and nsjail's shape, written for this
+// launcher). Nothing of the machine is reachable from the worker unless it was bound into its root: no other
+// process can be named, no other mount is visible, no path outside the grants resolves.
+//
+// The root is a small tmpfs mounted over /tmp in the worker's own mount namespace. Each grant's source is opened
+// (O_PATH) before anything is mounted, and before the worker takes its own uid (a grant is the operator's: the
+// folders above it need not be open to the worker's uid), so that a grant under /tmp, or reached through a symbolic link, is bound
+// from what it was on the host and not from what the new mounts show; it is bound through /proc/self/fd/N. Then:
+// /proc (a new instance: only the worker's own pid namespace), /dev/null, /dev/zero, /dev/random, /dev/urandom,
+// and the worker's TMPDIR as a tmpfs of TempSizeMB. pivot_root makes the tmpfs the root, the old root is
+// detached, and the new root is made read-only.
+//
+// Grants are bound read-only (ReadablePaths and the runtime folders; ReadablePaths and everything writable also
+// noexec), WritablePaths read-write; every bind is nosuid and nodev (but the four device nodes), and keeps the
+// flags its source mount has locked (a remount in a user namespace may not clear them).
+#define _GNU_SOURCE
+#include "sandbox.h"
+
+#include <errno.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <fcntl.h>
+#include <sched.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/mount.h>
+#include <sys/stat.h>
+#include <sys/statfs.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#define ROOT "/tmp"
+#define MAX_GRANTS 256
+
+enum grant_kind { GRANT_RUNTIME, GRANT_EXECUTABLE, GRANT_READ, GRANT_WRITE, GRANT_DEVICE };
+
+struct grant {
+    const char *path;
+    enum grant_kind kind;
+    int fd;           // O_PATH on the source, opened before any mount
+    int directory;    // the source is a folder
+    char link[256];   // a relative symbolic link without "..", copied as a link instead of bound
+};
+
+static struct grant grants[MAX_GRANTS];
+static size_t grant_count;
+
+static int fail(const char **why, const char *text, int error) {
+    *why = text;
+    return error ? error : EINVAL;
+}
+
+/// An absolute path with no "." or ".." component and no empty one but the leading slash.
+static int clean_path(const char *path) {
+    if (path[0] != '/' || strlen(path) >= 3072) return 0;
+    for (const char *p = path; *p;) {
+        while (*p == '/') p++;
+        const char *end = p;
+        while (*end && *end != '/') end++;
+        size_t n = (size_t)(end - p);
+        if ((n == 1 && p[0] == '.') || (n == 2 && p[0] == '.' && p[1] == '.')) return 0;
+        p = end;
+    }
+    return 1;
+}
+
+static void add_grant(const char *path, enum grant_kind kind, char *skipped, size_t skipped_size) {
+    if (grant_count >= MAX_GRANTS) return;
+    struct grant *g = &grants[grant_count];
+    memset(g, 0, sizeof *g);
+    g->path = path;
+    g->kind = kind;
+    g->fd = -1;
+    if (!clean_path(path)) {
+        note_skipped(skipped, skipped_size, path, EINVAL);
+        return;
+    }
+    struct stat info;
+    if (syscall(SYS_newfstatat, AT_FDCWD, path, &info, AT_SYMLINK_NOFOLLOW) == 0 && S_ISLNK(info.st_mode)) {
+        long n = syscall(SYS_readlinkat, AT_FDCWD, path, g->link, sizeof g->link - 1);
+        if (n > 0 && g->link[0] != '/' && strstr(g->link, "..") == NULL) {
+            g->link[n] = 0;
+            grant_count++;
+            return;
+        }
+        g->link[0] = 0;
+    }
+    g->fd = open(path, O_PATH | O_CLOEXEC);
+    if (g->fd < 0) {
+        note_skipped(skipped, skipped_size, path, errno);
+        return;
+    }
+    if (fstat(g->fd, &info) != 0) {
+        note_skipped(skipped, skipped_size, path, errno);
+        close(g->fd);
+        return;
+    }
+    g->directory = S_ISDIR(info.st_mode);
+    grant_count++;
+}
+
+/// Makes every folder of `path` (inside the new root) up to, not including, its last component.
+static int make_parents(char *path) {
+    for (char *p = path + 1; *p; p++) {
+        if (*p != '/') continue;
+        *p = 0;
+        int rc = (int)syscall(SYS_mkdirat, AT_FDCWD, path, 0755);
+        int error = errno;
+        *p = '/';
+        if (rc != 0 && error != EEXIST) return error;
+    }
+    return 0;
+}
+
+static int make_target(char *target, int directory) {
+    int error = make_parents(target);
+    if (error) return error;
+    if (directory) {
+        if (syscall(SYS_mkdirat, AT_FDCWD, target, 0755) != 0 && errno != EEXIST) return errno;
+        return 0;
+    }
+    int fd = open(target, O_WRONLY | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0644);
+    if (fd < 0) return errno == EEXIST || errno == EISDIR ? 0 : errno;
+    close(fd);
+    return 0;
+}
+
+/// The flags a bind of `target` must keep when it is remounted: those its source mount has locked.
+static unsigned long locked_flags(const char *target) {
+    struct statfs info;
+    if (syscall(SYS_statfs, target, &info) != 0) return 0;
+    return (unsigned long)info.f_flags
+        & (MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC | MS_NOATIME | MS_NODIRATIME | MS_RELATIME);
+}
+
+static int bind(struct grant *g, const char **why) {
+    static char target[4096], source[64];
+    snprintf(target, sizeof target, ROOT "%s", g->path);
+    if (g->link[0]) {
+        int error = make_parents(target);
+        if (error == 0 && syscall(SYS_symlinkat, g->link, AT_FDCWD, target) != 0 && errno != EEXIST) error = errno;
+        return error ? fail(why, "cannot copy a symbolic link into the new root", error) : 0;
+    }
+    int error = make_target(target, g->directory);
+    if (error) return fail(why, "cannot make a mount point in the new root", error);
+    snprintf(source, sizeof source, "/proc/self/fd/%d", g->fd);
+    if (syscall(SYS_mount, source, target, NULL, MS_BIND, NULL) != 0)
+        return fail(why, "cannot bind a grant into the new root", errno);
+    unsigned long flags = MS_REMOUNT | MS_BIND | MS_NOSUID;
+    switch (g->kind) {
+    case GRANT_RUNTIME: case GRANT_EXECUTABLE: flags |= MS_RDONLY | MS_NODEV; break;
+    case GRANT_READ: flags |= MS_RDONLY | MS_NODEV | MS_NOEXEC; break;
+    case GRANT_WRITE: flags |= MS_NODEV | MS_NOEXEC; break;
+    case GRANT_DEVICE: break;
+    }
+    flags |= locked_flags(target);
+    if (syscall(SYS_mount, NULL, target, NULL, flags, NULL) != 0)
+        return fail(why, "cannot remount a grant with its restrictions", errno);
+    return 0;
+}
+
+static int compare_paths(const struct grant *a, const struct grant *b) { return strcmp(a->path, b->path); }
+
+static int write_map(const char *path, const char *text) {
+    int fd = open(path, O_WRONLY | O_CLOEXEC);
+    if (fd < 0) return errno;
+    ssize_t n = write(fd, text, strlen(text));
+    int error = n == (ssize_t)strlen(text) ? 0 : (n < 0 ? errno : EIO);
+    close(fd);
+    return error;
+}
+
+/// Pid 1 of the worker's namespace: waits until the launcher has written its maps (end-of-file on `go`), then
+/// reaps whatever is reparented to it until the launcher kills it or exits (`alive` reaches end-of-file).
+static void run_init(int go, int alive) {
+    char byte;
+    while (read(go, &byte, 1) < 0 && errno == EINTR) {}
+    close(go);
+    prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0);
+    struct pollfd pfd = {.fd = alive, .events = POLLIN};
+    if (poll(&pfd, 1, 0) != 0) _exit(0);
+    sigset_t set;
+    sigemptyset(&set);
+    sigaddset(&set, SIGCHLD);
+    sigprocmask(SIG_BLOCK, &set, NULL);
+    // It keeps nothing but `alive`: not the worker's channels, and not the launcher's write end of `alive`.
+    if (alive > 0) syscall(SYS_close_range, 0, alive - 1, 0);
+    syscall(SYS_close_range, alive + 1, ~0U, 0);
+    for (;;) {
+        while (waitpid(-1, NULL, WNOHANG) > 0) {}
+        sigwaitinfo(&set, NULL);
+    }
+}
+
+/// pid 1's mount, IPC, UTS and network namespaces, for the worker to join (-1: not made).
+static int rest_fds[4] = {-1, -1, -1, -1};
+
+static int open_namespace(pid_t pid, const char *name) {
+    char path[64];
+    snprintf(path, sizeof path, "/proc/%d/ns/%s", (int)pid, name);
+    return open(path, O_RDONLY | O_CLOEXEC);
+}
+
+int make_namespaces(const struct profile *p, int alive, pid_t *init_out, const char **why) {
+    uid_t worker_uid = p->mapped_uid;
+    gid_t worker_gid = p->mapped_gid;
+    if (worker_uid == 0 || worker_gid == 0) return fail(why, "the worker's uid and gid must not be root's", EPERM);
+    // Root's supplementary groups would stay with the worker (setgroups is denied inside): drop them first.
+    if (geteuid() == 0 && syscall(SYS_setgroups, 0, NULL) != 0) return fail(why, "setgroups(0) refused", errno);
+    int go[2];
+    if (pipe2(go, O_CLOEXEC) != 0) return fail(why, "pipe", errno);
+    // The maps of a new user namespace may name another uid only when a process outside it writes them, so
+    // the namespace is made by a child (the future pid 1) and mapped from here.
+    // Pid 1 lives in every namespace the worker does, so that nothing of the machine can be read through it
+    // (/proc/1/mountinfo, /proc/1/net): its mount namespace becomes the worker's new root.
+    int flags = CLONE_NEWUSER | CLONE_NEWPID | CLONE_NEWNS | CLONE_NEWIPC | CLONE_NEWUTS;
+    if (!p->network) flags |= CLONE_NEWNET;
+    long pid = syscall(SYS_clone, flags | SIGCHLD, 0, 0, 0, 0);
+    if (pid < 0) {
+        int error = errno;
+        close(go[0]);
+        close(go[1]);
+        return fail(why, "clone(user, pid, mount, IPC, UTS, network namespaces) refused", error);
+    }
+    if (pid == 0) {
+        close(go[1]);
+        run_init(go[0], alive);
+    }
+    close(go[0]);
+    pid_t init = (pid_t)pid;
+    char path[64], map[64];
+    snprintf(path, sizeof path, "/proc/%d/setgroups", (int)init);
+    int error = write_map(path, "deny");
+    snprintf(path, sizeof path, "/proc/%d/uid_map", (int)init);
+    snprintf(map, sizeof map, "%u %u 1", worker_uid, worker_uid);
+    if (error == 0) error = write_map(path, map);
+    snprintf(path, sizeof path, "/proc/%d/gid_map", (int)init);
+    snprintf(map, sizeof map, "%u %u 1", worker_gid, worker_gid);
+    if (error == 0) error = write_map(path, map);
+    const char *step = "cannot write the user namespace's uid and gid maps";
+    // Join them, so that the worker is forked into them as the launcher's own child.
+    int user = error ? -1 : open_namespace(init, "user"), pidns = error ? -1 : open_namespace(init, "pid");
+    if (error == 0 && (user < 0 || pidns < 0)) { error = errno; step = "cannot open the new namespaces"; }
+    if (error == 0 && syscall(SYS_setns, user, CLONE_NEWUSER) != 0) { error = errno; step = "setns(user) refused"; }
+    if (error == 0 && syscall(SYS_setns, pidns, CLONE_NEWPID) != 0) { error = errno; step = "setns(pid) refused"; }
+    if (user >= 0) close(user);
+    if (pidns >= 0) close(pidns);
+    static const char *rest[] = {"mnt", "ipc", "uts", "net"};
+    for (int i = 0; i < 4; i++) {
+        rest_fds[i] = -1;
+        if (error || (i == 3 && p->network)) continue;
+        rest_fds[i] = open_namespace(init, rest[i]);
+        if (rest_fds[i] < 0) { error = errno; step = "cannot open the new namespaces"; }
+    }
+    close(go[1]);  // pid 1 goes on (or, on failure, finds the launcher's pipe still open and is killed below)
+    if (error) {
+        close_rest();
+        kill(init, SIGKILL);
+        while (waitpid(init, NULL, 0) < 0 && errno == EINTR) {}
+        return fail(why, step, error);
+    }
+    *init_out = init;
+    return 0;
+}
+
+void close_rest(void) {
+    for (int i = 0; i < 4; i++)
+        if (rest_fds[i] >= 0) {
+            close(rest_fds[i]);
+            rest_fds[i] = -1;
+        }
+}
+
+int join_rest(const char **why) {
+    static const int types[] = {CLONE_NEWNS, CLONE_NEWIPC, CLONE_NEWUTS, CLONE_NEWNET};
+    for (int i = 0; i < 4; i++) {
+        if (rest_fds[i] < 0) continue;
+        if (syscall(SYS_setns, rest_fds[i], types[i]) != 0) {
+            int error = errno;
+            close_rest();
+            return fail(why, "setns into the worker's mount, IPC, UTS or network namespace refused", error);
+        }
+    }
+    close_rest();
+    return 0;
+}
+
+int become_worker_user(const struct profile *p, const char **why) {
+    // The ids inside the namespace are the outer ones (the maps are one-to-one); the process still holds the
+    // outer root's ids until it sets them. Group first: a changed uid may no longer change its group.
+    if (syscall(SYS_setresgid, p->mapped_gid, p->mapped_gid, p->mapped_gid) != 0)
+        return fail(why, "setresgid to the worker's gid refused", errno);
+    if (syscall(SYS_setresuid, p->mapped_uid, p->mapped_uid, p->mapped_uid) != 0)
+        return fail(why, "setresuid to the worker's uid refused", errno);
+    return 0;
+}
+
+int collect_grants(const struct profile *p, char *skipped, size_t skipped_size, const char **why) {
+    grant_count = 0;
+    add_grant(p->executable, GRANT_EXECUTABLE, skipped, skipped_size);
+    for (size_t i = 0; i < p->runtime.count; i++) add_grant(p->runtime.items[i], GRANT_RUNTIME, skipped, skipped_size);
+    for (size_t i = 0; i < p->readable.count; i++) add_grant(p->readable.items[i], GRANT_READ, skipped, skipped_size);
+    for (size_t i = 0; i < p->writable.count; i++) add_grant(p->writable.items[i], GRANT_WRITE, skipped, skipped_size);
+    static const char *devices[] = {"/dev/null", "/dev/zero", "/dev/random", "/dev/urandom"};
+    for (size_t i = 0; i < 4; i++) add_grant(devices[i], GRANT_DEVICE, skipped, skipped_size);
+    if (grants[0].fd < 0 && grants[0].link[0] == 0) return fail(why, "the executable cannot be opened", ENOENT);
+    // Parents before what is inside them: a grant inside another is bound on top of it.
+    for (size_t i = 1; i < grant_count; i++) {
+        struct grant g = grants[i];
+        size_t j = i;
+        for (; j > 0 && compare_paths(&grants[j - 1], &g) > 0; j--) grants[j] = grants[j - 1];
+        grants[j] = g;
+    }
+    return 0;
+}
+
+int build_root(const struct profile *p, const char **why) {
+    // Nothing mounted here propagates back to the host's mount namespace.
+    if (syscall(SYS_mount, NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL) != 0)
+        return fail(why, "cannot make the mount namespace private", errno);
+
+    if (syscall(SYS_mount, "sdk-host-root", ROOT, "tmpfs", MS_NOSUID | MS_NODEV, "mode=0755,size=1m,nr_inodes=4096") != 0)
+        return fail(why, "cannot mount the new root's tmpfs", errno);
+    int error = 0;
+    for (size_t i = 0; i < grant_count && error == 0; i++) error = bind(&grants[i], why);
+    for (size_t i = 0; i < grant_count; i++)
+        if (grants[i].fd >= 0) close(grants[i].fd);
+    if (error) return error;
+
+    if (syscall(SYS_mkdirat, AT_FDCWD, ROOT "/proc", 0555) != 0 && errno != EEXIST)
+        return fail(why, "cannot make /proc in the new root", errno);
+    if (syscall(SYS_mount, "proc", ROOT "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, NULL) != 0)
+        return fail(why, "cannot mount the worker's own /proc", errno);
+    char options[96];
+    snprintf(options, sizeof options, "mode=0700,size=%lldm,uid=%u,gid=%u", p->temp_mb > 0 ? p->temp_mb : 64,
+             p->mapped_uid, p->mapped_gid);
+    if (syscall(SYS_mkdirat, AT_FDCWD, ROOT "/tmp", 0755) != 0 && errno != EEXIST)
+        return fail(why, "cannot make /tmp in the new root", errno);
+    if (syscall(SYS_mount, "sdk-host-tmp", ROOT "/tmp", "tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC, options) != 0)
+        return fail(why, "cannot mount the worker's TMPDIR", errno);
+
+    // pivot_root(".", ".") stacks the old root under the new one; detaching it leaves only the new root.
+    if (syscall(SYS_chdir, ROOT) != 0) return fail(why, "cannot enter the new root", errno);
+    if (syscall(SYS_pivot_root, ".", ".") != 0) return fail(why, "pivot_root refused", errno);
+    if (syscall(SYS_umount2, ".", MNT_DETACH) != 0) return fail(why, "cannot detach the old root", errno);
+    if (syscall(SYS_chdir, "/") != 0) return fail(why, "cannot enter the new root", errno);
+    if (syscall(SYS_mount, NULL, "/", NULL, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV, NULL) != 0)
+        return fail(why, "cannot make the new root read-only", errno);
+    return 0;
+}
