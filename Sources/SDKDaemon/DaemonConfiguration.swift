@@ -70,6 +70,7 @@ package struct DaemonConfiguration: Sendable {
         "HeartbeatTimeoutSeconds", "CancelGraceSeconds", "MaxFrameBytes", "DefaultPolicy", "MaxClients",
         "MaxInFlightRequests", "MaxQueuedRequests", "MaxClientOutputBytes", "HandshakeTimeoutSeconds",
         "PartialFrameTimeoutSeconds", "MaxDescriptorsPerClient", "MaxDescriptorsTotal", "BusyPollMicroseconds",
+        "WorkerUser", "RuntimePaths",
     ]
 
     /// Defaults only (no file).
@@ -141,6 +142,20 @@ package struct DaemonConfiguration: Sendable {
         maxDescriptorsPerClient = try f.integer("MaxDescriptorsPerClient", in: 0...1_000_000) ?? maxDescriptorsPerClient
         maxDescriptorsTotal = try f.integer("MaxDescriptorsTotal", in: 0...1_000_000) ?? maxDescriptorsTotal
         host.busyPollMicroseconds = try f.integer("BusyPollMicroseconds", in: HostConfiguration.busyPollMicrosecondsRange) ?? host.busyPollMicroseconds
+        if let user = try f.string("WorkerUser") {
+            do throws(HostError) {
+                _ = try WorkerIdentity(resolving: user)
+            } catch {
+                throw f.fail("WorkerUser", String(error.detail.dropFirst("WorkerUser: ".count)))
+            }
+            host.workerUser = user
+        }
+        if let paths = try f.stringArray("RuntimePaths") {
+            for path in paths where !path.hasPrefix("/") || path.split(separator: "/").contains("..") {
+                throw f.fail("RuntimePaths", "'\(path)' is not an absolute path without '..'")
+            }
+            host.runtimePaths = paths
+        }
     }
 
     /// Where the daemon keeps its socket and crash reports by default: $XDG_RUNTIME_DIR/sdk-host if set (a

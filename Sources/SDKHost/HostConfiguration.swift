@@ -175,7 +175,7 @@ extension HostConfiguration {
 }
 
 /// The uid and gid a root host's workers run as.
-struct WorkerIdentity: Sendable, Equatable {
+package struct WorkerIdentity: Sendable, Equatable {
     var uid: UInt32
     var gid: UInt32
 
@@ -185,7 +185,7 @@ struct WorkerIdentity: Sendable, Equatable {
     }
 
     /// `uid`, `uid:gid`, or a user name looked up in /etc/passwd (its primary group). Root is refused.
-    init(resolving user: String) throws(HostError) {
+    package init(resolving user: String) throws(HostError) {
         let fields = user.split(separator: ":", omittingEmptySubsequences: false)
         if let uid = UInt32(fields[0]) {
             guard fields.count <= 2, let gid = fields.count == 2 ? UInt32(fields[1]) : uid else {

@@ -25,9 +25,9 @@ extension HostEngine {
             "SDKHOST_LEAK_CHECK_MS=\(Int64(manifest.policy.leakCheckDelay * 1000))",
             "SDKHOST_BUSY_POLL_US=\(configuration.busyPollMicroseconds)",
         ]
-        // The exit notice (ExitNotice.swift) names the host's child. A sandboxed worker runs in its own pid
-        // namespace under its launcher, which stays as its supervisor, so that worker gets no page.
-        let exitNotice = manifest.policy.sandbox == .none
+        // The exit notice (ExitNotice.swift). A sandboxed worker runs in its own pid namespace under its launcher;
+        // its page is moved to its real pid when the launcher's `sandboxed` names it.
+        let exitNotice = true
         if exitNotice { environment.append("SDKHOST_EXIT_NOTICE_FD=\(ExitNoticePage.descriptor)") }
         // Under an address-space limit every malloc arena's 64 MiB reservation counts, and glibc makes up to 8
         // per core: four arenas keep a threaded worker well inside a few hundred MiB. The config may override.

@@ -78,6 +78,9 @@ extension HostEngine {
             }
             worker.sandboxReported = true
             if let reportedPID, worker.adoptWorkerPID(reportedPID) {
+                // The launcher's worker is pid 2 of its namespace (pid 1 is the launcher's init): that is the id
+                // its runtime stores in the exit-notice word.
+                worker.exitNotice?.moved(to: reportedPID, seenInsideAs: 2)
                 // Requests handed to it before now were told the launcher's pid.
                 for id in worker.inFlight {
                     guard let record = requests[id] else { continue }

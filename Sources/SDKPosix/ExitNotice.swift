@@ -25,8 +25,12 @@ import Synchronization
 public final class ExitNoticePage: @unchecked Sendable {
     /// The futex word. Loaded and swapped atomically only: the worker writes it too.
     let word: UnsafeMutablePointer<UInt32>
-    /// The worker's pid, which is also its main thread's id (set once, before the page is shared with a thread).
+    /// The worker's pid, which is also its main thread's id (set once, before the page is shared with a thread):
+    /// what /proc is asked about.
     public internal(set) var owner: pid_t = 0
+    /// The id the worker stores in the word: its pid as it sees it. The same as `owner`, except for a worker in a
+    /// pid namespace of its own (`moved(to:seenInsideAs:)`).
+    public internal(set) var ownID: pid_t = 0
 
     /// The worker's descriptor the page is passed on (SDKHOST_EXIT_NOTICE_FD).
     public static let descriptor = Int32(SDK_EXIT_NOTICE_FD)
@@ -50,14 +54,21 @@ public final class ExitNoticePage: @unchecked Sendable {
     public var value: UInt32 { sdk_atomic_load_u32(word) }
 
     /// Whether the worker has registered the word: it holds the worker's pid (with or without the waiters bit).
-    public var isRegistered: Bool { owner > 0 && value & ~Self.waitersBit == UInt32(owner) }
+    public var isRegistered: Bool { ownID > 0 && value & ~Self.waitersBit == UInt32(ownID) }
 
     /// The value the word holds while its owner lives and the watcher waits on it.
-    var armed: UInt32 { UInt32(owner) | Self.waitersBit }
+    var armed: UInt32 { UInt32(ownID) | Self.waitersBit }
+
+    /// The worker turned out to be `pid` (a child of the host's child, which is its launcher), pid `inside` in its
+    /// own pid namespace. Call before the page is watched.
+    public func moved(to pid: pid_t, seenInsideAs inside: pid_t) {
+        owner = pid
+        ownID = inside
+    }
 
     /// Sets the waiters bit on a registered word. False if the word holds anything else.
     func arm() -> Bool {
-        if sdk_atomic_cas_u32(word, UInt32(owner), armed) != 0 { return true }
+        if sdk_atomic_cas_u32(word, UInt32(ownID), armed) != 0 { return true }
         return value == armed
     }
 }

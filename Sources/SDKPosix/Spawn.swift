@@ -196,6 +196,7 @@ public func spawnWithChannels(_ request: SpawnRequest) throws(SystemError) -> Wo
         let hostEnds: Set<Int32> = [sv[0], out[0], err[0]]
         for fd in opened where !hostEnds.contains(fd) { _ = Glibc.close(fd) }
         notice?.owner = process.pid
+        notice?.ownID = process.pid
         return WorkerChannels(
             process: process, socket: FileDescriptor(adopting: sv[0]), stdout: FileDescriptor(adopting: out[0]),
             stderr: FileDescriptor(adopting: err[0]), exitNotice: notice)

@@ -12,6 +12,7 @@
 #include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
+#include <sys/mount.h>
 
 typedef int (*trial)(void);
 
@@ -42,6 +43,13 @@ static int user_ns(void) { return namespace_trial(CLONE_NEWUSER); }
 static int pid_ns(void) { return namespace_trial(CLONE_NEWPID); }
 static int mount_ns(void) { return namespace_trial(CLONE_NEWNS); }
 static int net_ns(void) { return namespace_trial(CLONE_NEWNET); }
+/// A tmpfs mounted in a new mount namespace (in a user namespace when not root): what the worker's root needs.
+static int root_trial(void) {
+    int flags = CLONE_NEWNS | (geteuid() != 0 ? CLONE_NEWUSER : 0);
+    if (unshare(flags) != 0) return errno;
+    if (syscall(SYS_mount, NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL) != 0) return errno;
+    return syscall(SYS_mount, "sdk-host-root", "/tmp", "tmpfs", 0, "size=64k") == 0 ? 0 : errno;
+}
 static int no_new_privs(void) { return prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) == 0 ? 0 : errno; }
 static int seccomp_trial(void) {
     if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0) return errno;
@@ -73,10 +81,12 @@ static void report(const char *layer, int error, const char *detail) {
 
 int doctor(void) {
     int root = geteuid() == 0;
-    report("userNamespace", in_child(user_ns), root ? "not needed as root" : "needed for the pid namespace");
-    report("pidNamespace", in_child(pid_ns), "used with AllowSubprocesses: grandchildren die with the worker");
-    report("mountNamespace", in_child(mount_ns), "not used: seccomp refuses mount, Landlock hides files");
-    report("netNamespace", in_child(net_ns), "not used: seccomp refuses non-Unix sockets, for less cost");
+    report("userNamespace", in_child(user_ns),
+           root ? "every worker: its ids mapped one-to-one to WorkerUser's" : "every worker: its ids mapped one-to-one");
+    report("pidNamespace", in_child(pid_ns), "every worker: no other process can be named");
+    report("mountNamespace", in_child(mount_ns), "every worker: a root of its own");
+    report("root", in_child(root_trial), "every worker: a tmpfs root holding only its grants, pivot_root");
+    report("netNamespace", in_child(net_ns), "every worker without NetworkAllowed: no interface, no machine socket");
     report("noNewPrivs", in_child(no_new_privs), "required by Landlock and seccomp");
     report("capabilities", in_child(capabilities_trial), "every capability dropped before exec");
     int abi = landlock_abi();
@@ -89,7 +99,7 @@ int doctor(void) {
     } else {
         report("landlock", -abi, "no file confinement");
     }
-    report("seccomp", in_child(seccomp_trial), "system call filter (BPF)");
+    report("seccomp", in_child(seccomp_trial), "system call allow-list (BPF): every call not listed is refused");
     report("rlimits", in_child(rlimit_trial), "address space, file size, core files, descriptors");
     return 0;
 }

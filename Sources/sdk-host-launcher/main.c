@@ -343,6 +343,7 @@ static void confine_and_exec(void) {
                 error = build_root(&profile, &why);
                 if (error == 0) {
                     applied("root");
+                    profile.root_built = 1;
                     point_tmpdir_at_root_tmp();
                     if (missing[0] && skipped_count < 8) {
                         snprintf(skipped_text[skipped_count], sizeof skipped_text[0], "grants not found: %.480s",

@@ -116,6 +116,9 @@ static int make_parents(char *path) {
 }
 
 static int make_target(char *target, int directory) {
+    struct stat info;
+    // Already there: inside a grant bound before it (a file in a granted folder, say).
+    if (syscall(SYS_newfstatat, AT_FDCWD, target, &info, AT_SYMLINK_NOFOLLOW) == 0) return 0;
     int error = make_parents(target);
     if (error) return error;
     if (directory) {
@@ -324,6 +327,15 @@ int build_root(const struct profile *p, const char **why) {
 
     if (syscall(SYS_mount, "sdk-host-root", ROOT, "tmpfs", MS_NOSUID | MS_NODEV, "mode=0755,size=1m,nr_inodes=4096") != 0)
         return fail(why, "cannot mount the new root's tmpfs", errno);
+    // TMPDIR first: a grant under /tmp (an executable in a temporary folder, say) is bound inside it, on top.
+    char options[96];
+    snprintf(options, sizeof options, "mode=0700,size=%lldm,uid=%u,gid=%u", p->temp_mb > 0 ? p->temp_mb : 64,
+             p->mapped_uid, p->mapped_gid);
+    if (syscall(SYS_mkdirat, AT_FDCWD, ROOT "/tmp", 0755) != 0 && errno != EEXIST)
+        return fail(why, "cannot make /tmp in the new root", errno);
+    if (syscall(SYS_mount, "sdk-host-tmp", ROOT "/tmp", "tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC, options) != 0)
+        return fail(why, "cannot mount the worker's TMPDIR", errno);
+
     int error = 0;
     for (size_t i = 0; i < grant_count && error == 0; i++) error = bind(&grants[i], why);
     for (size_t i = 0; i < grant_count; i++)
@@ -334,14 +346,6 @@ int build_root(const struct profile *p, const char **why) {
         return fail(why, "cannot make /proc in the new root", errno);
     if (syscall(SYS_mount, "proc", ROOT "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, NULL) != 0)
         return fail(why, "cannot mount the worker's own /proc", errno);
-    char options[96];
-    snprintf(options, sizeof options, "mode=0700,size=%lldm,uid=%u,gid=%u", p->temp_mb > 0 ? p->temp_mb : 64,
-             p->mapped_uid, p->mapped_gid);
-    if (syscall(SYS_mkdirat, AT_FDCWD, ROOT "/tmp", 0755) != 0 && errno != EEXIST)
-        return fail(why, "cannot make /tmp in the new root", errno);
-    if (syscall(SYS_mount, "sdk-host-tmp", ROOT "/tmp", "tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC, options) != 0)
-        return fail(why, "cannot mount the worker's TMPDIR", errno);
-
     // pivot_root(".", ".") stacks the old root under the new one; detaching it leaves only the new root.
     if (syscall(SYS_chdir, ROOT) != 0) return fail(why, "cannot enter the new root", errno);
     if (syscall(SYS_pivot_root, ".", ".") != 0) return fail(why, "pivot_root refused", errno);

@@ -121,7 +121,8 @@ int apply_landlock(const struct profile *p, int *abi_out, char *skipped, size_t 
     // What every worker reads and writes besides its grants: its own /proc and the four device nodes.
     static char *device_reads[] = {"/proc", "/dev/urandom", "/dev/random", "/dev/zero"};
     static char *device_writes[] = {"/dev/null"};
-    struct paths reads = {device_reads, 4}, writes = {device_writes, 1};
+    static char *root_writes[] = {"/dev/null", "/tmp"};
+    struct paths reads = {device_reads, 4}, writes = {p->root_built ? root_writes : device_writes, p->root_built ? 2 : 1};
     int rc = add_paths(ruleset, &p->executable_paths, LL_FS_EXECUTE | read, handled, skipped, skipped_size);
     if (rc == 0) rc = add_paths(ruleset, &reads, read, handled, skipped, skipped_size);
     if (rc == 0) rc = add_paths(ruleset, &writes, write, handled, skipped, skipped_size);
@@ -334,7 +335,10 @@ int apply_seccomp(const struct profile *p, pid_t self, const char **why) {
     RULE(SYS_socketpair, socketpair);
     RULE(SYS_sendto, sendto);
     RULE(SYS_memfd_create, memfd);
-    RULE(SYS_execve, execve);
+    // With AllowSubprocesses the extension may run programs (Landlock still lets it execute only its own
+    // executable and the runtime folders); without, only the launcher's own exec.
+    RULE(SYS_execve, p->subprocesses ? -1 : execve);
+    if (p->subprocesses) RULE(SYS_execveat, -1);
     RULE(SYS_ioctl, ioctl);
     if (p->subprocesses) {
 #if defined(__x86_64__)

@@ -32,6 +32,7 @@ struct profile {
     unsigned mapped_gid;
     long long temp_mb;        // TempSizeMB: the worker's TMPDIR tmpfs
     long long max_threads;    // MaxThreads: RLIMIT_NPROC inside the worker's own user namespace
+    int root_built;           // the worker runs on its own root, whose /tmp is its TMPDIR
 };
 
 enum { SANDBOX_STRICT, SANDBOX_BEST_EFFORT, SANDBOX_NONE };

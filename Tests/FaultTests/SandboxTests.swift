@@ -34,11 +34,27 @@ final class ProbeTargets: @unchecked Sendable {
         udpPort = udp
         descriptors.append(try Self.unixListener("\(folder)/socket", abstract: false))
         descriptors.append(try Self.unixListener(abstractName, abstract: true))
+        descriptors.append(try Self.datagramListener("\(folder)/dgram"))
+    }
+
+    /// A named datagram socket in the test's folder, for the probes that try to send to one.
+    static func datagramListener(_ path: String) throws -> Int32 {
+        let fd = socket(AF_UNIX, Int32(SOCK_DGRAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0)
+        var address = sockaddr_un()
+        address.sun_family = sa_family_t(AF_UNIX)
+        withUnsafeMutableBytes(of: &address.sun_path) { raw in
+            for (i, b) in path.utf8.enumerated() { raw[i] = b }
+        }
+        let ok = withUnsafePointer(to: &address) {
+            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { bind(fd, $0, socklen_t(MemoryLayout<sockaddr_un>.size)) == 0 }
+        }
+        try #require(fd >= 0 && ok)
+        return fd
     }
 
     func remove() {
         for fd in descriptors { close(fd) }
-        for name in ["secret", "socket", "created", "lock"] { unlink("\(folder)/\(name)") }
+        for name in ["secret", "socket", "created", "lock", "dgram"] { unlink("\(folder)/\(name)") }
         rmdir("\(folder)/mountpoint")
         rmdir(folder)
     }
@@ -87,6 +103,18 @@ final class ProbeTargets: @unchecked Sendable {
             "userns", "netns", "mount:\(folder)/mountpoint", "io_uring", "userfaultfd", "bpf", "perf", "add_key",
             "fork", "clone3", "exec:/bin/true", "execself", "memory:anonymous", "memory:shared:4096", "memory:memfd:4096",
             "rlimit", "orphan:\(folder)/lock",
+            // Files outside every grant: not even there to change, stat or watch.
+            "chmod:\(folder)/secret", "utime:\(folder)/secret", "xattr:\(folder)/secret", "stat:\(folder)/secret",
+            "inotify:\(folder)",
+            // Other processes: not in the worker's pid namespace.
+            "prlimit:\(me)", "renice:\(me)", "affinity:\(me)", "cmdline:\(me)", "prlimit:1", "signal:1",
+            // The machine, read through /proc: its sockets, mounts and processes.
+            "sees:/proc/net/unix=\(folder)/socket", "sees:/proc/1/mountinfo=\(folder)", "sees:/proc/self/mountinfo=\(folder)",
+            "sees:/proc/1/net/unix=\(folder)/socket",
+            // New code, and datagrams with an address.
+            "memfdexec", "dgram:\(folder)/dgram", "dgrampair:\(folder)/dgram",
+            // Limits that limit: TMPDIR (TempSizeMB 64), threads.
+            "tmpfill:100", "manythreads:2000",
         ]
     }
 }
@@ -125,24 +153,31 @@ extension FaultTests {
                 // From inside: seccomp filter mode, no_new_privs, no effective capabilities, the host its parent.
                 #expect(layers.contains("seccomp 2") && layers.contains("nnp 1") && layers.contains("capeff 0000000000000000"),
                         "\(layers)")
-                #expect(layers.contains("ppid \(getpid())"))
+                // Pid 2 of a pid namespace of its own (pid 1 is its launcher's init): no other process can be named.
+                #expect(layers.contains("pid 2 ppid 0"), "\(layers)")
                 for control in ["threads", "urandom", "timer"] {
                     let result = await probe(ext, recorder, control)
                     #expect(result.hasPrefix("allowed"), "\(control): \(result)")
                 }
+                // TMPDIR is a tmpfs of the worker's own, at /tmp in its root, and TempSizeMB (64) bounds it.
                 let tmp = await probe(ext, recorder, "tmpdir")
-                #expect(tmp.hasPrefix("allowed: wrote /tmp/sdk-host-worker."), "\(tmp)")
+                #expect(tmp == "allowed: wrote /tmp/probe", "\(tmp)")
+                let fill = await probe(ext, recorder, "tmpfill:100")
+                #expect(fill.hasPrefix("refused: stopped at 6"), "\(fill)")
                 let (_, _, workers) = await host.inspect()
                 let snapshot = try #require(workers.first)
-                #expect(snapshot.sandboxLayers.contains("seccomp") && snapshot.sandboxLayers.contains { $0.hasPrefix("landlock:") },
-                        "\(snapshot.sandboxLayers)")
-                #expect(!snapshot.sandboxLayers.contains("pidNamespace"), "no pid namespace without AllowSubprocesses")
-                // The private temp folder goes with its worker.
-                let path = String(tmp.dropFirst("allowed: wrote ".count))
-                let folder = String(path[..<path.lastIndex(of: "/")!])
-                #expect(access(folder, F_OK) == 0)
-                kill(snapshot.pid, SIGKILL)
-                #expect(await eventually { access(folder, F_OK) != 0 }, "\(folder) outlived its worker")
+                for layer in ["userNamespace", "pidNamespace", "mount, IPC, UTS and network namespaces", "root", "workerUser",
+                              "seccomp"] {
+                    #expect(snapshot.sandboxLayers.contains(layer), "\(layer): \(snapshot.sandboxLayers)")
+                }
+                #expect(snapshot.sandboxLayers.contains { $0.hasPrefix("landlock:") }, "\(snapshot.sandboxLayers)")
+                // The pid the host reports is the process that runs the extension (the launcher's child).
+                #expect(readLink("/proc/\(snapshot.pid)/exe")?.hasSuffix("/Escaper") == true)
+                if getuid() == 0 {
+                    // A root host's worker runs as WorkerUser (nobody), never as root.
+                    let status = (try? readFile("/proc/\(snapshot.pid)/status")).map { String(decoding: $0, as: UTF8.self) } ?? ""
+                    #expect(status.contains("Uid:\t65534\t65534\t65534\t65534"), "\(status)")
+                }
             }
         }
 
@@ -224,9 +259,11 @@ extension FaultTests {
                 #expect(await eventually { folders().count == 1 }, "\(folders())")
                 let spare = try #require(folders().first)
                 let (ext, recorder) = try recordedExtension(host, "com.example.escaper")
+                _ = spare
                 let tmp = await probe(ext, recorder, "tmpdir")
-                // The first worker got that folder, and the next one is ready beside it.
-                #expect(tmp.hasPrefix("allowed: wrote \(base.path)/\(spare)/"), "\(tmp)")
+                // The first worker took that folder (its TMPDIR where a new root is refused), and the next one is
+                // ready beside it.
+                #expect(tmp == "allowed: wrote /tmp/probe", "\(tmp)")
                 #expect(await eventually { folders().count == 2 }, "\(folders())")
             }
             #expect(folders().isEmpty, "left behind: \(folders())")
@@ -242,6 +279,8 @@ extension FaultTests {
                 <key>WritablePaths</key><array><string>\(targets.folder)</string></array>
                 """)
             defer { opened.remove() }
+            // A root host's workers run as WorkerUser (nobody): a WritablePaths folder must be theirs to write.
+            if geteuid() == 0 { chown(targets.folder, 65534, 65534) }
             try await withHost(extraSearchPaths: [opened.root]) { host, _ in
                 let ext = try host.extension(identifier: opened.identifier)
                 let recorder = Recorder()

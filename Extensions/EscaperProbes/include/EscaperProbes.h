@@ -27,7 +27,7 @@ long probe_setpriority(pid_t pid);
 long probe_affinity(pid_t pid);
 /// chmod(path) to its own mode.
 long probe_chmod(const char *path);
-/// utimensat(path) with both times UTIME_OMIT.
+/// utimensat(path) to the times it has.
 long probe_utime(const char *path);
 /// setxattr(path, user.sdkhost-probe) and, if it worked, removexattr.
 long probe_xattr(const char *path);
