@@ -197,15 +197,6 @@ static void apply_rlimits(void) {
     applied("rlimits");
 }
 
-static int write_file(const char *path, const char *text) {
-    int fd = open(path, O_WRONLY | O_CLOEXEC);
-    if (fd < 0) return errno;
-    ssize_t n = write(fd, text, strlen(text));
-    int error = n == (ssize_t)strlen(text) ? 0 : (n < 0 ? errno : EIO);
-    close(fd);
-    return error;
-}
-
 /// In a forked child: die with the launcher; exit at once if it is already gone (`alive` is the read end of a
 /// pipe whose only writer is the launcher, so end-of-file means it has exited).
 static void die_with_launcher(int alive) {
