@@ -13,9 +13,12 @@ import Glibc
 
 @Suite(.serialized) struct SupervisionTests {
     /// A folder of the test's own.
+    /// A folder a worker may be granted: readable by a root host's WorkerUser (nobody) too, as mkdtemp's 0700 is not.
     static func makeFolder() -> String {
         var template = "/tmp/sdkhost-supervision-XXXXXX".utf8CString
-        return template.withUnsafeMutableBufferPointer { String(cString: mkdtemp($0.baseAddress!)!) }
+        let folder = template.withUnsafeMutableBufferPointer { String(cString: mkdtemp($0.baseAddress!)!) }
+        chmod(folder, 0o755)
+        return folder
     }
 
     @Test func anExtensionThatAbortsAtStartIsQuarantinedAndSpawnsLittle() async throws {
