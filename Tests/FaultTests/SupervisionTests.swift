@@ -177,8 +177,10 @@ import Glibc
                                       policy: "<key>MinWarmWorkers</key><integer>1</integer>")
         defer { warm.remove() }
         try await withHost(extraSearchPaths: [warm.root]) { host, _ in
+            // Until its launcher's `sandboxed` frame names the worker's own pid, the launcher's is shown.
             #expect(await eventually {
-                await host.status(of: "com.example.warm-echo")?.workers.count == 1
+                let workers = await host.status(of: "com.example.warm-echo")?.workers ?? []
+                return workers.count == 1 && !workers[0].sandbox.isEmpty
             })
             let status = try #require(await host.status(of: "com.example.warm-echo"))
             #expect(status.requests == 0 && status.spawns == 1)
