@@ -80,15 +80,22 @@ static void launch_failed(const char *format, ...) {
     _exit(LAUNCH_FAILED_STATUS);
 }
 
+/// Adds a line to what the `sandboxed` frame reports as skipped (at most 8).
+static void note(const char *format, ...) {
+    if (skipped_count >= 8) return;
+    va_list args;
+    va_start(args, format);
+    vsnprintf(skipped_text[skipped_count], sizeof skipped_text[0], format, args);
+    va_end(args);
+    skipped[skipped_count] = skipped_text[skipped_count];
+    skipped_count++;
+}
+
 /// A layer that could not be applied: fatal under strict; under bestEffort noted and skipped.
 static void unavailable(const char *layer, int error, const char *why) {
     if (profile.mode == SANDBOX_STRICT)
         launch_failed("sandbox: %s unavailable: %s (%s)", layer, why, strerror(error));
-    if (skipped_count < 8) {
-        snprintf(skipped_text[skipped_count], sizeof skipped_text[0], "%s: %s (%s)", layer, why, strerror(error));
-        skipped[skipped_count] = skipped_text[skipped_count];
-        skipped_count++;
-    }
+    note("%s: %s (%s)", layer, why, strerror(error));
 }
 
 static void applied(const char *layer) {
@@ -153,13 +160,12 @@ static void read_profile(void) {
     profile.descriptors = integer_for(&doc, "DescriptorLimit", 0);
     profile.executable_paths = paths_for(&doc, "ExecutablePaths");
     profile.runtime = paths_for(&doc, "RuntimePaths");
-    profile.worker_uid = integer_for(&doc, "WorkerUID", 65534);
-    profile.worker_gid = integer_for(&doc, "WorkerGID", 65534);
-    if (profile.worker_uid < 0 || profile.worker_uid > 0xFFFFFFFELL || profile.worker_gid < 0
-        || profile.worker_gid > 0xFFFFFFFELL)
+    // A root launcher's worker runs as WorkerUID/WorkerGID; any other launcher's as its own ids.
+    long long worker_uid = integer_for(&doc, "WorkerUID", 65534), worker_gid = integer_for(&doc, "WorkerGID", 65534);
+    if (worker_uid < 0 || worker_uid > 0xFFFFFFFELL || worker_gid < 0 || worker_gid > 0xFFFFFFFELL)
         launch_failed("profile: WorkerUID and WorkerGID must be ids");
-    profile.mapped_uid = geteuid() == 0 ? (unsigned)profile.worker_uid : geteuid();
-    profile.mapped_gid = geteuid() == 0 ? (unsigned)profile.worker_gid : getegid();
+    profile.mapped_uid = geteuid() == 0 ? (unsigned)worker_uid : geteuid();
+    profile.mapped_gid = geteuid() == 0 ? (unsigned)worker_gid : getegid();
     profile.temp_mb = integer_for(&doc, "TempSizeMB", 64);
     profile.max_threads = integer_for(&doc, "MaxThreads", 512);
     profile.readable = paths_for(&doc, "ReadablePaths");
@@ -236,10 +242,11 @@ static void supervise(pid_t init) {
 
 static void confine_and_exec(void);
 
-/// In the worker: whether it runs in its own namespaces (and so builds its root).
-static int in_namespaces;
-/// The worker's pid as the host sees it (the launcher's namespace), sent in `sandboxed`: inside, it is 2.
+/// The worker's pid as the host sees it (the launcher's namespace), sent in `sandboxed`: inside, it is 2. Empty
+/// where the worker is not in namespaces of its own.
 static char worker_pid_text[24];
+/// In the worker: whether it runs in its own namespaces (and so builds its root).
+static int in_namespaces(void) { return worker_pid_text[0] != 0; }
 /// In the worker: the read end of the launcher's `alive` pipe (end-of-file once the launcher has exited).
 static int launcher_alive = -1;
 
@@ -280,7 +287,6 @@ static void fork_into_namespace(void) {
         if (outer <= 0) _exit(0);  // the launcher is gone
         snprintf(worker_pid_text, sizeof worker_pid_text, "%d", (int)outer);
         if (setsid() < 0) launch_failed("session: setsid failed: %s", strerror(errno));
-        in_namespaces = 1;
         return;
     }
     worker_pid = worker;
@@ -313,12 +319,13 @@ static void confine_and_exec(void) {
     if (profile.mode != SANDBOX_NONE) {
         const char *why = NULL;
         int error;
-        if (in_namespaces) {
+        if (in_namespaces()) {
             static char missing[1024];
             error = join_rest(&why);
             if (error == 0) {
                 applied(profile.network ? "mount, IPC and UTS namespaces" : "mount, IPC, UTS and network namespaces");
                 error = collect_grants(&profile, missing, sizeof missing, &why);
+                if (error) unavailable("root", error, why);
             } else {
                 unavailable("namespaces", error, why);
             }
@@ -336,12 +343,7 @@ static void confine_and_exec(void) {
                     applied("root");
                     profile.root_built = 1;
                     point_tmpdir_at_root_tmp();
-                    if (missing[0] && skipped_count < 8) {
-                        snprintf(skipped_text[skipped_count], sizeof skipped_text[0], "grants not found: %.480s",
-                                 missing);
-                        skipped[skipped_count] = skipped_text[skipped_count];
-                        skipped_count++;
-                    }
+                    if (missing[0]) note("grants not found: %.480s", missing);
                 } else {
                     unavailable("root", error, why);
                 }
@@ -360,11 +362,8 @@ static void confine_and_exec(void) {
         if (error == 0) {
             snprintf(landlock_name, sizeof landlock_name, "landlock:%d", abi);
             applied(landlock_name);
-            if (missing[0] && skipped_count < 8 && !in_namespaces) {
-                snprintf(skipped_text[skipped_count], sizeof skipped_text[0], "paths not found: %.480s", missing);
-                skipped[skipped_count] = skipped_text[skipped_count];
-                skipped_count++;
-            }
+            // In its own root a missing grant was noted already, when the root was built.
+            if (missing[0] && !in_namespaces()) note("paths not found: %.480s", missing);
         } else {
             unavailable("landlock", error, why);
         }
@@ -378,7 +377,7 @@ static void confine_and_exec(void) {
         {.key = "skipped", .strings = skipped, .count = skipped_count},
         {.key = "pid", .string = worker_pid_text},
     };
-    send_frame(entries, worker_pid_text[0] ? 4 : 3);
+    send_frame(entries, in_namespaces() ? 4 : 3);
     execve(profile.executable, profile.argv, profile.envp);
     int error = errno;
     launch_failed("cannot exec %s: %s", profile.executable, strerror(error));

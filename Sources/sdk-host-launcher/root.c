@@ -4,12 +4,13 @@
 // process can be named, no other mount is visible, no path outside the grants resolves.
 //
 // The root is a small tmpfs mounted over /tmp in the worker's own mount namespace. Each grant's source is opened
-// (O_PATH) before anything is mounted, and before the worker takes its own uid (a grant is the operator's: the
-// folders above it need not be open to the worker's uid), so that a grant under /tmp, or reached through a symbolic link, is bound
-// from what it was on the host and not from what the new mounts show; it is bound through /proc/self/fd/N. Then:
-// /proc (a new instance: only the worker's own pid namespace), /dev/null, /dev/zero, /dev/random, /dev/urandom,
-// and the worker's TMPDIR as a tmpfs of TempSizeMB. pivot_root makes the tmpfs the root, the old root is
-// detached, and the new root is made read-only.
+// (O_PATH) before anything is mounted and before the worker takes its own uid (a grant is the operator's: the
+// folders above it need not be open to the worker's uid), so that a grant under /tmp, or reached through a
+// symbolic link, is bound from what it was on the host and not from what the new mounts show; it is bound through
+// /proc/self/fd/N. The worker's TMPDIR, a tmpfs of TempSizeMB, goes in first (a grant under /tmp is bound inside
+// it), then the grants, /dev/null, /dev/zero, /dev/random, /dev/urandom and /proc (a new instance: only the
+// worker's own pid namespace). pivot_root makes the tmpfs the root, the old root is detached, and the new root is
+// made read-only.
 //
 // Grants are bound read-only (ReadablePaths and the runtime folders; ReadablePaths and everything writable also
 // noexec), WritablePaths read-write; every bind is nosuid and nodev (but the four device nodes), and keeps the
@@ -18,18 +19,18 @@
 #include "sandbox.h"
 
 #include <errno.h>
-#include <poll.h>
-#include <signal.h>
-#include <sys/prctl.h>
-#include <sys/wait.h>
 #include <fcntl.h>
+#include <poll.h>
 #include <sched.h>
+#include <signal.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/mount.h>
+#include <sys/prctl.h>
 #include <sys/stat.h>
 #include <sys/statfs.h>
 #include <sys/syscall.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #define ROOT "/tmp"
@@ -67,8 +68,9 @@ static int clean_path(const char *path) {
     return 1;
 }
 
-static void add_grant(const char *path, enum grant_kind kind, char *skipped, size_t skipped_size) {
-    if (grant_count >= MAX_GRANTS) return;
+/// Opens `path` as a grant. Returns whether it was added (a missing or unclean path is noted in `skipped`).
+static int add_grant(const char *path, enum grant_kind kind, char *skipped, size_t skipped_size) {
+    if (grant_count >= MAX_GRANTS) return 0;
     struct grant *g = &grants[grant_count];
     memset(g, 0, sizeof *g);
     g->path = path;
@@ -76,30 +78,34 @@ static void add_grant(const char *path, enum grant_kind kind, char *skipped, siz
     g->fd = -1;
     if (!clean_path(path)) {
         note_skipped(skipped, skipped_size, path, EINVAL);
-        return;
+        return 0;
     }
     struct stat info;
-    if (syscall(SYS_newfstatat, AT_FDCWD, path, &info, AT_SYMLINK_NOFOLLOW) == 0 && S_ISLNK(info.st_mode)) {
+    // A folder reached by a short relative link (merged /usr's /lib -> usr/lib) is copied as that link; the
+    // executable itself is always bound, as what it resolves to.
+    if (kind != GRANT_EXECUTABLE && syscall(SYS_newfstatat, AT_FDCWD, path, &info, AT_SYMLINK_NOFOLLOW) == 0
+        && S_ISLNK(info.st_mode)) {
         long n = syscall(SYS_readlinkat, AT_FDCWD, path, g->link, sizeof g->link - 1);
         if (n > 0 && g->link[0] != '/' && strstr(g->link, "..") == NULL) {
             g->link[n] = 0;
             grant_count++;
-            return;
+            return 1;
         }
         g->link[0] = 0;
     }
     g->fd = open(path, O_PATH | O_CLOEXEC);
     if (g->fd < 0) {
         note_skipped(skipped, skipped_size, path, errno);
-        return;
+        return 0;
     }
     if (fstat(g->fd, &info) != 0) {
         note_skipped(skipped, skipped_size, path, errno);
         close(g->fd);
-        return;
+        return 0;
     }
     g->directory = S_ISDIR(info.st_mode);
     grant_count++;
+    return 1;
 }
 
 /// Makes every folder of `path` (inside the new root) up to, not including, its last component.
@@ -303,13 +309,17 @@ int become_worker_user(const struct profile *p, const char **why) {
 
 int collect_grants(const struct profile *p, char *skipped, size_t skipped_size, const char **why) {
     grant_count = 0;
-    add_grant(p->executable, GRANT_EXECUTABLE, skipped, skipped_size);
+    if (!add_grant(p->executable, GRANT_EXECUTABLE, skipped, skipped_size)) {
+        static char text[3200];
+        int error = errno ? errno : ENOENT;
+        snprintf(text, sizeof text, "cannot open the executable %s", p->executable);
+        return fail(why, text, error);
+    }
     for (size_t i = 0; i < p->runtime.count; i++) add_grant(p->runtime.items[i], GRANT_RUNTIME, skipped, skipped_size);
     for (size_t i = 0; i < p->readable.count; i++) add_grant(p->readable.items[i], GRANT_READ, skipped, skipped_size);
     for (size_t i = 0; i < p->writable.count; i++) add_grant(p->writable.items[i], GRANT_WRITE, skipped, skipped_size);
     static const char *devices[] = {"/dev/null", "/dev/zero", "/dev/random", "/dev/urandom"};
     for (size_t i = 0; i < 4; i++) add_grant(devices[i], GRANT_DEVICE, skipped, skipped_size);
-    if (grants[0].fd < 0 && grants[0].link[0] == 0) return fail(why, "the executable cannot be opened", ENOENT);
     // Parents before what is inside them: a grant inside another is bound on top of it.
     for (size_t i = 1; i < grant_count; i++) {
         struct grant g = grants[i];

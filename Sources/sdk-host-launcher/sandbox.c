@@ -21,7 +21,6 @@
 #include <sys/ioctl.h>
 #include <sys/resource.h>
 #include <linux/prctl.h>
-#define PRIO_PROCESS_VALUE 0
 
 // MARK: Landlock. The system headers may predate ABI 4-6, so the structures and rights are declared here.
 
@@ -421,7 +420,7 @@ int apply_seccomp(const struct profile *p, pid_t self, const char **why) {
     emit_all(&f, zero_check, 5);
     // setpriority(PRIO_PROCESS, 0, ...): the calling thread only.
     place(&f, prio);
-    struct sock_filter prio_check[] = {LD_ARG(0), JEQ(PRIO_PROCESS_VALUE, 0, 3), LD_ARG(1), JEQ(0, 0, 1), ALLOW,
+    struct sock_filter prio_check[] = {LD_ARG(0), JEQ(PRIO_PROCESS, 0, 3), LD_ARG(1), JEQ(0, 0, 1), ALLOW,
                                        ERRNO(EPERM)};
     emit_all(&f, prio_check, 6);
     place(&f, prctl_check);
@@ -439,19 +438,13 @@ int apply_seccomp(const struct profile *p, pid_t self, const char **why) {
                                       JEQ(AF_NETLINK, 0, 3), LD_ARG(2), JEQ(0 /* NETLINK_ROUTE */, 0, 1), ALLOW,
                                       ERRNO(EPERM)};
         emit_all(&f, check, 9);
+        place(&f, socketpair);
+        struct sock_filter pair_check[] = {LD_ARG(0), JEQ(AF_UNIX, 0, 1), ALLOW, ERRNO(EPERM)};
+        emit_all(&f, pair_check, 4);
     } else {
-        // Unix stream or seqpacket sockets only: they cannot carry an address, and connect, bind and listen
-        // are refused, so no named or abstract socket can be reached or offered.
-        struct sock_filter check[] = {LD_ARG(0), JEQ(AF_UNIX, 0, 5), LD_ARG(1),
-                                      AND(~(unsigned)(SOCK_NONBLOCK | SOCK_CLOEXEC)),
-                                      JEQ(SOCK_STREAM, 1, 0), JEQ(SOCK_SEQPACKET, 0, 1), ALLOW, ERRNO(EPERM)};
-        emit_all(&f, check, 8);
-    }
-    place(&f, socketpair);
-    if (p->network) {
-        struct sock_filter check[] = {LD_ARG(0), JEQ(AF_UNIX, 0, 1), ALLOW, ERRNO(EPERM)};
-        emit_all(&f, check, 4);
-    } else {
+        // socket and socketpair alike: Unix stream or seqpacket sockets only. They cannot carry an address, and
+        // connect, bind and listen are refused, so no named or abstract socket can be reached or offered.
+        place(&f, socketpair);
         struct sock_filter check[] = {LD_ARG(0), JEQ(AF_UNIX, 0, 5), LD_ARG(1),
                                       AND(~(unsigned)(SOCK_NONBLOCK | SOCK_CLOEXEC)),
                                       JEQ(SOCK_STREAM, 1, 0), JEQ(SOCK_SEQPACKET, 0, 1), ALLOW, ERRNO(EPERM)};

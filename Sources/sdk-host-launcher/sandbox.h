@@ -26,9 +26,8 @@ struct profile {
     struct paths runtime;           // the operator's runtime folders: bound read-only into the new root
     struct paths readable;          // ReadablePaths and what the runtime must read
     struct paths writable;          // WritablePaths and the private temp folder
-    long long worker_uid;     // WorkerUser, for a root launcher
-    long long worker_gid;
-    unsigned mapped_uid;      // the worker's uid and gid (inside its user namespace, the same as outside)
+    unsigned mapped_uid;      // the worker's uid and gid (WorkerUser's for a root launcher; the same inside its
+                              // user namespace as outside)
     unsigned mapped_gid;
     long long temp_mb;        // TempSizeMB: the worker's TMPDIR tmpfs
     long long max_threads;    // MaxThreads: RLIMIT_NPROC inside the worker's own user namespace
@@ -46,8 +45,9 @@ int apply_landlock(const struct profile *p, int *abi, char *skipped, size_t skip
 int apply_seccomp(const struct profile *p, pid_t self, const char **why);
 /// Appends "path (reason)" to a comma-separated list of what was skipped.
 void note_skipped(char *skipped, size_t size, const char *path, int error);
-/// New user and pid namespaces around a new pid 1 (*init), with one-to-one uid and gid maps of the worker's
-/// ids, joined by the caller so that its next child is forked into them. `alive` is the read end of a pipe the
+/// New user, pid, mount, IPC, UTS and (without NetworkAllowed) network namespaces around a new pid 1 (*init),
+/// with one-to-one uid and gid maps of the worker's ids. The caller joins the user and pid namespaces, so that
+/// its next child is forked into them, and keeps descriptors of the others for that child (`join_rest`). `alive` is the read end of a pipe the
 /// launcher holds open while it lives. Returns 0 or an errno.
 int make_namespaces(const struct profile *p, int alive, pid_t *init, const char **why);
 /// In the worker: joins pid 1's mount, IPC, UTS and (without NetworkAllowed) network namespaces.
@@ -58,7 +58,7 @@ void close_rest(void);
 int collect_grants(const struct profile *p, char *skipped, size_t skipped_size, const char **why);
 /// Then, as the worker's uid: builds its root from the grants and pivots into it.
 int build_root(const struct profile *p, const char **why);
-/// Takes the worker's uid and gid (a root host's WorkerUser). Call after build_root.
+/// Takes the worker's uid and gid (a root host's WorkerUser). Call after collect_grants, before build_root.
 int become_worker_user(const struct profile *p, const char **why);
 /// Empties the effective, permitted, inheritable and ambient sets and, as root, locks the securebits that
 /// would let an exec or a uid change restore them. Call after no_new_privs.

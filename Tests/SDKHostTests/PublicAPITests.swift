@@ -122,8 +122,7 @@ struct Greeting: Codable, Equatable {
             #expect(await task.outcome == .interrupted(.signal(SIGSEGV)))
             let seen = await eventsUntilExit(events)
             #expect(seen.map(\.kind) == [.spawned, .ready, .exited], "\(seen)")
-            // `spawned` comes before the launcher names the worker's own pid (issue 37 note): the later events carry it.
-            #expect(Set(seen.dropFirst().map(\.pid)) == [task.pid ?? -1])
+            #expect(Set(seen.map(\.pid)) == [task.pid ?? -1])
             #expect(seen.last?.reason == .signal(SIGSEGV))
             #expect(seen.allSatisfy { $0.extensionIdentifier == "com.example.crasher" })
         }
