@@ -146,16 +146,11 @@ package struct DaemonConfiguration: Sendable {
             do throws(HostError) {
                 _ = try WorkerIdentity(resolving: user)
             } catch {
-                throw f.fail("WorkerUser", String(error.detail.dropFirst("WorkerUser: ".count)))
+                throw f.fail("WorkerUser", error.detail)
             }
             host.workerUser = user
         }
-        if let paths = try f.stringArray("RuntimePaths") {
-            for path in paths where !path.hasPrefix("/") || path.split(separator: "/").contains("..") {
-                throw f.fail("RuntimePaths", "'\(path)' is not an absolute path without '..'")
-            }
-            host.runtimePaths = paths
-        }
+        host.runtimePaths = try ExtensionPolicy.paths(f, "RuntimePaths") ?? host.runtimePaths
     }
 
     /// Where the daemon keeps its socket and crash reports by default: $XDG_RUNTIME_DIR/sdk-host if set (a

@@ -176,8 +176,8 @@ extension ExtensionPolicy {
         return out
     }
 
-    /// Absolute paths without NUL or "..", at most 256 of them.
-    static func paths(_ p: PlistFields, _ key: String) throws(HostError) -> [String]? {
+    /// Absolute paths without NUL or "..", at most 256 of them (manifest grants and the config's RuntimePaths).
+    package static func paths(_ p: PlistFields, _ key: String) throws(HostError) -> [String]? {
         guard let paths = try p.stringArray(key) else { return nil }
         guard paths.count <= 256 else { throw p.fail(key, "\(paths.count) paths; at most 256") }
         for path in paths {

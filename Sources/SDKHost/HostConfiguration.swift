@@ -184,12 +184,13 @@ package struct WorkerIdentity: Sendable, Equatable {
         self.gid = gid
     }
 
-    /// `uid`, `uid:gid`, or a user name looked up in /etc/passwd (its primary group). Root is refused.
+    /// `uid`, `uid:gid`, or a user name looked up in /etc/passwd (its primary group). Root is refused. The
+    /// error's detail names the value, not the key: the caller says where it came from.
     package init(resolving user: String) throws(HostError) {
         let fields = user.split(separator: ":", omittingEmptySubsequences: false)
         if let uid = UInt32(fields[0]) {
             guard fields.count <= 2, let gid = fields.count == 2 ? UInt32(fields[1]) : uid else {
-                throw HostError(.invalidConfiguration, "WorkerUser: '\(user)' is not a name, a uid or uid:gid")
+                throw HostError(.invalidConfiguration, "'\(user)' is not a name, a uid or uid:gid")
             }
             self.init(uid: uid, gid: gid)
         } else {
@@ -201,11 +202,11 @@ package struct WorkerIdentity: Sendable, Equatable {
             } else if user == "nobody" {
                 self.init(uid: 65534, gid: 65534)  // the conventional nobody, where /etc/passwd has none
             } else {
-                throw HostError(.invalidConfiguration, "WorkerUser: no user '\(user)' in /etc/passwd")
+                throw HostError(.invalidConfiguration, "no user '\(user)' in /etc/passwd")
             }
         }
         guard uid != 0, gid != 0 else {
-            throw HostError(.invalidConfiguration, "WorkerUser: '\(user)' is root; workers never run as root")
+            throw HostError(.invalidConfiguration, "'\(user)' is root; workers never run as root")
         }
     }
 }

@@ -4,6 +4,15 @@ import SDKWire
 
 extension HostEngine {
     /// Tells event streams and the observer that `kind` happened to `worker`.
+    /// The worker's `spawned` event, once. A worker spawned through the launcher is announced when the launcher's
+    /// `sandboxed` frame names its own pid (in its own pid namespace it is the launcher's child), or at the first
+    /// of its handshake, a launch failure or its exit, so that every event of one worker carries one pid.
+    func announceSpawn(_ worker: WorkerProcess) {
+        guard !worker.spawnAnnounced else { return }
+        worker.spawnAnnounced = true
+        emit(.spawned, worker)
+    }
+
     func emit(_ kind: WorkerEvent.Kind, _ worker: WorkerProcess, reason: InterruptionReason? = nil, detail: String? = nil) {
         guard eventObserver != nil || events.hasSubscribers else { return }
         let event = WorkerEvent(kind: kind, extensionIdentifier: worker.extensionID, pid: worker.pid, app: worker.app,

@@ -27,8 +27,7 @@ extension HostEngine {
         ]
         // The exit notice (ExitNotice.swift). A sandboxed worker runs in its own pid namespace under its launcher;
         // its page is moved to its real pid when the launcher's `sandboxed` names it.
-        let exitNotice = true
-        if exitNotice { environment.append("SDKHOST_EXIT_NOTICE_FD=\(ExitNoticePage.descriptor)") }
+        environment.append("SDKHOST_EXIT_NOTICE_FD=\(ExitNoticePage.descriptor)")
         // Under an address-space limit every malloc arena's 64 MiB reservation counts, and glibc makes up to 8
         // per core: four arenas keep a threaded worker well inside a few hundred MiB. The config may override.
         if !configuration.workerEnvironment.contains(where: { $0.hasPrefix("MALLOC_ARENA_MAX=") }) {
@@ -55,7 +54,7 @@ extension HostEngine {
         } catch {
             throw HostError(error.code, "\(manifest.identifier): \(error.detail)")
         }
-        spawn.request.exitNotice = exitNotice
+        spawn.request.exitNotice = true
         if manifest.policy.sandbox == .none {
             log(.warning, "\(manifest.identifier): Sandbox is none: the worker runs unconfined")
         }
@@ -77,7 +76,8 @@ extension HostEngine {
         worker.temporaryDirectory = spawn.temporaryDirectory
         count(manifest.identifier, \.spawns)
         workers[poolKey, default: []].append(worker)
-        emit(.spawned, worker)
+        // Through the launcher, the worker's own pid comes with its `sandboxed` frame: announced then.
+        if spawn.request.profile == nil { announceSpawn(worker) }
         do throws(SystemError) {
             try loop.register(worker.exitFD, events: EventLoop.readable) { [unowned self, unowned worker] _ in
                 self.processExited(worker)

@@ -41,6 +41,7 @@ extension HostEngine {
             }
             worker.state = .ready
             worker.welcomed = true
+            announceSpawn(worker)
             // After this turn's writes (the requests queued for it go out first).
             loop.runBeforeSleeping { [weak self, weak worker] in
                 if let self, let worker { self.watchExitNotice(worker) }
@@ -88,6 +89,7 @@ extension HostEngine {
                     record.onWorkerAssigned?(reportedPID)
                 }
             }
+            announceSpawn(worker)
             worker.sandboxLayers = layers
             worker.sandboxSkipped = skipped
             for text in skipped {
@@ -101,6 +103,7 @@ extension HostEngine {
                 return
             }
             worker.sandboxReported = true
+            announceSpawn(worker)
             worker.launchFailure = String(decoding: Array(reason.utf8.prefix(1024)), as: UTF8.self)
         case .leak(let id, let alive, let afterMs):
             leakReported(id, alive: alive, afterMs: afterMs, by: worker)
@@ -355,6 +358,7 @@ extension HostEngine {
         } else {
             log(.info, "\(worker.extensionID): worker pid \(worker.pid) exited (\(statusText))")
         }
+        announceSpawn(worker)
         emit(.exited, worker, reason: crashed ? reason : nil, detail: statusText)
         // After the requests' outcomes are on their way: removing a folder is an opendir, a read and an rmdir
         // (~0.1 ms on this VM's ext4), and the app waits for none of it. A worker still exiting keeps it until

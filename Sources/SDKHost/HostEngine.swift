@@ -107,7 +107,7 @@ package final class HostEngine: @unchecked Sendable {
     var readBuffer = [UInt8](repeating: 0, count: 64 * 1024)
     var heartbeatTimer: TimerID?
     /// The uid and gid a root host's workers run as (`HostConfiguration.workerUser`), resolved once.
-    var workerIdentity = WorkerIdentity(uid: 65534, gid: 65534)
+    let workerIdentity: WorkerIdentity
     /// The private temp folder the next sandboxed worker gets, made ahead of its spawn (`makeSpareWorkerDirectory`).
     var spareWorkerDirectory: String?
     var shuttingDown = false
@@ -123,7 +123,11 @@ package final class HostEngine: @unchecked Sendable {
                 + "outside \(HostConfiguration.busyPollMicrosecondsRange)")
         }
         self.configuration = configuration
-        workerIdentity = try WorkerIdentity(resolving: configuration.workerUser)
+        do throws(HostError) {
+            workerIdentity = try WorkerIdentity(resolving: configuration.workerUser)
+        } catch {
+            throw HostError(error.code, "workerUser: \(error.detail)")
+        }
         launcher = configuration.launcher ?? PosixLauncher()
         launcherPath = SandboxProfile.findLauncher(configured: configuration.launcherPath,
                                                    searchPaths: configuration.executableSearchPaths)

@@ -84,6 +84,7 @@ final class WorkerProcess {
     var sandboxLayers: [String] = []
     var sandboxSkipped: [String] = []
     var sandboxReported = false
+    var spawnAnnounced = false
     /// The launcher's reason when it could not apply the sandbox (`launchFailed`).
     var launchFailure: String?
     /// Whether its `welcome` arrived. A worker that dies before it never ran a request's handler.
