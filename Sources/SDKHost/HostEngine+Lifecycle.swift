@@ -1,18 +1,30 @@
 // Worker lifecycle events (for `ExtensionHost.workerEvents()` and the daemon's subscribers) and the SIGHUP
 // rescan of manifests: new workers use the new manifests, running ones finish and retire.
 import SDKWire
+#if canImport(Glibc)
+import Glibc
+#endif
 
 extension HostEngine {
-    /// Tells event streams and the observer that `kind` happened to `worker`.
-    /// The worker's `spawned` event, once. A worker spawned through the launcher is announced when the launcher's
+    /// The worker's pid is settled: its `spawned` event goes out, and the requests it already has learn the pid
+    /// (`pid(for:)`, `onWorkerAssigned`). A worker spawned through the launcher settles when the launcher's
     /// `sandboxed` frame names its own pid (in its own pid namespace it is the launcher's child), or at the first
-    /// of its handshake, a launch failure or its exit, so that every event of one worker carries one pid.
-    func announceSpawn(_ worker: WorkerProcess) {
-        guard !worker.spawnAnnounced else { return }
-        worker.spawnAnnounced = true
+    /// of its handshake, a launch failure or its exit; so every event and every pid of one worker is one pid.
+    func settlePid(_ worker: WorkerProcess) {
+        guard !worker.pidKnown else { return }
+        worker.pidKnown = true
         emit(.spawned, worker)
+        for id in worker.inFlight {
+            if let record = requests[id] { publishPid(of: record, worker.pid) }
+        }
     }
 
+    func publishPid(of record: RequestRecord, _ pid: pid_t) {
+        if record.publishesPid { pids.withLock { $0[record.id] = pid } }
+        record.onWorkerAssigned?(pid)
+    }
+
+    /// Tells event streams and the observer that `kind` happened to `worker`.
     func emit(_ kind: WorkerEvent.Kind, _ worker: WorkerProcess, reason: InterruptionReason? = nil, detail: String? = nil) {
         guard eventObserver != nil || events.hasSubscribers else { return }
         let event = WorkerEvent(kind: kind, extensionIdentifier: worker.extensionID, pid: worker.pid, app: worker.app,

@@ -76,8 +76,8 @@ extension HostEngine {
         worker.temporaryDirectory = spawn.temporaryDirectory
         count(manifest.identifier, \.spawns)
         workers[poolKey, default: []].append(worker)
-        // Through the launcher, the worker's own pid comes with its `sandboxed` frame: announced then.
-        if spawn.request.profile == nil { announceSpawn(worker) }
+        // Through the launcher, the worker's own pid comes with its `sandboxed` frame: settled then.
+        if spawn.request.profile == nil { settlePid(worker) }
         do throws(SystemError) {
             try loop.register(worker.exitFD, events: EventLoop.readable) { [unowned self, unowned worker] _ in
                 self.processExited(worker)

@@ -41,7 +41,7 @@ extension HostEngine {
             }
             worker.state = .ready
             worker.welcomed = true
-            announceSpawn(worker)
+            settlePid(worker)
             // After this turn's writes (the requests queued for it go out first).
             loop.runBeforeSleeping { [weak self, weak worker] in
                 if let self, let worker { self.watchExitNotice(worker) }
@@ -82,14 +82,8 @@ extension HostEngine {
                 // The launcher's worker is pid 2 of its namespace (pid 1 is the launcher's init): that is the id
                 // its runtime stores in the exit-notice word.
                 worker.exitNotice?.moved(to: reportedPID, seenInsideAs: 2)
-                // Requests handed to it before now were told the launcher's pid.
-                for id in worker.inFlight {
-                    guard let record = requests[id] else { continue }
-                    if record.publishesPid { pids.withLock { $0[id] = reportedPID } }
-                    record.onWorkerAssigned?(reportedPID)
-                }
             }
-            announceSpawn(worker)
+            settlePid(worker)
             worker.sandboxLayers = layers
             worker.sandboxSkipped = skipped
             for text in skipped {
@@ -103,7 +97,7 @@ extension HostEngine {
                 return
             }
             worker.sandboxReported = true
-            announceSpawn(worker)
+            settlePid(worker)
             worker.launchFailure = String(decoding: Array(reason.utf8.prefix(1024)), as: UTF8.self)
         case .leak(let id, let alive, let afterMs):
             leakReported(id, alive: alive, afterMs: afterMs, by: worker)
@@ -358,7 +352,7 @@ extension HostEngine {
         } else {
             log(.info, "\(worker.extensionID): worker pid \(worker.pid) exited (\(statusText))")
         }
-        announceSpawn(worker)
+        settlePid(worker)
         emit(.exited, worker, reason: crashed ? reason : nil, detail: statusText)
         // After the requests' outcomes are on their way: removing a folder is an opendir, a read and an rmdir
         // (~0.1 ms on this VM's ext4), and the app waits for none of it. A worker still exiting keeps it until

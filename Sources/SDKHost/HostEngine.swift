@@ -303,8 +303,8 @@ package final class HostEngine: @unchecked Sendable {
             loop.cancelTimer(timer)
             worker.idleTimer = nil
         }
-        if record.publishesPid { pids.withLock { $0[record.id] = worker.pid } }
-        record.onWorkerAssigned?(worker.pid)
+        // A worker whose own pid is not known yet (its launcher has not named it) publishes it when it is.
+        if worker.pidKnown { publishPid(of: record, worker.pid) }
         let items = record.items
         let forwarded = record.forwardedBegin
         // The worker has them now and the host keeps no copy, once the worker has said hello: one that dies

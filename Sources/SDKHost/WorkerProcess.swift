@@ -84,7 +84,9 @@ final class WorkerProcess {
     var sandboxLayers: [String] = []
     var sandboxSkipped: [String] = []
     var sandboxReported = false
-    var spawnAnnounced = false
+    /// Whether `pid` is its own for good (`HostEngine.settlePid`): its `spawned` event is out and its requests'
+    /// pids are published.
+    var pidKnown = false
     /// The launcher's reason when it could not apply the sandbox (`launchFailed`).
     var launchFailure: String?
     /// Whether its `welcome` arrived. A worker that dies before it never ran a request's handler.
