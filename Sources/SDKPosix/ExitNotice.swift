@@ -59,6 +59,15 @@ public final class ExitNoticePage: @unchecked Sendable {
     /// The value the word holds while its owner lives and the watcher waits on it.
     var armed: UInt32 { UInt32(ownID) | Self.waitersBit }
 
+    /// The worker's status as its launcher left it in the page's second word (a set high bit, then the wait
+    /// status) just before it reaped the worker: the status of a worker already reaped, whose /proc is gone.
+    /// The worker can write that word too, but is only asked about once it is dead, so it could at most
+    /// misname its own death.
+    public var launcherStatus: ExitStatus? {
+        let raw = sdk_atomic_load_u32(word + 1)
+        return raw & 0x8000_0000 != 0 ? ExitStatus(waitStatus: Int32(raw & 0xFFFF)) : nil
+    }
+
     /// The worker turned out to be `pid` (a child of the host's child, which is its launcher), pid `inside` in its
     /// own pid namespace. Call before the page is watched.
     public func moved(to pid: pid_t, seenInsideAs inside: pid_t) {
@@ -244,7 +253,13 @@ public final class ExitNoticeWatcher: @unchecked Sendable {
         switch result {
         case 1: watch.notice(.exiting(ExitStatus(waitStatus: code)))
         case 0: watch.notice(.notExiting)
-        default: watch.notice(.unreadable(error))
+        default:
+            // Gone from /proc: a launcher's worker reaped before this thread ran says how it ended in the page.
+            if page.ownID != page.owner, error == ENOENT || error == ESRCH, let status = page.launcherStatus {
+                watch.notice(.exiting(status))
+            } else {
+                watch.notice(.unreadable(error))
+            }
         }
         // After the notice: its owner is waiting for it, and a close of a /proc file costs ~10 µs here.
         if watch.stat >= 0 { close(watch.stat) }

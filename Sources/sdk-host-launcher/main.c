@@ -37,6 +37,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/prctl.h>
 #include <sys/resource.h>
 #include <sys/syscall.h>
@@ -212,6 +213,9 @@ static void die_with_launcher(int alive) {
 }
 
 static volatile pid_t worker_pid;
+/// The worker's exit-notice page (descriptor 5), mapped by the launcher to leave the worker's status in its
+/// second word (`ExitNoticePage.launcherStatus`); NULL when there is none.
+static unsigned *notice_page;
 
 static void forward_signal(int sig) {
     if (worker_pid > 0) kill(worker_pid, sig);
@@ -223,10 +227,18 @@ static void supervise(pid_t init) {
     struct sigaction action = {.sa_handler = forward_signal};
     sigemptyset(&action.sa_mask);
     for (unsigned i = 0; i < sizeof forwarded / sizeof forwarded[0]; i++) sigaction(forwarded[i], &action, NULL);
-    int status = 0;
-    while (waitpid(worker_pid, &status, 0) < 0) {
+    // The worker's status is read first without reaping it: while it is a zombie the host can still read its
+    // /proc/<pid>/stat (ExitNotice.swift). It goes into the exit-notice page as well, for a host that looks only
+    // after the reap below.
+    siginfo_t info;
+    memset(&info, 0, sizeof info);
+    while (syscall(SYS_waitid, P_PID, worker_pid, &info, WEXITED | WNOWAIT, NULL) < 0) {
         if (errno != EINTR) _exit(LAUNCH_FAILED_STATUS);
     }
+    int status = info.si_code == CLD_EXITED ? (info.si_status & 0xFF) << 8
+               : (info.si_status & 0x7F) | (info.si_code == CLD_DUMPED ? 0x80 : 0);
+    if (notice_page) __atomic_store_n(&notice_page[1], 0x80000000U | (unsigned)status, __ATOMIC_RELEASE);
+    while (waitpid(worker_pid, NULL, 0) < 0 && errno == EINTR) {}
     kill(init, SIGKILL);
     while (waitpid(init, NULL, 0) < 0 && errno == EINTR) {}
     if (WIFEXITED(status)) _exit(WEXITSTATUS(status));
@@ -290,6 +302,8 @@ static void fork_into_namespace(void) {
         return;
     }
     worker_pid = worker;
+    void *page = (void *)syscall(SYS_mmap, NULL, 4096, PROT_READ | PROT_WRITE, MAP_SHARED, NOTICE_FD, 0);
+    if (page != (void *)-1L) notice_page = page;
     close_rest();
     close(alive[0]);
     close(told[0]);

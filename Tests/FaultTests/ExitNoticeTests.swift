@@ -53,7 +53,7 @@ extension FaultTests {
             try await Self.withFatWorker { _, ext, recorder, log in
                 let id = ext.beginRequest(withInputItems: [ExtensionItem(title: "segv")], deadline: 60)
                 #expect(await recorder.wait(for: id) == .interrupted(.signal(SIGSEGV)))
-                #expect(log.contains("is exiting (signal 11 (SIGSEGV))"))
+                #expect(log.contains("is exiting (signal 11 (SIGSEGV))"), "\(log.all.joined(separator: "\n"))")
             }
         }
 
