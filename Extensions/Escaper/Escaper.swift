@@ -82,6 +82,7 @@ enum Attempts {
         case "sees": return sees(argument)
         case "manythreads": return manyThreads(Int(argument) ?? 1000)
         case "tmpfill": return fillTemporary(megabytes: Int(argument) ?? 128)
+        case "tmpsize": return temporarySize()
         default: return "unknown attempt '\(name)'"
         }
     }
@@ -365,6 +366,14 @@ enum Attempts {
         pthread_mutex_destroy(gate)
         gate.deallocate()
         return handles.count >= count ? "allowed: \(handles.count) threads" : "refused: stopped at \(handles.count) threads"
+    }
+
+    /// How large TMPDIR's file system is (statvfs), in MiB.
+    static func temporarySize() -> String {
+        guard let folder = getenv("TMPDIR").map({ String(cString: $0) }) else { return "refused: no TMPDIR" }
+        var info = statvfs()
+        guard statvfs(folder, &info) == 0 else { return "refused: \(describe(errno))" }
+        return "allowed: TMPDIR holds \((UInt64(info.f_blocks) * UInt64(info.f_frsize)) >> 20) MiB"
     }
 
     /// Writes up to `megabytes` MiB into TMPDIR, then removes the file.
