@@ -182,25 +182,37 @@ static int write_map(const char *path, const char *text) {
     return error;
 }
 
+static void on_child(int sig) { (void)sig; }
+
 /// Pid 1 of the worker's namespace: waits until the launcher has written its maps (end-of-file on `go`), then
-/// reaps whatever is reparented to it until the launcher kills it or exits (`alive` reaches end-of-file).
+/// reaps whatever is reparented to it until the launcher exits (`alive` reaches end-of-file) or kills it. Its
+/// death takes every process of the namespace with it.
 static void run_init(int go, int alive) {
+    // Nothing but `go` and `alive` stays open: not the worker's channels, and not this process's copy of the
+    // launcher's write end of `alive`, which would keep `alive` from ever reaching end-of-file.
+    int low = go < alive ? go : alive, high = go < alive ? alive : go;
+    if (low > 0) syscall(SYS_close_range, 0, low - 1, 0);
+    if (high > low + 1) syscall(SYS_close_range, low + 1, high - 1, 0);
+    syscall(SYS_close_range, high + 1, ~0U, 0);
     char byte;
     while (read(go, &byte, 1) < 0 && errno == EINTR) {}
     close(go);
     prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0);
-    struct pollfd pfd = {.fd = alive, .events = POLLIN};
-    if (poll(&pfd, 1, 0) != 0) _exit(0);
-    sigset_t set;
-    sigemptyset(&set);
-    sigaddset(&set, SIGCHLD);
-    sigprocmask(SIG_BLOCK, &set, NULL);
-    // It keeps nothing but `alive`: not the worker's channels, and not the launcher's write end of `alive`.
-    if (alive > 0) syscall(SYS_close_range, 0, alive - 1, 0);
-    syscall(SYS_close_range, alive + 1, ~0U, 0);
+    // SIGCHLD is blocked but while it waits, so that a child's death interrupts the wait and is reaped.
+    struct sigaction action = {.sa_handler = on_child};
+    sigemptyset(&action.sa_mask);
+    sigaction(SIGCHLD, &action, NULL);
+    sigset_t blocked, open;
+    sigemptyset(&blocked);
+    sigaddset(&blocked, SIGCHLD);
+    sigprocmask(SIG_BLOCK, &blocked, NULL);
+    sigemptyset(&open);
     for (;;) {
         while (waitpid(-1, NULL, WNOHANG) > 0) {}
-        sigwaitinfo(&set, NULL);
+        struct pollfd pfd = {.fd = alive, .events = POLLIN};
+        // Readable only at end-of-file (nothing is ever written): the launcher is gone, even if it died before
+        // the parent-death signal was set.
+        if (syscall(SYS_ppoll, &pfd, 1, NULL, &open, sizeof(unsigned long)) > 0) _exit(0);
     }
 }
 

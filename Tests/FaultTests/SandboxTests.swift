@@ -181,6 +181,37 @@ extension FaultTests {
             }
         }
 
+        /// A launcher killed at any moment of a spawn (before, while and after it makes the namespaces and their
+        /// pid 1) leaves nothing behind: pid 1 and the worker die with it, whenever it died.
+        @Test func aLauncherKilledMidSpawnLeavesNoProcessBehind() async throws {
+            let directory = try #require(currentExecutableDirectory())
+            let marker = "com.example.killed-launcher-\(getpid())"
+            var profile: [String: PlistValue] = [
+                "Extension": .string(marker), "Executable": .string("\(directory)/Echo"),
+                "Arguments": .array([.string("\(directory)/Echo")]), "Environment": .array([]),
+                "HostPID": .integer(Int64(getpid())), "Sandbox": .string("strict"),
+                "RuntimePaths": .array(HostConfiguration.defaultRuntimePaths.map(PlistValue.string)),
+            ]
+            profile["ExecutablePaths"] = profile["RuntimePaths"]
+            var bytes: [UInt8] = []
+            var encoder = BinaryPlistEncoder()
+            encoder.encode(.dictionary(profile), appendingTo: &bytes)
+            for round in 0..<40 {
+                let channels = try spawnWithChannels(SpawnRequest(
+                    path: "\(directory)/sdk-host-launcher", arguments: ["sdk-host-launcher", marker], environment: [],
+                    profile: bytes))
+                usleep(UInt32(round % 10) * 150)  // 0 to 1.35 ms: every step of the launch gets hit
+                channels.terminate(signal: SIGKILL)
+            }
+            func survivors() -> [String] {
+                (listDirectory("/proc", prefix: "") ?? []).filter { name in
+                    guard Int32(name) != nil, let raw = try? readFile("/proc/\(name)/cmdline") else { return false }
+                    return String(decoding: raw, as: UTF8.self).contains(marker)
+                }
+            }
+            #expect(await eventually(timeout: 10) { survivors().isEmpty }, "left running: \(survivors())")
+        }
+
         /// The launcher links no C library (its own runtime.c: entry, system calls, formatting, error texts), so
         /// its refusals are checked here as the host and an operator see them: the status, the stderr line, and
         /// the `launchFailed` frame.
