@@ -32,6 +32,18 @@
 //                                       the loop and each worker poll this
 //                                       long before sleeping (0: sleep at once)
 //   DefaultPolicy             dict      SDKHostPolicy keys, for manifests that leave them out
+//                                       (not ExecutableSHA256: that is one executable's)
+//   WorkerUser                string    a root host's workers run as this      default: nobody
+//                                       user (name, uid or uid:gid; never root)
+//   RuntimePaths              [string]  read-only in every worker's root       default: the library folders,
+//                                                                               ld.so.cache, the Swift runtime
+// Operator ceilings: an extension whose policy exceeds one is refused, naming its manifest and the key.
+//   AllowedSandboxModes       [string]  Sandbox modes a manifest may use       default: strict, bestEffort
+//   MaxMemoryLimitMB          integer   largest MemoryLimitMB                  default: no ceiling
+//   AllowedReadableRoots      [string]  ReadablePaths must lie under these     default: anywhere
+//                                       (or under AllowedWritableRoots)
+//   AllowedWritableRoots      [string]  WritablePaths must lie under these     default: anywhere
+//   AllowNetwork              bool      whether NetworkAllowed may be true     default: true
 
 import SDKWire
 import SDKHost
@@ -70,7 +82,8 @@ package struct DaemonConfiguration: Sendable {
         "HeartbeatTimeoutSeconds", "CancelGraceSeconds", "MaxFrameBytes", "DefaultPolicy", "MaxClients",
         "MaxInFlightRequests", "MaxQueuedRequests", "MaxClientOutputBytes", "HandshakeTimeoutSeconds",
         "PartialFrameTimeoutSeconds", "MaxDescriptorsPerClient", "MaxDescriptorsTotal", "BusyPollMicroseconds",
-        "WorkerUser", "RuntimePaths",
+        "WorkerUser", "RuntimePaths", "AllowedSandboxModes", "MaxMemoryLimitMB", "AllowedReadableRoots",
+        "AllowedWritableRoots", "AllowNetwork",
     ]
 
     /// Defaults only (no file).
@@ -132,7 +145,12 @@ package struct DaemonConfiguration: Sendable {
         host.heartbeatTimeout = try f.seconds("HeartbeatTimeoutSeconds", minimum: 0.1) ?? host.heartbeatTimeout
         host.cancelGracePeriod = try f.seconds("CancelGraceSeconds", minimum: 0) ?? host.cancelGracePeriod
         if let max = try f.integer("MaxFrameBytes", in: 1024...(1 << 30)) { host.wireLimits.maxFrameBytes = max }
-        if let policy = try f.fields("DefaultPolicy") { try host.defaultPolicy.apply(policy) }
+        if let policy = try f.fields("DefaultPolicy") {
+            guard policy.entries["ExecutableSHA256"] == nil else {
+                throw policy.fail("ExecutableSHA256", "is one executable's digest; set it in that extension's manifest")
+            }
+            try host.defaultPolicy.apply(policy)
+        }
         maxClients = try f.integer("MaxClients", in: 1...65_536) ?? maxClients
         maxInFlightRequests = try f.integer("MaxInFlightRequests", in: 1...1_000_000) ?? maxInFlightRequests
         host.maxQueuedRequests = try f.integer("MaxQueuedRequests", in: 0...10_000_000) ?? host.maxQueuedRequests
@@ -151,6 +169,19 @@ package struct DaemonConfiguration: Sendable {
             host.workerUser = user
         }
         host.runtimePaths = try ExtensionPolicy.paths(f, "RuntimePaths") ?? host.runtimePaths
+        if let modes = try f.stringArray("AllowedSandboxModes") {
+            host.allowedSandboxModes = []
+            for mode in modes {
+                guard let parsed = SandboxMode(rawValue: mode) else {
+                    throw f.fail("AllowedSandboxModes", "'\(mode)' is not one of strict, bestEffort, none")
+                }
+                host.allowedSandboxModes.insert(parsed)
+            }
+        }
+        host.maxMemoryLimitMB = try f.integer("MaxMemoryLimitMB", in: 16...65536) ?? host.maxMemoryLimitMB
+        host.allowedReadableRoots = try ExtensionPolicy.paths(f, "AllowedReadableRoots") ?? host.allowedReadableRoots
+        host.allowedWritableRoots = try ExtensionPolicy.paths(f, "AllowedWritableRoots") ?? host.allowedWritableRoots
+        host.allowNetwork = try f.bool("AllowNetwork") ?? host.allowNetwork
     }
 
     /// Where the daemon keeps its socket and crash reports by default: $XDG_RUNTIME_DIR/sdk-host if set (a

@@ -25,7 +25,13 @@
 //       WorkerSharing             perApp | shared (perApp)
 //       TempSizeMB                integer 1...65536 (64): the worker's own TMPDIR tmpfs
 //       MaxThreads                integer 4...32768 (512): threads and processes at once
+//       ExecutableSHA256          64 hex digits: checked on the descriptor the launcher execs
 // Other top-level and NSExtension keys are allowed, as in Apple's Info.plist files.
+//
+// An extension is refused (listed, but every request to it ends `launch failed: <why>`) when the manifest, its
+// folder or the executable is owned by a user other than root and the host's, or is writable by others (as sshd's
+// StrictModes), or when its policy exceeds an operator ceiling (HostConfiguration.allowedSandboxModes and the
+// rest). A refused manifest never displaces, nor conflicts with, another manifest of the same identifier.
 
 #if canImport(Glibc)
 import SDKWire
@@ -42,8 +48,10 @@ final class ExtensionManifest: Sendable {
     let searchedPaths: [String]
     let policy: ExtensionPolicy
     let manifestPath: String
+    /// Why the extension may not run, if it may not: its files' ownership or modes, or an operator ceiling.
+    let refusal: HostError?
 
-    init(contentsOf path: String, defaults: ExtensionPolicy, executableSearchPaths: [String]) throws(HostError) {
+    init(contentsOf path: String, configuration: HostConfiguration) throws(HostError) {
         let bytes: [UInt8]
         do {
             bytes = try readFile(path)
@@ -66,15 +74,21 @@ final class ExtensionManifest: Sendable {
         guard !executableName.contains("/") else {
             throw ext.fail("NSExtensionExecutable", "must be a file name, not a path")
         }
-        var policy = defaults
+        var policy = configuration.defaultPolicy
         if let p = try ext.fields("SDKHostPolicy") { try policy.apply(p) }
         self.policy = policy
         manifestPath = path
         let manifestDirectory = String(path[..<(path.lastIndex(of: "/") ?? path.startIndex)])
-        let searched = executableSearchPaths + [manifestDirectory]
+        let searched = configuration.executableSearchPaths + [manifestDirectory]
         let name = executableName
         searchedPaths = searched
-        executablePath = searched.lazy.map { "\($0)/\(name)" }.first { access($0, X_OK) == 0 }
+        let executable: String? = searched.map { "\($0)/\(name)" }.first { access($0, X_OK) == 0 }
+        executablePath = executable
+        let checked: [String] = [path, manifestDirectory.isEmpty ? "/" : manifestDirectory] + (executable.map { [$0] } ?? [])
+        let problem = checked.lazy.compactMap { ownershipProblem($0) }.first
+            ?? policy.ceilingProblem(configuration).map { "\(path): \($0)" }
+        let id = identifier
+        refusal = problem.map { HostError(.refused, "\(id): refused: \($0)") }
     }
 
     /// Reads every `<dir>/<Name>/Info.plist` under the search paths. Later duplicates of an identifier are errors.
@@ -87,10 +101,14 @@ final class ExtensionManifest: Sendable {
             for entry in entries.sorted() {
                 let manifestPath = "\(directory)/\(entry)/Info.plist"
                 guard access(manifestPath, R_OK) == 0 else { continue }
-                let manifest = try ExtensionManifest(
-                    contentsOf: manifestPath, defaults: configuration.defaultPolicy,
-                    executableSearchPaths: configuration.executableSearchPaths)
+                let manifest = try ExtensionManifest(contentsOf: manifestPath, configuration: configuration)
                 if let existing = found[manifest.identifier] {
+                    // A refused manifest must not take an identifier from, or break, a manifest that may run.
+                    if manifest.refusal != nil { continue }
+                    if existing.refusal != nil {
+                        found[manifest.identifier] = manifest
+                        continue
+                    }
                     throw HostError(.invalidManifest,
                         "\(manifestPath): identifier \(manifest.identifier) is already used by \(existing.manifestPath)")
                 }
@@ -107,7 +125,7 @@ extension ExtensionPolicy {
         "NetworkAllowed", "AllowSubprocesses", "ReadablePaths", "WritablePaths", "Sandbox",
         "RestartLimitBurst", "RestartLimitIntervalSeconds", "QuarantineSeconds", "HangThresholdMilliseconds",
         "MinWarmWorkers", "MaxRequestsPerWorker", "MaxWorkerRSSMB", "WorkerSharing", "Environment",
-        "LeakCheckDelaySeconds", "TempSizeMB", "MaxThreads",
+        "LeakCheckDelaySeconds", "TempSizeMB", "MaxThreads", "ExecutableSHA256",
     ]
 
     /// Overrides the keys present in `p` (a manifest's SDKHostPolicy or the config's DefaultPolicy).
@@ -150,6 +168,13 @@ extension ExtensionPolicy {
         tempSizeMB = try p.integer("TempSizeMB", in: 1...65536) ?? tempSizeMB
         maxThreads = try p.integer("MaxThreads", in: 4...32768) ?? maxThreads
         leakCheckDelay = try p.seconds("LeakCheckDelaySeconds", minimum: 0) ?? leakCheckDelay
+        if let digest = try p.string("ExecutableSHA256") {
+            let hex = digest.lowercased()
+            guard hex.utf8.count == 64, hex.utf8.allSatisfy({ ($0 >= 0x30 && $0 <= 0x39) || ($0 >= 0x61 && $0 <= 0x66) }) else {
+                throw p.fail("ExecutableSHA256", "'\(digest)' is not 64 hex digits")
+            }
+            executableSHA256 = hex
+        }
         guard leakCheckDelay <= 3600 else { throw p.fail("LeakCheckDelaySeconds", "at most 3600") }
     }
 
@@ -190,3 +215,65 @@ extension ExtensionPolicy {
 }
 
 import SDKPosix
+
+/// Why the file or folder at `path` may not be trusted (sshd's StrictModes), or nil: it must be owned by root or
+/// the host's user, and not writable by others (nor by its group, unless that group is root's or the host's own).
+func ownershipProblem(_ path: String) -> String? {
+    var info = stat()
+    guard stat(path, &info) == 0 else { return "\(path): cannot stat: \(String(cString: strerror(errno)))" }
+    let owner = info.st_uid
+    guard owner == 0 || owner == geteuid() else {
+        return "\(path) is owned by uid \(owner), neither root nor the host's uid \(geteuid())"
+    }
+    let mode = String(info.st_mode & 0o7777, radix: 8)
+    if info.st_mode & S_IWOTH != 0 {
+        return "\(path) is writable by others (mode \(mode))"
+    }
+    if info.st_mode & S_IWGRP != 0 && info.st_gid != 0 && info.st_gid != getegid() {
+        return "\(path) is writable by its group \(info.st_gid) (mode \(mode))"
+    }
+    return nil
+}
+
+extension ExtensionPolicy {
+    /// The first way this policy exceeds the operator's ceilings in `configuration`, or nil.
+    func ceilingProblem(_ configuration: HostConfiguration) -> String? {
+        if !configuration.allowedSandboxModes.contains(sandbox) {
+            let allowed = SandboxMode.allCases.filter(configuration.allowedSandboxModes.contains).map(\.rawValue)
+            return "Sandbox \(sandbox.rawValue) is not in the operator's AllowedSandboxModes (\(allowed.joined(separator: ", ")))"
+        }
+        if let ceiling = configuration.maxMemoryLimitMB, (memoryLimitMB ?? Int.max) > ceiling {
+            return "MemoryLimitMB \(memoryLimitMB.map(String.init) ?? "none") is over the operator's MaxMemoryLimitMB \(ceiling)"
+        }
+        if networkAllowed && !configuration.allowNetwork {
+            return "NetworkAllowed is refused by the operator's AllowNetwork false"
+        }
+        if let roots = configuration.allowedWritableRoots, let path = writablePaths.first(where: { !Self.path($0, isUnder: roots) }) {
+            return "WritablePaths '\(path)' is outside the operator's AllowedWritableRoots"
+        }
+        if let roots = configuration.allowedReadableRoots {
+            let both = roots + (configuration.allowedWritableRoots ?? [])
+            if let path = readablePaths.first(where: { !Self.path($0, isUnder: both) }) {
+                return "ReadablePaths '\(path)' is outside the operator's AllowedReadableRoots"
+            }
+        }
+        return nil
+    }
+
+    /// Whether `path`, both as written and with its symbolic links resolved (where it exists), lies under one of
+    /// `roots` (compared component by component; a root's own links are resolved too).
+    static func path(_ path: String, isUnder roots: [String]) -> Bool {
+        func components(_ p: String) -> [Substring] { p.split(separator: "/").filter { $0 != "." } }
+        func resolved(_ p: String) -> String? {
+            guard let real = realpath(p, nil) else { return nil }
+            defer { free(real) }
+            return String(cString: real)
+        }
+        func under(_ p: String) -> Bool {
+            roots.contains { root in
+                [root, resolved(root)].compactMap { $0 }.contains { components(p).starts(with: components($0)) }
+            }
+        }
+        return under(path) && (resolved(path).map(under) ?? true)
+    }
+}

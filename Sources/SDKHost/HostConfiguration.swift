@@ -32,6 +32,9 @@ public struct ExtensionPolicy: Sendable, Equatable {
     public var tempSizeMB = 64
     /// Threads (and processes) the worker may have at once. Manifest key `MaxThreads`.
     public var maxThreads = 512
+    /// The SHA-256 of the executable (64 hex digits), checked by the launcher on the very descriptor it execs; a
+    /// mismatch fails the launch. nil checks nothing. Manifest key `ExecutableSHA256`.
+    public var executableSHA256: String?
 
     // Supervision (shared/DESIGN.md "Supervision and isolation").
 
@@ -134,6 +137,24 @@ public struct HostConfiguration: Sendable {
     /// the loader's cache and the Swift runtime, so that an extension built the ordinary way (dynamically) runs.
     /// The operator's list, never derived from an extension's files. Config key `RuntimePaths`.
     public var runtimePaths = HostConfiguration.defaultRuntimePaths
+
+    // Operator ceilings (shared/DESIGN.md "Sandbox"): no manifest, nor DefaultPolicy, asks for more. An extension
+    // whose policy does is refused (`HostError.Code.refused`), naming its manifest and the key.
+
+    /// The `Sandbox` modes an extension may use. Config key `AllowedSandboxModes`; by default strict and
+    /// bestEffort, so that `none` runs only where the operator allows it.
+    public var allowedSandboxModes: Set<SandboxMode> = [.strict, .bestEffort]
+    /// The largest `MemoryLimitMB` an extension may ask for (and no extension may go without one); nil for no
+    /// ceiling. Config key `MaxMemoryLimitMB`.
+    public var maxMemoryLimitMB: Int?
+    /// Folders under which every `ReadablePaths` (and `WritablePaths`) entry must lie, as written and with its
+    /// symbolic links resolved; nil for anywhere. Config key `AllowedReadableRoots`.
+    public var allowedReadableRoots: [String]?
+    /// Folders under which every `WritablePaths` entry must lie, as written and resolved; nil for anywhere.
+    /// Config key `AllowedWritableRoots`.
+    public var allowedWritableRoots: [String]?
+    /// Whether any extension may have `NetworkAllowed`. Config key `AllowNetwork`; true by default.
+    public var allowNetwork = true
     /// Drives the engine's timers by hand (tests and the simulation); nil for the monotonic clock.
     package var clock: ManualClock?
     /// The daemon: keep each worker frame's payload while it is handled, so that a completion can be forwarded

@@ -30,6 +30,7 @@ extension HostEngine: HostBackend {
             let known = manifests.keys.sorted().joined(separator: ", ")
             return HostError(.unknownExtension, "unknown extension '\(identifier)' (known: \(known.isEmpty ? "none" : known))")
         }
+        if let refusal = manifest.refusal { return refusal }
         guard manifest.executablePath != nil else {
             return HostError(.executableNotFound, "\(identifier): executable '\(manifest.executableName)' not found in "
                 + manifest.searchedPaths.joined(separator: ", "))

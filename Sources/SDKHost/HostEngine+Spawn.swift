@@ -10,6 +10,7 @@ import SDKPosix
 
 extension HostEngine {
     func spawnWorker(_ manifest: ExtensionManifest, poolKey: String, app: String?) throws(HostError) -> WorkerProcess {
+        if let refusal = manifest.refusal { throw refusal }
         guard let path = manifest.executablePath else {
             throw HostError(.executableNotFound, "\(manifest.identifier): executable '\(manifest.executableName)' "
                 + "not found in \(manifest.searchedPaths.joined(separator: ", "))")

@@ -226,7 +226,7 @@ extension HostEngine {
     /// or the host is stopping).
     func topUpWarmWorkers(_ manifest: ExtensionManifest) {
         let target = manifest.policy.minWarmWorkers
-        guard target > 0, !shuttingDown, manifest.executablePath != nil else { return }
+        guard target > 0, !shuttingDown, manifest.executablePath != nil, manifest.refusal == nil else { return }
         let key = manifest.identifier
         if let state = pools[key], state.health(now: loop.now) == .quarantined { return }
         var live = liveCount(key)

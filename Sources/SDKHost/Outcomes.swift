@@ -99,6 +99,7 @@ public struct HostError: Error, Hashable, Sendable, CustomStringConvertible {
     public struct Code: Hashable, Sendable, CustomStringConvertible {
         private enum Raw: String, Hashable, Sendable {
             case unknownExtension, invalidManifest, executableNotFound, invalidConfiguration, system, daemonUnavailable
+            case refused
         }
         private let raw: Raw
         private init(_ raw: Raw) { self.raw = raw }
@@ -108,6 +109,9 @@ public struct HostError: Error, Hashable, Sendable, CustomStringConvertible {
         public static let invalidManifest = Code(.invalidManifest)
         /// The manifest names an executable that is not in any executable search path.
         public static let executableNotFound = Code(.executableNotFound)
+        /// The extension is installed but refused: its manifest, folder or executable is owned by another user or
+        /// writable by others, or its policy asks for more than the operator's ceilings allow.
+        public static let refused = Code(.refused)
         /// The host configuration is invalid.
         public static let invalidConfiguration = Code(.invalidConfiguration)
         /// A system call failed (creating the event loop, say).

@@ -53,9 +53,10 @@ package enum SandboxProfile {
     ) throws(HostError) -> SandboxedSpawn {
         let policy = manifest.policy
         guard let launcher else {
-            guard policy.sandbox == .none else {
+            guard policy.sandbox == .none, policy.executableSHA256 == nil else {
                 throw HostError(.system, "sandbox: launcher unavailable: \(launcherExecutableName) not found next to "
-                    + "the host executable or in the executable search paths")
+                    + "the host executable or in the executable search paths"
+                    + (policy.sandbox == .none ? " (ExecutableSHA256 is checked by the launcher)" : ""))
             }
             if let premadeDirectory { removeTree(premadeDirectory) }
             return SandboxedSpawn(request: SpawnRequest(path: path, arguments: [path], environment: environment))
@@ -84,6 +85,7 @@ package enum SandboxProfile {
             "MaxThreads": .integer(Int64(policy.maxThreads)),
         ]
         if let mb = policy.memoryLimitMB { profile["MemoryLimitMB"] = .integer(Int64(mb)) }
+        if let digest = policy.executableSHA256 { profile["ExecutableSHA256"] = .string(digest) }
         var bytes: [UInt8] = []
         var encoder = BinaryPlistEncoder()
         encoder.encode(.dictionary(profile), appendingTo: &bytes)

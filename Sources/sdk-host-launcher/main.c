@@ -40,6 +40,7 @@
 #include <sys/mman.h>
 #include <sys/prctl.h>
 #include <sys/resource.h>
+#include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -148,7 +149,8 @@ static void read_profile(void) {
     struct paths argv = paths_for(&doc, "Arguments"), envp = paths_for(&doc, "Environment");
     if (argv.count == 0) launch_failed("profile: Arguments is empty");
     profile.argv = argv.items;
-    profile.envp = envp.items ? envp.items : (char *[]){NULL};
+    static char *no_environment[] = {NULL};
+    profile.envp = envp.items ? envp.items : no_environment;
     profile.host_pid = integer_for(&doc, "HostPID", 0);
     char *mode = string_for(&doc, "Sandbox", 1);
     if (strcmp(mode, "strict") == 0) profile.mode = SANDBOX_STRICT;
@@ -171,6 +173,33 @@ static void read_profile(void) {
     profile.max_threads = integer_for(&doc, "MaxThreads", 512);
     profile.readable = paths_for(&doc, "ReadablePaths");
     profile.writable = paths_for(&doc, "WritablePaths");
+    profile.executable_sha256 = string_for(&doc, "ExecutableSHA256", 0);
+    if (profile.executable_sha256 && strlen(profile.executable_sha256) != 64)
+        launch_failed("profile: ExecutableSHA256 must be 64 hex digits");
+}
+
+/// With ExecutableSHA256: opens the executable (in the worker's root, once it has one), hashes what it reads,
+/// and from then on execs that descriptor (/proc/self/fd/N), never the path again, so that what was checked is
+/// what runs. Must run before seccomp, which allows only the exec of `profile.executable`'s pointer.
+static void verify_executable(void) {
+    if (!profile.executable_sha256) return;
+    int fd = open(profile.executable, O_RDONLY | O_CLOEXEC | O_NOCTTY);
+    if (fd < 0) launch_failed("ExecutableSHA256: cannot open %s: %s", profile.executable, strerror(errno));
+    struct stat info;
+    if (fstat(fd, &info) != 0 || !S_ISREG(info.st_mode)) launch_failed("ExecutableSHA256: %s is not a file", profile.executable);
+    char actual[65];
+    int error = sha256_descriptor(fd, actual);
+    if (error) launch_failed("ExecutableSHA256: cannot read %s: %s", profile.executable, strerror(error));
+    char expected[65];
+    for (int i = 0; i < 65; i++) {
+        char c = profile.executable_sha256[i];
+        expected[i] = (c >= 'A' && c <= 'F') ? (char)(c - 'A' + 'a') : c;
+    }
+    if (strcmp(actual, expected) != 0)
+        launch_failed("ExecutableSHA256: %s has SHA-256 %s, not the manifest's %s", profile.executable, actual, expected);
+    static char by_descriptor[32];
+    snprintf(by_descriptor, sizeof by_descriptor, "/proc/self/fd/%d", fd);
+    profile.executable = by_descriptor;
 }
 
 // MARK: Layers in the launcher
@@ -364,6 +393,11 @@ static void confine_and_exec(void) {
             }
             if (profile.max_threads > 0) set_limit(RLIMIT_NPROC, (rlim_t)profile.max_threads, "RLIMIT_NPROC");
         }
+    }
+    verify_executable();
+    if (profile.mode != SANDBOX_NONE) {
+        const char *why = NULL;
+        int error;
         if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) == 0) applied("noNewPrivs");
         else unavailable("noNewPrivs", errno, "prctl(PR_SET_NO_NEW_PRIVS) refused");
         error = drop_capabilities(&why);

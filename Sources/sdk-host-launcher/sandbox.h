@@ -32,10 +32,13 @@ struct profile {
     long long temp_mb;        // TempSizeMB: the worker's TMPDIR tmpfs
     long long max_threads;    // MaxThreads: RLIMIT_NPROC inside the worker's own user namespace
     int root_built;           // the worker runs on its own root, whose /tmp is its TMPDIR
+    const char *executable_sha256;  // ExecutableSHA256 (64 lowercase hex digits), or NULL
 };
 
 enum { SANDBOX_STRICT, SANDBOX_BEST_EFFORT, SANDBOX_NONE };
 
+/// The SHA-256 of what `fd` reads to its end, as 64 lowercase hex digits. Returns 0 or an errno.
+int sha256_descriptor(int fd, char hex[65]);
 /// The Landlock ABI version, or a negative errno.
 int landlock_abi(void);
 /// Restricts the calling thread to the profile's paths (and TCP and scoping when the ABI has them).

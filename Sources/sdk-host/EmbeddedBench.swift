@@ -175,9 +175,13 @@ enum EmbeddedBench {
     /// AllowSubprocesses adds.
     static func measureColdStarts(into results: inout Results, samples: Int) {
         (results.cold, results.prewarmed) = coldStarts(samples: samples)
-        results.coldUnsandboxed = coldStarts(samples: samples) { $0.defaultPolicy.sandbox = .none }.cold
+        results.coldUnsandboxed = coldStarts(samples: samples) {
+            $0.defaultPolicy.sandbox = .none
+            $0.allowedSandboxModes.insert(.none)
+        }.cold
         results.coldDirect = coldStarts(samples: samples) {
             $0.defaultPolicy.sandbox = .none
+            $0.allowedSandboxModes.insert(.none)
             $0.launcherPath = "/nonexistent/sdk-host-launcher"  // Sandbox = none without a launcher: spawned directly
         }.cold
         results.coldSubprocesses = coldStarts(samples: samples) { $0.defaultPolicy.allowSubprocesses = true }.cold

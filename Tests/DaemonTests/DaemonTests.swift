@@ -255,6 +255,12 @@ import Glibc
             ("<key>DefaultPolicy</key><dict><key>MaxWorkers</key><real>2.5</real></dict>", "DefaultPolicy.MaxWorkers: expected an integer"),
             ("<key>DrainTimeoutSeconds</key><string>soon</string>", "DrainTimeoutSeconds: expected a number"),
             ("<key>BusyPollMicroseconds</key><integer>5000</integer>", "BusyPollMicroseconds: 5000 is outside 0...1000"),
+            ("<key>AllowedSandboxModes</key><array><string>lax</string></array>", "AllowedSandboxModes: 'lax' is not one of strict, bestEffort, none"),
+            ("<key>MaxMemoryLimitMB</key><integer>1</integer>", "MaxMemoryLimitMB: 1 is outside 16...65536"),
+            ("<key>AllowedReadableRoots</key><array><string>data</string></array>", "AllowedReadableRoots: 'data' is not an absolute path"),
+            ("<key>AllowNetwork</key><string>no</string>", "AllowNetwork: expected a boolean"),
+            ("<key>DefaultPolicy</key><dict><key>ExecutableSHA256</key><string>00</string></dict>",
+             "DefaultPolicy.ExecutableSHA256: is one executable's digest"),
         ]
         for (n, (body, expected)) in cases.enumerated() {
             let path = "\(folder)/bad\(n).plist"
@@ -275,6 +281,8 @@ import Glibc
         #expect(c.allowedUIDs == [getuid()])
         #expect(c.host.logLevel == .info)
         #expect(c.socketPath.hasSuffix("/sdk-host.sock"))
+        #expect(c.host.allowedSandboxModes == [.strict, .bestEffort], "Sandbox none only where the operator allows it")
+        #expect(c.host.maxMemoryLimitMB == nil && c.host.allowedReadableRoots == nil && c.host.allowNetwork)
     }
 }
 
