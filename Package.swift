@@ -102,7 +102,7 @@ let package = Package(
         .testTarget(name: "SDKHostTests", dependencies: ["SDKWire", "SDKHost", "SDKPosix", "CSDKShim", "HostTestSupport"]),
         .testTarget(name: "DaemonTests", dependencies: ["SDKWire", "SDKDaemon", "SDKHost", "SDKPosix", "HostTestSupport"]),
         // Crash and fault injection, in its own target so it can run alone: swift test --filter FaultTests
-        .testTarget(name: "FaultTests", dependencies: ["SDKWire", "SDKHost", "SDKPosix", "HostTestSupport"]),
+        .testTarget(name: "FaultTests", dependencies: ["SDKWire", "SDKHost", "SDKPosix", "CSDKShim", "HostTestSupport"]),
     ],
     swiftLanguageModes: [.v6]
 )

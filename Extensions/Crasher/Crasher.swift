@@ -112,6 +112,23 @@ struct Crasher: RequestHandler {
             guard pipe(&fds) == 0 else { abort() }
             close(fds[1])
             context.completeRequest(returningItems: [ExtensionItem(fileAttachments: [FileAttachment(adopting: fds[0])])])
+        case "fd-writable", "fd-opath", "fd-unsealed":
+            // Attachments that are not read-only snapshots: a file open for writing, an O_PATH descriptor, and a
+            // memfd the worker could still change after the host read it. The host must refuse each.
+            var fd: Int32
+            if command == "fd-unsealed" {
+                fd = sdk_memfd("unsealed")
+                _ = write(fd, "changeable", 10)
+            } else {
+                let path = (getenv("TMPDIR").map { String(cString: $0) } ?? "/tmp") + "/crasher-attachment"
+                fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0o600)
+                if command == "fd-opath" {
+                    close(fd)
+                    fd = sdk_open_path_only(path)
+                }
+            }
+            guard fd >= 0 else { abort() }
+            context.completeRequest(returningItems: [ExtensionItem(fileAttachments: [FileAttachment(adopting: fd)])])
         case "fd-count":
             // How many descriptors this worker has open, and the input's file attachments' sizes: a test checks
             // that nothing received is kept after a request.

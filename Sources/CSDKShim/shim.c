@@ -364,6 +364,26 @@ int sdk_is_write_sealed(int fd) {
     return seals >= 0 && (seals & F_SEAL_WRITE) != 0;
 }
 
+int sdk_is_path_only(int fd) {
+    int flags = fcntl(fd, F_GETFL);
+    return flags >= 0 && (flags & O_PATH) != 0;
+}
+
+int sdk_open_path_only(const char *path) { return open(path, O_PATH | O_CLOEXEC); }
+
+int sdk_is_memfd(int fd) {
+    char link[32], target[16];
+    snprintf(link, sizeof link, "/proc/self/fd/%d", fd);
+    ssize_t n = readlink(link, target, sizeof target);
+    return n >= 7 && memcmp(target, "/memfd:", 7) == 0;
+}
+
+int sdk_is_snapshot_memfd(int fd) {
+    int seals = fcntl(fd, F_GET_SEALS);
+    int needed = F_SEAL_WRITE | F_SEAL_GROW | F_SEAL_SHRINK;
+    return seals >= 0 && (seals & needed) == needed;
+}
+
 int sdk_copy_file(int in, int out, uint64_t length) {
     loff_t offset = 0;
     int use_copy_range = 1, use_sendfile = 1;

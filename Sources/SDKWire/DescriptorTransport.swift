@@ -65,7 +65,7 @@ package struct IncomingDescriptors {
         var problem: String? = truncated
             ? "a message brought more than \(maxDescriptorsPerMessage) descriptors, or control data other than descriptors" : nil
         for fd in raw {
-            if problem == nil, let what = FileAttachment.notARegularFile(fd) { problem = "a descriptor attachment is \(what)" }
+            if problem == nil, let what = FileAttachment.refusedOnReceipt(fd) { problem = "a descriptor attachment is \(what)" }
             files.append(FileAttachment(adopting: fd))
         }
         raw.removeAll(keepingCapacity: true)

@@ -4,9 +4,11 @@
 // dropped, rejected or finished closes every descriptor it carried, on every path, with no bookkeeping.
 //
 // Read-only by construction: a file is opened O_RDONLY, generated data is a memfd sealed against writing, and a
-// caller's descriptor is reopened read-only unless it already is. Received descriptors must be regular files
-// (memfds are); anything else (a socket, a pipe that could block a reader forever, a directory) is refused with
-// its message.
+// caller's descriptor is reopened read-only unless it already is (an unsealed memfd is copied into a sealed one).
+// Received descriptors are read-only snapshots or refused with their message (`refusedOnReceipt`): a regular file
+// open for reading only, or a memfd sealed against writing, growing and shrinking. Anything else (a socket, a
+// pipe that could block a reader forever, a directory, an O_PATH or writable descriptor, a memfd its sender could
+// still change) ends the connection that sent it.
 
 #if canImport(Glibc)
 import Glibc
@@ -96,6 +98,22 @@ public final class FileAttachment: Sendable, Hashable, CustomStringConvertible {
         let flags = fcntl(fd, F_GETFL)
         guard flags >= 0 else { throw FileAttachmentError("fcntl", subject, errno: errno) }
         if let problem = Self.notARegularFile(fd) { throw FileAttachmentError("attach", subject, reason: problem) }
+        if sdk_is_path_only(fd) == 1 { throw FileAttachmentError("attach", subject, reason: "an O_PATH descriptor, which cannot be read") }
+        if sdk_is_memfd(fd) == 1 && sdk_is_snapshot_memfd(fd) != 1 {
+            // Whoever holds it could still change it: attach a sealed copy of what it holds now.
+            var info = stat()
+            guard fstat(fd, &info) == 0 else { throw FileAttachmentError("fstat", subject, errno: errno) }
+            let copy = sdk_memfd("sdk-host-attachment")
+            guard copy >= 0 else { throw FileAttachmentError("memfd_create", subject, errno: errno) }
+            let rc = sdk_copy_file(fd, copy, UInt64(info.st_size))
+            if rc != 0 || sdk_seal_readonly(copy) != 0 {
+                let error = rc != 0 ? rc : errno
+                close(copy)
+                throw FileAttachmentError("copy", subject, errno: error)
+            }
+            self.init(adopting: copy)
+            return
+        }
         let copy: Int32
         if flags & O_ACCMODE == O_RDONLY || sdk_is_write_sealed(fd) == 1 {
             copy = fcntl(fd, F_DUPFD_CLOEXEC, 0)
@@ -108,6 +126,20 @@ public final class FileAttachment: Sendable, Hashable, CustomStringConvertible {
     }
 
     deinit { close(fd) }
+
+    /// Why a descriptor received from a peer cannot be an attachment, or nil: it must be a read-only snapshot, a
+    /// regular file open for reading only or a memfd sealed against writing, growing and shrinking.
+    package static func refusedOnReceipt(_ fd: Int32) -> String? {
+        let flags = fcntl(fd, F_GETFL)
+        guard flags >= 0 else { return "fcntl failed: \(String(cString: strerror(errno)))" }
+        if sdk_is_path_only(fd) == 1 { return "an O_PATH descriptor, not an open file" }
+        if let problem = notARegularFile(fd) { return problem }
+        // A memfd's seals bind every descriptor of it, however opened; any other file must be open read-only.
+        if sdk_is_memfd(fd) == 1 {
+            return sdk_is_snapshot_memfd(fd) == 1 ? nil : "a memfd not sealed against writing, growing and shrinking"
+        }
+        return flags & O_ACCMODE == O_RDONLY ? nil : "open for writing; attachments are read-only"
+    }
 
     /// Why `fd` cannot be an attachment (it is not a regular file, memfds included), or nil.
     package static func notARegularFile(_ fd: Int32) -> String? {

@@ -7,6 +7,7 @@ import SDKWire
 import HostTestSupport
 import SDKHost
 import SDKPosix
+import CSDKShim
 import Testing
 
 #if canImport(Glibc)
@@ -239,6 +240,17 @@ extension FaultTests {
             var byte: UInt8 = 0
             #expect(attachment.withUnsafeFileDescriptor { pwrite($0, &byte, 1, 0) } == -1 && errno == EBADF)
             #expect(try attachment.readAll() == [9])
+            // An unsealed memfd becomes a sealed copy of what it held: its owner's later writes do not show.
+            let memfd = sdk_memfd("test")
+            #expect(write(memfd, "abc", 3) == 3)
+            let snapshot = try FileAttachment(duplicating: memfd)
+            #expect(pwrite(memfd, "xyz", 3, 0) == 3)
+            close(memfd)
+            #expect(try snapshot.readAll() == Array("abc".utf8))
+            #expect(snapshot.withUnsafeFileDescriptor { sdk_is_snapshot_memfd($0) } == 1)
+            let path = sdk_open_path_only("\(folder.path)/f")
+            #expect(throws: FileAttachmentError.self) { try FileAttachment(duplicating: path) }
+            close(path)
 
             try await withHost { host, _ in
                 // From the worker: a pipe posing as a file is a protocol violation, and closed.
@@ -248,6 +260,18 @@ extension FaultTests {
                 } throws: { error in
                     guard case RequestFailure.interrupted(.protocolViolation(let detail)) = error else { return false }
                     return detail.contains("a pipe")
+                }
+                // Returned attachments are read-only snapshots: nothing the worker could still change, nothing
+                // that cannot be read.
+                for (fault, expected) in [("fd-writable", "open for writing; attachments are read-only"),
+                                          ("fd-opath", "an O_PATH descriptor, not an open file"),
+                                          ("fd-unsealed", "a memfd not sealed against writing, growing and shrinking")] {
+                    await #expect {
+                        _ = try await crasher.perform([ExtensionItem(title: fault)])
+                    } throws: { error in
+                        guard case RequestFailure.interrupted(.protocolViolation(let detail)) = error else { return false }
+                        return detail.contains("a descriptor attachment is \(expected)")
+                    }
                 }
                 // From the app: more than 64 in one message cannot be sent; the request says so, nothing leaks.
                 let echo = try host.extension(identifier: "com.example.echo")

@@ -151,6 +151,14 @@ int sdk_seal_readonly(int fd);
 int sdk_get_seals(int fd);
 /// 1 when `fd`'s seals forbid writing to it.
 int sdk_is_write_sealed(int fd);
+/// 1 when `fd` was opened with O_PATH (it names a file but cannot read it), else 0.
+int sdk_is_path_only(int fd);
+/// open(path, O_PATH | O_CLOEXEC): for tests and Crasher, which hand such a descriptor to the host on purpose.
+int sdk_open_path_only(const char *path);
+/// 1 when `fd` is a memfd (its /proc/self/fd link reads "/memfd:…"), else 0.
+int sdk_is_memfd(int fd);
+/// 1 when `fd` is a memfd sealed against writing, growing and shrinking; 0 when it is a memfd that is not.
+int sdk_is_snapshot_memfd(int fd);
 /// Copies `length` bytes of `in` from offset 0 to `out`'s current position: copy_file_range, else sendfile,
 /// else read and write. `in`'s own offset is not moved. 0, or an errno value.
 int sdk_copy_file(int in, int out, uint64_t length);
