@@ -11,7 +11,9 @@ extension DaemonServer {
         if !session.handshaken {
             guard case .connect = message else {
                 session.send(.error(message: "send 'connect' first", id: nil))
-                return closeSession(session, reason: "'\(message.typeName)' before 'connect'")
+                // The type as the client wrote it (escaped by the log): an unknown one is named, not just "unknown".
+                let type = message.plist["type"]?.stringValue ?? message.typeName
+                return closeSession(session, reason: "'\(type.prefix(64))' before 'connect'")
             }
         }
         switch message {

@@ -370,7 +370,7 @@ final class DaemonClient: HostBackend, @unchecked Sendable {
     }
 
     private func writeLog(_ message: String) {
-        var line = "sdk-host client: \(message)\n"
+        var line = "sdk-host client: \(message.displaySafe())\n"
         line.withUTF8 { _ = write(2, $0.baseAddress, $0.count) }
     }
 }

@@ -144,9 +144,10 @@ import SDKPosix
 
 extension RequestCommand {
     static func describe(_ item: ExtensionItem) -> String {
-        "title=\(item.title.map { "\"\($0)\"" } ?? "nil")"
+        // One line per item, whatever the worker put in it: its strings are escaped newlines and all.
+        ("title=\(item.title.map { "\"\($0)\"" } ?? "nil")"
             + (item.text.map { " text=\"\($0)\"" } ?? "")
-            + " attachments=\(PlistValue.array(item.attachments)) userInfo=\(PlistValue.dictionary(item.userInfo))"
+            + " attachments=\(PlistValue.array(item.attachments)) userInfo=\(PlistValue.dictionary(item.userInfo))").displaySafe()
             + (item.fileAttachments.isEmpty ? "" : " files=[\(item.fileAttachments.map { "\($0.size) bytes" }.joined(separator: ", "))]")
     }
 
@@ -206,7 +207,7 @@ extension RequestCommand {
     }
 
     static func printError(_ text: String) {
-        var line = "sdk-host: \(text)\n"
+        var line = "sdk-host: \(text.displaySafe())\n"
         line.withUTF8 { _ = write(2, $0.baseAddress, $0.count) }
     }
 }

@@ -1,6 +1,7 @@
 // sdk-host: the command-line entry point (shared/DESIGN.md "CLI"). Each subcommand lives in its own file.
 // Every command answers --help (exit 0) and shares one exit-status table (ExitStatus).
 import SDKHost
+import SDKWire
 
 #if canImport(Glibc)
 import Glibc
@@ -56,7 +57,7 @@ enum ExitStatus {
 
 /// Prints one line to stderr and exits with `status`: the CLI's error convention.
 func fail(_ message: String, status: Int32 = ExitStatus.failure) -> Never {
-    var line = "sdk-host: " + message + "\n"
+    var line = "sdk-host: " + message.displaySafe() + "\n"
     line.withUTF8 { _ = write(2, $0.baseAddress, $0.count) }
     exit(status)
 }
@@ -78,4 +79,12 @@ case "hammer": HammerCommand.run(arguments)  // internal: load client for tests
 case "help", "--help", "-h": print(usage)
 case "version", "--version": print("sdk-host \(ExtensionHost.version)")
 default: fail("unknown command '\(command)'\n" + usage, status: ExitStatus.usage)
+}
+
+/// Every line the CLI prints goes through here: what a peer wrote (a title, an error message, an app name, an
+/// extension's fatal-error line) is shown with its control characters escaped, never interpreted by the terminal.
+/// This shadows the standard library's `print` in this module, so that no call site can forget.
+func print(_ items: Any..., separator: String = " ", terminator: String = "\n") {
+    let text = items.map { "\($0)" }.joined(separator: separator)
+    Swift.print(text.displaySafe(keepingNewlines: true), terminator: terminator)
 }

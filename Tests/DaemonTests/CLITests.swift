@@ -119,6 +119,25 @@ import Glibc
         #expect(fallbackErr.contains("no daemon answering on \(own.path)/none.sock; using an embedded host"))
     }
 
+    /// A peer's text (a reply title, a client's message type) reaches neither the terminal nor the log with its
+    /// control characters live: no escape sequence, no forged line.
+    @Test func peerTextIsShownEscapedOnTheTerminalAndInTheLog() async throws {
+        let hostile = "\u{1B}]0;owned\u{07}\u{1B}[2J\u{202E}txt\r\nsdk-host: error: forged"
+        let (status, out, _) = try await run(["request", "com.example.echo", "--embedded", "--text", hostile])
+        #expect(status == 0)
+        #expect(!out.utf8.contains(0x1B) && !out.utf8.contains(0x07) && !out.utf8.contains(0x0D), "\(out)")
+        #expect(out.contains("\\x1b]0;owned\\x07\\x1b[2J\\u{202e}txt\\x0d\\x0asdk-host: error: forged"), "\(out)")
+
+        let daemon = try await DaemonProcess()
+        defer { daemon.remove() }
+        let client = try HostileClient(daemon.socket)
+        #expect(client.send(.unknown(type: hostile)) && client.isClosedByDaemon())
+        #expect(await eventually(timeout: 20) { daemon.logText.contains("owned") }, "\(daemon.logText)")
+        let log = daemon.logText
+        #expect(!log.utf8.contains(0x1B) && !log.contains("\nsdk-host: error: forged"), "\(log)")
+        #expect(await daemon.stop() == 0)
+    }
+
     @Test func requestThroughTheDaemonSaysSoAndCrashesShowTheFatalErrorLine() async throws {
         let daemon = try await DaemonProcess()
         defer { daemon.remove() }
