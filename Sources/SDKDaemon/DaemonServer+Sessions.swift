@@ -6,6 +6,10 @@ import SDKWire
 import SDKHost
 import SDKPosix
 
+#if canImport(Glibc)
+import Glibc
+#endif
+
 extension DaemonServer {
     func handle(_ message: Message, from session: ClientSession) {
         if !session.handshaken {
@@ -48,7 +52,7 @@ extension DaemonServer {
         case .credit(let clientID, let count):
             if let internalID = session.internalIDs[clientID] { engine.creditOnLoop(internalID, Int(clamping: count)) }
         case .status(let seq):
-            session.send(.statusReport(seq: seq, report: engine.statusOnLoop().plist))
+            session.send(.statusReport(seq: seq, report: engine.statusOnLoop().visible(to: session).plist))
         case .subscribe:
             session.subscribed = true
         case .ping(let seq):
@@ -166,6 +170,24 @@ extension DaemonServer {
     }
 }
 
+extension HostStatus {
+    /// What `session` may see: another uid's app names, worker pids, crash and leak reports are left out. Root and
+    /// the daemon's own uid (its operator) see everything; shared pools (no app) are everyone's.
+    func visible(to session: ClientSession) -> HostStatus {
+        guard !session.seesEverything else { return self }
+        var copy = self
+        copy.extensions = extensions.map { e in
+            var e = e
+            e.pools = e.pools.filter { session.maySee(app: $0.app) }
+            e.workers = e.workers.filter { session.maySee(app: $0.app) }
+            return e
+        }
+        copy.recentCrashes = recentCrashes.filter { session.maySee(app: $0.app) }
+        copy.recentLeaks = recentLeaks.filter { session.maySee(app: $0.app) }
+        return copy
+    }
+}
+
 /// One connected client. `@unchecked Sendable`: used only on the engine's loop thread (the closures that
 /// capture it are called there).
 final class ClientSession: @unchecked Sendable {
@@ -193,6 +215,15 @@ final class ClientSession: @unchecked Sendable {
 
     func send(_ message: Message) {
         try? connection.send(message)
+    }
+
+    /// Root and the daemon's own uid see every app's workers, events and reports.
+    var seesEverything: Bool { credentials.uid == 0 || credentials.uid == getuid() }
+
+    /// Whether this client may see what belongs to `app` ("uid/name"; nil for a shared pool).
+    func maySee(app: String?) -> Bool {
+        guard let app, !seesEverything else { return true }
+        return app.hasPrefix("\(credentials.uid)/")
     }
 
     /// Sends a worker's payload on as it is, with the client's request id.

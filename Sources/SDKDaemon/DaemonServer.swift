@@ -148,7 +148,9 @@ package final class DaemonServer: @unchecked Sendable {
             scheduleSweep()
             engine.eventObserver = { [unowned self] event in
                 let message = Message.event(event.plist)
-                for session in self.sessions.values where session.subscribed { session.send(message) }
+                for session in self.sessions.values where session.subscribed && session.maySee(app: event.app) {
+                    session.send(message)
+                }
             }
         } catch {
             engine.log(.error, "cannot watch the listening socket: \(error)")

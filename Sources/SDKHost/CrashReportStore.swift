@@ -11,12 +11,14 @@ import Glibc
 extension CrashReport {
     /// The on-disk form (read it with `sdk-host plist decode` or `sdk-host crashes`).
     public var plist: PlistValue {
-        [
+        var fields: [String: PlistValue] = [
             "extension": .string(extensionIdentifier), "pid": .integer(Int64(pid)), "reason": reason.plist,
             "reasonText": .string(reason.description), "time": .date(PlistDate(secondsSince1970: time)),
             "inFlight": .array(inFlightRequests.map { .string($0.uuidString) }), "stderrTail": .string(stderrTail),
             "fatalError": .string(fatalErrorLine ?? ""),
         ]
+        if let app { fields["app"] = .string(app) }
+        return .dictionary(fields)
     }
 
     /// Reads the on-disk form; nil if a required field is missing.
@@ -30,6 +32,7 @@ extension CrashReport {
             inFlightRequests: (plist["inFlight"]?.arrayValue ?? []).compactMap { $0.stringValue.flatMap(RequestID.init(uuidString:)) },
             stderrTail: plist["stderrTail"]?.stringValue ?? "",
             fatalErrorLine: plist["fatalError"]?.stringValue.flatMap { $0.isEmpty ? nil : $0 })
+        app = plist["app"]?.stringValue
     }
 }
 
@@ -44,12 +47,16 @@ public struct LeakReport: Sendable, Equatable {
     public var afterMilliseconds: Int64
     /// Seconds since the Unix epoch.
     public var time: Double
+    /// The daemon's app ("uid/name") whose worker it was; nil for a shared pool or an embedded host.
+    public var app: String?
 
     /// The on-disk form.
     public var plist: PlistValue {
-        ["extension": .string(extensionIdentifier), "pid": .integer(Int64(pid)), "request": .string(requestID.uuidString),
+        var fields: [String: PlistValue] = ["extension": .string(extensionIdentifier), "pid": .integer(Int64(pid)), "request": .string(requestID.uuidString),
          "alive": .array(alive.map(PlistValue.string)), "afterMs": .integer(afterMilliseconds),
          "time": .date(PlistDate(secondsSince1970: time))]
+        if let app { fields["app"] = .string(app) }
+        return .dictionary(fields)
     }
 
     /// Creates a report.
@@ -72,6 +79,7 @@ public struct LeakReport: Sendable, Equatable {
         self.init(extensionIdentifier: ext, pid: Int32(truncatingIfNeeded: pid), requestID: id,
                   alive: (plist["alive"]?.arrayValue ?? []).compactMap(\.stringValue),
                   afterMilliseconds: plist["afterMs"]?.integerValue ?? 0, time: time.secondsSince1970)
+        app = plist["app"]?.stringValue
     }
 }
 

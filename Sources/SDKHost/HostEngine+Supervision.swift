@@ -376,8 +376,9 @@ extension HostEngine {
                 + "and its \(what) is still alive (\(worker.leaksReported) leak(s) from this worker)")
         }
         if worker.leaksReported <= 8 {
-            let report = LeakReport(extensionIdentifier: worker.extensionID, pid: worker.pid, requestID: id, alive: alive,
+            var report = LeakReport(extensionIdentifier: worker.extensionID, pid: worker.pid, requestID: id, alive: alive,
                                     afterMilliseconds: afterMs, time: timespec.now.seconds)
+            report.app = worker.app
             crashStore?.saveLeak(report)
             recentLeaks.append(report)
             if recentLeaks.count > Self.recentLeakLimit { recentLeaks.removeFirst() }

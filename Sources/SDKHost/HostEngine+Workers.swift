@@ -384,10 +384,11 @@ extension HostEngine {
 
     func recordCrash(_ worker: WorkerProcess, reason: InterruptionReason, inFlight: [RequestID]) {
         let now = timespec.now
-        let report = CrashReport(
+        var report = CrashReport(
             extensionIdentifier: worker.extensionID, pid: worker.pid, reason: reason,
             time: now.seconds, inFlightRequests: inFlight,
             stderrTail: worker.stderrTail.text)
+        report.app = worker.app
         log(.warning, "\(worker.extensionID): worker pid \(worker.pid) ended: \(reason); "
             + "\(inFlight.count) request(s) interrupted")
         crashReports.append(report)

@@ -154,6 +154,9 @@ public struct CrashReport: Sendable, Equatable {
     /// failed `precondition`, `fatalError`), else the backtracer's "crashed" line, else the last line of the
     /// stderr tail; nil when the worker wrote nothing.
     public var fatalErrorLine: String?
+    /// The daemon's app ("uid/name") whose workers these were; nil for a shared pool or an embedded host. A
+    /// daemon shows a report only to that uid (and root).
+    public var app: String?
 
     /// Creates a report; `fatalErrorLine` is found in `stderrTail` unless given.
     public init(extensionIdentifier: String, pid: Int32, reason: InterruptionReason, time: Double,

@@ -129,3 +129,80 @@ import Glibc
     }
 }
 
+
+/// Two uids on one root daemon (shared/DESIGN.md "The daemon isolates uids and apps"): uid 65534 is a raw client
+/// written in Python (an independent reader of the wire), run with setpriv. It sees its own app's workers and
+/// events, and none of root's: no app name, no pid, no crash report.
+@Suite(.serialized) struct UIDIsolationTests {
+    static let canSwitchUser = geteuid() == 0 && access("/usr/bin/setpriv", X_OK) == 0 && python3 != nil
+
+    @Test(.enabled(if: canSwitchUser, "needs root, setpriv and python3"))
+    func anotherUIDSeesNoneOfRootsAppsWorkersEventsOrCrashes() async throws {
+        let daemon = try await DaemonProcess(
+            extraConfig: "<key>AllowedUIDs</key><array><integer>0</integer><integer>65534</integer></array>",
+            socketMode: 0o666, folderMode: 0o755)
+        defer { daemon.remove() }
+        let root = try await ExtensionHost.connect(socketPath: daemon.socket, appName: "rootsecret")
+        let echo = try root.extension(identifier: "com.example.echo")
+        let rootWorker = echo.start([ExtensionItem(title: "warm")])
+        #expect(await rootWorker.outcome == .completed([ExtensionItem(title: "warm")]))
+        let rootPid = try #require(rootWorker.pid)
+        writeFile("\(daemon.folder)/client.py", """
+            import plistlib, socket, struct, sys, time, uuid, json
+            s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            s.connect(sys.argv[1])
+            def send(d):
+                b = plistlib.dumps(d, fmt=plistlib.FMT_BINARY)
+                s.sendall(struct.pack(">I", len(b)) + b)
+            buf = b""
+            def receive_until(deadline):
+                global buf
+                got = []
+                s.settimeout(0.1)
+                while time.time() < deadline:
+                    try:
+                        chunk = s.recv(65536)
+                        if not chunk: break
+                        buf += chunk
+                    except socket.timeout:
+                        pass
+                    while len(buf) >= 4 and len(buf) >= 4 + struct.unpack(">I", buf[:4])[0]:
+                        n = struct.unpack(">I", buf[:4])[0]
+                        got.append(plistlib.loads(buf[4:4 + n]))
+                        buf = buf[4 + n:]
+                return got
+            send({"type": "connect", "version": \(protocolVersion), "app": "mine"})
+            send({"type": "subscribe"})
+            send({"type": "begin", "id": str(uuid.uuid4()).upper(), "extension": "com.example.echo",
+                  "items": [{"title": "hi", "attachments": [], "userInfo": {}}]})
+            print("READY", flush=True)
+            seen = receive_until(time.time() + float(sys.argv[2]))
+            send({"type": "status", "seq": 1})
+            seen += receive_until(time.time() + 5)
+            print(json.dumps(seen, default=str))
+            """)
+        let out = "\(daemon.folder)/client.out"
+        let pid = spawnProgram(["/usr/bin/setpriv", "--reuid=65534", "--regid=65534", "--clear-groups",
+                                try #require(python3), "\(daemon.folder)/client.py", daemon.socket, "6"],
+                               stdout: out, stderr: "\(daemon.folder)/client.err")
+        #expect(await eventually(timeout: 30) { (readSmallFile(out) ?? "").contains("READY") })
+        // While uid 65534 listens: root's app crashes a worker (events and a crash report of root's own).
+        let crash = try root.extension(identifier: "com.example.crasher").start([ExtensionItem(title: "segv")])
+        #expect(await crash.outcome == .interrupted(.signal(SIGSEGV)))
+        let crashedPid = try #require(crash.pid)
+        #expect(await waitExit(pid) == 0, "\(readSmallFile("\(daemon.folder)/client.err") ?? "")")
+        let seen = readSmallFile(out) ?? ""
+        // Its own request and its own worker's events came through; root's did not, nor root's app name or pids.
+        #expect(seen.contains("\"complete\"") && seen.contains("65534/mine") && seen.contains("\"spawned\""), "\(seen)")
+        #expect(seen.contains("statusReport"), "\(seen)")
+        #expect(!seen.contains("rootsecret") && !seen.contains("\(rootPid)") && !seen.contains("\(crashedPid)")
+                && !seen.contains("com.example.crasher\", \"pid"), "\(seen)")
+        // Root sees both.
+        let status = try #require(await root.status())
+        let apps = status.extensions.flatMap(\.workers).compactMap(\.app)
+        #expect(apps.contains("0/rootsecret") && apps.contains("65534/mine"), "\(apps)")
+        #expect(status.recentCrashes.contains { $0.pid == crashedPid && $0.app == "0/rootsecret" })
+        await root.shutdown()
+        #expect(await daemon.stop() == 0)
+    }
+}
