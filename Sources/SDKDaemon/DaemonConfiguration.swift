@@ -17,7 +17,10 @@
 //   HeartbeatTimeoutSeconds   number                                           default: 10
 //   CancelGraceSeconds        number    before a worker ignoring cancel dies   default: 2
 //   MaxFrameBytes             integer   largest frame accepted                 default: 16777216
-//   MaxClients                integer   connections at once; more are refused  default: 256
+//   MaxClients                integer   connections at once; at the limit the  default: 256
+//                                       oldest still without `connect` is
+//                                       closed to make room, else refused
+//   MaxClientsPerUID          integer   the same, per peer uid                 default: 128
 //   MaxInFlightRequests       integer   per client; more end as `overloaded`   default: 1024
 //   MaxQueuedRequests         integer   per extension; more end `overloaded`   default: 1024
 //   MaxClientOutputBytes      integer   unread replies before a client is no   default: 8388608
@@ -60,6 +63,7 @@ package struct DaemonConfiguration: Sendable {
     package var allowedUIDs: [uid_t] = [getuid()]
     package var drainTimeout: Double = 10
     package var maxClients = 256
+    package var maxClientsPerUID = 128
     package var maxInFlightRequests = 1024
     package var maxClientOutputBytes = 8 << 20
     package var handshakeTimeout: Double = 5
@@ -83,7 +87,7 @@ package struct DaemonConfiguration: Sendable {
         "MaxInFlightRequests", "MaxQueuedRequests", "MaxClientOutputBytes", "HandshakeTimeoutSeconds",
         "PartialFrameTimeoutSeconds", "MaxDescriptorsPerClient", "MaxDescriptorsTotal", "BusyPollMicroseconds",
         "WorkerUser", "RuntimePaths", "AllowedSandboxModes", "MaxMemoryLimitMB", "AllowedReadableRoots",
-        "AllowedWritableRoots", "AllowNetwork",
+        "AllowedWritableRoots", "AllowNetwork", "MaxClientsPerUID",
     ]
 
     /// Defaults only (no file).
@@ -152,6 +156,7 @@ package struct DaemonConfiguration: Sendable {
             try host.defaultPolicy.apply(policy)
         }
         maxClients = try f.integer("MaxClients", in: 1...65_536) ?? maxClients
+        maxClientsPerUID = try f.integer("MaxClientsPerUID", in: 1...65_536) ?? maxClientsPerUID
         maxInFlightRequests = try f.integer("MaxInFlightRequests", in: 1...1_000_000) ?? maxInFlightRequests
         host.maxQueuedRequests = try f.integer("MaxQueuedRequests", in: 0...10_000_000) ?? host.maxQueuedRequests
         maxClientOutputBytes = try f.integer("MaxClientOutputBytes", in: 65_536...(1 << 30)) ?? maxClientOutputBytes

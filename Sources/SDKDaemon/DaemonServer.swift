@@ -5,7 +5,8 @@
 // rest, stop the workers, remove the socket.
 //
 // Every client is a potential attacker, so everything it can make the daemon hold is bounded: connections
-// (MaxClients), requests in flight per client (MaxInFlightRequests) and the bytes they carry (per client and in
+// (MaxClients, and MaxClientsPerUID; at either limit the oldest connection still in its handshake makes room),
+// requests in flight per client (MaxInFlightRequests) and the bytes they carry (per client and in
 // total), half-received frames (a shared input budget, and PartialFrameTimeoutSeconds to finish one), unread
 // replies (MaxClientOutputBytes: past it the client is no longer read; past it plus a frame, or still stuck
 // after the timeout, it is disconnected), and the time to say `connect` (HandshakeTimeoutSeconds). At the
@@ -37,6 +38,7 @@ package final class DaemonServer: @unchecked Sendable {
     private var acceptBackoff = 0.0
     private var acceptBackoffTimer: TimerID?
     private var refusedWhileFull = 0
+    private var evictedInHandshake = 0
     /// The socket's path: the configured one, or the one systemd bound (socket activation).
     package let socketPath: String
     /// Whether the listener came from systemd: then systemd owns the path and it is not removed at stop.
@@ -230,14 +232,13 @@ package final class DaemonServer: @unchecked Sendable {
                 connection.close()
                 continue
             }
-            guard sessions.count < configuration.maxClients else {
+            if let refusal = makeRoom(for: credentials.uid) {
                 refusedWhileFull += 1
                 if refusedWhileFull == 1 || refusedWhileFull % 1000 == 0 {
-                    engine.log(.warning, "refused a client (pid \(credentials.pid)): \(sessions.count) clients connected, "
-                        + "the limit (MaxClients); \(refusedWhileFull) refused so far")
+                    engine.log(.warning, "refused a client (uid \(credentials.uid) pid \(credentials.pid)): \(refusal); "
+                        + "\(refusedWhileFull) refused so far")
                 }
-                try? connection.send(.error(message: "too many clients: the daemon serves at most "
-                    + "\(configuration.maxClients) (MaxClients)", id: nil))
+                try? connection.send(.error(message: refusal, id: nil))
                 connection.close()
                 continue
             }
@@ -266,6 +267,38 @@ package final class DaemonServer: @unchecked Sendable {
             sessions[ObjectIdentifier(session)] = session
             engine.log(.debug, "client uid \(credentials.uid) pid \(credentials.pid) connected")
         }
+    }
+
+    /// Makes room for a new connection from `uid` under MaxClientsPerUID and MaxClients: at either limit the
+    /// oldest connection (of that uid, or of anyone) that has not said `connect` yet is closed, so that stalled
+    /// connections cannot keep everyone else out until the handshake timeout. Returns why the new connection is
+    /// refused when every connection in the way has said `connect`, or nil.
+    private func makeRoom(for uid: uid_t) -> String? {
+        func oldestInHandshake(_ include: (ClientSession) -> Bool) -> ClientSession? {
+            sessions.values.filter { !$0.handshaken && include($0) }.min { $0.connectedAt < $1.connectedAt }
+        }
+        let ofUID = sessions.values.reduce(0) { $0 + ($1.credentials.uid == uid ? 1 : 0) }
+        if ofUID >= configuration.maxClientsPerUID {
+            guard let oldest = oldestInHandshake({ $0.credentials.uid == uid }) else {
+                return "too many connections from uid \(uid): at most \(configuration.maxClientsPerUID) (MaxClientsPerUID)"
+            }
+            evict(oldest)
+        }
+        if sessions.count >= configuration.maxClients {
+            guard let oldest = oldestInHandshake({ _ in true }) else {
+                return "too many clients: the daemon serves at most \(configuration.maxClients) (MaxClients)"
+            }
+            evict(oldest)
+        }
+        return nil
+    }
+
+    private func evict(_ session: ClientSession) {
+        session.send(.error(message: "closed to make room: no 'connect' yet, and the daemon is at its connection limit", id: nil))
+        evictedInHandshake += 1
+        let quiet = evictedInHandshake > 1 && evictedInHandshake % 1000 != 0
+        closeSession(session, reason: quiet ? nil : "no 'connect' yet, closed to make room for a new connection "
+            + "(\(evictedInHandshake) so far)")
     }
 
     /// Out of descriptors (or memory): stop watching the listener for a while instead of spinning on it, and

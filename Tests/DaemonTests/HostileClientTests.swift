@@ -134,7 +134,7 @@ func expectHealthy(_ daemon: DaemonProcess, maxLogBytes: Int = 2 << 20, sourceLo
         #expect(await daemon.stop() == 0)
     }
 
-    @Test func idleAndSurplusConnectionsAreClosed() async throws {
+    @Test func stalledConnectionsCannotKeepOthersOut() async throws {
         let daemon = try await DaemonProcess(extraConfig: """
             <key>MaxClients</key><integer>40</integer>
             <key>HandshakeTimeoutSeconds</key><real>4</real>
@@ -142,23 +142,52 @@ func expectHealthy(_ daemon: DaemonProcess, maxLogBytes: Int = 2 << 20, sourceLo
         defer { daemon.remove() }
         var idle: [HostileClient] = []
         for _ in 0..<120 { idle.append(try HostileClient(daemon.socket)) }
-        // Beyond MaxClients: refused at once with a reason. The rest never say `connect`: closed after 4 s.
-        // Which 40 get a slot is not fixed, nor is it always 40: the start-up probe's connection may still hold a
-        // slot when these arrive, and free it a moment later or only after all 120 were accepted. So count over
-        // all 120: 80 refused (81 while the probe held its slot throughout), the rest timed out.
-        var accepted: [HostileClient] = []
-        var refused = 0
+        // At MaxClients the oldest connection still without `connect` makes room: 80 of the 120 are closed with a
+        // reason as later ones arrive, and the newest 40 hold every slot, until their handshake timeout.
+        var evicted = 0
+        var kept: [HostileClient] = []
         for client in idle {
-            if case .error(let message, _)? = client.receive(timeout: 8), message.contains("too many clients") {
-                refused += 1
+            if case .error(let message, _)? = client.receive(timeout: 8), message.contains("closed to make room") {
+                evicted += 1
             } else {
-                accepted.append(client)
+                kept.append(client)
             }
         }
-        #expect(refused == 80 || refused == 81, "\(refused) refused")
-        #expect(accepted.count == 120 - refused)
-        for client in accepted { #expect(client.isClosedByDaemon()) }
+        #expect(evicted == 80, "\(evicted) closed to make room")
+        // With every slot held by a stalled connection, an app still gets in, and is served.
+        let app = try await ExtensionHost.connect(socketPath: daemon.socket)
+        #expect(try await app.extension(identifier: "com.example.echo").perform([ExtensionItem(title: "in")]).first?.title == "in")
+        for client in kept { #expect(client.isClosedByDaemon()) }
         idle.removeAll()
+        kept.removeAll()
+        await app.shutdown()
+        try await expectHealthy(daemon)
+        #expect(await daemon.stop() == 0)
+    }
+
+    @Test func connectionsThatSaidConnectAreNeverEvictedAndEachUIDHasACap() async throws {
+        let daemon = try await DaemonProcess(extraConfig: """
+            <key>MaxClients</key><integer>6</integer>
+            <key>MaxClientsPerUID</key><integer>4</integer>
+            """)
+        defer { daemon.remove() }
+        var held: [HostileClient] = []
+        for _ in 0..<4 {
+            let client = try HostileClient(daemon.socket)
+            client.handshake()
+            guard case .connected? = client.receive() else { Issue.record("no 'connected'"); return }
+            held.append(client)
+        }
+        let fifth = try HostileClient(daemon.socket)
+        guard case .error(let message, _)? = fifth.receive() else { Issue.record("the fifth was not refused"); return }
+        #expect(message == "too many connections from uid \(getuid()): at most 4 (MaxClientsPerUID)")
+        #expect(fifth.isClosedByDaemon())
+        // Every held connection still works.
+        for client in held {
+            #expect(client.send(.ping(seq: 7)))
+            guard case .pong(7)? = client.receive() else { Issue.record("a held client was dropped"); return }
+        }
+        held.removeAll()
         try await expectHealthy(daemon)
         #expect(await daemon.stop() == 0)
     }
