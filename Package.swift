@@ -45,7 +45,7 @@ let package = Package(
         // Bridge to Foundation property lists, for the interop tests only.
         .target(name: "SDKWireFoundation", dependencies: ["SDKWire"]),
         // Public host API (embedded mode for now).
-        .target(name: "SDKHost", dependencies: ["SDKWire", "SDKPosix"]),
+        .target(name: "SDKHost", dependencies: ["SDKWire", "SDKPosix", "CSDKShim"]),
         // Worker-side runtime that extension executables link.
         .target(name: "SDKExtension", dependencies: ["SDKWire", "SDKPosix", "CSDKShim"]),
         // Testing an extension's handlers in process, and anything's object graph for leaks.

@@ -1,6 +1,8 @@
 // See CSDKShim.h. Kept minimal: everything here is a thin call with errno left for the Swift caller.
 #define _GNU_SOURCE
 #include "CSDKShim.h"
+#include <sys/ioctl.h>
+#include <linux/sockios.h>
 #include <sys/random.h>
 
 #include <errno.h>
@@ -362,6 +364,11 @@ int sdk_get_seals(int fd) { return fcntl(fd, F_GET_SEALS); }
 int sdk_is_write_sealed(int fd) {
     int seals = fcntl(fd, F_GET_SEALS);
     return seals >= 0 && (seals & F_SEAL_WRITE) != 0;
+}
+
+int sdk_unread_output_bytes(int fd) {
+    int bytes = 0;
+    return ioctl(fd, SIOCOUTQ, &bytes) == 0 ? bytes : -1;
 }
 
 int sdk_is_path_only(int fd) {

@@ -21,6 +21,11 @@
 //                                       oldest still without `connect` is
 //                                       closed to make room, else refused
 //   MaxClientsPerUID          integer   the same, per peer uid                 default: 128
+//   MaxWorkersTotal           integer   worker processes at once, in all       default: 256
+//   MaxWorkersPerUID          integer   ... for the apps of one uid            default: 64
+//   MaxAppPoolsPerUID         integer   pools (extension x app name) with      default: 16
+//                                       workers, per uid; at a cap a request
+//                                       waits and an idle worker is retired
 //   MaxInFlightRequests       integer   per client; more end as `overloaded`   default: 1024
 //   MaxQueuedRequests         integer   per extension; more end `overloaded`   default: 1024
 //   MaxClientOutputBytes      integer   unread replies before a client is no   default: 8388608
@@ -31,6 +36,8 @@
 //   MaxDescriptorsPerClient   integer   descriptor attachments one client's    default: 256
 //                                       requests in flight may hold
 //   MaxDescriptorsTotal       integer   the same across all clients            default: 4096
+//   MaxUnreadDescriptorsPerClient       descriptors sent to a client that it   default: 256
+//                             integer   has not read; past it, disconnected
 //   BusyPollMicroseconds      integer   0...1000: after handling a message,    default: 50
 //                                       the loop and each worker poll this
 //                                       long before sleeping (0: sleep at once)
@@ -76,6 +83,8 @@ package struct DaemonConfiguration: Sendable {
     /// Descriptor attachments held by requests in flight, per client and in all: past either, a request ends
     /// `overloaded` and its descriptors are closed (a client cannot spend the daemon's descriptor limit).
     package var maxDescriptorsPerClient = 256
+    /// Descriptors sent to a client (results' attachments) that it has not read; past it, it is disconnected.
+    package var maxUnreadDescriptorsPerClient = 256
     package var maxDescriptorsTotal = 4096
     /// The file it was read from, if any.
     package var source: String?
@@ -87,7 +96,8 @@ package struct DaemonConfiguration: Sendable {
         "MaxInFlightRequests", "MaxQueuedRequests", "MaxClientOutputBytes", "HandshakeTimeoutSeconds",
         "PartialFrameTimeoutSeconds", "MaxDescriptorsPerClient", "MaxDescriptorsTotal", "BusyPollMicroseconds",
         "WorkerUser", "RuntimePaths", "AllowedSandboxModes", "MaxMemoryLimitMB", "AllowedReadableRoots",
-        "AllowedWritableRoots", "AllowNetwork", "MaxClientsPerUID",
+        "AllowedWritableRoots", "AllowNetwork", "MaxClientsPerUID", "MaxWorkersTotal", "MaxWorkersPerUID",
+        "MaxAppPoolsPerUID", "MaxUnreadDescriptorsPerClient",
     ]
 
     /// Defaults only (no file).
@@ -157,6 +167,9 @@ package struct DaemonConfiguration: Sendable {
         }
         maxClients = try f.integer("MaxClients", in: 1...65_536) ?? maxClients
         maxClientsPerUID = try f.integer("MaxClientsPerUID", in: 1...65_536) ?? maxClientsPerUID
+        host.maxWorkersTotal = try f.integer("MaxWorkersTotal", in: 1...65_536) ?? host.maxWorkersTotal
+        host.maxWorkersPerUID = try f.integer("MaxWorkersPerUID", in: 1...65_536) ?? host.maxWorkersPerUID
+        host.maxAppPoolsPerUID = try f.integer("MaxAppPoolsPerUID", in: 1...65_536) ?? host.maxAppPoolsPerUID
         maxInFlightRequests = try f.integer("MaxInFlightRequests", in: 1...1_000_000) ?? maxInFlightRequests
         host.maxQueuedRequests = try f.integer("MaxQueuedRequests", in: 0...10_000_000) ?? host.maxQueuedRequests
         maxClientOutputBytes = try f.integer("MaxClientOutputBytes", in: 65_536...(1 << 30)) ?? maxClientOutputBytes
@@ -164,6 +177,7 @@ package struct DaemonConfiguration: Sendable {
         partialFrameTimeout = try f.seconds("PartialFrameTimeoutSeconds", minimum: 0.1) ?? partialFrameTimeout
         maxDescriptorsPerClient = try f.integer("MaxDescriptorsPerClient", in: 0...1_000_000) ?? maxDescriptorsPerClient
         maxDescriptorsTotal = try f.integer("MaxDescriptorsTotal", in: 0...1_000_000) ?? maxDescriptorsTotal
+        maxUnreadDescriptorsPerClient = try f.integer("MaxUnreadDescriptorsPerClient", in: 1...1_000_000) ?? maxUnreadDescriptorsPerClient
         host.busyPollMicroseconds = try f.integer("BusyPollMicroseconds", in: HostConfiguration.busyPollMicrosecondsRange) ?? host.busyPollMicroseconds
         if let user = try f.string("WorkerUser") {
             do throws(HostError) {

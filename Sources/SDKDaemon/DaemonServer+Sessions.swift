@@ -161,6 +161,8 @@ extension DaemonServer {
         let orphans = Array(session.internalIDs.values)
         session.internalIDs.removeAll()
         for id in orphans { engine.cancelOnLoop(id) }
+        // The app's last connection: its workers go now, not after the idle timeout.
+        if let app = session.app, !sessions.values.contains(where: { $0.app == app }) { engine.appLeft(app) }
     }
 
     /// A client's app name as a label: at most 64 bytes of printable ASCII (others become "_"); "app" if none.

@@ -243,6 +243,7 @@ package final class DaemonServer: @unchecked Sendable {
                 continue
             }
             connection.outputLimit = configuration.maxClientOutputBytes
+            connection.unreadDescriptorLimit = configuration.maxUnreadDescriptorsPerClient
             connection.inputBudget = inputBudget
             let session = ClientSession(connection: connection, credentials: credentials, connectedAt: engine.loop.now)
             // A well-formed begin is checked in place and forwarded without being decoded (ForwardScan).

@@ -16,6 +16,7 @@
 
 import SDKWire
 import SDKPosix
+import CSDKShim
 
 /// Why a connection ended.
 package enum ConnectionEnd: Equatable, Sendable {
@@ -44,6 +45,11 @@ package final class FramedConnection {
     private var encoder = BinaryPlistEncoder()
     private var outbound: [UInt8] = []
     private var sent = 0
+    /// Bytes written over the connection's life, and where (in those bytes) each frame that carried descriptors
+    /// started, with how many, until the peer has read past it (`unreadDescriptors`).
+    private var written = 0
+    private var descriptorsWritten = Deque<(start: Int, count: Int)>()
+    private var descriptorsWrittenCount = 0
     private var wantsWritable = false
     private var flushScheduled = false
     private var readBuffer = [UInt8](repeating: 0, count: 16 * 1024)
@@ -82,6 +88,23 @@ package final class FramedConnection {
     package var onForwardable: ((ScannedMessage) -> Bool)?
     /// Output queued and not yet written.
     package var pendingOutputBytes: Int { outbound.count - sent }
+    /// Descriptors sent or queued that the peer has not read, above which the connection ends; nil for no limit.
+    /// A peer that never reads would otherwise keep them open in this process and in the kernel (which limits
+    /// descriptors in flight per user: others' descriptor passing would fail).
+    package var unreadDescriptorLimit: Int?
+
+    /// Descriptors queued here or written and not yet read by the peer (SIOCOUTQ says how far it has read).
+    package var unreadDescriptors: Int {
+        if descriptorsWrittenCount > 0 {
+            let unreadBytes = Int(sdk_unread_output_bytes(fd))
+            let readUpTo = written - max(unreadBytes, 0)
+            while let first = descriptorsWritten.first, first.start < readUpTo {
+                _ = descriptorsWritten.popFirst()
+                descriptorsWrittenCount -= first.count
+            }
+        }
+        return descriptorsWrittenCount + outgoing.queuedCount
+    }
 
     package init(_ descriptor: consuming FileDescriptor, loop: EventLoop, limits: WireLimits) {
         fd = descriptor.rawValue
@@ -200,7 +223,14 @@ package final class FramedConnection {
                 try sendNonBlocking(fd, UnsafeRawBufferPointer(rebasing: raw[sent..<end]), descriptors: descriptors)
             }
         }
-        if case .success(.bytes(let n)) = result, n > 0 { outgoing.wrote(from: sent) }
+        if case .success(.bytes(let n)) = result, n > 0 {
+            outgoing.wrote(from: sent)
+            if !descriptors.isEmpty {
+                descriptorsWritten.append((written, descriptors.count))
+                descriptorsWrittenCount += descriptors.count
+            }
+            written += n
+        }
         return result
     }
 
@@ -346,6 +376,16 @@ package final class FramedConnection {
     }
 
     private func flush() {
+        if let limit = unreadDescriptorLimit, descriptorsWrittenCount + outgoing.queuedCount > limit {
+            let unread = unreadDescriptors
+            if unread > limit {
+                // Deferred like the output limit: a flush may run inside the owner's own handler.
+                loop.runBeforeSleeping { [weak self] in
+                    self?.end(.broken("the peer leaves \(unread) descriptors unread (at most \(limit))"))
+                }
+                return
+            }
+        }
         while sent < outbound.count, isOpen {
             let result = writeSome()
             switch result {

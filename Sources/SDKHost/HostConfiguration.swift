@@ -111,6 +111,14 @@ public struct HostConfiguration: Sendable {
     public var crashReportDirectory: String?
     /// Requests that may wait for a worker, per extension; past it a request ends at once as `overloaded`.
     public var maxQueuedRequests = 1024
+    /// Worker processes at once, across every extension and app (retiring ones included). At the cap a request
+    /// waits and an idle worker elsewhere is retired to make room. Config key `MaxWorkersTotal`.
+    public var maxWorkersTotal = 256
+    /// Worker processes at once for the apps of one uid (the daemon). Config key `MaxWorkersPerUID`.
+    public var maxWorkersPerUID = 64
+    /// Pools (one per extension and app name) with workers at once, per uid (the daemon): an app name is only
+    /// a label, so one user cannot make a pool per name. Config key `MaxAppPoolsPerUID`.
+    public var maxAppPoolsPerUID = 16
     /// How long workers get to exit (and flush their output) when the host stops, before they are killed.
     public var workerExitGracePeriod: Double = 1
     /// After handling something, how long the host's event loop and each worker poll for the next message before

@@ -230,7 +230,7 @@ extension HostEngine {
         let key = manifest.identifier
         if let state = pools[key], state.health(now: loop.now) == .quarantined { return }
         var live = liveCount(key)
-        while live < target {
+        while live < target, capacityAllows(pool: key, app: nil) {
             do {
                 _ = try spawnWorker(manifest, poolKey: key, app: nil)
             } catch {
@@ -287,6 +287,7 @@ extension HostEngine {
             if spare.state == .ready { return done(.success(spare.pid)) }
             worker = spare
         } else if liveCount(key) < manifest.policy.maxWorkers {
+            guard capacityAllows(pool: key, app: app) else { return done(.failure(.interrupted(.overloaded))) }
             do {
                 worker = try spawnWorker(manifest, poolKey: key, app: app)
             } catch {

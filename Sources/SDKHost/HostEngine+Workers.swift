@@ -160,12 +160,14 @@ extension HostEngine {
         recycleIfDrained(worker)
         drainWaiting(worker.poolKey)
         scheduleIdleRetirement(worker)
+        retryWaitingForRoom()
     }
 
     func scheduleIdleRetirement(_ worker: WorkerProcess) {
         guard worker.inFlight.isEmpty, worker.state == .ready || worker.state == .starting, worker.idleTimer == nil
         else { return }
-        worker.idleTimer = loop.schedule(afterNanoseconds: nanoseconds(worker.policy.idleTimeout)) {
+        let idle = worker.idleTimeoutOverride ?? worker.policy.idleTimeout
+        worker.idleTimer = loop.schedule(afterNanoseconds: nanoseconds(idle)) {
             [unowned self, weak worker] in
             guard let worker else { return }
             worker.idleTimer = nil
@@ -359,6 +361,7 @@ extension HostEngine {
         // it is reaped.
         if !worker.endedEarly { removeTemporaryDirectory(worker) }
         drainWaiting(worker.poolKey)
+        retryWaitingForRoom()
         if let manifest = manifests[worker.extensionID], worker.poolKey == worker.extensionID {
             topUpWarmWorkers(manifest)
         }

@@ -91,6 +91,8 @@ package final class HostEngine: @unchecked Sendable {
     var dyingWorkers: [WorkerProcess] = []
     var requests: [RequestID: RequestRecord] = [:]
     var waiting: [String: RequestQueue] = [:]
+    /// A request waits for a worker cap to make room (HostEngine+Capacity).
+    var waitingForRoom = false
     var pools: [String: PoolState] = [:]
     /// Each extension's counters and activity, made on first use; a request holds its extension's, so counting
     /// it costs no lookup by name.
@@ -283,6 +285,9 @@ package final class HostEngine: @unchecked Sendable {
         if let worker = pool.first(where: { $0.acceptsRequests && $0.cancelTimers.isEmpty }) { return .worker(worker) }
         if liveCount(key) < manifest.policy.maxWorkers {
             if let spare = adoptSpare(manifest, into: key, app: app) { return .worker(spare) }
+            guard capacityAllows(pool: key, app: app) else {
+                return pool.first(where: { $0.acceptsRequests }).map(Room.worker) ?? .none
+            }
             do {
                 return .worker(try spawnWorker(manifest, poolKey: key, app: app))
             } catch {
@@ -296,6 +301,7 @@ package final class HostEngine: @unchecked Sendable {
 
     func send(_ record: RequestRecord, to worker: WorkerProcess) {
         record.worker = worker
+        worker.idleTimeoutOverride = nil  // its app is back (appLeft sets it again when it leaves)
         worker.inFlight.insert(record.id)
         worker.requestsSent += 1
         if let limit = worker.policy.maxRequestsPerWorker, worker.requestsSent >= limit {

@@ -26,6 +26,9 @@ final class WorkerProcess {
     /// The pool it serves (see HostEngine+Supervision), and the daemon client app of that pool.
     var poolKey: String
     var app: String?
+    /// Seconds this worker lives idle before it is retired, instead of the policy's `IdleTimeoutSeconds`: set
+    /// when its app has no connection left (HostEngine+Capacity `appLeft`).
+    var idleTimeoutOverride: Double?
     /// The pid of the process that runs the extension: the host's child, or, when the launcher runs the worker in
     /// its own pid namespace and stays as its supervisor, the launcher's child (`sandboxed` names it, and
     /// `adoptWorkerPID` checks it). Reported and read in /proc; signals go to the host's child, through its pidfd.

@@ -11,6 +11,9 @@ package struct Deque<Element> {
 
     package var isEmpty: Bool { count == 0 }
 
+    /// The element `popFirst` would return, left in place.
+    package var first: Element? { count > 0 ? storage[head] : nil }
+
     package mutating func append(_ element: Element) {
         if count == storage.count { grow() }
         storage[(head + count) % storage.count] = element

@@ -6,6 +6,8 @@
 /// stay open until written).
 package struct OutgoingDescriptors {
     private var marks: [(offset: Int, files: [FileAttachment])] = []
+    /// Descriptors queued and not yet written.
+    package private(set) var queuedCount = 0
 
     package init() {}
 
@@ -29,7 +31,10 @@ package struct OutgoingDescriptors {
         } else {
             try Frame.encode(message.plist, with: &encoder, appendingTo: &bytes, limits: limits)
         }
-        if !files.isEmpty { marks.append((start, files)) }
+        if !files.isEmpty {
+            marks.append((start, files))
+            queuedCount += files.count
+        }
     }
 
     /// The next write of the queued bytes from `sent` to `count`: up to the next frame that carries descriptors,
@@ -43,11 +48,14 @@ package struct OutgoingDescriptors {
     /// A write from `sent` put at least one byte on the wire: the descriptors of a frame starting there went with
     /// it.
     package mutating func wrote(from sent: Int) {
-        if marks.first?.offset == sent { marks.removeFirst() }
+        if marks.first?.offset == sent { queuedCount -= marks.removeFirst().files.count }
     }
 
     /// Forgets every mark (the bytes were dropped); the descriptors close unless held elsewhere.
-    package mutating func removeAll() { marks = [] }
+    package mutating func removeAll() {
+        marks = []
+        queuedCount = 0
+    }
 }
 
 /// The receiving side: descriptors received and not yet claimed by a complete frame, oldest first, each owned

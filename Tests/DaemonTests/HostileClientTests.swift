@@ -192,6 +192,33 @@ func expectHealthy(_ daemon: DaemonProcess, maxLogBytes: Int = 2 << 20, sourceLo
         #expect(await daemon.stop() == 0)
     }
 
+    /// A client that asks for results carrying descriptors and never reads them would hold the daemon's
+    /// descriptors, and the kernel's count of descriptors in flight for the daemon's user, which other apps'
+    /// descriptor passing needs: past MaxUnreadDescriptorsPerClient it is disconnected, and the others pass on.
+    @Test func aClientThatNeverReadsTheDescriptorsItIsSentIsDisconnected() async throws {
+        let daemon = try await DaemonProcess(extraConfig: "<key>MaxUnreadDescriptorsPerClient</key><integer>16</integer>")
+        defer { daemon.remove() }
+        let hoarder = try HostileClient(daemon.socket)
+        #expect(hoarder.handshake())
+        let file = try FileAttachment(bytes: Array("a descriptor".utf8))
+        for _ in 0..<64 {
+            let message = Message.begin(id: RequestID(), items: [ExtensionItem(fileAttachments: [file])],
+                                        extensionID: "com.example.echo")
+            let bytes = try Frame.encode(message.plist, limits: WireLimits())
+            guard hoarder.write(bytes, descriptors: [file.rawDescriptor]) else { break }
+        }
+        #expect(await eventually(timeout: 30) { daemon.logText.contains("descriptors unread (at most 16)") }, "\(daemon.logText)")
+        #expect(hoarder.isClosedByDaemon())
+        // Another app's descriptors still pass both ways.
+        let app = try await ExtensionHost.connect(socketPath: daemon.socket)
+        let back = try await app.extension(identifier: "com.example.echo").perform(
+            [ExtensionItem(fileAttachments: [try FileAttachment(bytes: Array("mine".utf8))])])
+        #expect(try back.first?.fileAttachments.first?.readAll() == Array("mine".utf8))
+        await app.shutdown()
+        try await expectHealthy(daemon)
+        #expect(await daemon.stop() == 0)
+    }
+
     @Test func messagesBeforeConnectAndGarbageDropOnlyThatClient() async throws {
         let daemon = try await DaemonProcess()
         defer { daemon.remove() }

@@ -5,6 +5,7 @@ import SDKWire
 import HostTestSupport
 import SDKHost
 import Testing
+import Synchronization
 
 #if canImport(Glibc)
 import Glibc
@@ -112,23 +113,67 @@ import Glibc
         let daemon = try await DaemonProcess()
         defer { daemon.remove() }
         let out = "\(daemon.folder)/out"
-        let pid = spawnProgram([sdkHostBinary, "request", "com.example.echo", "--socket", daemon.socket, "--app", "gamma",
-                                "--text", "hi"], stdout: out)
-        #expect(await waitExit(pid) == 0)
+        // A request that takes a while: the app's pool exists while its connection does (and goes with it).
+        let pid = spawnProgram([sdkHostBinary, "request", "com.example.crasher", "--socket", daemon.socket, "--app", "gamma",
+                                "--text", "slow:3000"], stdout: out)
         let host = try await ExtensionHost.connect(socketPath: daemon.socket, appName: "observer")
-        let status = try #require(await host.status())
-        let echo = try #require(status.extensions.first { $0.identifier == "com.example.echo" })
-        #expect(echo.pools.contains { $0.app == "\(getuid())/gamma" }, "\(echo.pools)")
+        var pools: [PoolStatus] = []
+        let seen = await eventually(timeout: 30) {
+            pools = await host.status()?.extensions.first { $0.identifier == "com.example.crasher" }?.pools ?? []
+            return pools.contains { $0.app == "\(getuid())/gamma" }
+        }
+        #expect(seen, "\(pools)")
         let json = "\(daemon.folder)/json"
         let statusPid = spawnProgram([sdkHostBinary, "status", "--json", "--socket", daemon.socket], stdout: json)
         #expect(await waitExit(statusPid) == 0)
         let text = readSmallFile(json) ?? ""
         #expect(text.contains("\"app\":\"\(getuid())/gamma\"") && text.contains("\"hangRatePer1000\""), "\(text)")
+        #expect(await waitExit(pid) == 0)
         await host.shutdown()
         #expect(await daemon.stop() == 0)
     }
 }
 
+
+/// Forty app names of one uid (shared/DESIGN.md "The daemon isolates uids and apps"): the per-uid caps hold the
+/// daemon to a few workers however many names a user invents, every request is still served, and the workers
+/// of apps whose connections have left exit at once, not after the idle timeout.
+@Suite(.serialized) struct WorkerCapTests {
+    @Test func appNamesCannotMultiplyWorkersAndLeaveNoneBehind() async throws {
+        let daemon = try await DaemonProcess(extraConfig: """
+            <key>MaxWorkersPerUID</key><integer>3</integer>
+            <key>MaxAppPoolsPerUID</key><integer>2</integer>
+            """)
+        defer { daemon.remove() }
+        let most = Mutex(0)
+        let daemonPid = daemon.pid
+        let sampler = Task {
+            while !Task.isCancelled {
+                let children = childProcesses(of: daemonPid, includingZombies: false).count
+                most.withLock { $0 = max($0, children) }
+                try? await Task.sleep(nanoseconds: 2_000_000)
+            }
+        }
+        var hosts: [ExtensionHost] = []
+        for n in 0..<40 { hosts.append(try await ExtensionHost.connect(socketPath: daemon.socket, appName: "name\(n)")) }
+        let outcomes = await withTaskGroup(of: RequestOutcome.self) { group in
+            for host in hosts {
+                group.addTask { await (try? host.extension(identifier: "com.example.crasher"))?.start([ExtensionItem(title: "slow:100")]).outcome ?? .interrupted(.hostShutdown) }
+            }
+            return await group.reduce(into: [RequestOutcome]()) { $0.append($1) }
+        }
+        #expect(outcomes.count == 40 && outcomes.allSatisfy { if case .completed = $0 { true } else { false } },
+                "\(outcomes.filter { if case .completed = $0 { false } else { true } })")
+        #expect(most.withLock { $0 } <= 3, "the daemon ran \(most.withLock { $0 }) workers for one uid")
+        for host in hosts { await host.shutdown() }
+        hosts.removeAll()
+        // Every app has left: their workers exit now (the idle timeout is 30 s).
+        #expect(await eventually(timeout: 10) { daemon.resources.children == 0 }, "\(daemon.resources)")
+        sampler.cancel()
+        #expect(daemon.logText.contains("to make room (MaxAppPoolsPerUID 2)"), "\(daemon.logText.suffix(2000))")
+        #expect(await daemon.stop() == 0)
+    }
+}
 
 /// Two uids on one root daemon (shared/DESIGN.md "The daemon isolates uids and apps"): uid 65534 is a raw client
 /// written in Python (an independent reader of the wire), run with setpriv. It sees its own app's workers and
@@ -190,6 +235,11 @@ import Glibc
         let crash = try root.extension(identifier: "com.example.crasher").start([ExtensionItem(title: "segv")])
         #expect(await crash.outcome == .interrupted(.signal(SIGSEGV)))
         let crashedPid = try #require(crash.pid)
+        // Root sees both apps (while uid 65534's client is still connected: its workers go when it leaves).
+        let status = try #require(await root.status())
+        let apps = status.extensions.flatMap(\.workers).compactMap(\.app)
+        #expect(apps.contains("0/rootsecret") && apps.contains("65534/mine"), "\(apps)")
+        #expect(status.recentCrashes.contains { $0.pid == crashedPid && $0.app == "0/rootsecret" })
         #expect(await waitExit(pid) == 0, "\(readSmallFile("\(daemon.folder)/client.err") ?? "")")
         let seen = readSmallFile(out) ?? ""
         // Its own request and its own worker's events came through; root's did not, nor root's app name or pids.
@@ -197,11 +247,6 @@ import Glibc
         #expect(seen.contains("statusReport"), "\(seen)")
         #expect(!seen.contains("rootsecret") && !seen.contains("\(rootPid)") && !seen.contains("\(crashedPid)")
                 && !seen.contains("com.example.crasher\", \"pid"), "\(seen)")
-        // Root sees both.
-        let status = try #require(await root.status())
-        let apps = status.extensions.flatMap(\.workers).compactMap(\.app)
-        #expect(apps.contains("0/rootsecret") && apps.contains("65534/mine"), "\(apps)")
-        #expect(status.recentCrashes.contains { $0.pid == crashedPid && $0.app == "0/rootsecret" })
         await root.shutdown()
         #expect(await daemon.stop() == 0)
     }

@@ -6,6 +6,7 @@ import HostTestSupport
 import SDKHost
 import SDKPosix
 import Testing
+import Synchronization
 
 #if canImport(Glibc)
 import Glibc
@@ -19,6 +20,32 @@ import Glibc
         let folder = template.withUnsafeMutableBufferPointer { String(cString: mkdtemp($0.baseAddress!)!) }
         chmod(folder, 0o755)
         return folder
+    }
+
+    /// MaxWorkersTotal bounds every pool together: two extensions busy at once never run more workers than it (1),
+    /// an idle worker of one makes room for the other, and every request is served.
+    @Test func maxWorkersTotalBoundsEveryPoolTogether() async throws {
+        try await withHost({ $0.maxWorkersTotal = 1 }) { host, log in
+            let most = Mutex(0)
+            let sampler = Task {
+                while !Task.isCancelled {
+                    let children = childProcesses(includingZombies: false).count
+                    most.withLock { $0 = max($0, children) }
+                    try? await Task.sleep(nanoseconds: 2_000_000)
+                }
+            }
+            let crasher = try host.extension(identifier: "com.example.crasher")
+            let ticker = try host.extension(identifier: "com.example.ticker")
+            let tasks = (0..<6).map { _ in crasher.start([ExtensionItem(title: "slow:150")]) }
+                + (0..<6).map { _ in ticker.start([ExtensionItem(text: "2:50")]) }
+            for task in tasks {
+                let outcome = await task.outcome
+                #expect({ if case .completed = outcome { true } else { false } }(), "\(outcome)")
+            }
+            sampler.cancel()
+            #expect(most.withLock { $0 } <= 1, "\(most.withLock { $0 }) workers at once")
+            #expect(log.contains("to make room (MaxWorkersTotal 1)"), "\(log.all.suffix(20))")
+        }
     }
 
     @Test func anExtensionThatAbortsAtStartIsQuarantinedAndSpawnsLittle() async throws {

@@ -151,6 +151,8 @@ int sdk_seal_readonly(int fd);
 int sdk_get_seals(int fd);
 /// 1 when `fd`'s seals forbid writing to it.
 int sdk_is_write_sealed(int fd);
+/// Bytes written to the stream socket `fd` that its peer has not read yet (SIOCOUTQ), or -1 with errno.
+int sdk_unread_output_bytes(int fd);
 /// 1 when `fd` was opened with O_PATH (it names a file but cannot read it), else 0.
 int sdk_is_path_only(int fd);
 /// open(path, O_PATH | O_CLOEXEC): for tests and Crasher, which hand such a descriptor to the host on purpose.
