@@ -28,7 +28,7 @@
 #include <unistd.h>
 
 int sdk_spawn(const char *path, char *const argv[], char *const envp[], int ipc_fd, int stdout_fd,
-              int stderr_fd, int profile_fd, int notice_fd, pid_t *pid) {
+              int stderr_fd, int profile_fd, int notice_fd, int netns_fd, pid_t *pid) {
     posix_spawn_file_actions_t actions;
     posix_spawnattr_t attr;
     int rc = posix_spawn_file_actions_init(&actions);
@@ -46,10 +46,14 @@ int sdk_spawn(const char *path, char *const argv[], char *const envp[], int ipc_
     if (rc == 0) rc = posix_spawn_file_actions_adddup2(&actions, ipc_fd, 3);
     if (rc == 0 && profile_fd >= 0) rc = posix_spawn_file_actions_adddup2(&actions, profile_fd, 4);
     if (rc == 0 && notice_fd >= 0) rc = posix_spawn_file_actions_adddup2(&actions, notice_fd, SDK_EXIT_NOTICE_FD);
+    // Last: a source numbered 6 has been copied to its target by now (the namespace's own is >= 10).
+    if (rc == 0 && netns_fd >= 0) rc = posix_spawn_file_actions_adddup2(&actions, netns_fd, SDK_EXIT_NOTICE_FD + 1);
     // Belt and braces: anything else that is not close-on-exec (a library's leak) does not reach the child.
     // (glibc reports a close action's error only for a descriptor out of range.)
-    if (rc == 0 && notice_fd >= 0 && profile_fd < 0) rc = posix_spawn_file_actions_addclose(&actions, 4);
-    int first_closed = notice_fd >= 0 ? SDK_EXIT_NOTICE_FD + 1 : profile_fd >= 0 ? 5 : 4;
+    int highest = netns_fd >= 0 ? SDK_EXIT_NOTICE_FD + 1 : notice_fd >= 0 ? SDK_EXIT_NOTICE_FD : profile_fd >= 0 ? 4 : 3;
+    if (rc == 0 && profile_fd < 0 && highest > 4) rc = posix_spawn_file_actions_addclose(&actions, 4);
+    if (rc == 0 && notice_fd < 0 && highest > SDK_EXIT_NOTICE_FD) rc = posix_spawn_file_actions_addclose(&actions, SDK_EXIT_NOTICE_FD);
+    int first_closed = highest + 1;
     if (rc == 0) rc = posix_spawn_file_actions_addclosefrom_np(&actions, first_closed);
 
     sigset_t none, all;
@@ -65,6 +69,38 @@ int sdk_spawn(const char *path, char *const argv[], char *const envp[], int ipc_
     posix_spawn_file_actions_destroy(&actions);
     posix_spawnattr_destroy(&attr);
     return rc;
+}
+
+struct network_namespace_result { int fd; int error; };
+
+static void *make_network_namespace(void *argument) {
+    struct network_namespace_result *result = argument;
+    if (unshare(CLONE_NEWNET) != 0) {
+        result->error = errno;
+        return NULL;
+    }
+    int fd = open("/proc/thread-self/ns/net", O_RDONLY | O_CLOEXEC);
+    if (fd < 0) {
+        result->error = errno;
+        return NULL;
+    }
+    result->fd = fcntl(fd, F_DUPFD_CLOEXEC, 10);
+    result->error = result->fd < 0 ? errno : 0;
+    close(fd);
+    return NULL;
+}
+
+int sdk_make_network_namespace(void) {
+    struct network_namespace_result result = {.fd = -1, .error = 0};
+    pthread_t thread;
+    int rc = pthread_create(&thread, NULL, make_network_namespace, &result);
+    if (rc != 0) {
+        errno = rc;
+        return -1;
+    }
+    pthread_join(thread, NULL);
+    if (result.fd < 0) errno = result.error;
+    return result.fd;
 }
 
 int sdk_pidfd_open(pid_t pid) { return (int)syscall(SYS_pidfd_open, pid, 0); }

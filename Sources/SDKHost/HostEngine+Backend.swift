@@ -91,7 +91,8 @@ extension HostEngine: HostBackend {
         let workers = self.workers.values.joined().map {
             WorkerSnapshot(extensionIdentifier: $0.extensionID, pid: $0.pid,
                            uptimeSeconds: Double(now &- $0.startedAt) / 1e9, inFlight: $0.inFlight.count,
-                           sandboxLayers: $0.sandboxLayers, sandboxSkipped: $0.sandboxSkipped)
+                           sandboxLayers: $0.sandboxLayers, sandboxSkipped: $0.sandboxSkipped,
+                           sandboxMicroseconds: $0.sandboxMicroseconds)
         }
         return EngineSnapshot(totals: statistics, perExtension: perExtension, crashReports: crashReports,
                               workers: workers, activeRequests: requests.count,

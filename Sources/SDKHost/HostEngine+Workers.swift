@@ -71,7 +71,7 @@ extension HostEngine {
         case .error(let text, let id):
             log(.warning, "\(worker.extensionID) pid \(worker.pid) reported an error\(id.map { " for \($0)" } ?? ""): "
                 + OutputLines.escape(Array(text.utf8.prefix(OutputLines.maxLineBytes))))
-        case .sandboxed(let layers, let skipped, let reportedPID):
+        case .sandboxed(let layers, let skipped, let reportedPID, let timings):
             // The launcher's frame comes first, before the extension runs; the extension cannot send a second.
             guard worker.state == .starting, !worker.sandboxReported else {
                 protocolViolation(worker, "worker sent 'sandboxed', which only its launcher sends, first")
@@ -86,6 +86,10 @@ extension HostEngine {
             settlePid(worker)
             worker.sandboxLayers = layers
             worker.sandboxSkipped = skipped
+            for entry in timings.prefix(64) {
+                let parts = entry.split(separator: " ")
+                if parts.count == 2, let us = Int(parts[1]) { worker.sandboxMicroseconds[String(parts[0].prefix(64))] = us }
+            }
             for text in skipped {
                 log(.warning, "\(worker.extensionID) pid \(worker.pid): sandbox: " + OutputLines.escape(Array(text.utf8.prefix(1024))))
             }

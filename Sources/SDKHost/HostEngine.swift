@@ -46,6 +46,8 @@ package struct WorkerSnapshot: Sendable, Equatable {
     package var sandboxLayers: [String] = []
     /// What bestEffort left out, and why.
     package var sandboxSkipped: [String] = []
+    /// What each step of its launcher took, in µs (`HostConfiguration.measuresSandboxLayers`).
+    package var sandboxMicroseconds: [String: Int] = [:]
 }
 
 /// What `HostEngine.snapshot` reports.
@@ -91,6 +93,9 @@ package final class HostEngine: @unchecked Sendable {
     var dyingWorkers: [WorkerProcess] = []
     var requests: [RequestID: RequestRecord] = [:]
     var waiting: [String: RequestQueue] = [:]
+    /// The empty network namespace this host's workers without NetworkAllowed share (a descriptor), -1 where it
+    /// cannot be made, nil until the first spawn that needs it (`networkNamespaceForWorkers`).
+    var sharedNetworkNamespace: Int32?
     /// A request waits for a worker cap to make room (HostEngine+Capacity).
     var waitingForRoom = false
     var pools: [String: PoolState] = [:]
@@ -458,6 +463,8 @@ package final class HostEngine: @unchecked Sendable {
             spareWorkerDirectory = nil
             removeTree(spare)
         }
+        if let fd = sharedNetworkNamespace, fd >= 0 { close(fd) }
+        sharedNetworkNamespace = -1
         for id in Array(requests.keys) { finish(id, .interrupted(.hostShutdown)) }
         waiting.removeAll()
         for state in pools.values {

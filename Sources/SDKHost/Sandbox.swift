@@ -49,7 +49,8 @@ package enum SandboxProfile {
     /// Builds the spawn request for `manifest`'s executable `path`: through the launcher, with the profile.
     static func spawn(
         _ manifest: ExtensionManifest, executable path: String, environment: [String], launcher: String?,
-        runtimePaths: [String], worker: WorkerIdentity, temporaryBase: String, premadeDirectory: String? = nil
+        runtimePaths: [String], worker: WorkerIdentity, temporaryBase: String, premadeDirectory: String? = nil,
+        measured: Bool = false, networkNamespace: Int32 = -1
     ) throws(HostError) -> SandboxedSpawn {
         let policy = manifest.policy
         guard let launcher else {
@@ -86,6 +87,8 @@ package enum SandboxProfile {
         ]
         if let mb = policy.memoryLimitMB { profile["MemoryLimitMB"] = .integer(Int64(mb)) }
         if let digest = policy.executableSHA256 { profile["ExecutableSHA256"] = .string(digest) }
+        if measured { profile["Timings"] = .bool(true) }
+        if networkNamespace >= 0 { profile["SharedNetworkNamespace"] = .bool(true) }
         var bytes: [UInt8] = []
         var encoder = BinaryPlistEncoder()
         encoder.encode(.dictionary(profile), appendingTo: &bytes)
@@ -94,10 +97,10 @@ package enum SandboxProfile {
             throw HostError(.invalidManifest, "\(manifest.manifestPath): the sandbox profile is \(bytes.count) bytes, "
                 + "over \(SpawnRequest.maxProfileBytes): ReadablePaths or WritablePaths are too long")
         }
-        return SandboxedSpawn(
-            request: SpawnRequest(path: launcher, arguments: [launcherExecutableName, manifest.identifier],
-                                  environment: [], profile: bytes),
-            temporaryDirectory: temporary)
+        var request = SpawnRequest(path: launcher, arguments: [launcherExecutableName, manifest.identifier],
+                                   environment: [], profile: bytes)
+        request.networkNamespace = networkNamespace
+        return SandboxedSpawn(request: request, temporaryDirectory: temporary)
     }
 
     /// Finds the launcher: `configured`, else next to the running executable, else in `searchPaths`.

@@ -86,6 +86,8 @@ final class WorkerProcess {
     /// The layers its launcher reported (`sandboxed`), and what bestEffort skipped.
     var sandboxLayers: [String] = []
     var sandboxSkipped: [String] = []
+    /// What each step of the launcher took, in µs (only when `HostConfiguration.measuresSandboxLayers`).
+    var sandboxMicroseconds: [String: Int] = [:]
     var sandboxReported = false
     /// Whether `pid` is its own for good (`HostEngine.settlePid`): its `spawned` event is out and its requests'
     /// pids are published.

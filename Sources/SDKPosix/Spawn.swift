@@ -21,6 +21,9 @@ public struct SpawnRequest {
     public var profile: [UInt8]?
     /// Whether the child gets an exit-notice page on descriptor 5 (`ExitNoticePage`).
     public var exitNotice = false
+    /// A descriptor the child gets as 6 (the shared network namespace the sandbox launcher joins), or -1. It
+    /// stays the caller's; it must be 10 or above.
+    public var networkNamespace: Int32 = -1
 
     /// The largest `profile`: what a pipe holds without a reader.
     public static let maxProfileBytes = 60 * 1024
@@ -218,7 +221,9 @@ func spawnRaw(_ request: SpawnRequest, ipc: Int32, stdout: Int32, stderr: Int32,
         envp.free()
     }
     var pid: pid_t = 0
-    let rc = sdk_spawn(request.path, argv.pointers, envp.pointers, ipc, stdout, stderr, profile, notice, &pid)
+    precondition(request.networkNamespace == -1 || request.networkNamespace >= 10, "the namespace's descriptor must be >= 10")
+    let rc = sdk_spawn(request.path, argv.pointers, envp.pointers, ipc, stdout, stderr, profile, notice,
+                       request.networkNamespace, &pid)
     guard rc == 0 else { throw SystemError("posix_spawn", errno: rc, detail: request.path) }
     let pidfd = sdk_pidfd_open(pid)
     guard pidfd >= 0 else {

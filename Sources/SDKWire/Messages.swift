@@ -12,7 +12,8 @@
 //   worker -> host   cancelled {type, id, error: {domain, code, message}}
 //   either way       ping      {type, seq}   and   pong {type, seq}
 //   either way       error     {type, message, id?}
-//   launcher -> host sandboxed {type, layers: [string], skipped: [string]}   first, before the extension runs
+//   launcher -> host sandboxed {type, layers: [string], skipped: [string], pid?: string, timings?: [string]}
+//                              first, before the extension runs; timings ("step microseconds") when asked
 //   launcher -> host launchFailed {type, reason}   the sandbox could not be applied; the launcher exits 125
 //   worker -> host   leak      {type, id, alive: [string], afterMs}   the request ended afterMs ago and these
 //                              still live: "context" (its ExtensionContext), "task" (an async handler's Task)
@@ -121,7 +122,7 @@ public enum Message: Sendable, Equatable {
     case status(seq: Int64)
     case statusReport(seq: Int64, report: PlistValue)
     /// `pid`: the worker's pid as the host sees it, when the launcher runs it in its own pid namespace.
-    case sandboxed(layers: [String], skipped: [String], pid: Int32? = nil)
+    case sandboxed(layers: [String], skipped: [String], pid: Int32? = nil, timings: [String] = [])
     case launchFailed(reason: String)
     case prewarm(id: RequestID, extensionID: String)
     case prewarmed(id: RequestID, pid: Int32)
@@ -182,10 +183,11 @@ public enum Message: Sendable, Equatable {
             return ["type": "assigned", "id": .string(id.uuidString), "pid": .integer(Int64(pid))]
         case let .interrupted(id, reason):
             return ["type": "interrupted", "id": .string(id.uuidString), "reason": reason]
-        case let .sandboxed(layers, skipped, pid):
+        case let .sandboxed(layers, skipped, pid, timings):
             var fields: [String: PlistValue] = ["type": "sandboxed", "layers": .array(layers.map(PlistValue.string)),
                                                 "skipped": .array(skipped.map(PlistValue.string))]
             if let pid { fields["pid"] = .string(String(pid)) }
+            if !timings.isEmpty { fields["timings"] = .array(timings.map(PlistValue.string)) }
             return .dictionary(fields)
         case let .launchFailed(reason):
             return ["type": "launchFailed", "reason": .string(reason)]
@@ -320,7 +322,8 @@ public enum Message: Sendable, Equatable {
         case "sandboxed":
             // The launcher writes the pid as a string (its frame writer has strings only).
             let pid = d["pid"]?.stringValue.flatMap { Int32($0) }
-            self = .sandboxed(layers: try strings("layers"), skipped: try strings("skipped"), pid: pid)
+            self = .sandboxed(layers: try strings("layers"), skipped: try strings("skipped"), pid: pid,
+                              timings: d["timings"] == nil ? [] : try strings("timings"))
         case "launchFailed": self = .launchFailed(reason: try string("reason"))
         case "assigned":
             let pid = try integer("pid")

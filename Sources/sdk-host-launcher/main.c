@@ -43,11 +43,13 @@
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #define PROFILE_FD 4
 #define HOST_FD 3
 #define NOTICE_FD 5
+#define NETWORK_NAMESPACE_FD 6
 #define LAUNCH_FAILED_STATUS 125
 #define MAX_PROFILE_BYTES (1 << 20)
 
@@ -130,6 +132,33 @@ static long long integer_for(const struct bp_doc *doc, const char *key, long lon
     return value;
 }
 
+// MARK: Timings (profile key Timings: the bench's per-layer cost)
+
+static int timings;
+static struct { const char *step; long long ns; } marks[24];
+static int mark_count;
+static char timing_text[24][48];
+static const char *timing_items[24];
+
+/// Notes that `step` ends now (with Timings; a clock read is a system call here, so only when asked).
+void mark(const char *step) {
+    if (!timings || mark_count >= 24) return;
+    struct timespec t;
+    syscall(SYS_clock_gettime, CLOCK_MONOTONIC, &t);
+    marks[mark_count].step = step;
+    marks[mark_count++].ns = (long long)t.tv_sec * 1000000000LL + t.tv_nsec;
+}
+
+/// "step microseconds" for each step since the previous mark; returns how many.
+static size_t timing_entries(void) {
+    size_t n = 0;
+    for (int i = 1; i < mark_count; i++, n++) {
+        snprintf(timing_text[n], sizeof timing_text[n], "%s %lld", marks[i].step, (marks[i].ns - marks[i - 1].ns) / 1000);
+        timing_items[n] = timing_text[n];
+    }
+    return n;
+}
+
 static void read_profile(void) {
     static uint8_t bytes[MAX_PROFILE_BYTES];
     size_t length = 0;
@@ -174,6 +203,9 @@ static void read_profile(void) {
     profile.readable = paths_for(&doc, "ReadablePaths");
     profile.writable = paths_for(&doc, "WritablePaths");
     profile.executable_sha256 = string_for(&doc, "ExecutableSHA256", 0);
+    timings = integer_for(&doc, "Timings", 0) != 0;
+    profile.shared_network = integer_for(&doc, "SharedNetworkNamespace", 0) != 0 && !profile.network;
+    mark("start");
     if (profile.executable_sha256 && strlen(profile.executable_sha256) != 64)
         launch_failed("profile: ExecutableSHA256 must be 64 hex digits");
 }
@@ -300,7 +332,19 @@ static void fork_into_namespace(void) {
         launch_failed("sandbox: namespaces unavailable: pipe (%s)", strerror(errno));
     const char *why = NULL;
     pid_t init = 0;
-    int error = make_namespaces(&profile, alive[0], &init, &why);
+    mark("session+rlimits");
+    int error = 0;
+    if (profile.shared_network) {
+        // Joined here, while the launcher still holds its capabilities in the host's user namespace; the new
+        // namespaces below are made without a network namespace of their own, and inherit this one.
+        if (syscall(SYS_setns, NETWORK_NAMESPACE_FD, CLONE_NEWNET) != 0) {
+            error = errno;
+            why = "setns into the host's shared network namespace refused";
+        }
+        close(NETWORK_NAMESPACE_FD);
+    }
+    if (error == 0) error = make_namespaces(&profile, alive[0], &init, &why);
+    mark("namespaces");
     if (error != 0) {
         close(alive[0]);
         close(alive[1]);
@@ -326,6 +370,7 @@ static void fork_into_namespace(void) {
         while (read(told[0], &outer, sizeof outer) < 0 && errno == EINTR) {}
         close(told[0]);
         if (outer <= 0) _exit(0);  // the launcher is gone
+        mark("fork");
         snprintf(worker_pid_text, sizeof worker_pid_text, "%d", (int)outer);
         if (setsid() < 0) launch_failed("session: setsid failed: %s", strerror(errno));
         return;
@@ -365,6 +410,7 @@ static void confine_and_exec(void) {
         if (in_namespaces()) {
             static char missing[1024];
             error = join_rest(&why);
+            mark("join");
             if (error == 0) {
                 applied(profile.network ? "mount, IPC and UTS namespaces" : "mount, IPC, UTS and network namespaces");
                 error = collect_grants(&profile, missing, sizeof missing, &why);
@@ -374,7 +420,9 @@ static void confine_and_exec(void) {
             }
             // The worker's uid next: files and mounts it makes in its new root must be owned by an id its user
             // namespace maps. It keeps its capabilities inside that namespace until they are dropped below.
+            mark("grants");
             int user_error = become_worker_user(&profile, &why);
+            mark("workerUser");
             if (user_error == 0) applied("workerUser");
             else unavailable("workerUser", user_error, why);
             // A change of credentials clears the parent-death signal: set it again, and make sure the launcher
@@ -382,6 +430,7 @@ static void confine_and_exec(void) {
             die_with_launcher(launcher_alive);
             if (error == 0 && user_error == 0) {
                 error = build_root(&profile, &why);
+                mark("root");
                 if (error == 0) {
                     applied("root");
                     profile.root_built = 1;
@@ -395,6 +444,7 @@ static void confine_and_exec(void) {
         }
     }
     verify_executable();
+    if (profile.executable_sha256) mark("executableSHA256");
     if (profile.mode != SANDBOX_NONE) {
         const char *why = NULL;
         int error;
@@ -406,7 +456,9 @@ static void confine_and_exec(void) {
         int abi = 0;
         static char missing[1024];
         static char landlock_name[32];
+        mark("noNewPrivs+capabilities");
         error = apply_landlock(&profile, &abi, missing, sizeof missing, &why);
+        mark("landlock");
         if (error == 0) {
             snprintf(landlock_name, sizeof landlock_name, "landlock:%d", abi);
             applied(landlock_name);
@@ -416,6 +468,7 @@ static void confine_and_exec(void) {
             unavailable("landlock", error, why);
         }
         error = apply_seccomp(&profile, getpid(), &why);
+        mark("seccomp");
         if (error == 0) applied("seccomp");
         else unavailable("seccomp", error, why);
     }
@@ -424,8 +477,11 @@ static void confine_and_exec(void) {
         {.key = "layers", .strings = layers, .count = layer_count},
         {.key = "skipped", .strings = skipped, .count = skipped_count},
         {.key = "pid", .string = worker_pid_text},
+        {.key = NULL},
     };
-    send_frame(entries, in_namespaces() ? 4 : 3);
+    size_t count = in_namespaces() ? 4 : 3;
+    if (timings) entries[count++] = (struct bp_entry){.key = "timings", .strings = timing_items, .count = timing_entries()};
+    send_frame(entries, count);
     execve(profile.executable, profile.argv, profile.envp);
     int error = errno;
     launch_failed("cannot exec %s: %s", profile.executable, strerror(error));
@@ -438,7 +494,8 @@ int main(int argc, char **argv) {
     read_profile();
     // Descriptor 5, when open, is the worker's exit-notice page (SDKHOST_EXIT_NOTICE_FD): it passes through.
     close(PROFILE_FD);
-    close_other_descriptors(NOTICE_FD + 1);
+    // Descriptor 6, with SharedNetworkNamespace, is the host's empty network namespace: joined below.
+    close_other_descriptors(profile.shared_network ? NETWORK_NAMESPACE_FD + 1 : NOTICE_FD + 1);
     // New session: posix_spawn made us a session leader already (POSIX_SPAWN_SETSID); make sure of it.
     if (getsid(0) != getpid() && setsid() < 0) launch_failed("session: setsid failed: %s", strerror(errno));
     applied("session");

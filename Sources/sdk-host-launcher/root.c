@@ -238,7 +238,7 @@ int make_namespaces(const struct profile *p, int alive, pid_t *init_out, const c
     // Pid 1 lives in every namespace the worker does, so that nothing of the machine can be read through it
     // (/proc/1/mountinfo, /proc/1/net): its mount namespace becomes the worker's new root.
     int flags = CLONE_NEWUSER | CLONE_NEWPID | CLONE_NEWNS | CLONE_NEWIPC | CLONE_NEWUTS;
-    if (!p->network) flags |= CLONE_NEWNET;
+    if (!p->network && !p->shared_network) flags |= CLONE_NEWNET;
     long pid = syscall(SYS_clone, flags | SIGCHLD, 0, 0, 0, 0);
     if (pid < 0) {
         int error = errno;
@@ -272,7 +272,7 @@ int make_namespaces(const struct profile *p, int alive, pid_t *init_out, const c
     static const char *rest[] = {"mnt", "ipc", "uts", "net"};
     for (int i = 0; i < 4; i++) {
         rest_fds[i] = -1;
-        if (error || (i == 3 && p->network)) continue;
+        if (error || (i == 3 && (p->network || p->shared_network))) continue;
         rest_fds[i] = open_namespace(init, rest[i]);
         if (rest_fds[i] < 0) { error = errno; step = "cannot open the new namespaces"; }
     }

@@ -33,10 +33,12 @@ struct profile {
     long long max_threads;    // MaxThreads: RLIMIT_NPROC inside the worker's own user namespace
     int root_built;           // the worker runs on its own root, whose /tmp is its TMPDIR
     const char *executable_sha256;  // ExecutableSHA256 (64 lowercase hex digits), or NULL
+    int shared_network;       // joined the host's one empty network namespace (descriptor 6): make none
 };
 
 enum { SANDBOX_STRICT, SANDBOX_BEST_EFFORT, SANDBOX_NONE };
 
+void mark(const char *step);
 /// The SHA-256 of what `fd` reads to its end, as 64 lowercase hex digits. Returns 0 or an errno.
 int sha256_descriptor(int fd, char hex[65]);
 /// The Landlock ABI version, or a negative errno.

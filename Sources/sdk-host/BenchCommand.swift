@@ -19,7 +19,8 @@ enum BenchCommand {
           (none)     raw socketpair round trip, then embedded and daemon echo, throughput, cold starts, kills,
                      drain: every figure also as a ratio to the raw round trip (build with -c release)
           codec      the wire codec beside Foundation's
-          cold       cold starts alone: default sandbox, Sandbox = none, no launcher, AllowSubprocesses
+          cold       cold starts alone: default sandbox, Sandbox = none, no launcher, AllowSubprocesses, and
+                     each step of the sandboxed launch as the launcher times it
           daemon     the daemon alone: warm echo, requests/s at 1, 8 and 64 in flight, RSS
           drain      shutdown with 2k and 32k requests queued
           kill       SIGKILL → interruption and SIGKILL → pidfd readable alone (100 kills, 20 with --quick)

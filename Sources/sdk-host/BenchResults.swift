@@ -37,6 +37,8 @@ struct Results {
     var coldSubprocesses: Samples?
     var coldDirect: Samples?
     var bareStart: Samples?
+    /// The sandboxed launch's steps, timed by the launcher (µs), in its order.
+    var sandboxLayers: [(step: String, samples: Samples)] = []
     var prewarmed: Samples?
     var kill: Samples?
     /// SIGKILL → the worker's pidfd readable, in the same samples as `kill`.
@@ -116,6 +118,10 @@ struct Results {
         }
         if let c = bareStart {
             out.append(("bare_start_p50_ms", c.percentile(0.5) / 1000, ratio(c.percentile(0.5), rawP50), "Echo spawned alone until main runs, p50 (ms)"))
+        }
+        for (step, samples) in sandboxLayers {
+            let key = "sandbox_layer_" + step.map { $0.isLetter || $0.isNumber ? String($0) : "_" }.joined() + "_p50_us"
+            out.append((key, samples.percentile(0.5), ratio(samples.percentile(0.5), rawP50), "cold start, launcher step '\(step)', p50 (µs)"))
         }
         if let c = coldSubprocesses {
             out.append(("cold_start_subprocesses_p50_ms", c.percentile(0.5) / 1000, ratio(c.percentile(0.5), rawP50), "cold start, AllowSubprocesses (pid ns), p50 (ms)"))

@@ -186,6 +186,38 @@ enum EmbeddedBench {
         }.cold
         results.coldSubprocesses = coldStarts(samples: samples) { $0.defaultPolicy.allowSubprocesses = true }.cold
         results.bareStart = bareStarts(samples: samples * 4)
+        results.sandboxLayers = layerCosts(samples: samples)
+    }
+
+    /// Each step of the sandboxed launch, as the launcher times it (`measuresSandboxLayers`), over `count` cold
+    /// starts of Echo: in µs, by step, in the launcher's order.
+    static func layerCosts(samples count: Int) -> [(step: String, samples: Samples)] {
+        var order: [String] = []
+        var byStep: [String: Samples] = [:]
+        for _ in 0..<count {
+            let host = EmbeddedHost.make {
+                $0.logHandler = { _, _ in }
+                $0.measuresSandboxLayers = true
+            }
+            settle(host)
+            _ = firstRequest(echo(host))
+            let done = DispatchSemaphore(value: 0)
+            let steps = Mutex<[String: Int]>([:])
+            host.inspect { _, _, workers in
+                steps.withLock { $0 = workers.first?.sandboxMicroseconds ?? [:] }
+                done.signal()
+            }
+            done.wait()
+            for (step, us) in steps.withLock({ $0 }) {
+                if byStep[step] == nil { order.append(step) }
+                byStep[step, default: Samples()].add(Double(us))
+            }
+            BenchCommand.shutdown(host)
+        }
+        let launcherOrder = ["session+rlimits", "namespaces", "fork", "join", "grants", "workerUser", "root",
+                             "executableSHA256", "noNewPrivs+capabilities", "landlock", "seccomp"]
+        return order.sorted { (launcherOrder.firstIndex(of: $0) ?? 99) < (launcherOrder.firstIndex(of: $1) ?? 99) }
+            .map { ($0, byStep[$0]!) }
     }
 
     /// The Echo executable spawned with no host connection until its `main` has run, in µs: posix_spawn, exec,

@@ -356,6 +356,31 @@ extension FaultTests {
             }
         }
 
+        /// A root host makes one empty network namespace for all its workers without NetworkAllowed (a namespace
+        /// per worker cost a third of a cold start): two extensions' workers share it, it is not the host's, and a
+        /// NetworkAllowed worker is in the host's. Nothing is reachable through it (the escape probes above).
+        @Test(.enabled(if: geteuid() == 0, "a shared network namespace needs a root host"))
+        func workersWithoutNetworkShareOneEmptyNetworkNamespace() async throws {
+            let open = TemporaryExtension(identifier: "com.example.escaper-network", executable: "Escaper",
+                                          policy: "<key>NetworkAllowed</key><true/>")
+            defer { open.remove() }
+            try await withHost(extraSearchPaths: [open.root]) { host, _ in
+                func netns(_ identifier: String) async throws -> String {
+                    let ext = try host.extension(identifier: identifier)
+                    let task = ext.start([ExtensionItem(title: identifier == "com.example.crasher" ? "slow:1" : "urandom")])
+                    _ = await task.outcome
+                    let pid = try #require(task.pid)
+                    return try #require(readLink("/proc/\(pid)/ns/net"))
+                }
+                let escaper = try await netns("com.example.escaper")
+                let crasher = try await netns("com.example.crasher")
+                let networked = try await netns("com.example.escaper-network")
+                let own = try #require(readLink("/proc/self/ns/net"))
+                #expect(escaper == crasher && escaper != own, "\(escaper) \(crasher) \(own)")
+                #expect(networked == own, "\(networked) \(own)")
+            }
+        }
+
         @Test func aForbiddenArchitectureCallKillsWithSIGSYS() async throws {
             try await withHost { host, _ in
                 let (ext, recorder) = try recordedExtension(host, "com.example.escaper")

@@ -12,7 +12,7 @@
 /// its own session (terminal signals aimed at the app do not hit its workers). Returns 0 and sets *pid, or an
 /// errno value.
 int sdk_spawn(const char *path, char *const argv[], char *const envp[], int ipc_fd, int stdout_fd,
-              int stderr_fd, int profile_fd, int notice_fd, pid_t *pid);
+              int stderr_fd, int profile_fd, int notice_fd, int netns_fd, pid_t *pid);
 
 /// The number of the descriptor a worker's exit-notice page is passed on (SDKHOST_EXIT_NOTICE_FD).
 #define SDK_EXIT_NOTICE_FD 5
@@ -153,6 +153,10 @@ int sdk_get_seals(int fd);
 int sdk_is_write_sealed(int fd);
 /// Bytes written to the stream socket `fd` that its peer has not read yet (SIOCOUTQ), or -1 with errno.
 int sdk_unread_output_bytes(int fd);
+/// A new, empty network namespace, as a descriptor (>= 10, close-on-exec), or -1 with errno: made by a
+/// short-lived thread (a network namespace belongs to a thread, so the process's own stays as it was). Needs
+/// CAP_SYS_ADMIN.
+int sdk_make_network_namespace(void);
 /// 1 when `fd` was opened with O_PATH (it names a file but cannot read it), else 0.
 int sdk_is_path_only(int fd);
 /// open(path, O_PATH | O_CLOEXEC): for tests and Crasher, which hand such a descriptor to the host on purpose.
