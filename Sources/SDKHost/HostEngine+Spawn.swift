@@ -44,12 +44,16 @@ extension HostEngine {
         }
         var spawn: SandboxedSpawn
         // The next worker's folder is made once this spawn is done, off the path of this request.
-        defer { if launcherPath != nil { loop.execute { [unowned self] in self.makeSpareWorkerDirectory() } } }
+        defer {
+            if launcherPath != nil, manifest.policy.usesWorkerFolder {
+                loop.execute { [unowned self] in self.makeSpareWorkerDirectory() }
+            }
+        }
         let policy = manifest.policy
         let network = launcherPath != nil && policy.sandbox != .none && !policy.networkAllowed ? networkNamespaceForWorkers() : -1
         do throws(HostError) {
-            let premade = spareWorkerDirectory
-            spareWorkerDirectory = nil
+            let premade = policy.usesWorkerFolder ? spareWorkerDirectory : nil
+            if premade != nil { spareWorkerDirectory = nil }
             spawn = try SandboxProfile.spawn(
                 manifest, executable: path, environment: environment, launcher: launcherPath,
                 runtimePaths: configuration.runtimePaths, worker: workerIdentity,

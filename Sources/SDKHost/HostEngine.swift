@@ -154,7 +154,7 @@ package final class HostEngine: @unchecked Sendable {
         DispatchQueue.global(qos: .utility).async {
             SandboxProfile.removeOrphanedWorkerDirectoriesOnce(in: temporaryBase)
         }
-        if launcherPath != nil {
+        if launcherPath != nil, manifests.values.contains(where: { $0.policy.usesWorkerFolder }) {
             loop.execute { [unowned self] in self.makeSpareWorkerDirectory() }
         }
         if manifests.values.contains(where: { $0.policy.minWarmWorkers > 0 }) {

@@ -38,6 +38,12 @@ let runtimeReadablePaths = ["/sys/devices/system/cpu", "/etc/localtime"]
 /// Descriptors a worker may have open at once (RLIMIT_NOFILE).
 let workerDescriptorLimit = 1024
 
+extension ExtensionPolicy {
+    /// Whether its workers get a private temp folder on the host: where the kernel may refuse them a root of
+    /// their own (bestEffort) or they run unconfined (none). A strict worker's TMPDIR is its root's own tmpfs.
+    var usesWorkerFolder: Bool { sandbox != .strict }
+}
+
 /// What the engine needs to spawn one worker under its profile.
 struct SandboxedSpawn {
     var request: SpawnRequest
@@ -62,10 +68,17 @@ package enum SandboxProfile {
             if let premadeDirectory { removeTree(premadeDirectory) }
             return SandboxedSpawn(request: SpawnRequest(path: path, arguments: [path], environment: environment))
         }
-        let temporary: String
-        if let premadeDirectory { temporary = premadeDirectory } else { temporary = try makeWorkerDirectory(in: temporaryBase) }
+        // Under strict the worker's TMPDIR is its root's own tmpfs (no root, no launch): no folder on the host.
+        let temporary: String?
+        if !policy.usesWorkerFolder {
+            temporary = nil
+        } else if let premadeDirectory {
+            temporary = premadeDirectory
+        } else {
+            temporary = try makeWorkerDirectory(in: temporaryBase)
+        }
         var env = environment.filter { !$0.hasPrefix("TMPDIR=") }
-        env.append("TMPDIR=\(temporary)")
+        env.append("TMPDIR=\(temporary ?? "/tmp")")
         var profile: [String: PlistValue] = [
             "Extension": .string(manifest.identifier),
             "Executable": .string(path),
@@ -79,7 +92,7 @@ package enum SandboxProfile {
             "ExecutablePaths": .array(([path] + runtimePaths).map(PlistValue.string)),
             "RuntimePaths": .array(runtimePaths.map(PlistValue.string)),
             "ReadablePaths": .array((runtimeReadablePaths + policy.readablePaths).map(PlistValue.string)),
-            "WritablePaths": .array(([temporary] + policy.writablePaths).map(PlistValue.string)),
+            "WritablePaths": .array(([temporary].compactMap { $0 } + policy.writablePaths).map(PlistValue.string)),
             "WorkerUID": .integer(Int64(worker.uid)),
             "WorkerGID": .integer(Int64(worker.gid)),
             "TempSizeMB": .integer(Int64(policy.tempSizeMB)),
@@ -93,7 +106,7 @@ package enum SandboxProfile {
         var encoder = BinaryPlistEncoder()
         encoder.encode(.dictionary(profile), appendingTo: &bytes)
         guard bytes.count <= SpawnRequest.maxProfileBytes else {
-            removeTree(temporary)
+            if let temporary { removeTree(temporary) }
             throw HostError(.invalidManifest, "\(manifest.manifestPath): the sandbox profile is \(bytes.count) bytes, "
                 + "over \(SpawnRequest.maxProfileBytes): ReadablePaths or WritablePaths are too long")
         }

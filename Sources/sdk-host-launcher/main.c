@@ -135,14 +135,14 @@ static long long integer_for(const struct bp_doc *doc, const char *key, long lon
 // MARK: Timings (profile key Timings: the bench's per-layer cost)
 
 static int timings;
-static struct { const char *step; long long ns; } marks[24];
+static struct { const char *step; long long ns; } marks[48];
 static int mark_count;
-static char timing_text[24][48];
-static const char *timing_items[24];
+static char timing_text[48][48];
+static const char *timing_items[48];
 
 /// Notes that `step` ends now (with Timings; a clock read is a system call here, so only when asked).
 void mark(const char *step) {
-    if (!timings || mark_count >= 24) return;
+    if (!timings || mark_count >= 48) return;
     struct timespec t;
     syscall(SYS_clock_gettime, CLOCK_MONOTONIC, &t);
     marks[mark_count].step = step;
@@ -319,7 +319,21 @@ static void confine_and_exec(void);
 /// where the worker is not in namespaces of its own.
 static char worker_pid_text[24];
 /// In the worker: whether it runs in its own namespaces (and so builds its root).
-static int in_namespaces(void) { return worker_pid_text[0] != 0; }
+static int namespaced;
+static int in_namespaces(void) { return namespaced; }
+/// In the worker: the pipe on which the launcher sends the worker's pid outside its namespace, read only when
+/// the `sandboxed` frame needs it, so that the worker builds its root meanwhile.
+static int told_fd = -1;
+
+static void learn_outer_pid(void) {
+    if (told_fd < 0) return;
+    pid_t outer = 0;
+    while (read(told_fd, &outer, sizeof outer) < 0 && errno == EINTR) {}
+    close(told_fd);
+    told_fd = -1;
+    if (outer <= 0) _exit(0);  // the launcher is gone
+    snprintf(worker_pid_text, sizeof worker_pid_text, "%d", (int)outer);
+}
 /// In the worker: the read end of the launcher's `alive` pipe (end-of-file once the launcher has exited).
 static int launcher_alive = -1;
 
@@ -366,12 +380,9 @@ static void fork_into_namespace(void) {
         close(told[1]);
         die_with_launcher(alive[0]);
         launcher_alive = alive[0];
-        pid_t outer = 0;
-        while (read(told[0], &outer, sizeof outer) < 0 && errno == EINTR) {}
-        close(told[0]);
-        if (outer <= 0) _exit(0);  // the launcher is gone
+        namespaced = 1;
+        told_fd = told[0];
         mark("fork");
-        snprintf(worker_pid_text, sizeof worker_pid_text, "%d", (int)outer);
         if (setsid() < 0) launch_failed("session: setsid failed: %s", strerror(errno));
         return;
     }
@@ -472,6 +483,7 @@ static void confine_and_exec(void) {
         if (error == 0) applied("seccomp");
         else unavailable("seccomp", error, why);
     }
+    learn_outer_pid();
     struct bp_entry entries[] = {
         {.key = "type", .string = "sandboxed"},
         {.key = "layers", .strings = layers, .count = layer_count},

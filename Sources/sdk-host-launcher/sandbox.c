@@ -221,12 +221,14 @@ static const int allowed[] = {
 #define NAMESPACE_FLAGS (CLONE_NEWNS | CLONE_NEWUSER | CLONE_NEWPID | CLONE_NEWNET | CLONE_NEWUTS | CLONE_NEWIPC \
                          | CLONE_NEWCGROUP)
 
-// The filter is a binary search over the sorted system call numbers, so a call takes a handful of comparisons
-// whatever the list's length (the kernel also caches the numbers that are always allowed). Classic BPF's
-// conditional jumps reach 255 instructions at most, so every far jump goes through an unconditional one
-// (BPF_JA, 32-bit offset): a leaf tests `nr == k` and falls into a one-instruction `JA label` or `RET`;
-// an inner node tests `nr >= middle` and either falls into `JA right` or skips it into its left half.
-// `resolve` patches the JA offsets once every label has a position.
+// The filter is a binary search over ranges of consecutive system call numbers that go the same way (allowed,
+// or one argument check), so a call takes a handful of comparisons whatever the list's length, and the program
+// stays short: the kernel converts and JIT-compiles it at every launch (~0.25 µs an instruction here) and runs
+// it for every number to fill its cache of calls that are always allowed. Classic BPF's conditional jumps
+// reach 255 instructions at most, so every far jump goes through an unconditional one (BPF_JA, 32-bit offset):
+// a leaf tests its ranges in order and falls into a one-instruction `JA label` or `RET`; an inner node tests
+// `nr >= middle` and either falls into `JA right` or skips it into its left half. `resolve` patches the JA
+// offsets once every label has a position.
 
 enum { MAX_INSNS = 1024, MAX_RULES = 256, MAX_JUMPS = 512, MAX_LABELS = 192 };
 
@@ -242,6 +244,8 @@ struct filter {
 
 /// A rule: a system call number and where it goes (`label`), or -1 for "allowed as it is".
 struct rule { unsigned nr; int label; };
+/// Consecutive numbers `first...last` that go the same way.
+struct range { unsigned first, last; int label; };
 
 static void emit(struct filter *f, struct sock_filter insn) {
     if (f->count >= MAX_INSNS) { f->overflow = 1; return; }
@@ -279,25 +283,40 @@ static int resolve(struct filter *f) {
     return f->overflow ? -1 : 0;
 }
 
-/// Rules lo..<hi (sorted by number). Up to four rules are a chain of equality tests; a number that matches
-/// none is refused with EPERM.
-static void emit_search(struct filter *f, const struct rule *rules, unsigned lo, unsigned hi) {
+static void emit_action(struct filter *f, int label) {
+    if (label < 0) emit(f, (struct sock_filter)ALLOW);
+    else jump_to(f, label);
+}
+
+/// Ranges lo..<hi (ascending). Up to four ranges are a chain: a number past a range's last goes on to the next,
+/// one at or past its first takes its way, and the rest (between ranges) is refused with EPERM; so is a number
+/// past them all. A one-number range is a single equality test.
+static void emit_search(struct filter *f, const struct range *ranges, unsigned lo, unsigned hi) {
     if (hi - lo <= 4) {
         for (unsigned i = lo; i < hi; i++) {
-            emit(f, (struct sock_filter)JEQ(rules[i].nr, 0, 1));
-            if (rules[i].label < 0) emit(f, (struct sock_filter)ALLOW);
-            else jump_to(f, rules[i].label);
+            const struct range *r = &ranges[i];
+            if (r->first == r->last) {
+                emit(f, (struct sock_filter)JEQ(r->first, 0, 1));
+            } else {
+                // past it: skip this range's two remaining instructions; below it: refused (the next range
+                // starts higher still), by a jump over the rest of the chain to its EPERM.
+                unsigned rest = 0;
+                for (unsigned j = i + 1; j < hi; j++) rest += ranges[j].first == ranges[j].last ? 2 : 3;
+                emit(f, (struct sock_filter)BPF_JUMP(BPF_JMP | BPF_JGT | BPF_K, r->last, 2, 0));
+                emit(f, (struct sock_filter)BPF_JUMP(BPF_JMP | BPF_JGE | BPF_K, r->first, 0, (unsigned char)(rest + 1)));
+            }
+            emit_action(f, r->label);
         }
         emit(f, (struct sock_filter)ERRNO(EPERM));
         return;
     }
     unsigned mid = lo + (hi - lo) / 2;
     int right = new_label(f);
-    emit(f, (struct sock_filter)BPF_JUMP(BPF_JMP | BPF_JGE | BPF_K, rules[mid].nr, 0, 1));
+    emit(f, (struct sock_filter)BPF_JUMP(BPF_JMP | BPF_JGE | BPF_K, ranges[mid].first, 0, 1));
     jump_to(f, right);
-    emit_search(f, rules, lo, mid);
+    emit_search(f, ranges, lo, mid);
     place(f, right);
-    emit_search(f, rules, mid, hi);
+    emit_search(f, ranges, mid, hi);
 }
 
 static int compare_rules(const struct rule *a, const struct rule *b) { return a->nr < b->nr ? -1 : a->nr > b->nr; }
@@ -365,6 +384,14 @@ int apply_seccomp(const struct profile *p, pid_t self, const char **why) {
     }
     for (unsigned i = 1; i < count; i++)
         if (rules[i].nr == rules[i - 1].nr) f.overflow = 1;
+    // Runs of consecutive numbers that go the same way become one range.
+    static struct range ranges[MAX_RULES];
+    unsigned range_count = 0;
+    for (unsigned i = 0; i < count; i++) {
+        struct range *last = range_count ? &ranges[range_count - 1] : NULL;
+        if (last && last->label == rules[i].label && last->last + 1 == rules[i].nr) last->last = rules[i].nr;
+        else ranges[range_count++] = (struct range){rules[i].nr, rules[i].nr, rules[i].label};
+    }
 
     // Another architecture's calls (an i386 int 0x80, for one) would be read with the wrong numbers, and x32
     // calls alias x86_64 ones: both kill the process (SIGSYS), as returning to such code is not safe.
@@ -376,7 +403,7 @@ int apply_seccomp(const struct profile *p, pid_t self, const char **why) {
     emit(&f, (struct sock_filter)BPF_JUMP(BPF_JMP | BPF_JGE | BPF_K, 0x40000000, 0, 1));
     emit(&f, (struct sock_filter)RET(SECCOMP_RET_KILL_PROCESS));
 #endif
-    emit_search(&f, rules, 0, count);
+    emit_search(&f, ranges, 0, range_count);
 
     place(&f, enosys);
     emit(&f, (struct sock_filter)ERRNO(ENOSYS));

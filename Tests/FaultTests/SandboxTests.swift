@@ -285,14 +285,24 @@ extension FaultTests {
             // Kept alive to the last line by folders(), which reads it after the host has shut down.
             let base = try TemporaryFolder("sdkhost-spare")
             func folders() -> [String] { listDirectory(base.path, prefix: "sdk-host-worker.\(getpid()).")?.sorted() ?? [] }
+            // Under strict a worker's TMPDIR is its root's own tmpfs: the host makes no folder at all.
             try await withHost({ $0.temporaryDirectory = base.path }) { host, _ in
+                let (ext, recorder) = try recordedExtension(host, "com.example.escaper")
+                #expect(await probe(ext, recorder, "tmpdir") == "allowed: wrote /tmp/probe")
+                #expect(folders().isEmpty, "\(folders())")
+            }
+            // bestEffort may run without a root of its own: its workers get a folder, the next one made ahead.
+            let loose = TemporaryExtension(identifier: "com.example.escaper-loose", executable: "Escaper",
+                                           policy: "<key>Sandbox</key><string>bestEffort</string>")
+            defer { loose.remove() }
+            try await withHost(extraSearchPaths: [loose.root], { $0.temporaryDirectory = base.path }) { host, _ in
                 // Made when the host starts, before any request.
                 #expect(await eventually { folders().count == 1 }, "\(folders())")
                 let spare = try #require(folders().first)
-                let (ext, recorder) = try recordedExtension(host, "com.example.escaper")
+                let (ext, recorder) = try recordedExtension(host, loose.identifier)
                 let tmp = await probe(ext, recorder, "tmpdir")
-                // Its TMPDIR is its root's own tmpfs; the first worker still took that folder (its TMPDIR where a
-                // new root is refused), and the next one is ready beside it.
+                // Its TMPDIR is its root's own tmpfs where the kernel allows one; the first worker still took that
+                // folder, and the next one is ready beside it.
                 #expect(tmp == "allowed: wrote /tmp/probe", "\(tmp)")
                 #expect(await eventually { folders().count == 2 && folders().contains(spare) }, "\(folders())")
             }
