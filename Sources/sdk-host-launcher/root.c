@@ -26,6 +26,7 @@
 #include <stdio.h>
 #include <string.h>
 #include <sys/mount.h>
+#include <linux/mount.h>
 #include <sys/prctl.h>
 #include <sys/stat.h>
 #include <sys/statfs.h>
@@ -41,7 +42,9 @@ enum grant_kind { GRANT_RUNTIME, GRANT_EXECUTABLE, GRANT_READ, GRANT_WRITE, GRAN
 struct grant {
     const char *path;
     enum grant_kind kind;
-    int fd;           // O_PATH on the source, opened before any mount
+    int fd;           // a detached clone of the source (open_tree), or O_PATH on it where the kernel has no
+                      // open_tree; made before any mount
+    int cloned;       // fd is a detached clone, attached with move_mount
     int directory;    // the source is a folder
     char link[256];   // a relative symbolic link without "..", copied as a link instead of bound
 };
@@ -93,7 +96,11 @@ static int add_grant(const char *path, enum grant_kind kind, char *skipped, size
         }
         g->link[0] = 0;
     }
-    g->fd = open(path, O_PATH | O_CLOEXEC);
+    // A detached clone of what the path names now: one system call instead of a bind through /proc/self/fd, and
+    // its restrictions are set before it is attached (mount_setattr), without a remount.
+    g->fd = (int)syscall(SYS_open_tree, AT_FDCWD, path, OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC);
+    g->cloned = g->fd >= 0;
+    if (g->fd < 0 && errno == ENOSYS) g->fd = open(path, O_PATH | O_CLOEXEC);
     if (g->fd < 0) {
         note_skipped(skipped, skipped_size, path, errno);
         return 0;
@@ -155,6 +162,21 @@ static int bind(struct grant *g, const char **why) {
     }
     int error = make_target(target, g->directory);
     if (error) return fail(why, "cannot make a mount point in the new root", error);
+    if (g->cloned) {
+        struct mount_attr attr = {.attr_set = MOUNT_ATTR_NOSUID};
+        switch (g->kind) {
+        case GRANT_RUNTIME: case GRANT_EXECUTABLE: attr.attr_set |= MOUNT_ATTR_RDONLY | MOUNT_ATTR_NODEV; break;
+        case GRANT_READ: attr.attr_set |= MOUNT_ATTR_RDONLY | MOUNT_ATTR_NODEV | MOUNT_ATTR_NOEXEC; break;
+        case GRANT_WRITE: attr.attr_set |= MOUNT_ATTR_NODEV | MOUNT_ATTR_NOEXEC; break;
+        case GRANT_DEVICE: break;
+        }
+        // Flags are only added: what the source mount has locked stays set.
+        if (syscall(SYS_mount_setattr, g->fd, "", AT_EMPTY_PATH, &attr, sizeof attr) != 0)
+            return fail(why, "cannot restrict a grant (mount_setattr)", errno);
+        if (syscall(SYS_move_mount, g->fd, "", AT_FDCWD, target, MOVE_MOUNT_F_EMPTY_PATH) != 0)
+            return fail(why, "cannot attach a grant in the new root (move_mount)", errno);
+        return 0;
+    }
     snprintf(source, sizeof source, "/proc/self/fd/%d", g->fd);
     if (syscall(SYS_mount, source, target, NULL, MS_BIND, NULL) != 0)
         return fail(why, "cannot bind a grant into the new root", errno);
