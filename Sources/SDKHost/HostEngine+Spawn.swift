@@ -140,6 +140,7 @@ extension HostEngine {
     /// own, as before. Returns the descriptor or -1.
     func networkNamespaceForWorkers() -> Int32 {
         if let fd = sharedNetworkNamespace { return fd }
+        guard !shuttingDown else { return -1 }
         let fd = geteuid() == 0 ? sdk_make_network_namespace() : -1
         if fd < 0, geteuid() == 0 {
             log(.info, "cannot make a shared network namespace (\(String(cString: strerror(errno)))); each worker gets its own")

@@ -157,6 +157,12 @@ package final class HostEngine: @unchecked Sendable {
         if launcherPath != nil, manifests.values.contains(where: { $0.policy.usesWorkerFolder }) {
             loop.execute { [unowned self] in self.makeSpareWorkerDirectory() }
         }
+        // The shared network namespace is the host's, not a worker's: made now, off the first request's path.
+        if launcherPath != nil, geteuid() == 0,
+            manifests.values.contains(where: { $0.policy.sandbox != .none && !$0.policy.networkAllowed })
+        {
+            loop.execute { [unowned self] in _ = self.networkNamespaceForWorkers() }
+        }
         if manifests.values.contains(where: { $0.policy.minWarmWorkers > 0 }) {
             loop.execute { [unowned self] in
                 for manifest in self.manifests.values.sorted(by: { $0.identifier < $1.identifier }) {
