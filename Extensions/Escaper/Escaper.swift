@@ -80,6 +80,7 @@ enum Attempts {
         case "dgrampair": return outcome(Int32(probe_dgram(argument, 1)), "sent a datagram to \(argument) from a pair", closing: false)
         case "cmdline": return readFile("/proc/\(argument)/cmdline")
         case "sees": return sees(argument)
+        case "list": return list(argument)
         case "manythreads": return manyThreads(Int(argument) ?? 1000)
         case "tmpfill": return fillTemporary(megabytes: Int(argument) ?? 128)
         case "tmpsize": return temporarySize()
@@ -327,6 +328,15 @@ enum Attempts {
 
     /// `file=needle`: whether `file` (under /proc, say) can be read and mentions `needle` (a path or name of
     /// the test's own): the machine's sockets, mounts or processes seen from inside.
+    /// What a folder of the worker's root holds, sorted: "allowed: a b c".
+    static func list(_ path: String) -> String {
+        var buffer = [CChar](repeating: 0, count: 16384)
+        let n = probe_list(path, &buffer, buffer.count)
+        guard n >= 0 else { return "refused: \(describe(Int32(-n)))" }
+        let text = String(decoding: buffer[0..<Int(n)].map { UInt8(bitPattern: $0) }, as: UTF8.self)
+        return "allowed: " + text.split(separator: "\n").sorted().joined(separator: " ")
+    }
+
     static func sees(_ argument: String) -> String {
         let parts = argument.split(separator: "=", maxSplits: 1).map(String.init)
         guard parts.count == 2 else { return "unknown: sees needs file=needle" }

@@ -1,6 +1,7 @@
 #define _GNU_SOURCE
 #include "EscaperProbes.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <stdlib.h>
@@ -221,4 +222,22 @@ long probe_exec_self(char *out, long size) {
     while (waitpid(child, &status, 0) < 0 && errno == EINTR) {}
     if (WIFEXITED(status) && WEXITSTATUS(status) >= 100) return -(WEXITSTATUS(status) - 100);
     return total;
+}
+
+long probe_list(const char *path, char *out, long size) {
+    DIR *dir = opendir(path);
+    if (!dir) return -errno;
+    long used = 0;
+    struct dirent *entry;
+    while ((entry = readdir(dir)) != NULL) {
+        const char *name = entry->d_name;
+        if (strcmp(name, ".") == 0 || strcmp(name, "..") == 0) continue;
+        long n = (long)strlen(name);
+        if (used + n + 1 > size) break;
+        memcpy(out + used, name, (size_t)n);
+        used += n;
+        out[used++] = '\n';
+    }
+    closedir(dir);
+    return used;
 }

@@ -58,7 +58,8 @@ extension HostEngine {
                 manifest, executable: path, environment: environment, launcher: launcherPath,
                 runtimePaths: configuration.runtimePaths, worker: workerIdentity,
                 temporaryBase: configuration.temporaryDirectory,
-                premadeDirectory: premade, measured: configuration.measuresSandboxLayers, networkNamespace: network)
+                premadeDirectory: premade, measured: configuration.measuresSandboxLayers, networkNamespace: network,
+                deviceFolder: policy.sandbox == .none ? nil : deviceFolderForWorkers())
         } catch {
             throw HostError(error.code, "\(manifest.identifier): \(error.detail)")
         }
@@ -147,6 +148,16 @@ extension HostEngine {
         }
         sharedNetworkNamespace = fd
         return fd
+    }
+
+    /// The folder of device nodes every root built here binds as /dev (`SandboxProfile.makeDeviceFolder`), made
+    /// once; nil where it cannot be.
+    func deviceFolderForWorkers() -> String? {
+        if let folder = deviceFolder { return folder.isEmpty ? nil : folder }
+        guard !shuttingDown else { return nil }
+        let folder = SandboxProfile.makeDeviceFolder(in: configuration.temporaryDirectory)
+        deviceFolder = folder ?? ""
+        return folder
     }
 
     /// Makes the folder the next sandboxed worker will get as its `TMPDIR`, so that its cold start does not wait

@@ -96,6 +96,8 @@ package final class HostEngine: @unchecked Sendable {
     /// The empty network namespace this host's workers without NetworkAllowed share (a descriptor), -1 where it
     /// cannot be made, nil until the first spawn that needs it (`networkNamespaceForWorkers`).
     var sharedNetworkNamespace: Int32?
+    /// The folder of device nodes workers' roots bind as /dev; "" where it cannot be made, nil until first needed.
+    var deviceFolder: String?
     /// A request waits for a worker cap to make room (HostEngine+Capacity).
     var waitingForRoom = false
     var pools: [String: PoolState] = [:]
@@ -161,7 +163,10 @@ package final class HostEngine: @unchecked Sendable {
         if launcherPath != nil, geteuid() == 0,
             manifests.values.contains(where: { $0.policy.sandbox != .none && !$0.policy.networkAllowed })
         {
-            loop.execute { [unowned self] in _ = self.networkNamespaceForWorkers() }
+            loop.execute { [unowned self] in
+                _ = self.networkNamespaceForWorkers()
+                _ = self.deviceFolderForWorkers()
+            }
         }
         if manifests.values.contains(where: { $0.policy.minWarmWorkers > 0 }) {
             loop.execute { [unowned self] in
@@ -471,6 +476,8 @@ package final class HostEngine: @unchecked Sendable {
         }
         if let fd = sharedNetworkNamespace, fd >= 0 { close(fd) }
         sharedNetworkNamespace = -1
+        if let folder = deviceFolder, !folder.isEmpty { removeTree(folder) }
+        deviceFolder = ""  // none after this: a spawn still under way would make another
         for id in Array(requests.keys) { finish(id, .interrupted(.hostShutdown)) }
         waiting.removeAll()
         for state in pools.values {

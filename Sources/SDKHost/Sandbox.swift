@@ -56,7 +56,7 @@ package enum SandboxProfile {
     static func spawn(
         _ manifest: ExtensionManifest, executable path: String, environment: [String], launcher: String?,
         runtimePaths: [String], worker: WorkerIdentity, temporaryBase: String, premadeDirectory: String? = nil,
-        measured: Bool = false, networkNamespace: Int32 = -1
+        measured: Bool = false, networkNamespace: Int32 = -1, deviceFolder: String? = nil
     ) throws(HostError) -> SandboxedSpawn {
         let policy = manifest.policy
         guard let launcher else {
@@ -102,6 +102,7 @@ package enum SandboxProfile {
         if let digest = policy.executableSHA256 { profile["ExecutableSHA256"] = .string(digest) }
         if measured { profile["Timings"] = .bool(true) }
         if networkNamespace >= 0 { profile["SharedNetworkNamespace"] = .bool(true) }
+        if let deviceFolder { profile["DeviceFolder"] = .string(deviceFolder) }
         var bytes: [UInt8] = []
         var encoder = BinaryPlistEncoder()
         encoder.encode(.dictionary(profile), appendingTo: &bytes)
@@ -125,6 +126,30 @@ package enum SandboxProfile {
 
     /// A new folder `<base>/sdk-host-worker.XXXXXX`, mode 0700.
     static let workerDirectoryPrefix = "sdk-host-worker."
+    /// A root host's folder of device nodes (`makeDeviceFolder`): `sdk-host-devices.<host pid>.XXXXXX`.
+    static let deviceFolderPrefix = "sdk-host-devices."
+
+    /// A folder holding /dev/null, zero, random and urandom (mknod: a root host only), bound as one /dev into
+    /// every worker's root instead of four binds (~70 µs of each cold start here). nil where nodes cannot be made
+    /// or would not open there (a nodev file system): the launcher then binds the machine's four.
+    static func makeDeviceFolder(in base: String) -> String? {
+        guard geteuid() == 0 else { return nil }
+        var template = Array("\(base)/\(deviceFolderPrefix)\(getpid()).XXXXXX".utf8CString)
+        guard template.withUnsafeMutableBufferPointer({ mkdtemp($0.baseAddress!) != nil }) else { return nil }
+        let folder = String(decoding: template.dropLast().map { UInt8(bitPattern: $0) }, as: UTF8.self)
+        var info = statvfs()
+        let nodes: [(String, UInt)] = [("null", 3), ("zero", 5), ("random", 8), ("urandom", 9)]
+        let made = chmod(folder, 0o755) == 0 && statvfs(folder, &info) == 0 && info.f_flag & 4 /* ST_NODEV */ == 0
+            && nodes.allSatisfy { name, minor in
+                // Major 1 (memory devices); the old encoding (major << 8 | minor) is valid for these numbers.
+                mknod("\(folder)/\(name)", S_IFCHR | 0o666, dev_t(1 << 8 | minor)) == 0 && chmod("\(folder)/\(name)", 0o666) == 0
+            }
+        guard made else {
+            removeTree(folder)
+            return nil
+        }
+        return folder
+    }
 
     /// A private folder for one worker, named `sdk-host-worker.<host pid>.XXXXXX` so that a later host can tell
     /// whose it was (`removeOrphanedWorkerDirectories`).
@@ -154,8 +179,10 @@ package enum SandboxProfile {
     @discardableResult
     static func removeOrphanedWorkerDirectories(in base: String) -> Int {
         var removed = 0
-        for name in listDirectory(base, prefix: workerDirectoryPrefix) ?? [] {
-            let fields = name.dropFirst(workerDirectoryPrefix.count).split(separator: ".", maxSplits: 1)
+        let names = (listDirectory(base, prefix: workerDirectoryPrefix) ?? []).map { ($0, workerDirectoryPrefix) }
+            + (listDirectory(base, prefix: deviceFolderPrefix) ?? []).map { ($0, deviceFolderPrefix) }
+        for (name, prefix) in names {
+            let fields = name.dropFirst(prefix.count).split(separator: ".", maxSplits: 1)
             guard fields.count == 2, let pid = pid_t(fields[0]), pid > 0, pid != getpid() else { continue }
             guard kill(pid, 0) != 0, errno == ESRCH else { continue }  // its host is alive (or not ours to ask)
             let path = "\(base)/\(name)"

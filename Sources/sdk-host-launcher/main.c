@@ -205,6 +205,7 @@ static void read_profile(void) {
     profile.executable_sha256 = string_for(&doc, "ExecutableSHA256", 0);
     timings = integer_for(&doc, "Timings", 0) != 0;
     profile.shared_network = integer_for(&doc, "SharedNetworkNamespace", 0) != 0 && !profile.network;
+    profile.device_folder = string_for(&doc, "DeviceFolder", 0);
     mark("start");
     if (profile.executable_sha256 && strlen(profile.executable_sha256) != 64)
         launch_failed("profile: ExecutableSHA256 must be 64 hex digits");

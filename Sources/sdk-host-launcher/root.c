@@ -37,10 +37,11 @@
 #define ROOT "/tmp"
 #define MAX_GRANTS 256
 
-enum grant_kind { GRANT_RUNTIME, GRANT_EXECUTABLE, GRANT_READ, GRANT_WRITE, GRANT_DEVICE };
+enum grant_kind { GRANT_RUNTIME, GRANT_EXECUTABLE, GRANT_READ, GRANT_WRITE, GRANT_DEVICE, GRANT_DEVICES };
 
 struct grant {
-    const char *path;
+    const char *path;   // where it goes in the new root
+    const char *source; // what is bound there: `path` on the host, unless said otherwise
     enum grant_kind kind;
     int fd;           // a detached clone of the source (open_tree), or O_PATH on it where the kernel has no
                       // open_tree; made before any mount
@@ -71,18 +72,21 @@ static int clean_path(const char *path) {
     return 1;
 }
 
-/// Opens `path` as a grant. Returns whether it was added (a missing or unclean path is noted in `skipped`).
-static int add_grant(const char *path, enum grant_kind kind, char *skipped, size_t skipped_size) {
+/// Opens `source` (NULL: `path`) as the grant of `path`. Returns whether it was added (a missing or unclean
+/// path is noted in `skipped`).
+static int add_grant_from(const char *source, const char *path, enum grant_kind kind, char *skipped, size_t skipped_size) {
     if (grant_count >= MAX_GRANTS) return 0;
     struct grant *g = &grants[grant_count];
     memset(g, 0, sizeof *g);
     g->path = path;
+    g->source = source ? source : path;
     g->kind = kind;
     g->fd = -1;
-    if (!clean_path(path)) {
+    if (!clean_path(path) || !clean_path(g->source)) {
         note_skipped(skipped, skipped_size, path, EINVAL);
         return 0;
     }
+    path = g->source;
     struct stat info;
     // A folder reached by a short relative link (merged /usr's /lib -> usr/lib) is copied as that link; the
     // executable itself is always bound, as what it resolves to.
@@ -113,6 +117,10 @@ static int add_grant(const char *path, enum grant_kind kind, char *skipped, size
     g->directory = S_ISDIR(info.st_mode);
     grant_count++;
     return 1;
+}
+
+static int add_grant(const char *path, enum grant_kind kind, char *skipped, size_t skipped_size) {
+    return add_grant_from(NULL, path, kind, skipped, skipped_size);
 }
 
 /// Makes every folder of `path` (inside the new root) up to, not including, its last component.
@@ -169,6 +177,7 @@ static int bind(struct grant *g, const char **why) {
         case GRANT_READ: attr.attr_set |= MOUNT_ATTR_RDONLY | MOUNT_ATTR_NODEV | MOUNT_ATTR_NOEXEC; break;
         case GRANT_WRITE: attr.attr_set |= MOUNT_ATTR_NODEV | MOUNT_ATTR_NOEXEC; break;
         case GRANT_DEVICE: break;
+        case GRANT_DEVICES: attr.attr_set |= MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOEXEC; break;  // no new node in /dev
         }
         // Flags are only added: what the source mount has locked stays set.
         if (syscall(SYS_mount_setattr, g->fd, "", AT_EMPTY_PATH, &attr, sizeof attr) != 0)
@@ -186,6 +195,7 @@ static int bind(struct grant *g, const char **why) {
     case GRANT_READ: flags |= MS_RDONLY | MS_NODEV | MS_NOEXEC; break;
     case GRANT_WRITE: flags |= MS_NODEV | MS_NOEXEC; break;
     case GRANT_DEVICE: break;
+    case GRANT_DEVICES: flags |= MS_RDONLY | MS_NOEXEC; break;
     }
     flags |= locked_flags(target);
     if (syscall(SYS_mount, NULL, target, NULL, flags, NULL) != 0)
@@ -352,8 +362,10 @@ int collect_grants(const struct profile *p, char *skipped, size_t skipped_size, 
     for (size_t i = 0; i < p->runtime.count; i++) add_grant(p->runtime.items[i], GRANT_RUNTIME, skipped, skipped_size);
     for (size_t i = 0; i < p->readable.count; i++) add_grant(p->readable.items[i], GRANT_READ, skipped, skipped_size);
     for (size_t i = 0; i < p->writable.count; i++) add_grant(p->writable.items[i], GRANT_WRITE, skipped, skipped_size);
+    // The host's folder of the four nodes (a root host makes one) is one bind instead of four.
     static const char *devices[] = {"/dev/null", "/dev/zero", "/dev/random", "/dev/urandom"};
-    for (size_t i = 0; i < 4; i++) add_grant(devices[i], GRANT_DEVICE, skipped, skipped_size);
+    if (!p->device_folder || !add_grant_from(p->device_folder, "/dev", GRANT_DEVICES, skipped, skipped_size))
+        for (size_t i = 0; i < 4; i++) add_grant(devices[i], GRANT_DEVICE, skipped, skipped_size);
     // Parents before what is inside them: a grant inside another is bound on top of it.
     for (size_t i = 1; i < grant_count; i++) {
         struct grant g = grants[i];

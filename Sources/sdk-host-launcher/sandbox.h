@@ -34,6 +34,7 @@ struct profile {
     int root_built;           // the worker runs on its own root, whose /tmp is its TMPDIR
     const char *executable_sha256;  // ExecutableSHA256 (64 lowercase hex digits), or NULL
     int shared_network;       // joined the host's one empty network namespace (descriptor 6): make none
+    const char *device_folder;  // a folder of the host's holding the four device nodes, bound as /dev, or NULL
 };
 
 enum { SANDBOX_STRICT, SANDBOX_BEST_EFFORT, SANDBOX_NONE };

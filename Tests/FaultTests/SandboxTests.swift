@@ -105,7 +105,7 @@ final class ProbeTargets: @unchecked Sendable {
             "rlimit", "orphan:\(folder)/lock",
             // Files outside every grant: not even there to change, stat or watch.
             "chmod:\(folder)/secret", "utime:\(folder)/secret", "xattr:\(folder)/secret", "stat:\(folder)/secret",
-            "inotify:\(folder)",
+            "inotify:\(folder)", "list:/", "list:/dev",
             // Other processes: not in the worker's pid namespace.
             "prlimit:\(me)", "renice:\(me)", "affinity:\(me)", "cmdline:\(me)", "prlimit:1", "signal:1",
             // The machine, read through /proc: its sockets, mounts and processes.
@@ -164,6 +164,8 @@ extension FaultTests {
                 #expect(tmp == "allowed: wrote /tmp/probe", "\(tmp)")
                 let size = await probe(ext, recorder, "tmpsize")
                 #expect(size == "allowed: TMPDIR holds 64 MiB", "\(size)")
+                // Its /dev holds the four nodes and nothing else (seen from the host), and nothing can be added.
+                #expect(await probe(ext, recorder, "create:/dev/extra").hasPrefix("refused"))
                 let (_, _, workers) = await host.inspect()
                 let snapshot = try #require(workers.first)
                 for layer in ["userNamespace", "pidNamespace", "mount, IPC, UTS and network namespaces", "root", "workerUser",
@@ -173,6 +175,7 @@ extension FaultTests {
                 #expect(snapshot.sandboxLayers.contains { $0.hasPrefix("landlock:") }, "\(snapshot.sandboxLayers)")
                 // The pid the host reports is the process that runs the extension (the launcher's child).
                 #expect(readLink("/proc/\(snapshot.pid)/exe")?.hasSuffix("/Escaper") == true)
+                #expect(listDirectory("/proc/\(snapshot.pid)/root/dev")?.sorted() == ["null", "random", "urandom", "zero"])
                 if getuid() == 0 {
                     // A root host's worker runs as WorkerUser (nobody), never as root.
                     let status = (try? readFile("/proc/\(snapshot.pid)/status")).map { String(decoding: $0, as: UTF8.self) } ?? ""

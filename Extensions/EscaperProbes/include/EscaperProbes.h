@@ -46,5 +46,8 @@ long probe_x32(void);
 /// Swift code runs: the capability lines and NoNewPrivs of its /proc/self/status, into `out`. Returns the
 /// length written, or -errno (a refused fork or exec).
 long probe_exec_self(char *out, long size);
+/// The names in the folder `path` (not "." or ".."), each followed by a newline, into `out`. Returns the length
+/// written, or -errno.
+long probe_list(const char *path, char *out, long size);
 
 #endif
