@@ -1,6 +1,7 @@
 // `sdk-host demo`: the first thing a newcomer runs. An embedded host with the bundled extensions runs echo,
-// every Crasher fault, a host-side cancel, and echo again, then prints what happened to each request and checks
-// that every request got exactly one terminal callback.
+// every Crasher fault, a deadline, an app's cancel, echo again and the sandbox escapes; a second host shows a
+// crash loop ending in quarantine. It prints what happened to each request and checks that every request got
+// exactly one terminal callback.
 import Dispatch
 import SDKHost
 import Synchronization
@@ -25,9 +26,9 @@ enum DemoCommand {
     ] + ["segv", "abort", "range", "exit", "kill", "garbage", "oversize", "truncate", "unknownid", "cancel", "double"].map {
         Step(label: "crasher \($0)", extensionID: "com.example.crasher", input: $0, isFault: true)
     } + [
-        Step(label: "crasher hang (1 s deadline)", extensionID: "com.example.crasher", input: "hang", deadline: 1, isFault: true),
+        Step(label: "crasher hang, 1 s deadline", extensionID: "com.example.crasher", input: "hang", deadline: 1, isFault: true),
         Step(label: "crasher slow:50", extensionID: "com.example.crasher", input: "slow:50"),
-        Step(label: "host cancel of slow:5000", extensionID: "com.example.crasher", input: "slow:5000", cancelAfterMs: 50),
+        Step(label: "app cancels slow:5000", extensionID: "com.example.crasher", input: "slow:5000", cancelAfterMs: 50),
         Step(label: "echo again", extensionID: "com.example.echo", input: "still here"),
         // Escaper tries to get out of its sandbox; each attempt is refused and the worker keeps serving.
         Step(label: "escaper read /etc/shadow", extensionID: "com.example.escaper", input: "read:/etc/shadow"),
@@ -36,23 +37,86 @@ enum DemoCommand {
         Step(label: "escaper tcp 127.0.0.1:9", extensionID: "com.example.escaper", input: "tcp:9"),
     ]
 
+    /// Quarantine, on a host of its own with the default restart limit lowered to 3: three crashes in a row,
+    /// then a request that ends at once without a worker.
+    static let quarantineLimit = 3
+    static let quarantineSteps: [Step] = (1...quarantineLimit).map {
+        Step(label: "crasher segv (\($0) of \(quarantineLimit))", extensionID: "com.example.crasher", input: "segv", isFault: true)
+    } + [Step(label: "crasher echo, quarantined", extensionID: "com.example.crasher", input: "echo")]
+
     static let usage = """
         usage: sdk-host demo [--config PATH]
-          Runs echo, every crash fault, a hang, a cancel and the sandbox escapes through an embedded host and prints
-          what happened to each request. --config (or $SDKHOST_CONFIG) gives the extension paths and limits.
+          Runs echo, every crash fault, a deadline, an app's cancel and the sandbox escapes through an embedded
+          host, then a crash loop into quarantine on a second host, and prints what happened to each request.
+          --config (or $SDKHOST_CONFIG) gives the extension paths and limits.
         """
+
+    /// The requests of one host, and how to count their callbacks.
+    struct Run {
+        var ids: [RequestID] = []
+        var waiters: [OutcomeWaiter] = []
+        func count(_ id: RequestID) -> Int { waiters.reduce(0) { $0 + $1.callbackCount(id) } }
+        var exactlyOnce: Bool {
+            let answered = waiters.reduce(Set<RequestID>()) { $0.union($1.idsWithCallbacks) }
+            return ids.allSatisfy { count($0) == 1 } && answered == Set(ids)
+        }
+        var violations: [String] { ids.filter { count($0) != 1 }.map { "\($0): \(count($0)) callbacks" } }
+    }
 
     static func run(_ arguments: [String]) {
         let options = Options(arguments, valued: ["--config"], boolean: [], usage: usage)
         if let extra = options.positionals.first { fail("unexpected argument '\(extra)'\n\(usage)", status: ExitStatus.usage) }
         EmbeddedHost.configure(from: options)
-        // The table reports every outcome; the host's own log lines would only interleave with it.
-        let host = EmbeddedHost.make { $0.logHandler = { _, _ in } }
-        var extensions: [String: (ext: Extension, waiter: OutcomeWaiter)] = [:]
+        let began = monotonicMs()
+        // The table reports every outcome; the host's own log lines would only interleave with it. The demo
+        // crashes the Crasher more often than its restart limit allows: that limit is shown on a host of its own.
+        let host = EmbeddedHost.make {
+            $0.logHandler = { _, _ in }
+            $0.defaultPolicy.restartLimitBurst = 1000
+        }
         print("sdk-host demo: an embedded host runs the bundled extensions in real worker processes.")
         print("Extensions found: \(host.extensionIdentifiers.joined(separator: ", "))\n")
         print(row("#", "request", "outcome", "detail", "pid", "ms"))
-        var ids: [RequestID] = []
+        let main = runSteps(steps, on: host, numberedFrom: 1)
+        let (statistics, crashes, workers) = inspect(host)
+        stop(host)
+
+        print("\nQuarantine: a second host whose restart limit is \(quarantineLimit) crashes in 10 s.")
+        let strict = EmbeddedHost.make {
+            $0.logHandler = { _, _ in }
+            $0.defaultPolicy.restartLimitBurst = quarantineLimit
+            $0.defaultPolicy.quarantineSeconds = 10
+        }
+        let quarantine = runSteps(quarantineSteps, on: strict, numberedFrom: steps.count + 1)
+        let crasher = status(of: "com.example.crasher", on: strict)
+        if let crasher {
+            let retry = crasher.retryInSeconds.map { " in \(format1($0)) s" } ?? ""
+            print("    com.example.crasher is \(crasher.state): \(crasher.crashCount) crashes; it is tried again\(retry), "
+                + "and the wait doubles at each new quarantine, up to 5 min.")
+        }
+        stop(strict)
+
+        let faults = (steps + quarantineSteps).filter(\.isFault).count
+        let total = main.ids.count + quarantine.ids.count
+        print("")
+        print("Workers spawned: \(statistics.spawns); crash reports recorded: \(crashes.count).")
+        let layers = workers.first?.sandboxLayers ?? []
+        print("Workers run sandboxed (Sandbox = strict): " + (layers.isEmpty ? "no layers reported" : layers.joined(separator: ", ")) + ".")
+        if let range = crashes.first(where: { $0.stderrTail.contains("Index out of range") }) {
+            print("  e.g. pid \(range.pid) (\(range.reason)): \"\(range.stderrTail.split(separator: "\n").first ?? "")\"")
+        }
+        guard main.exactlyOnce && quarantine.exactlyOnce, crasher?.state == .quarantined else {
+            fail("demo: " + (main.violations + quarantine.violations).joined(separator: "; ")
+                + (crasher?.state == .quarantined ? "" : " the Crasher was not quarantined"))
+        }
+        print("The host survived \(faults) faults; every one of \(total) requests ended exactly once "
+            + "(\(format1((monotonicMs() - began) / 1000)) s).")
+    }
+
+    /// Runs `steps` on `host` in order, each to its one callback, printing a row for each.
+    static func runSteps(_ steps: [Step], on host: ExtensionHost, numberedFrom first: Int) -> Run {
+        var run = Run()
+        var extensions: [String: (ext: Extension, waiter: OutcomeWaiter)] = [:]
         for (n, step) in steps.enumerated() {
             let ext: Extension, waiter: OutcomeWaiter
             if let cached = extensions[step.extensionID] {
@@ -65,6 +129,7 @@ enum DemoCommand {
                 }
                 waiter = OutcomeWaiter(attachingTo: ext)
                 extensions[step.extensionID] = (ext, waiter)
+                run.waiters.append(waiter)
             }
             let pid = Mutex<pid_t?>(nil)
             let assigned = DispatchSemaphore(value: 0)
@@ -75,26 +140,26 @@ enum DemoCommand {
                     pid.withLock { $0 = p }
                     assigned.signal()
                 })
-            ids.append(id)
+            run.ids.append(id)
             if let delay = step.cancelAfterMs {
                 _ = assigned.wait(timeout: .now() + 10)
                 usleep(UInt32(delay) * 1000)
                 ext.cancelRequest(id)
             }
             guard let result = waiter.wait(for: id, timeout: 30) else {
-                fail("demo: request \(n + 1) (\(step.label)) got no callback within 30 s")
+                fail("demo: request \(first + n) (\(step.label)) got no callback within 30 s")
             }
             let elapsed = monotonicMs() - start
             let (outcome, detail) = describe(result)
             let pidText = pid.withLock { $0 }.map(String.init) ?? "-"
-            print(row("\(n + 1)", step.label, outcome, detail, pidText, String(format1(elapsed))))
+            print(row("\(first + n)", step.label, outcome, detail, pidText, String(format1(elapsed))))
         }
-        // Give stray duplicate callbacks (there must be none) time to show up before counting.
-        usleep(300_000)
-        let waiters = extensions.values.map(\.waiter)
-        func count(_ id: RequestID) -> Int { waiters.reduce(0) { $0 + $1.callbackCount(id) } }
-        let answered = waiters.reduce(Set<RequestID>()) { $0.union($1.idsWithCallbacks) }
-        let exactlyOnce = ids.allSatisfy { count($0) == 1 } && answered == Set(ids)
+        // Give stray duplicate callbacks (there must be none) time to show up before they are counted.
+        usleep(200_000)
+        return run
+    }
+
+    static func inspect(_ host: ExtensionHost) -> (HostStatistics, [CrashReport], [WorkerSnapshot]) {
         let stats = Mutex<(HostStatistics, [CrashReport], [WorkerSnapshot])?>(nil)
         let inspected = DispatchSemaphore(value: 0)
         host.inspect { s, crashes, workers in
@@ -102,24 +167,25 @@ enum DemoCommand {
             inspected.signal()
         }
         inspected.wait()
-        let (statistics, crashes, workers) = stats.withLock { $0 }!
-        let faults = steps.filter(\.isFault).count
-        print("")
-        print("Workers spawned: \(statistics.spawns); crash reports recorded: \(crashes.count).")
-        let layers = workers.first?.sandboxLayers ?? []
-        print("Workers run sandboxed (Sandbox = strict): " + (layers.isEmpty ? "no layers reported" : layers.joined(separator: ", ")) + ".")
-        if let range = crashes.first(where: { $0.stderrTail.contains("Index out of range") }) {
-            print("  e.g. pid \(range.pid) (\(range.reason)): \"\(range.stderrTail.split(separator: "\n").first ?? "")\"")
+        return stats.withLock { $0 }!
+    }
+
+    static func status(of identifier: String, on host: ExtensionHost) -> ExtensionStatus? {
+        let result = Mutex<ExtensionStatus?>(nil)
+        let done = DispatchSemaphore(value: 0)
+        Task {
+            let status = await host.status()?.extensions.first { $0.identifier == identifier }
+            result.withLock { $0 = status }
+            done.signal()
         }
+        done.wait()
+        return result.withLock { $0 }
+    }
+
+    static func stop(_ host: ExtensionHost) {
         let shutdown = DispatchSemaphore(value: 0)
         host.shutdown { shutdown.signal() }
         shutdown.wait()
-        if exactlyOnce {
-            print("The host survived \(faults) faults; every one of \(ids.count) requests ended exactly once.")
-        } else {
-            let wrong = ids.filter { count($0) != 1 }.map { "\($0): \(count($0)) callbacks" }
-            fail("demo: exactly-once violated: \(wrong.joined(separator: "; "))")
-        }
     }
 
     /// The outcome column and its detail.

@@ -34,8 +34,9 @@ let usage = """
       0  success; for request: completed
       1  failure at run time: no daemon answering, no outcome in time, doctor found a layer missing, I/O error
       2  usage or configuration error: bad option or value, bad configuration key or manifest, unknown extension
-      3  request cancelled (by the extension, or by the host: deadline, --timeout)
-      4  request interrupted (the worker crashed, hung or broke the protocol; the daemon went away)
+      3  request cancelled (by the extension, or by the app)
+      4  request interrupted: the worker crashed, stopped answering (hang) or broke the protocol, the request's
+         deadline (--timeout) passed (timed out), the extension is quarantined, or the daemon went away
 
     environment:
       SDKHOST_CONFIG       configuration file when --config is not given and ./config/sdk-host.plist is absent

@@ -63,6 +63,30 @@ import Glibc
         #expect(lines.count == 5, "\(lines)")
     }
 
+    /// The first thing a newcomer runs: every row shows its own fault's outcome (none is cut short by a
+    /// quarantine), quarantine is a step of its own, and every request ends exactly once.
+    @Test func theDemoShowsEveryFaultsOwnOutcomeAndQuarantineApart() async throws {
+        let (status, out, err) = try await run(["demo"])
+        #expect(status == 0, "\(out)\(err)")
+        let rows = out.split(separator: "\n").map(String.init)
+        func row(_ label: String) -> String { rows.first { $0.dropFirst(3).hasPrefix(label + " ") } ?? "no row '\(label)'" }
+        let expected: [(String, String)] = [
+            ("crasher segv", "interrupted  signal 11 (SIGSEGV)"), ("crasher abort", "interrupted  signal 6 (SIGABRT)"),
+            ("crasher exit", "interrupted  exit 7"), ("crasher kill", "interrupted  signal 9 (SIGKILL)"),
+            ("crasher garbage", "interrupted  protocol: bad frame"), ("crasher cancel", "cancelled"),
+            ("crasher double", "completed    first"), ("crasher hang, 1 s deadline", "interrupted  timed out"),
+            ("app cancels slow:5000", "cancelled"), ("echo again", "completed    still here"),
+            ("crasher echo, quarantined", "interrupted  quarantined"),
+        ]
+        for (label, outcome) in expected {
+            #expect(row(label).contains(outcome), "\(label): \(row(label))")
+        }
+        // Quarantine shows only where the demo asks for it, with when it is tried again.
+        #expect(rows.filter { $0.contains("quarantined") && !$0.contains("crasher echo, quarantined") }.count == 1, "\(out)")
+        #expect(out.contains("com.example.crasher is quarantined: 3 crashes; it is tried again in"), "\(out)")
+        #expect(out.contains("every one of 25 requests ended exactly once"), "\(out)")
+    }
+
     @Test func requestExitStatuses() async throws {
         let (completed, out, _) = try await run(["request", "com.example.echo", "--embedded", "--text", "hi"])
         #expect(completed == 0)
