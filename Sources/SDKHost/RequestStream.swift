@@ -33,6 +33,11 @@ final class StreamFeed: Sendable {
         if state.withLock({ $0.outcome == nil }) { backend.cancel(id) }
     }
 
+    /// `RequestStream.cancel()`: the host ends the request (a no-op once it has ended).
+    func cancel() {
+        if state.withLock({ $0.outcome == nil }) { backend.cancel(id) }
+    }
+
     /// A partial result (loop thread).
     func push(_ items: [ExtensionItem]) {
         let waiters = state.withLock { s in
@@ -109,23 +114,58 @@ final class StreamFeed: Sendable {
     }
 }
 
+/// A streamed request's results (`Extension.stream`): its partial results in order, then the items it completes
+/// with (unless there are none), then the end; or the failure it ended with.
+///
+/// The request is cancelled when you call `cancel()`, when the Task reading it is cancelled, or when the stream
+/// and every iterator of it are released before the end. Swift gives no promise of when that is: a variable
+/// holding the stream lives to the end of its scope, and in top-level code (`main.swift`) that scope is the
+/// whole program. So when you stop reading early and the request should not run on, call `cancel()`:
+///
+///     let results = ext.stream([ExtensionItem(title: "render")])
+///     for try await batch in results {
+///         if isEnough(batch) { break }
+///     }
+///     results.cancel()  // no-op if the request has ended already
+public struct RequestStream: AsyncSequence, Sendable {
+    public typealias Element = [ExtensionItem]
+    public typealias Failure = any Error
+
+    let feed: StreamFeed
+
+    /// The request's id (as `beginRequest` returns it).
+    public var id: RequestID { feed.id }
+
+    /// Cancels the request unless it has ended. Its stream then ends: with `RequestFailure.cancelled`
+    /// (`ExtensionError.cancelledByHost`), or with the outcome that arrived first.
+    public func cancel() { feed.cancel() }
+
+    public func makeAsyncIterator() -> Iterator { Iterator(feed: feed) }
+
+    /// Hands out the stream's batches; see `RequestStream`.
+    public struct Iterator: AsyncIteratorProtocol {
+        let feed: StreamFeed
+
+        public mutating func next() async throws -> [ExtensionItem]? { try await feed.next() }
+    }
+}
+
 extension Extension {
     /// Starts a request and returns its results as they come: each partial result the extension sends
     /// (`context.send`), in order, then the items it completes with (unless there are none), then the end. Every
     /// partial result comes before the end, never after.
     ///
-    /// The extension is slowed to the pace you read at: it may run at most 16 partial results ahead. Cancelling
-    /// the reading Task, or dropping the stream before its end, cancels the request.
+    /// The extension is slowed to the pace you read at: it may run at most 16 partial results ahead. Calling
+    /// `cancel()` on the stream, cancelling the reading Task, or releasing the stream before its end cancels the
+    /// request (see `RequestStream` for top-level code).
     ///
     /// - Parameters:
     ///   - items: The input items.
     ///   - deadline: As for `beginRequest`.
-    /// - Returns: A stream that throws `RequestFailure.cancelled` when the extension cancels,
-    ///   `RequestFailure.interrupted` when the request is interrupted (after the partial results that arrived
-    ///   first), and `CancellationError` when the reading Task is cancelled.
-    public func stream(_ items: [ExtensionItem], deadline: Duration? = nil)
-        -> AsyncThrowingStream<[ExtensionItem], any Error>
-    {
+    /// - Returns: A stream that throws `RequestFailure.cancelled` when the request is cancelled (by the
+    ///   extension, or by `cancel()`), `RequestFailure.interrupted` when it is interrupted (after the partial
+    ///   results that arrived first), and `CancellationError` when the reading Task is cancelled.
+    public func stream(_ items: [ExtensionItem], deadline: Duration? = nil) -> RequestStream {
         let id = RequestID()
         let feed = StreamFeed(id: id, backend: host.backend)
         let backend = host.backend
@@ -137,7 +177,7 @@ extension Extension {
             progress: { [weak feed] batch in
                 if let feed { feed.push(batch) } else { backend.credit(id, 1) }
             })
-        return AsyncThrowingStream(unfolding: { try await feed.next() })
+        return RequestStream(feed: feed)
     }
 
     /// Runs one request like `perform(_:deadline:)`, calling `progress` with each partial result the extension

@@ -46,6 +46,7 @@ import Glibc
         let text = readSmallFile(out) ?? ""
         #expect(status == 0, "\(text)")
         #expect(text.contains("greeter: Bonjour, Ada!") && text.contains("greeter: Bonjour, Grace!"), "\(text)")
+        #expect(text.contains("greeter stream: 1\ngreeter stream: cancelled after 1 result"), "\(text)")
         for attempt in ["shadow", "host-environ", "host-mem", "signal-host", "fork", "tcp:", "create:", "read:", "unix:",
                         "shared-memory"] {
             #expect(text.contains("snoop \(attempt)") && !text.contains("NOT STOPPED"), "\(attempt): \(text)")

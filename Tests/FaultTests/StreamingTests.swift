@@ -133,6 +133,22 @@ extension FaultTests {
                     let (stats, _, _) = await host.inspect()
                     return stats.cancellations == 1
                 })
+                // cancel(): the stream, still held and read, ends with the cancellation (top-level code's way).
+                let held = ticker.stream([ExtensionItem(text: "100000:1")])
+                var taken = 0
+                do {
+                    for try await _ in held {
+                        taken += 1
+                        if taken == 2 { held.cancel() }
+                    }
+                    Issue.record("the stream ended without its cancellation")
+                } catch RequestFailure.cancelled(let error) {
+                    #expect(error == .cancelledByHost)
+                }
+                #expect(taken >= 2 && taken < 100000, "\(taken)")
+                held.cancel()  // once ended: nothing happens
+                let (stats, _, _) = await host.inspect()
+                #expect(stats.cancellations == 2)
             }
         }
 

@@ -62,6 +62,29 @@ do {
     for reply in replies { print("greeter: \(reply.title ?? "")") }
     ok = ok && replies.count == names.count
 
+    // A stream read from top-level code, left after its first result: `cancel()` ends the request (the loop's
+    // iterator may live as long as the program here, so dropping it is not enough).
+    let counting = greeter.stream([ExtensionItem(title: "count:50")])
+    var taken = 0
+    for try await batch in counting {
+        taken += 1
+        print("greeter stream: \(batch.first?.title ?? "")")
+        break
+    }
+    counting.cancel()
+    // Ended within a few of the worker's 100 ms steps, not after its 5 s of counting.
+    var cancelled = false
+    for _ in 0..<40 {
+        let status = await host.status()?.extensions.first { $0.identifier == "com.example.greeter" }
+        if let status, status.cancellations >= 1 {
+            cancelled = true
+            break
+        }
+        try await Task.sleep(nanoseconds: 50_000_000)
+    }
+    print("greeter stream: " + (cancelled ? "cancelled after \(taken) result" : "NOT CANCELLED within 2 s"))
+    ok = ok && cancelled
+
     let snoop = try host.extension(identifier: "com.example.snoop")
     let listener = loopbackListener()
     var scratch = "/tmp/greeter-app-XXXXXX".utf8CString

@@ -51,6 +51,19 @@ public struct GreeterHandler: RequestHandler {
     public init() {}
 
     public func beginRequest(with context: ExtensionContext) {
+        // "count:N" streams "1", "2", … N, one every 100 ms, then completes; a host cancel ends it at the next step.
+        if let spec = context.inputItems.first?.title, spec.hasPrefix("count:"), let n = Int(spec.dropFirst(6)) {
+            for i in 1...max(1, min(n, 1000)) {
+                usleep(100_000)
+                if !context.send([ExtensionItem(title: "\(i)")]) { break }
+            }
+            if context.isCancelled {
+                context.cancelRequest(withError: .cancelledByHost)
+            } else {
+                context.completeRequest(returningItems: [ExtensionItem(title: "counted \(n)")])
+            }
+            return
+        }
         let helper = GreetingDelegate(greeting: greeting)
         let replies = context.inputItems.map { ExtensionItem(title: helper.formatter.greet($0.title ?? "stranger")) }
         context.completeRequest(returningItems: replies)
