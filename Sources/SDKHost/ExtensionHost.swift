@@ -86,7 +86,7 @@ public final class ExtensionHost: Sendable {
         backend.shutdown(completion: completion)
     }
 
-    /// The host's status: per extension its requests and their outcomes, latency, hangs, crash-loop state and
+    /// The host's status: per extension its requests and their outcomes, latency, slow requests, crash-loop state and
     /// workers; the same figures as `sdk-host status --json`. Through the daemon, the daemon's status (nil if it
     /// cannot be reached).
     public func status() async -> HostStatus? {

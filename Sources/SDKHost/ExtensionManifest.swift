@@ -18,7 +18,8 @@
 //       RestartLimitBurst         integer 1...1000 (5)
 //       RestartLimitIntervalSeconds number 0.1...3600 (10)
 //       QuarantineSeconds         number 0.1...300 (10)
-//       HangThresholdMilliseconds integer 1...3600000 (250)
+//       SlowRequestThresholdMilliseconds integer 1...3600000 (250): a longer request is reported as slow
+//                                 (HangThresholdMilliseconds, its old name, is still read)
 //       MinWarmWorkers            integer 0...MaxWorkers (0)
 //       MaxRequestsPerWorker      integer >= 1 (no limit)
 //       MaxWorkerRSSMB            integer 16...65536 (no limit)
@@ -123,7 +124,7 @@ extension ExtensionPolicy {
     static let keys: Set<String> = [
         "MaxConcurrentRequests", "MaxWorkers", "IdleTimeoutSeconds", "RequestDeadlineSeconds", "MemoryLimitMB",
         "NetworkAllowed", "AllowSubprocesses", "ReadablePaths", "WritablePaths", "Sandbox",
-        "RestartLimitBurst", "RestartLimitIntervalSeconds", "QuarantineSeconds", "HangThresholdMilliseconds",
+        "RestartLimitBurst", "RestartLimitIntervalSeconds", "QuarantineSeconds", "SlowRequestThresholdMilliseconds", "HangThresholdMilliseconds",
         "MinWarmWorkers", "MaxRequestsPerWorker", "MaxWorkerRSSMB", "WorkerSharing", "Environment",
         "LeakCheckDelaySeconds", "TempSizeMB", "MaxThreads", "ExecutableSHA256",
     ]
@@ -151,7 +152,13 @@ extension ExtensionPolicy {
         guard restartLimitInterval <= 3600 else { throw p.fail("RestartLimitIntervalSeconds", "at most 3600") }
         quarantineSeconds = try p.seconds("QuarantineSeconds", minimum: 0.1) ?? quarantineSeconds
         guard quarantineSeconds <= 300 else { throw p.fail("QuarantineSeconds", "at most 300") }
-        if let ms = try p.integer("HangThresholdMilliseconds", in: 1...3_600_000) { hangThreshold = Double(ms) / 1000 }
+        // A slow request is reported, not ended: "hang" is a worker that stops answering its heartbeat.
+        if p.entries["SlowRequestThresholdMilliseconds"] != nil, p.entries["HangThresholdMilliseconds"] != nil {
+            throw p.fail("HangThresholdMilliseconds", "is the old name of SlowRequestThresholdMilliseconds; give one")
+        }
+        for key in ["SlowRequestThresholdMilliseconds", "HangThresholdMilliseconds"] {
+            if let ms = try p.integer(key, in: 1...3_600_000) { slowRequestThreshold = Double(ms) / 1000 }
+        }
         maxRequestsPerWorker = try p.integer("MaxRequestsPerWorker", in: 1...Int(Int32.max)) ?? maxRequestsPerWorker
         maxWorkerRSSMB = try p.integer("MaxWorkerRSSMB", in: 16...65536) ?? maxWorkerRSSMB
         if let mode = try p.string("WorkerSharing") {

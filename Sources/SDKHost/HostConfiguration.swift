@@ -46,9 +46,9 @@ public struct ExtensionPolicy: Sendable, Equatable {
     /// The first quarantine, in seconds; each further one doubles it, up to 300. Manifest key
     /// `QuarantineSeconds`.
     public var quarantineSeconds: Double = 10
-    /// A request running longer than this is recorded as a hang (a report; it is not ended for it), in
-    /// seconds. Manifest key `HangThresholdMilliseconds`.
-    public var hangThreshold: Double = 0.25
+    /// A request running longer than this is reported as slow (a report; it is not ended for it), in
+    /// seconds. Manifest key `SlowRequestThresholdMilliseconds`.
+    public var slowRequestThreshold: Double = 0.25
     /// Workers kept started and handshaken even with no request. Manifest key `MinWarmWorkers`.
     public var minWarmWorkers = 0
     /// A worker that has been sent this many requests takes no more, finishes them and exits; nil for no

@@ -100,9 +100,9 @@ struct ExtensionActivity {
     var requests = 0
     var interruptionsByKind: [String: Int] = [:]
     var latency = LatencyHistogram()
-    /// Requests that ran past `HangThresholdMilliseconds`, and how long they ran in all.
-    var hangs = 0
-    var hungNanoseconds: UInt64 = 0
+    /// Requests that ran past `SlowRequestThresholdMilliseconds`, and how long they ran in all.
+    var slowRequests = 0
+    var slowNanoseconds: UInt64 = 0
     var recycles = 0
     var quarantines = 0
 }
@@ -204,7 +204,7 @@ extension HostEngine {
     /// extension's `tally`.
     func recordActivity(_ record: RequestRecord, _ outcome: RequestOutcome, in tally: ExtensionTally) {
         let elapsed = loop.now &- record.startedAt
-        let threshold = record.hangThreshold
+        let threshold = record.slowRequestThreshold
         // Mutated in place in the tally (a class): a copy of the histogram per request would cost more than the
         // rest of this function.
         switch outcome {
@@ -213,8 +213,8 @@ extension HostEngine {
         case .interrupted(let reason): tally.activity.interruptionsByKind[reason.kind, default: 0] += 1
         }
         if elapsed > threshold {
-            tally.activity.hangs += 1
-            tally.activity.hungNanoseconds &+= elapsed
+            tally.activity.slowRequests += 1
+            tally.activity.slowNanoseconds &+= elapsed
             log(.info, "\(record.extensionID): request \(record.id) ran \(Double(elapsed) / 1e6) ms (hang threshold "
                 + "\(Double(threshold) / 1e6) ms)")
         }

@@ -359,7 +359,10 @@ extension HostEngine {
             log(.info, "\(worker.extensionID): worker pid \(worker.pid) exited (\(statusText))")
         }
         settlePid(worker)
-        emit(.exited, worker, reason: crashed ? reason : nil, detail: statusText)
+        // The reason says how it died; the status is detail only when it adds something (a kill for a deadline
+        // says "timed out", its status "signal 9").
+        let detail = crashed && reason.description == statusText ? nil : statusText
+        emit(.exited, worker, reason: crashed ? reason : nil, detail: detail)
         // After the requests' outcomes are on their way: removing a folder is an opendir, a read and an rmdir
         // (~0.1 ms on this VM's ext4), and the app waits for none of it. A worker still exiting keeps it until
         // it is reaped.

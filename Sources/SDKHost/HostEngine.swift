@@ -242,7 +242,7 @@ package final class HostEngine: @unchecked Sendable {
         requests[record.id] = record
         record.startedAt = loop.now
         record.poolKey = poolKey(manifest, app: record.app)
-        if let manifest { record.hangThreshold = nanoseconds(manifest.policy.hangThreshold) }
+        if let manifest { record.slowRequestThreshold = nanoseconds(manifest.policy.slowRequestThreshold) }
         let tally = tally(record.extensionID)
         record.tally = tally
         count(tally, \.requests)

@@ -52,10 +52,10 @@ public struct ExtensionStatus: Sendable, Equatable {
     /// Latency of completed requests, in milliseconds (nil before the first).
     public var latencyP50Milliseconds: Double?
     public var latencyP99Milliseconds: Double?
-    /// Requests that ran longer than `HangThresholdMilliseconds`, per 1000 requests, and their total time.
-    public var hangs: Int
-    public var hangRatePer1000: Double
-    public var hungSeconds: Double
+    /// Requests that ran longer than `SlowRequestThresholdMilliseconds`, per 1000 requests, and their total time.
+    public var slowRequests: Int
+    public var slowRequestsPer1000: Double
+    public var slowRequestSeconds: Double
     /// Workers that did not end cleanly; killed as hung; requests past their deadline; ended `overloaded`.
     public var crashes: Int
     public var hangKills: Int
@@ -135,8 +135,8 @@ extension HostEngine {
                 interruptions: c.interruptions, interruptionsByReason: a.interruptionsByKind,
                 latencyP50Milliseconds: a.latency.percentile(0.5).map { $0 * 1000 },
                 latencyP99Milliseconds: a.latency.percentile(0.99).map { $0 * 1000 },
-                hangs: a.hangs, hangRatePer1000: c.requests > 0 ? Double(a.hangs) * 1000 / Double(c.requests) : 0,
-                hungSeconds: Double(a.hungNanoseconds) / 1e9, crashes: c.crashes, hangKills: c.hangKills,
+                slowRequests: a.slowRequests, slowRequestsPer1000: c.requests > 0 ? Double(a.slowRequests) * 1000 / Double(c.requests) : 0,
+                slowRequestSeconds: Double(a.slowNanoseconds) / 1e9, crashes: c.crashes, hangKills: c.hangKills,
                 timeouts: c.timeouts, overloads: c.overloads, protocolViolations: c.protocolViolations,
                 spawns: c.spawns, recycles: a.recycles, quarantines: a.quarantines, leaks: c.leaks, pools: poolStates,
                 workers: workerStates)
@@ -181,7 +181,7 @@ extension HostStatus {
 }
 
 extension ExtensionStatus {
-    static let counterKeys = ["requests", "completions", "cancellations", "interruptions", "hangs", "crashes",
+    static let counterKeys = ["requests", "completions", "cancellations", "interruptions", "slowRequests", "crashes",
                               "hangKills", "timeouts", "overloads", "protocolViolations", "spawns", "recycles",
                               "quarantines", "leaks"]
 
@@ -191,7 +191,7 @@ extension ExtensionStatus {
         case "completions": completions
         case "cancellations": cancellations
         case "interruptions": interruptions
-        case "hangs": hangs
+        case "slowRequests": slowRequests
         case "crashes": crashes
         case "hangKills": hangKills
         case "timeouts": timeouts
@@ -212,8 +212,8 @@ extension ExtensionStatus {
         if let retryInSeconds { d["retryInSeconds"] = .real(retryInSeconds) }
         if let latencyP50Milliseconds { d["latencyP50Ms"] = .real(latencyP50Milliseconds) }
         if let latencyP99Milliseconds { d["latencyP99Ms"] = .real(latencyP99Milliseconds) }
-        d["hangRatePer1000"] = .real(hangRatePer1000)
-        d["hungSeconds"] = .real(hungSeconds)
+        d["slowRequestsPer1000"] = .real(slowRequestsPer1000)
+        d["slowRequestSeconds"] = .real(slowRequestSeconds)
         d["interruptionsByReason"] = .dictionary(interruptionsByReason.mapValues { .integer(Int64($0)) })
         d["pools"] = .array(pools.map { p in
             var e: [String: PlistValue] = ["state": .string(p.state.rawValue), "crashCount": .integer(Int64(p.crashCount)),
@@ -244,8 +244,8 @@ extension ExtensionStatus {
             retryInSeconds: e["retryInSeconds"]?.doubleValue, requests: int("requests"), completions: int("completions"),
             cancellations: int("cancellations"), interruptions: int("interruptions"), interruptionsByReason: byReason,
             latencyP50Milliseconds: e["latencyP50Ms"]?.doubleValue, latencyP99Milliseconds: e["latencyP99Ms"]?.doubleValue,
-            hangs: int("hangs"), hangRatePer1000: e["hangRatePer1000"]?.doubleValue ?? 0,
-            hungSeconds: e["hungSeconds"]?.doubleValue ?? 0, crashes: int("crashes"), hangKills: int("hangKills"),
+            slowRequests: int("slowRequests"), slowRequestsPer1000: e["slowRequestsPer1000"]?.doubleValue ?? 0,
+            slowRequestSeconds: e["slowRequestSeconds"]?.doubleValue ?? 0, crashes: int("crashes"), hangKills: int("hangKills"),
             timeouts: int("timeouts"), overloads: int("overloads"), protocolViolations: int("protocolViolations"),
             spawns: int("spawns"), recycles: int("recycles"), quarantines: int("quarantines"), leaks: int("leaks"),
             pools: (e["pools"]?.arrayValue ?? []).map { p in

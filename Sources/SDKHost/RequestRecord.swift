@@ -42,8 +42,8 @@ final class RequestRecord {
     var startedAt: UInt64 = 0
     /// Its extension's counters (set when it starts).
     var tally: ExtensionTally?
-    /// Its extension's `HangThresholdMilliseconds`, in nanoseconds.
-    var hangThreshold: UInt64 = .max
+    /// Its extension's `SlowRequestThresholdMilliseconds`, in nanoseconds.
+    var slowRequestThreshold: UInt64 = .max
     /// Times it went back to the queue because its worker died before its handshake.
     var requeues = 0
     var worker: WorkerProcess?

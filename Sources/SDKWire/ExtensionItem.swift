@@ -118,7 +118,7 @@ private let distinctKey = RequestID()
 private let distinctCounter = Atomic<UInt64>(0)
 
 /// One unit of input or output, modelled on NSExtensionItem.
-public struct ExtensionItem: Equatable, Sendable {
+public struct ExtensionItem: Equatable, Sendable, CustomStringConvertible {
     /// A short title.
     public var title: String?
     /// The item's text content (NSExtensionItem's `attributedContentText`, as plain text).
@@ -140,6 +140,21 @@ public struct ExtensionItem: Equatable, Sendable {
         self.attachments = attachments
         self.userInfo = userInfo
         self.fileAttachments = fileAttachments
+    }
+
+    /// `ExtensionItem(title: "hi", text: "…", attachments: 2 values, files: 1, userInfo: [keys])`: what it holds,
+    /// with long text cut and file attachments counted, not read.
+    public var description: String {
+        func quoted(_ s: String) -> String { "\"" + (s.count > 60 ? String(s.prefix(59)) + "…" : s) + "\"" }
+        var parts: [String] = []
+        if let title { parts.append("title: " + quoted(title)) }
+        if let text { parts.append("text: " + quoted(text)) }
+        if !attachments.isEmpty { parts.append("attachments: \(attachments.count) value\(attachments.count == 1 ? "" : "s")") }
+        if !fileAttachments.isEmpty {
+            parts.append("files: " + fileAttachments.map { "\($0.size) bytes" }.joined(separator: ", "))
+        }
+        if !userInfo.isEmpty { parts.append("userInfo: [" + userInfo.keys.sorted().joined(separator: ", ") + "]") }
+        return "ExtensionItem(" + parts.joined(separator: ", ") + ")"
     }
 
     /// An item that carries `value` as its one attachment, encoded with `PlistValueEncoder`.

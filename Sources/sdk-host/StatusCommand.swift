@@ -6,7 +6,15 @@ import Glibc
 #endif
 
 enum StatusCommand {
-    static let usage = "usage: sdk-host status [--json] [--socket PATH] [--config PATH]"
+    static let usage = """
+        usage: sdk-host status [--json] [--socket PATH] [--config PATH]
+          The daemon's extensions (state, requests and their outcomes, latency, slow requests, crashes), its pools
+          in quarantine, and its workers with their sandbox layers. A uid other than root and the daemon's sees
+          only its own apps' workers.
+          --json          every field as JSON
+          --socket PATH   the daemon's socket (default: the configuration's SocketPath)
+          --config PATH   the configuration to read the socket from
+        """
 
     static func run(_ arguments: [String]) -> Never {
         let options = Options(arguments, valued: ["--config", "--socket"], boolean: ["--json"], usage: usage)
@@ -25,18 +33,19 @@ enum StatusCommand {
         let status = HostStatus(plist: report)
         print("daemon pid \(status.pid), up \(Int(status.uptimeSeconds)) s, socket \(socket), "
             + "\(status.activeRequests) request(s) active, \(status.queuedRequests) queued")
-        print(pad("extension", 24) + pad("state", 13) + pad("req", 7) + pad("done", 7) + pad("cancel", 7) + pad("intr", 7)
-            + pad("p50 ms", 9) + pad("p99 ms", 9) + pad("hangs", 7) + pad("/1000", 7) + pad("crash", 7) + "workers")
-        for ext in status.extensions {
+        // Each column as wide as its widest cell.
+        let header = ["extension", "state", "req", "done", "cancel", "intr", "p50 ms", "p99 ms", "slow", "/1000", "crash", "workers"]
+        let rows = status.extensions.map { ext -> [String] in
             var state = ext.state.rawValue
             if let retry = ext.retryInSeconds { state += " \(Int(retry.rounded(.up)))s" }
-            let p50 = ext.latencyP50Milliseconds.map { format($0) } ?? "-"
-            let p99 = ext.latencyP99Milliseconds.map { format($0) } ?? "-"
-            var line = pad(ext.identifier, 24) + pad(state, 13) + pad(String(ext.requests), 7)
-            line += pad(String(ext.completions), 7) + pad(String(ext.cancellations), 7) + pad(String(ext.interruptions), 7)
-            line += pad(p50, 9) + pad(p99, 9) + pad(String(ext.hangs), 7) + pad(format(ext.hangRatePer1000), 7)
-            line += pad(String(ext.crashes), 7) + String(ext.workers.count)
-            print(line)
+            return [ext.identifier, state, String(ext.requests), String(ext.completions), String(ext.cancellations),
+                    String(ext.interruptions), ext.latencyP50Milliseconds.map { format($0) } ?? "-",
+                    ext.latencyP99Milliseconds.map { format($0) } ?? "-", String(ext.slowRequests), format(ext.slowRequestsPer1000),
+                    String(ext.crashes), String(ext.workers.count)]
+        }
+        let widths = header.indices.map { column in ([header] + rows).map { $0[column].count }.max() ?? 0 }
+        for cells in [header] + rows {
+            print(cells.enumerated().map { $0.offset == cells.count - 1 ? $0.element : pad($0.element, widths[$0.offset] + 2) }.joined())
         }
         for ext in status.extensions {
             if !ext.interruptionsByReason.isEmpty {
@@ -44,7 +53,10 @@ enum StatusCommand {
                     .map { "\($0) \(ext.interruptionsByReason[$0]!)" }.joined(separator: ", "))
             }
             if ext.leaks > 0 { print("\(ext.identifier): \(ext.leaks) leak(s) (contexts or Tasks alive after their request)") }
-            if ext.hangs > 0 { print("\(ext.identifier): \(ext.hangs) hang(s), \(format(ext.hungSeconds)) s hung in all") }
+            if ext.slowRequests > 0 {
+                print("\(ext.identifier): \(ext.slowRequests) slow request(s) (over its HangThresholdMilliseconds), "
+                    + "\(format(ext.slowRequestSeconds)) s over it in all")
+            }
             for pool in ext.pools where pool.state != .running || pool.crashCount > 0 {
                 var line = ext.identifier + (pool.app.map { " (app \($0))" } ?? "")
                 line += ": \(pool.state.rawValue), \(pool.crashCount) recent crash(es)"

@@ -9,7 +9,8 @@ import Glibc
 
 let usage = """
     usage: sdk-host <command> [options]        (sdk-host <command> --help for one command's options)
-      demo [--config P]         run echo, every crash fault and a cancel through an embedded host
+      demo [--config P]         echo, every crash fault, a deadline, a cancel, the sandbox escapes and a
+                                quarantine, through an embedded host
       request <ext-id> [--text S]... [--attach FILE]... [--save DIR] [--stream] [--embedded | --socket P]
               [--app NAME] [--timeout S] [--config P]
                                 one request; prints which host served it, the outcome and the items (and
@@ -25,7 +26,7 @@ let usage = """
       crashes [--leaks] [--json] [--config P] [--dir D]
                                 the crash (or leak) reports the daemon wrote, each with its fatal-error line
       plist encode|decode       XML plist on stdin -> bplist00 on stdout, and back
-      bench [codec|drain] [--json] [--quick] [--config P]
+      bench [codec|cold|daemon|drain|kill|stream|throughput] [--json] [--quick] [--config P] [--peer P]
                                 performance figures next to the raw socketpair round trip (use -c release)
       bench --soak N [--json]   N requests with crashes, cancels and deadlines: RSS, descriptors, threads, slope
       --version                 the version

@@ -20,9 +20,9 @@ struct StatusJSON: Decodable {
         var retryInSeconds: Double?
         var requests: Int
         var completions: Int
-        var hangs: Int
-        var hangRatePer1000: Double
-        var hungSeconds: Double
+        var slowRequests: Int
+        var slowRequestsPer1000: Double
+        var slowRequestSeconds: Double
         var spawns: Int
         var recycles: Int
         var interruptionsByReason: [String: Int]
@@ -123,7 +123,7 @@ struct StatusJSON: Decodable {
         let recycledEntry = try #require(status[recycled.identifier])
         #expect(recycledEntry.completions == 16 && recycledEntry.recycles >= 2, "\(recycledEntry)")
         let crasherEntry = try #require(status["com.example.crasher"])
-        #expect(crasherEntry.hangs >= 1 && crasherEntry.hungSeconds >= 0.4, "\(crasherEntry)")
+        #expect(crasherEntry.slowRequests >= 1 && crasherEntry.slowRequestSeconds >= 0.4, "\(crasherEntry)")
         #expect(crasherEntry.interruptionsByReason["hang"] == 1, "\(crasherEntry.interruptionsByReason)")
         await host.shutdown()
         #expect(await daemon.stop() == 0)

@@ -127,7 +127,7 @@ import Glibc
         let statusPid = spawnProgram([sdkHostBinary, "status", "--json", "--socket", daemon.socket], stdout: json)
         #expect(await waitExit(statusPid) == 0)
         let text = readSmallFile(json) ?? ""
-        #expect(text.contains("\"app\":\"\(getuid())/gamma\"") && text.contains("\"hangRatePer1000\""), "\(text)")
+        #expect(text.contains("\"app\":\"\(getuid())/gamma\"") && text.contains("\"slowRequestsPer1000\""), "\(text)")
         #expect(await waitExit(pid) == 0)
         await host.shutdown()
         #expect(await daemon.stop() == 0)
