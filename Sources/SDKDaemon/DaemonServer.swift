@@ -50,8 +50,8 @@ package final class DaemonServer: @unchecked Sendable {
     /// - Throws: `HostError` for a bad manifest or configuration, or a socket that is in use or cannot be bound.
     package init(configuration: DaemonConfiguration) throws(HostError) {
         var configuration = configuration
-        if configuration.host.logHandler == nil, Systemd.stderrIsJournal() {
-            configuration.host.logHandler = Systemd.journalLogHandler()
+        if configuration.host.logHandler == nil {
+            configuration.host.logHandler = Systemd.stderrIsJournal() ? Systemd.journalLogHandler() : HostConfiguration.standardErrorLog
         }
         let inherited = try Systemd.inheritedListener()
         socketActivated = inherited != nil

@@ -42,7 +42,14 @@ final class DaemonClient: HostBackend, @unchecked Sendable {
     /// The uid the daemon must run as (SO_PEERCRED); nil for this process's uid or root.
     let daemonUID: uid_t?
 
-    init(socketPath: String, reconnectTimeout: Double, daemonUID: uid_t? = nil, appName: String? = nil) throws(HostError) {
+    /// Where the client's own log lines go (a daemon's error message, a reply for a request it no longer has);
+    /// nil logs nothing.
+    let logHandler: (@Sendable (LogLevel, String) -> Void)?
+
+    init(socketPath: String, reconnectTimeout: Double, daemonUID: uid_t? = nil, appName: String? = nil,
+         logHandler: (@Sendable (LogLevel, String) -> Void)? = nil) throws(HostError)
+    {
+        self.logHandler = logHandler
         self.appName = appName ?? currentExecutableName() ?? "app"
         self.socketPath = socketPath
         self.reconnectTimeout = reconnectTimeout
@@ -369,9 +376,10 @@ final class DaemonClient: HostBackend, @unchecked Sendable {
         }
     }
 
+    /// To the app's `logHandler`, on the client's loop thread; never to stderr unless the app asks
+    /// (`HostConfiguration.standardErrorLog`, which does not block).
     private func writeLog(_ message: String) {
-        var line = "sdk-host client: \(message.displaySafe())\n"
-        line.withUTF8 { _ = write(2, $0.baseAddress, $0.count) }
+        logHandler?(.warning, "client: " + message.displaySafe())
     }
 }
 
@@ -388,14 +396,16 @@ extension ExtensionHost {
     ///     others.
     ///   - appName: This app's name, sent to the daemon: requests of one app (this uid and name) share workers
     ///     that no other app's requests reach (`WorkerSharing` perApp). Default: the executable's file name.
+    ///   - logHandler: Where the client's warnings go (an error the daemon sent, a reply for a request it no
+    ///     longer has); nil, the default, logs nothing. `HostConfiguration.standardErrorLog` writes them to stderr.
     /// - Throws: `HostError.Code.daemonUnavailable` if the daemon cannot be reached, refuses this user, cannot be
     ///   trusted (its folder or its uid), or does not answer.
     public static func connect(socketPath: String, reconnectTimeout: Double = 5, daemonUID: uid_t? = nil,
-                               appName: String? = nil)
+                               appName: String? = nil, logHandler: (@Sendable (LogLevel, String) -> Void)? = nil)
         async throws(HostError) -> ExtensionHost
     {
         let client = try DaemonClient(socketPath: socketPath, reconnectTimeout: reconnectTimeout, daemonUID: daemonUID,
-                                      appName: appName)
+                                      appName: appName, logHandler: logHandler)
         let result = await withCheckedContinuation { (continuation: CheckedContinuation<Result<Void, HostError>, Never>) in
             client.waitUntilReady { continuation.resume(returning: $0) }
         }

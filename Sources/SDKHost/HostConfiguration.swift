@@ -101,8 +101,16 @@ public struct HostConfiguration: Sendable {
     public var wireLimits = WireLimits()
     /// Messages below this level are not logged.
     public var logLevel: LogLevel = .warning
-    /// Where log lines go; the default writes "sdk-host: level: message" to stderr.
+    /// Where the host's log lines go (a worker's crash, a protocol violation, a sandbox layer bestEffort left
+    /// out): each message with its level, on the host's own thread, with what a peer wrote escaped. nil, the
+    /// default, logs nothing: an app's stderr is its own. `HostConfiguration.standardErrorLog` writes
+    /// "sdk-host: level: message" lines to stderr (the daemon and the CLI use it).
     public var logHandler: (@Sendable (LogLevel, String) -> Void)?
+    /// A `logHandler` that writes "sdk-host: level: message" lines to stderr, never blocking the host: when
+    /// stderr is not read, lines are dropped and counted.
+    public static let standardErrorLog: @Sendable (LogLevel, String) -> Void = { level, message in
+        LogWriter.standardError.write("sdk-host: \(level): \(message)\n")
+    }
     /// Extra environment variables for workers ("KEY=value"). Workers do not inherit the host's environment.
     public var workerEnvironment: [String] = []
     /// Crash reports kept in memory, and on disk when `crashReportDirectory` is set (the newest win).

@@ -198,15 +198,10 @@ package final class HostEngine: @unchecked Sendable {
 
     /// Logs a line: to the configured handler, else through the bounded stderr writer (never blocking the loop).
     package func log(_ level: LogLevel, _ message: @autoclosure () -> String) {
-        guard level >= configuration.logLevel else { return }
+        guard level >= configuration.logLevel, let handler = configuration.logHandler else { return }
         // A message may quote a peer (a client's bad id, a worker's protocol error): it never reaches a
         // terminal or a log with its control characters live.
-        let text = message().displaySafe()
-        if let handler = configuration.logHandler {
-            handler(level, text)
-        } else {
-            LogWriter.standardError.write("sdk-host: \(level): \(text)\n")
-        }
+        handler(level, message().displaySafe())
     }
 
     // MARK: Requests (loop thread)

@@ -42,6 +42,8 @@ enum EmbeddedHost {
     static func make(logLevel: LogLevel = .warning, tweak: (inout HostConfiguration) -> Void = { _ in }) -> ExtensionHost {
         var (configuration, _) = baseConfiguration()
         configuration.logLevel = logLevel
+        // The CLI is an app that wants the host's warnings on its stderr (a library user chooses).
+        configuration.logHandler = HostConfiguration.standardErrorLog
         tweak(&configuration)
         do {
             return try ExtensionHost(configuration: configuration)

@@ -61,7 +61,7 @@ enum RequestCommand {
             let app = options.value("--app")
             let connected: Result<ExtensionHost, HostError> = runAsync {
                 do throws(HostError) {
-                    return .success(try await ExtensionHost.connect(socketPath: socket, appName: app))
+                    return .success(try await ExtensionHost.connect(socketPath: socket, appName: app, logHandler: HostConfiguration.standardErrorLog))
                 } catch {
                     return .failure(error)
                 }
