@@ -164,12 +164,16 @@ public struct ExtensionItem: Equatable, Sendable, CustomStringConvertible {
         self.init(title: title, attachments: [try PlistValueEncoder().encode(value)])
     }
 
-    /// The item's first attachment decoded as `T`: the inverse of `init(encoding:)`.
+    /// The item's first payload value (`attachments`) decoded as `T`: the inverse of `init(encoding:)`. Files
+    /// (`fileAttachments`) are not payloads: read them with `FileAttachment`.
     ///
-    /// - Throws: `DecodingError` when there is no attachment or it does not decode as `T`.
+    /// - Throws: `DecodingError` when there is no payload value or it does not decode as `T`.
     public func decode<T: Decodable>(_ type: T.Type) throws -> T {
         guard let first = attachments.first else {
-            throw DecodingError.valueNotFound(type, .init(codingPath: [], debugDescription: "the item has no attachment to decode"))
+            let files = fileAttachments.isEmpty ? "" : "; it carries \(fileAttachments.count) file(s) in fileAttachments, "
+                + "which are read with FileAttachment, not decoded"
+            throw DecodingError.valueNotFound(type, .init(codingPath: [], debugDescription:
+                "the item has no payload value (its attachments are empty) to decode as \(T.self)\(files)"))
         }
         return try PlistValueDecoder().decode(type, from: first)
     }

@@ -1,7 +1,8 @@
-// `sdk-host request <ext-id> [--text S]… [--attach FILE]… [--save DIR] [--stream] [--embedded | --socket P]
-// [--app NAME] [--timeout S] [--config P]`: one request; prints which host served it, the outcome and the items
-// (and with --stream each partial result as it arrives); --attach sends files as descriptors, --save writes
-// what comes back. Exit status (main.swift's table): 0 completed,
+// `sdk-host request <ext-id> [--text S]… [--payload JSON]… [--file FILE]… [--save DIR] [--stream] [--embedded |
+// --socket P] [--app NAME] [--timeout S] [--config P]`: one request; prints which host served it, the outcome and
+// the items (and with --stream each partial result as it arrives); --payload sends a value (an item's
+// `attachments`, what a Codable extension decodes), --file sends a file as a descriptor (`fileAttachments`),
+// --save writes what comes back. Exit status (main.swift's table): 0 completed,
 // 3 cancelled, 4 interrupted, 2 usage or configuration error, 1 no daemon at an explicit --socket or no outcome.
 // Without --socket or --embedded it uses the daemon when one answers on the configured socket, else an embedded
 // host built from --config (or $SDKHOST_CONFIG), and says so on stderr.
@@ -14,13 +15,16 @@ import Glibc
 
 enum RequestCommand {
     static let usage = """
-        usage: sdk-host request <extension-id> [--text S]... [--attach FILE]... [--save DIR] [--stream]
-                                [--embedded | --socket PATH] [--app NAME] [--timeout SECONDS] [--config PATH]
+        usage: sdk-host request <extension-id> [--text S]... [--payload JSON]... [--file FILE]... [--save DIR]
+                                [--stream] [--embedded | --socket PATH] [--app NAME] [--timeout SECONDS]
+                                [--config PATH]
           --text S        an input item with title S (repeatable; default: one empty item)
-          --attach FILE   send FILE, opened read-only, as a descriptor attachment of the first item (repeatable,
-                          at most 64): its bytes are never copied through the socket
-          --save DIR      write what the request returns into DIR (made if missing): each data attachment as
-                          itemN-attachmentK.bin and each descriptor attachment as itemN-fileK; never overwrites
+          --payload JSON  a value for the first item's payloads (`attachments`): what ExtensionItem(encoding:)
+                          sends and a Codable extension reads with decode(_:) (repeatable; JSON without null)
+          --file FILE     send FILE, opened read-only, as a file of the first item (`fileAttachments`, passed
+                          as a descriptor: its bytes are never copied through the socket; repeatable, at most 64)
+          --save DIR      write what the request returns into DIR (made if missing): each payload that is data
+                          as itemN-attachmentK.bin and each file as itemN-fileK; never overwrites
           --stream        print each partial result as it arrives, with the time since the request began
           --embedded      run the worker in this process's own host, from --config's extension paths
           --socket PATH   use the daemon at PATH (an error if none answers)
@@ -36,7 +40,8 @@ enum RequestCommand {
     static let defaultTimeout = 60.0
 
     static func run(_ arguments: [String]) -> Never {
-        let options = Options(arguments, valued: ["--text", "--timeout", "--socket", "--config", "--app", "--attach", "--save"],
+        let options = Options(arguments, valued: ["--text", "--timeout", "--socket", "--config", "--app", "--file", "--attach",
+                                                  "--payload", "--save"],
                               boolean: ["--embedded", "--stream"], usage: usage)
         guard options.positionals.count == 1 else {
             fail(options.positionals.isEmpty ? "missing extension identifier\n\(usage)" : "unexpected argument '\(options.positionals[1])'\n\(usage)", status: ExitStatus.usage)
@@ -84,13 +89,21 @@ enum RequestCommand {
         }
         let texts = options.values["--text"] ?? []
         var items = texts.isEmpty ? [ExtensionItem()] : texts.map { ExtensionItem(title: $0) }
-        let attachPaths = options.values["--attach"] ?? []
-        if attachPaths.count > 64 { fail("--attach: \(attachPaths.count) files; at most 64 per request", status: ExitStatus.usage) }
-        for path in attachPaths {
+        for json in options.values["--payload"] ?? [] {
+            do {
+                items[0].attachments.append(try JSONInput.parse(json))
+            } catch {
+                fail("--payload: \(error) of '\(json.prefix(80))'", status: ExitStatus.usage)
+            }
+        }
+        // --attach is --file's old name.
+        let filePaths = (options.values["--file"] ?? []) + (options.values["--attach"] ?? [])
+        if filePaths.count > 64 { fail("--file: \(filePaths.count) files; at most 64 per request", status: ExitStatus.usage) }
+        for path in filePaths {
             do {
                 items[0].fileAttachments.append(try FileAttachment(contentsOf: path))
             } catch {
-                fail("--attach: \(error)", status: ExitStatus.usage)
+                fail("--file: \(error)", status: ExitStatus.usage)
             }
         }
         let saveDirectory = options.value("--save")

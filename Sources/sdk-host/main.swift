@@ -11,11 +11,12 @@ let usage = """
     usage: sdk-host <command> [options]        (sdk-host <command> --help for one command's options)
       demo [--config P]         echo, every crash fault, a deadline, a cancel, the sandbox escapes and a
                                 quarantine, through an embedded host
-      request <ext-id> [--text S]... [--attach FILE]... [--save DIR] [--stream] [--embedded | --socket P]
-              [--app NAME] [--timeout S] [--config P]
+      request <ext-id> [--text S]... [--payload JSON]... [--file FILE]... [--save DIR] [--stream]
+              [--embedded | --socket P] [--app NAME] [--timeout S] [--config P]
                                 one request; prints which host served it, the outcome and the items (and
-                                with --stream each partial result as it comes); --attach sends files as
-                                descriptors, --save writes what comes back
+                                with --stream each partial result as it comes); --payload sends a value a
+                                Codable extension decodes, --file sends a file as a descriptor, --save
+                                writes what comes back
       serve [--config P] [--socket P]
                                 the daemon; SIGTERM/SIGINT drain in-flight requests, then stop; SIGHUP rescans
                                 manifests; systemd socket activation and sd_notify when started by systemd

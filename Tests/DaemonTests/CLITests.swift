@@ -31,7 +31,7 @@ import Glibc
         let folder = try TemporaryFolder()
         let bytes = (0..<(4 << 20)).map { UInt8(truncatingIfNeeded: $0 &* 7 &+ 3) }
         try SDKHost.writeFile("\(folder.path)/big.bin", bytes, mode: 0o600)
-        let (status, out, err) = try await run(["request", "com.example.echo", "--embedded", "--attach", "\(folder.path)/big.bin",
+        let (status, out, err) = try await run(["request", "com.example.echo", "--embedded", "--file", "\(folder.path)/big.bin",
                                                 "--save", "\(folder.path)/out/"])
         #expect(status == 0, "\(out)\(err)")
         #expect(out.contains("files=[\(bytes.count) bytes]") && out.contains("saved \(folder.path)/out/item0-file0"), "\(out)")
@@ -40,8 +40,17 @@ import Glibc
         let (again, _, againErr) = try await run(["request", "com.example.echo", "--embedded", "--attach", "\(folder.path)/big.bin",
                                                   "--save", "\(folder.path)/out"])
         #expect(again == 1 && againErr.contains("item0-file0") && againErr.contains("exists"), "\(againErr)")
-        let (missing, _, missingErr) = try await run(["request", "com.example.echo", "--embedded", "--attach", "\(folder.path)/nope"])
+        let (missing, _, missingErr) = try await run(["request", "com.example.echo", "--embedded", "--file", "\(folder.path)/nope"])
         #expect(missing == 2 && missingErr.contains("\(folder.path)/nope") && missingErr.contains("No such file"), "\(missingErr)")
+
+        // --payload: a JSON value becomes the first item's payload, as ExtensionItem(encoding:) would send it.
+        let (sent, echoed, _) = try await run(["request", "com.example.echo", "--embedded",
+                                               "--payload", #"{"name": "Ada", "n": 3, "tags": ["x"], "pi": 3.5, "ok": true}"#])
+        #expect(sent == 0 && echoed.contains(#"attachments=[{"n": 3, "name": "Ada", "ok": true, "pi": 3.5, "tags": ["x"]}]"#), "\(echoed)")
+        for (json, why) in [(#"{"a": null}"#, "null has no property-list form"), ("[1, 2", "an array is not closed at byte 5")] {
+            let (bad, _, badErr) = try await run(["request", "com.example.echo", "--embedded", "--payload", json])
+            #expect(bad == 2 && badErr.contains("--payload: \(why)"), "\(badErr)")
+        }
 
         // --stream prints each partial result when it arrives: watched from outside, the first line is there
         // well before the fifth (the worker sends them 300 ms apart), not all at the end.

@@ -56,6 +56,17 @@ struct Greeting: Codable, Equatable {
         #expect(throws: EncodingError.self) { try PlistValueEncoder().encode([UInt64.max]) }
         #expect(throws: EncodingError.self) { try PlistValueEncoder().encode([Int?.none]) }
         #expect(throws: DecodingError.self) { try ExtensionItem().decode(Greeting.self) }
+        // A file is not a payload, and the error says which was expected and what the item has.
+        let withFile = ExtensionItem(fileAttachments: [try FileAttachment(bytes: [1, 2, 3])])
+        do {
+            _ = try withFile.decode(Greeting.self)
+            Issue.record("decoded a file as a payload")
+        } catch let DecodingError.valueNotFound(_, context) {
+            #expect(context.debugDescription.contains("no payload value (its attachments are empty)")
+                && context.debugDescription.contains("1 file(s) in fileAttachments"), "\(context.debugDescription)")
+        }
+        #expect(withFile.description == "ExtensionItem(files: 3 bytes)")
+        #expect(ExtensionItem(title: "hi", attachments: [1, 2]).description == #"ExtensionItem(title: "hi", attachments: 2 values)"#)
     }
 
     @Test func itemTextTravelsAndIllTypedTextIsRefused() throws {
