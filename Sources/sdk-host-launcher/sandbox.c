@@ -1,4 +1,4 @@
-// Landlock, seccomp and capabilities for the launcher (see sandbox.h and README "Sandbox").
+// Landlock, seccomp and capabilities for the launcher (see sandbox.h and docs/SECURITY.md).
 #define _GNU_SOURCE
 #include "sandbox.h"
 

@@ -14,13 +14,15 @@ import Glibc
 
 enum BenchCommand {
     static let usage = """
-        usage: sdk-host bench [codec | cold | daemon | drain | kill | stream | throughput] [--json] [--quick] [--config PATH] [--peer PATH]
+        usage: sdk-host bench [codec | cold | daemon | drain | kill | stream | throughput] [--json] [--quick] [--config PATH]
+                              [--peer PATH] [--extension ID]
                sdk-host bench --soak N [--json]
           (none)     raw socketpair round trip, then embedded and daemon echo, throughput, cold starts, kills,
                      drain: every figure also as a ratio to the raw round trip (build with -c release)
           codec      the wire codec beside Foundation's
           cold       cold starts alone: default sandbox, Sandbox = none, no launcher, AllowSubprocesses, and
-                     each step of the sandboxed launch as the launcher times it
+                     each step of the sandboxed launch as the launcher times it; with --extension ID, that
+                     extension's too (bench/outside-extension/run.sh: one built in a package of its own)
           daemon     the daemon alone: warm echo, requests/s at 1, 8 and 64 in flight, RSS
           drain      shutdown with 2k and 32k requests queued
           kill       SIGKILL → interruption and SIGKILL → pidfd readable alone (100 kills, 20 with --quick)
@@ -37,7 +39,7 @@ enum BenchCommand {
         """
 
     static func run(_ arguments: [String]) {
-        let options = Options(arguments, valued: ["--soak", "--config", "--peer"], boolean: ["--json", "--quick"], usage: usage)
+        let options = Options(arguments, valued: ["--soak", "--config", "--peer", "--extension"], boolean: ["--json", "--quick"], usage: usage)
         EmbeddedHost.configure(from: options)
         let json = options.has("--json")
         let quick = options.has("--quick")
@@ -69,6 +71,9 @@ enum BenchCommand {
         } else if mode == "cold" {
             results.raw = RawBench.measure(roundTrips: 4000)
             EmbeddedBench.measureColdStarts(into: &results, samples: quick ? 10 : 50)
+            if let other = options.value("--extension") {
+                results.coldOther = (other, EmbeddedBench.coldStarts(of: other, samples: quick ? 10 : 50))
+            }
         } else if mode == "daemon" {
             results.raw = RawBench.measure(roundTrips: 4000)
             results.rawBusyPoll = RawBench.measure(roundTrips: 4000, busyPoll: true)

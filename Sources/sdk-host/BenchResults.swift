@@ -35,6 +35,8 @@ struct Results {
     var cold: Samples?
     var coldUnsandboxed: Samples?
     var coldSubprocesses: Samples?
+    /// `bench cold --extension ID`: that extension's cold starts, beside Echo's.
+    var coldOther: (identifier: String, samples: Samples)?
     var coldDirect: Samples?
     var bareStart: Samples?
     /// The sandboxed launch's steps, timed by the launcher (µs), in its order.
@@ -122,6 +124,11 @@ struct Results {
         for (step, samples) in sandboxLayers {
             let key = "sandbox_layer_" + step.map { $0.isLetter || $0.isNumber ? String($0) : "_" }.joined() + "_p50_us"
             out.append((key, samples.percentile(0.5), ratio(samples.percentile(0.5), rawP50), "cold start, launcher step '\(step)', p50 (µs)"))
+        }
+        if let (identifier, c) = coldOther {
+            let echo = cold.map { ", " + fixed(c.percentile(0.5) / $0.percentile(0.5), 2) + "× Echo" } ?? ""
+            out.append(("cold_start_extension_p50_ms", c.percentile(0.5) / 1000, ratio(c.percentile(0.5), rawP50),
+                        "cold start, \(identifier)\(echo), p50 (ms)"))
         }
         if let c = coldSubprocesses {
             out.append(("cold_start_subprocesses_p50_ms", c.percentile(0.5) / 1000, ratio(c.percentile(0.5), rawP50), "cold start, AllowSubprocesses (pid ns), p50 (ms)"))

@@ -189,6 +189,25 @@ enum EmbeddedBench {
         results.sandboxLayers = layerCosts(samples: samples)
     }
 
+    /// Cold starts of another extension (`bench cold --extension ID`, e.g. one built in a package of its own),
+    /// under the default sandbox, to set beside Echo's.
+    static func coldStarts(of identifier: String, samples count: Int) -> Samples {
+        var cold = Samples()
+        for _ in 0..<count {
+            let host = EmbeddedHost.make { $0.logHandler = { _, _ in } }
+            settle(host)
+            let ext: Extension
+            do {
+                ext = try host.extension(identifier: identifier)
+            } catch {
+                fail("bench: \(error)", status: ExitStatus.usage)
+            }
+            cold.add(firstRequest(ext))
+            BenchCommand.shutdown(host)
+        }
+        return cold
+    }
+
     /// Each step of the sandboxed launch, as the launcher times it (`measuresSandboxLayers`), over `count` cold
     /// starts of Echo: in µs, by step, in the launcher's order.
     static func layerCosts(samples count: Int) -> [(step: String, samples: Samples)] {

@@ -1,4 +1,4 @@
-// `sdk-host bench --soak N`, the short version the suite can afford (README quotes the long runs): real crashes,
+// `sdk-host bench --soak N`, the short version the suite can afford (docs/BENCHMARKS.md quotes the long runs): real crashes,
 // cancels and deadlines in an embedded host, then every request ended once, no worker or descriptor left, and
 // resident memory that does not grow with the request count.
 import SDKWire

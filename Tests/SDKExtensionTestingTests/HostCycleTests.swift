@@ -1,6 +1,6 @@
 // The app side of memory discipline: a handler that captures its own Extension makes a cycle (the Extension
 // keeps the handler, the handler the Extension, the Extension its host), so the host and its event loop live
-// until the process ends. The leak check finds it; capturing the Extension weakly is the fix README documents.
+// until the process ends. The leak check finds it; capturing the Extension weakly is the fix docs/EXTENSIONS.md documents.
 import SDKWire
 import HostTestSupport
 import SDKExtensionTesting
