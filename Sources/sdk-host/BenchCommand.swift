@@ -287,15 +287,22 @@ func ownCPUNanoseconds() -> UInt64 {
     return user + system
 }
 
-/// CPU time of each live child of `pid` (any of its threads' children), in ns, by child pid.
-func childrenCPUNanoseconds(of pid: pid_t) -> [pid_t: UInt64] {
-    var out: [pid_t: UInt64] = [:]
-    for task in listDirectory("/proc/\(pid)/task") ?? [] {
-        guard let text = try? readFile("/proc/\(pid)/task/\(task)/children") else { continue }
-        for child in String(decoding: text, as: UTF8.self).split(separator: " ").compactMap({ pid_t($0) }) {
-            out[child] = cpuNanoseconds(of: child)
-        }
+/// The live children of `pid` (any of its threads' children).
+func childPids(of pid: pid_t) -> [pid_t] {
+    (listDirectory("/proc/\(pid)/task") ?? []).flatMap { task -> [pid_t] in
+        guard let text = try? readFile("/proc/\(pid)/task/\(task)/children") else { return [] }
+        return String(decoding: text, as: UTF8.self).split(separator: " ").compactMap { pid_t($0) }
     }
+}
+
+/// CPU time of each live child of `pid`, with its own descendants' (a sandboxed worker is its launcher's child,
+/// in a pid namespace under the launcher's pid 1), in ns, by child pid.
+func childrenCPUNanoseconds(of pid: pid_t) -> [pid_t: UInt64] {
+    func tree(_ pid: pid_t, depth: Int) -> UInt64 {
+        (cpuNanoseconds(of: pid) ?? 0) + (depth < 4 ? childPids(of: pid).reduce(0) { $0 + tree($1, depth: depth + 1) } : 0)
+    }
+    var out: [pid_t: UInt64] = [:]
+    for child in childPids(of: pid) { out[child] = tree(child, depth: 0) }
     return out
 }
 
