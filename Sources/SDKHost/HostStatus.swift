@@ -210,8 +210,8 @@ extension ExtensionStatus {
                                        "crashCount": .integer(Int64(crashCount))]
         for key in Self.counterKeys { d[key] = .integer(Int64(counter(key) ?? 0)) }
         if let retryInSeconds { d["retryInSeconds"] = .real(retryInSeconds) }
-        if let latencyP50Milliseconds { d["latencyP50Ms"] = .real(latencyP50Milliseconds) }
-        if let latencyP99Milliseconds { d["latencyP99Ms"] = .real(latencyP99Milliseconds) }
+        if let latencyP50Milliseconds { d["latencyP50Milliseconds"] = .real(latencyP50Milliseconds) }
+        if let latencyP99Milliseconds { d["latencyP99Milliseconds"] = .real(latencyP99Milliseconds) }
         d["slowRequestsPer1000"] = .real(slowRequestsPer1000)
         d["slowRequestSeconds"] = .real(slowRequestSeconds)
         d["interruptionsByReason"] = .dictionary(interruptionsByReason.mapValues { .integer(Int64($0)) })
@@ -243,7 +243,8 @@ extension ExtensionStatus {
             identifier: e["identifier"]?.stringValue ?? "?", state: state(e["state"]), crashCount: int("crashCount"),
             retryInSeconds: e["retryInSeconds"]?.doubleValue, requests: int("requests"), completions: int("completions"),
             cancellations: int("cancellations"), interruptions: int("interruptions"), interruptionsByReason: byReason,
-            latencyP50Milliseconds: e["latencyP50Ms"]?.doubleValue, latencyP99Milliseconds: e["latencyP99Ms"]?.doubleValue,
+            latencyP50Milliseconds: (e["latencyP50Milliseconds"] ?? e["latencyP50Ms"])?.doubleValue,
+            latencyP99Milliseconds: (e["latencyP99Milliseconds"] ?? e["latencyP99Ms"])?.doubleValue,
             slowRequests: int("slowRequests"), slowRequestsPer1000: e["slowRequestsPer1000"]?.doubleValue ?? 0,
             slowRequestSeconds: e["slowRequestSeconds"]?.doubleValue ?? 0, crashes: int("crashes"), hangKills: int("hangKills"),
             timeouts: int("timeouts"), overloads: int("overloads"), protocolViolations: int("protocolViolations"),
