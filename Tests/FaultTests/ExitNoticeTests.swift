@@ -20,10 +20,17 @@ extension FaultTests {
                 <key>MaxWorkers</key><integer>1</integer>
                 """)
             defer { temp.remove() }
-            try await withHost(extraSearchPaths: [temp.root], { $0.logLevel = .debug }) { host, log in
+            // Heartbeats are not under test: a loaded machine may keep a worker that is touching 64 MiB from
+            // answering for a few seconds.
+            try await withHost(extraSearchPaths: [temp.root], {
+                $0.logLevel = .debug
+                $0.heartbeatTimeout = 60
+            }) { host, log in
                 let (ext, recorder) = try recordedExtension(host, "com.example.fat")
                 let fat = ext.beginRequest(withInputItems: [ExtensionItem(title: "leak:64")], deadline: 60)
-                #expect(await recorder.wait(for: fat) == .completed([ExtensionItem(title: "leaked 64 MB")]))
+                let leaked = await recorder.wait(for: fat)
+                #expect(leaked == .completed([ExtensionItem(title: "leaked 64 MB")]),
+                        "\(String(describing: leaked)); \(log.all.suffix(8).joined(separator: " | "))")
                 try await body(host, ext, recorder, log)
             }
         }
@@ -51,8 +58,17 @@ extension FaultTests {
 
         @Test func aCrashEndsOnTheNoticeWithItsOwnSignal() async throws {
             try await Self.withFatWorker { _, ext, recorder, log in
-                let id = ext.beginRequest(withInputItems: [ExtensionItem(title: "segv")], deadline: 60)
-                #expect(await recorder.wait(for: id) == .interrupted(.signal(SIGSEGV)))
+                // Always its own signal. Which path ends it is a race the notice usually wins; on a loaded machine
+                // the reaper may win one, so up to three fat workers crash, and the notice must win at least once.
+                for attempt in 1...3 {
+                    if attempt > 1 {
+                        let fat = ext.beginRequest(withInputItems: [ExtensionItem(title: "leak:64")], deadline: 60)
+                        #expect(await recorder.wait(for: fat) == .completed([ExtensionItem(title: "leaked 64 MB")]))
+                    }
+                    let id = ext.beginRequest(withInputItems: [ExtensionItem(title: "segv")], deadline: 60)
+                    #expect(await recorder.wait(for: id) == .interrupted(.signal(SIGSEGV)))
+                    if log.contains("is exiting (signal 11 (SIGSEGV))") { break }
+                }
                 #expect(log.contains("is exiting (signal 11 (SIGSEGV))"), "\(log.all.joined(separator: "\n"))")
             }
         }
