@@ -92,9 +92,27 @@ final class ExtensionManifest: Sendable {
         refusal = problem.map { HostError(.refused, "\(id): refused: \($0)") }
     }
 
-    /// Reads every `<dir>/<Name>/Info.plist` under the search paths. Later duplicates of an identifier are errors.
-    static func discover(in configuration: HostConfiguration) throws(HostError) -> [String: ExtensionManifest] {
+    /// A manifest that is not valid, kept under the identifier it names so that asking for it says why.
+    init(invalid path: String, identifier: String, error: HostError) {
+        self.identifier = identifier
+        extensionPoint = ""
+        executableName = ""
+        executablePath = nil
+        searchedPaths = []
+        policy = ExtensionPolicy()
+        manifestPath = path
+        refusal = error
+    }
+
+    /// Reads every `<dir>/<Name>/Info.plist` under the search paths. One bad manifest never breaks the others:
+    /// an invalid one is skipped and returned among `problems` (the host logs each); when it names an
+    /// identifier, asking for that identifier throws its error. A later duplicate of an identifier is skipped
+    /// the same way. Only a search path that cannot be read is an error.
+    static func discover(in configuration: HostConfiguration) throws(HostError)
+        -> (found: [String: ExtensionManifest], problems: [HostError])
+    {
         var found: [String: ExtensionManifest] = [:]
+        var problems: [HostError] = []
         for directory in configuration.extensionSearchPaths {
             guard let entries = listDirectory(directory) else {
                 throw HostError(.invalidConfiguration, "extension search path \(directory) is not a readable directory")
@@ -102,21 +120,39 @@ final class ExtensionManifest: Sendable {
             for entry in entries.sorted() {
                 let manifestPath = "\(directory)/\(entry)/Info.plist"
                 guard access(manifestPath, R_OK) == 0 else { continue }
-                let manifest = try ExtensionManifest(contentsOf: manifestPath, configuration: configuration)
+                let manifest: ExtensionManifest
+                do {
+                    manifest = try ExtensionManifest(contentsOf: manifestPath, configuration: configuration)
+                } catch {
+                    problems.append(error)
+                    if let id = identifier(in: manifestPath), found[id] == nil {
+                        found[id] = ExtensionManifest(invalid: manifestPath, identifier: id, error: error)
+                    }
+                    continue
+                }
                 if let existing = found[manifest.identifier] {
-                    // A refused manifest must not take an identifier from, or break, a manifest that may run.
+                    // A refused or invalid manifest never takes an identifier from one that may run.
                     if manifest.refusal != nil { continue }
                     if existing.refusal != nil {
                         found[manifest.identifier] = manifest
                         continue
                     }
-                    throw HostError(.invalidManifest,
-                        "\(manifestPath): identifier \(manifest.identifier) is already used by \(existing.manifestPath)")
+                    problems.append(HostError(.invalidManifest, "\(manifestPath): identifier \(manifest.identifier) is "
+                        + "already used by \(existing.manifestPath); this one is skipped"))
+                    continue
                 }
                 found[manifest.identifier] = manifest
             }
         }
-        return found
+        return (found, problems)
+    }
+
+    /// The `CFBundleIdentifier` an invalid manifest names, if it can be read at all.
+    private static func identifier(in path: String) -> String? {
+        guard let bytes = try? readFile(path), let value = try? XMLPropertyList.parse(bytes),
+            let id = value["CFBundleIdentifier"]?.stringValue, !id.isEmpty, id.utf8.count <= 256
+        else { return nil }
+        return id
     }
 }
 

@@ -41,7 +41,9 @@ extension HostEngine {
         loop.preconditionInLoop()
         let fresh: [String: ExtensionManifest]
         do {
-            fresh = try ExtensionManifest.discover(in: configuration)
+            let (found, problems) = try ExtensionManifest.discover(in: configuration)
+            for problem in problems { log(.error, "reload: \(problem.detail); skipped, the other extensions are served") }
+            fresh = found
         } catch {
             log(.error, "reload: \(error); keeping the \(manifests.count) manifest(s) in use")
             return .failure(error)

@@ -140,7 +140,8 @@ package final class HostEngine: @unchecked Sendable {
         launcher = configuration.launcher ?? PosixLauncher()
         launcherPath = SandboxProfile.findLauncher(configured: configuration.launcherPath,
                                                    searchPaths: configuration.executableSearchPaths)
-        manifests = try ExtensionManifest.discover(in: configuration)
+        let (found, problems) = try ExtensionManifest.discover(in: configuration)
+        manifests = found
         manifestSnapshot = Mutex(manifests)
         crashStore = try configuration.crashReportDirectory.map { directory throws(HostError) in
             try CrashReportStore(directory: directory, limit: configuration.crashReportLimit)
@@ -150,6 +151,14 @@ package final class HostEngine: @unchecked Sendable {
                                  busyPollMicroseconds: configuration.busyPollMicroseconds)
         } catch {
             throw HostError(.system, "cannot start the host event loop: \(error)")
+        }
+        for problem in problems { log(.error, "\(problem.detail); skipped, the other extensions are served") }
+        if launcherPath == nil {
+            let confined = manifests.values.filter { $0.refusal == nil && $0.policy.sandbox != .none }.map(\.identifier).sorted()
+            if !confined.isEmpty {
+                log(.error, "\(launcherExecutableName) not found next to the host executable or in the executable search "
+                    + "paths: \(confined.joined(separator: ", ")) cannot start (their requests end 'launch failed')")
+            }
         }
         // Off the caller's thread and the loop: the temp folder may be large.
         let temporaryBase = configuration.temporaryDirectory

@@ -27,11 +27,13 @@ import Glibc
     @Test func maxWorkersTotalBoundsEveryPoolTogether() async throws {
         try await withHost({ $0.maxWorkersTotal = 1 }) { host, log in
             let most = Mutex(0)
+            // This host's workers: its launchers, each supervising one (another test's daemon is a child too, and
+            // an earlier test's launcher may still be on its way out).
+            let earlier = Set(childProcesses(includingZombies: true))
             let sampler = Task {
                 while !Task.isCancelled {
-                    // This host's workers: its launchers, each supervising one (another test's daemon is a child too).
                     let children = childProcesses(includingZombies: false).filter {
-                        readLink("/proc/\($0)/exe")?.hasSuffix("/sdk-host-launcher") == true
+                        !earlier.contains($0) && readLink("/proc/\($0)/exe")?.hasSuffix("/sdk-host-launcher") == true
                     }.count
                     most.withLock { $0 = max($0, children) }
                     try? await Task.sleep(nanoseconds: 2_000_000)

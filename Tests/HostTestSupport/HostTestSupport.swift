@@ -381,7 +381,8 @@ public func warmUpOnce() async {
 }
 
 /// Expects each manifest policy (raw SDKHostPolicy XML) to be refused as `invalidManifest`, with an error that
-/// contains the expected text and names the manifest's file.
+/// contains the expected text and names the manifest's file: the host starts and serves the others, and asking
+/// for the bad one throws that error.
 public func expectManifestErrors(_ cases: [(policy: String, expected: String)], executable: String,
                                  sourceLocation: SourceLocation = #_sourceLocation)
 {
@@ -389,7 +390,10 @@ public func expectManifestErrors(_ cases: [(policy: String, expected: String)], 
         let temp = TemporaryExtension(identifier: "com.example.bad-manifest", executable: executable, policy: policy)
         defer { temp.remove() }
         do {
-            _ = try makeHost(extraSearchPaths: [temp.root])
+            let (host, log) = try makeHost(extraSearchPaths: [temp.root])
+            #expect(log.contains("\(temp.root)/Ext/Info.plist"), "the bad manifest is logged", sourceLocation: sourceLocation)
+            #expect(host.extensionIdentifiers.contains("com.example.echo"), sourceLocation: sourceLocation)
+            _ = try host.extension(identifier: "com.example.bad-manifest")
             Issue.record("\(policy) was accepted", sourceLocation: sourceLocation)
         } catch let error as HostError {
             #expect(error.code == .invalidManifest, sourceLocation: sourceLocation)

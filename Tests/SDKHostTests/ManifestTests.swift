@@ -1,4 +1,4 @@
-// Manifests: the bundled ones load with their policies; a bad one is a startup error naming the file and key.
+// Manifests: the bundled ones load with their policies; a bad one is skipped, with an error naming the file and key.
 import SDKWire
 import HostTestSupport
 @testable import SDKHost
@@ -7,7 +7,8 @@ import Testing
 @Suite struct ManifestTests {
     @Test func bundledManifestsLoad() throws {
         let configuration = HostConfiguration(extensionSearchPaths: ["\(packageRoot)/Extensions"])
-        let manifests = try ExtensionManifest.discover(in: configuration)
+        let (manifests, problems) = try ExtensionManifest.discover(in: configuration)
+        #expect(problems.isEmpty)
         #expect(manifests.keys.sorted() == ["com.example.async-echo", "com.example.crasher", "com.example.echo", "com.example.escaper", "com.example.ticker"])
         let echo = try #require(manifests["com.example.echo"])
         #expect(echo.executableName == "Echo")
@@ -21,8 +22,7 @@ import Testing
         let temp = TemporaryExtension(identifier: "com.example.bad", executable: "Echo", policy: policy, raw: raw)
         defer { temp.remove() }
         do {
-            _ = try ExtensionManifest.discover(in: HostConfiguration(extensionSearchPaths: [temp.root]))
-            return nil
+            return try ExtensionManifest.discover(in: HostConfiguration(extensionSearchPaths: [temp.root])).problems.first
         } catch {
             return error
         }
@@ -52,14 +52,25 @@ import Testing
         #expect(broken?.detail.contains("line 1") == true)
     }
 
-    @Test func hostInitSurfacesManifestErrors() {
+    /// One bad manifest never breaks the others: it is skipped and logged, and asking for it says why, naming
+    /// the file and the key. One that is not even a property list is logged and skipped all the same.
+    @Test func aBadManifestIsSkippedAndAskingForItSaysWhy() async throws {
         let temp = TemporaryExtension(identifier: "com.example.bad", executable: "Echo",
                                       policy: "<key>NetworkAllowed</key><integer>1</integer>")
-        defer { temp.remove() }
-        #expect {
-            _ = try ExtensionHost(configuration: HostConfiguration(extensionSearchPaths: [temp.root]))
-        } throws: { error in
-            (error as? HostError)?.detail.contains("NetworkAllowed: expected a boolean, found integer") == true
+        let garbage = TemporaryExtension(identifier: "x", executable: "Echo", raw: "not a plist at all")
+        defer { temp.remove(); garbage.remove() }
+        try await withHost(extraSearchPaths: [temp.root, garbage.root]) { host, log in
+            let reply = try await host.extension(identifier: "com.example.echo").perform([ExtensionItem(title: "ok")])
+            #expect(reply.first?.title == "ok")
+            #expect {
+                _ = try host.extension(identifier: "com.example.bad")
+            } throws: { error in
+                guard let error = error as? HostError else { return false }
+                return error.code == .invalidManifest && error.detail.contains("\(temp.root)/Ext/Info.plist")
+                    && error.detail.contains("NetworkAllowed: expected a boolean, found integer")
+            }
+            #expect(log.contains("\(garbage.root)/Ext/Info.plist"), "\(log.all)")
+            #expect(log.contains("skipped, the other extensions are served"))
         }
     }
 }
