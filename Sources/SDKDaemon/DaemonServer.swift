@@ -47,7 +47,8 @@ package final class DaemonServer: @unchecked Sendable {
 
     /// Blocks SIGTERM/SIGINT (call before any other thread starts), discovers extensions and binds the socket.
     ///
-    /// - Throws: `HostError` for a bad manifest or configuration, or a socket that is in use or cannot be bound.
+    /// - Throws: `HostError` for a bad configuration (a bad manifest is skipped and logged), or a socket that is in
+    ///   use or cannot be bound.
     package init(configuration: DaemonConfiguration) throws(HostError) {
         var configuration = configuration
         if configuration.host.logHandler == nil {
@@ -183,7 +184,8 @@ package final class DaemonServer: @unchecked Sendable {
     // MARK: Reload (SIGHUP)
 
     /// Rescans the manifests: new workers use the new ones, running workers finish what they have and retire.
-    /// Clients are sent the new extension list. A bad manifest keeps the old set (and says so in the log).
+    /// Clients are sent the new extension list. A bad manifest is skipped and logged; a search path that cannot be
+    /// read keeps the old set (and says so in the log).
     private func reload() {
         guard !draining else { return }
         Systemd.notify("RELOADING=1\nMONOTONIC_USEC=\(monotonicNanoseconds() / 1000)")
