@@ -225,7 +225,8 @@ package final class FramedConnection {
         }
         if case .success(.bytes(let n)) = result, n > 0 {
             outgoing.wrote(from: sent)
-            if !descriptors.isEmpty {
+            // Kept only where a limit asks (the daemon's clients): the list shrinks only when it is read.
+            if !descriptors.isEmpty, unreadDescriptorLimit != nil {
                 descriptorsWritten.append((written, descriptors.count))
                 descriptorsWrittenCount += descriptors.count
             }
