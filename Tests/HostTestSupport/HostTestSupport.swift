@@ -231,9 +231,10 @@ public struct ResourceSnapshot: Equatable, CustomStringConvertible {
     public static func take() -> ResourceSnapshot {
         ResourceSnapshot(
             descriptors: (listNames("/proc/self/fd")?.count ?? 1) - 1,  // minus the one listing itself
+            // Every worker a host spawns, and the launcher in its place: a leaked launcher or Escaper counts too.
             workerChildren: childProcesses().filter { pid in
                 let exe = readLink("/proc/\(pid)/exe") ?? ""
-                return exe.hasSuffix("Echo") || exe.hasSuffix("/Crasher") || exe.hasSuffix("/Ticker")
+                return ["Echo", "/Crasher", "/Ticker", "/Escaper", "/sdk-host-launcher"].contains { exe.hasSuffix($0) }
             },
             loopThreads: (listNames("/proc/self/task") ?? []).filter {
                 (readSmallFile("/proc/self/task/\($0)/comm") ?? "").hasPrefix(EventLoop.threadName)
