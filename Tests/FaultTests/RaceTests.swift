@@ -127,7 +127,8 @@ extension FaultTests {
                 let (ext, recorder) = try recordedExtension(host, "com.example.crasher")
                 // Input over the 16 MiB frame limit: never sent, interrupted with the reason.
                 let huge = ExtensionItem(attachments: [.data([UInt8](repeating: 1, count: 17 << 20))])
-                let tooBig = ext.beginRequest(withInputItems: [ExtensionItem(title: "echo"), huge])
+                // Deadlines well past Crasher's 10 s: building and refusing 17 MiB is slow on a loaded machine.
+                let tooBig = ext.beginRequest(withInputItems: [ExtensionItem(title: "echo"), huge], deadline: .seconds(120))
                 let inputOutcome = await recorder.wait(for: tooBig)
                 guard case .interrupted(.protocolViolation(let detail))? = inputOutcome else {
                     Issue.record("expected an interruption for an oversized request, got \(String(describing: inputOutcome))")
@@ -135,7 +136,7 @@ extension FaultTests {
                 }
                 #expect(detail.contains("request too large") && detail.contains("16777216"), "\(detail)")
                 // A reply over the limit: the worker reports it instead of leaving the request hanging.
-                let bigReply = ext.beginRequest(withInputItems: [ExtensionItem(title: "bigreply:17")])
+                let bigReply = ext.beginRequest(withInputItems: [ExtensionItem(title: "bigreply:17")], deadline: .seconds(120))
                 let replyOutcome = await recorder.wait(for: bigReply)
                 guard case .cancelled(let error)? = replyOutcome else {
                     Issue.record("expected a cancellation for an oversized reply, got \(String(describing: replyOutcome))")
