@@ -8,6 +8,8 @@ set -euo pipefail
 root="$(cd "$(dirname "$0")/../.." && pwd)"
 work="$(mktemp -d /tmp/sdkhost-outside-XXXXXX)"
 trap 'rm -rf "$work"' EXIT
+# SwiftPM puts lock files named after each scratch path in TMPDIR: keep them in the folder that goes.
+export TMPDIR="$work"
 cd "$root"
 swift build -c release --product sdk-host >/dev/null
 swift build -c release --package-path Examples/GreeterExtension --product Greeter --scratch-path "$work/dynamic" >/dev/null
