@@ -78,8 +78,8 @@ enum DemoCommand {
         print("Extensions found: \(host.extensionIdentifiers.joined(separator: ", "))\n")
         print(row("#", "request", "outcome", "detail", "pid", "ms"))
         let main = runSteps(steps, on: host, numberedFrom: 1)
-        let (statistics, crashes, workers) = inspect(host)
-        stop(host)
+        let (statistics, crashes, workers) = runAsync { await host.inspect() }
+        BenchCommand.shutdown(host)
 
         print("\nQuarantine: a second host whose restart limit is \(quarantineLimit) crashes in 10 s.")
         let strict = EmbeddedHost.make {
@@ -88,13 +88,13 @@ enum DemoCommand {
             $0.defaultPolicy.quarantineSeconds = 10
         }
         let quarantine = runSteps(quarantineSteps, on: strict, numberedFrom: steps.count + 1)
-        let crasher = status(of: "com.example.crasher", on: strict)
+        let crasher = runAsync { await strict.status()?.extensions.first { $0.identifier == "com.example.crasher" } }
         if let crasher {
             let retry = crasher.retryInSeconds.map { " in \(format1($0)) s" } ?? ""
             print("    com.example.crasher is \(crasher.state): \(crasher.crashCount) crashes; it is tried again\(retry), "
                 + "and the wait doubles at each new quarantine, up to 5 min.")
         }
-        stop(strict)
+        BenchCommand.shutdown(strict)
 
         let faults = (steps + quarantineSteps).filter(\.isFault).count
         let total = main.ids.count + quarantine.ids.count
@@ -157,35 +157,6 @@ enum DemoCommand {
         // Give stray duplicate callbacks (there must be none) time to show up before they are counted.
         usleep(200_000)
         return run
-    }
-
-    static func inspect(_ host: ExtensionHost) -> (HostStatistics, [CrashReport], [WorkerSnapshot]) {
-        let stats = Mutex<(HostStatistics, [CrashReport], [WorkerSnapshot])?>(nil)
-        let inspected = DispatchSemaphore(value: 0)
-        host.inspect { s, crashes, workers in
-            stats.withLock { $0 = (s, crashes, workers) }
-            inspected.signal()
-        }
-        inspected.wait()
-        return stats.withLock { $0 }!
-    }
-
-    static func status(of identifier: String, on host: ExtensionHost) -> ExtensionStatus? {
-        let result = Mutex<ExtensionStatus?>(nil)
-        let done = DispatchSemaphore(value: 0)
-        Task {
-            let status = await host.status()?.extensions.first { $0.identifier == identifier }
-            result.withLock { $0 = status }
-            done.signal()
-        }
-        done.wait()
-        return result.withLock { $0 }
-    }
-
-    static func stop(_ host: ExtensionHost) {
-        let shutdown = DispatchSemaphore(value: 0)
-        host.shutdown { shutdown.signal() }
-        shutdown.wait()
     }
 
     /// The outcome column and its detail.

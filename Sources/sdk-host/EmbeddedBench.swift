@@ -220,14 +220,8 @@ enum EmbeddedBench {
             }
             settle(host)
             _ = firstRequest(echo(host))
-            let done = DispatchSemaphore(value: 0)
-            let steps = Mutex<[String: Int]>([:])
-            host.inspect { _, _, workers in
-                steps.withLock { $0 = workers.first?.sandboxMicroseconds ?? [:] }
-                done.signal()
-            }
-            done.wait()
-            for (step, us) in steps.withLock({ $0 }) {
+            let steps = runAsync { await host.inspect().2.first?.sandboxMicroseconds ?? [:] }
+            for (step, us) in steps {
                 if byStep[step] == nil { order.append(step) }
                 byStep[step, default: Samples()].add(Double(us))
             }
