@@ -51,20 +51,9 @@ struct OutputLines {
         emit(Self.escape(partial))
     }
 
-    /// UTF-8 text with C0 controls, DEL and invalid bytes written as \xNN (tab kept).
+    /// UTF-8 text as a log line: control characters written out (`String.displaySafe`, the one table every
+    /// log and terminal line goes through), and each invalid byte, which decodes to U+FFFD, as \\ufffd.
     static func escape(_ bytes: [UInt8]) -> String {
-        var out = ""
-        out.reserveCapacity(bytes.count)
-        for scalar in String(decoding: bytes, as: UTF8.self).unicodeScalars {
-            let v = scalar.value
-            if (v < 0x20 && v != 0x09) || v == 0x7F || (0x80..<0xA0).contains(v) {
-                out += "\\x" + (v < 16 ? "0" : "") + String(v, radix: 16)
-            } else if v == 0xFFFD {
-                out += "\\ufffd"
-            } else {
-                out.unicodeScalars.append(scalar)
-            }
-        }
-        return out
+        String(decoding: bytes, as: UTF8.self).displaySafe(markingReplacements: true)
     }
 }
