@@ -133,10 +133,7 @@ package enum SandboxProfile {
     /// every worker's root instead of four binds (~70 µs of each cold start here). nil where nodes cannot be made
     /// or would not open there (a nodev file system): the launcher then binds the machine's four.
     static func makeDeviceFolder(in base: String) -> String? {
-        guard geteuid() == 0 else { return nil }
-        var template = Array("\(base)/\(deviceFolderPrefix)\(getpid()).XXXXXX".utf8CString)
-        guard template.withUnsafeMutableBufferPointer({ mkdtemp($0.baseAddress!) != nil }) else { return nil }
-        let folder = String(decoding: template.dropLast().map { UInt8(bitPattern: $0) }, as: UTF8.self)
+        guard geteuid() == 0, let folder = makeHostFolder(in: base, prefix: deviceFolderPrefix) else { return nil }
         var info = statvfs()
         let nodes: [(String, UInt)] = [("null", 3), ("zero", 5), ("random", 8), ("urandom", 9)]
         let made = chmod(folder, 0o755) == 0 && statvfs(folder, &info) == 0 && info.f_flag & 4 /* ST_NODEV */ == 0
@@ -154,11 +151,17 @@ package enum SandboxProfile {
     /// A private folder for one worker, named `sdk-host-worker.<host pid>.XXXXXX` so that a later host can tell
     /// whose it was (`removeOrphanedWorkerDirectories`).
     static func makeWorkerDirectory(in base: String) throws(HostError) -> String {
-        var template = Array("\(base)/\(workerDirectoryPrefix)\(getpid()).XXXXXX".utf8CString)
-        let made = template.withUnsafeMutableBufferPointer { mkdtemp($0.baseAddress!) != nil }
-        guard made else {
+        guard let folder = makeHostFolder(in: base, prefix: workerDirectoryPrefix) else {
             throw HostError(.system, "cannot make a temp folder in \(base): \(SystemError("mkdtemp", errno: errno))")
         }
+        return folder
+    }
+
+    /// A new folder `<base>/<prefix><host pid>.XXXXXX` (mkdtemp, mode 0700), or nil with errno set: named so that
+    /// `removeOrphanedWorkerDirectories` can tell whose it was.
+    private static func makeHostFolder(in base: String, prefix: String) -> String? {
+        var template = Array("\(base)/\(prefix)\(getpid()).XXXXXX".utf8CString)
+        guard template.withUnsafeMutableBufferPointer({ mkdtemp($0.baseAddress!) != nil }) else { return nil }
         return String(decoding: template.dropLast().map { UInt8(bitPattern: $0) }, as: UTF8.self)
     }
 
