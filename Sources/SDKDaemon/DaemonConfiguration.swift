@@ -190,12 +190,7 @@ package struct DaemonConfiguration: Sendable {
         host.runtimePaths = try ExtensionPolicy.paths(f, "RuntimePaths") ?? host.runtimePaths
         if let modes = try f.stringArray("AllowedSandboxModes") {
             host.allowedSandboxModes = []
-            for mode in modes {
-                guard let parsed = SandboxMode(rawValue: mode) else {
-                    throw f.fail("AllowedSandboxModes", "'\(mode)' is not one of strict, bestEffort, none")
-                }
-                host.allowedSandboxModes.insert(parsed)
-            }
+            for mode in modes { host.allowedSandboxModes.insert(try SandboxMode(mode, key: "AllowedSandboxModes", in: f)) }
         }
         host.maxMemoryLimitMB = try f.integer("MaxMemoryLimitMB", in: 16...65536) ?? host.maxMemoryLimitMB
         host.allowedReadableRoots = try ExtensionPolicy.paths(f, "AllowedReadableRoots") ?? host.allowedReadableRoots

@@ -177,12 +177,7 @@ extension ExtensionPolicy {
         allowSubprocesses = try p.bool("AllowSubprocesses") ?? allowSubprocesses
         readablePaths = try Self.paths(p, "ReadablePaths") ?? readablePaths
         writablePaths = try Self.paths(p, "WritablePaths") ?? writablePaths
-        if let mode = try p.string("Sandbox") {
-            guard let parsed = SandboxMode(rawValue: mode) else {
-                throw p.fail("Sandbox", "'\(mode)' is not one of strict, bestEffort, none")
-            }
-            sandbox = parsed
-        }
+        if let mode = try p.string("Sandbox") { sandbox = try SandboxMode(mode, key: "Sandbox", in: p) }
         restartLimitBurst = try p.integer("RestartLimitBurst", in: 1...1000) ?? restartLimitBurst
         restartLimitInterval = try p.seconds("RestartLimitIntervalSeconds", minimum: 0.1) ?? restartLimitInterval
         guard restartLimitInterval <= 3600 else { throw p.fail("RestartLimitIntervalSeconds", "at most 3600") }
@@ -276,6 +271,18 @@ func ownershipProblem(_ path: String) -> String? {
         return "\(path) is writable by its group \(info.st_gid) (mode \(mode))"
     }
     return nil
+}
+
+extension SandboxMode {
+    /// The mode named `raw`, a value of `key` in `p` (a manifest's `Sandbox`, the config's `AllowedSandboxModes`).
+    ///
+    /// - Throws: `HostError` naming the file, the key and the three modes.
+    package init(_ raw: String, key: String, in p: PlistFields) throws(HostError) {
+        guard let mode = SandboxMode(rawValue: raw) else {
+            throw p.fail(key, "'\(raw)' is not one of " + Self.allCases.map(\.rawValue).joined(separator: ", "))
+        }
+        self = mode
+    }
 }
 
 extension ExtensionPolicy {
