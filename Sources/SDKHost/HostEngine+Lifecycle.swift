@@ -35,6 +35,18 @@ extension HostEngine {
 
     // MARK: Reload
 
+    /// Logs each manifest discovery skipped, and, at start, a launcher that is missing while extensions need it:
+    /// once, not at each of their requests.
+    func logSkippedManifests(_ problems: [HostError], during phase: String = "") {
+        for problem in problems { log(.error, "\(phase)\(problem.detail); skipped, the other extensions are served") }
+        guard phase.isEmpty, launcherPath == nil else { return }
+        let confined = manifests.values.filter { $0.refusal == nil && $0.policy.sandbox != .none }.map(\.identifier).sorted()
+        if !confined.isEmpty {
+            log(.error, "\(launcherExecutableName) not found next to the host executable or in the executable search "
+                + "paths: \(confined.joined(separator: ", ")) cannot start (their requests end 'launch failed')")
+        }
+    }
+
     /// Reads the manifests again (SIGHUP). New workers use the new manifests; running ones finish what they have
     /// and are retired. Returns the identifiers now served, or the error that left the old manifests in place.
     package func reloadManifestsOnLoop() -> Result<[String], HostError> {
@@ -42,7 +54,7 @@ extension HostEngine {
         let fresh: [String: ExtensionManifest]
         do {
             let (found, problems) = try ExtensionManifest.discover(in: configuration)
-            for problem in problems { log(.error, "reload: \(problem.detail); skipped, the other extensions are served") }
+            logSkippedManifests(problems, during: "reload: ")
             fresh = found
         } catch {
             log(.error, "reload: \(error); keeping the \(manifests.count) manifest(s) in use")

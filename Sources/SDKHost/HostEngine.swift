@@ -152,31 +152,8 @@ package final class HostEngine: @unchecked Sendable {
         } catch {
             throw HostError(.system, "cannot start the host event loop: \(error)")
         }
-        for problem in problems { log(.error, "\(problem.detail); skipped, the other extensions are served") }
-        if launcherPath == nil {
-            let confined = manifests.values.filter { $0.refusal == nil && $0.policy.sandbox != .none }.map(\.identifier).sorted()
-            if !confined.isEmpty {
-                log(.error, "\(launcherExecutableName) not found next to the host executable or in the executable search "
-                    + "paths: \(confined.joined(separator: ", ")) cannot start (their requests end 'launch failed')")
-            }
-        }
-        // Off the caller's thread and the loop: the temp folder may be large.
-        let temporaryBase = configuration.temporaryDirectory
-        DispatchQueue.global(qos: .utility).async {
-            SandboxProfile.removeOrphanedWorkerDirectoriesOnce(in: temporaryBase)
-        }
-        if launcherPath != nil, manifests.values.contains(where: { $0.policy.usesWorkerFolder }) {
-            loop.execute { [unowned self] in self.makeSpareWorkerDirectory() }
-        }
-        // The shared network namespace is the host's, not a worker's: made now, off the first request's path.
-        if launcherPath != nil, geteuid() == 0,
-            manifests.values.contains(where: { $0.policy.sandbox != .none && !$0.policy.networkAllowed })
-        {
-            loop.execute { [unowned self] in
-                _ = self.networkNamespaceForWorkers()
-                _ = self.deviceFolderForWorkers()
-            }
-        }
+        logSkippedManifests(problems)
+        prepareSandboxResources()
         if manifests.values.contains(where: { $0.policy.minWarmWorkers > 0 }) {
             loop.execute { [unowned self] in
                 for manifest in self.manifests.values.sorted(by: { $0.identifier < $1.identifier }) {
