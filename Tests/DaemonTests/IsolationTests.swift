@@ -145,31 +145,24 @@ import Glibc
             <key>MaxAppPoolsPerUID</key><integer>2</integer>
             """)
         defer { daemon.remove() }
-        let most = Mutex(0)
         let daemonPid = daemon.pid
-        let sampler = Task {
-            while !Task.isCancelled {
-                let children = childProcesses(of: daemonPid, includingZombies: false).count
-                most.withLock { $0 = max($0, children) }
-                try? await Task.sleep(nanoseconds: 2_000_000)
-            }
-        }
         var hosts: [ExtensionHost] = []
         for n in 0..<40 { hosts.append(try await ExtensionHost.connect(socketPath: daemon.socket, appName: "name\(n)")) }
-        let outcomes = await withTaskGroup(of: RequestOutcome.self) { group in
-            for host in hosts {
-                group.addTask { await (try? host.extension(identifier: "com.example.crasher"))?.start([ExtensionItem(title: "slow:100")]).outcome ?? .interrupted(.hostShutdown) }
+        let (outcomes, most) = await withPeak(of: { childProcesses(of: daemonPid, includingZombies: false).count }) { [hosts] in
+            await withTaskGroup(of: RequestOutcome.self) { group in
+                for host in hosts {
+                    group.addTask { await (try? host.extension(identifier: "com.example.crasher"))?.start([ExtensionItem(title: "slow:100")]).outcome ?? .interrupted(.hostShutdown) }
+                }
+                return await group.reduce(into: [RequestOutcome]()) { $0.append($1) }
             }
-            return await group.reduce(into: [RequestOutcome]()) { $0.append($1) }
         }
         #expect(outcomes.count == 40 && outcomes.allSatisfy { if case .completed = $0 { true } else { false } },
                 "\(outcomes.filter { if case .completed = $0 { false } else { true } })")
-        #expect(most.withLock { $0 } <= 3, "the daemon ran \(most.withLock { $0 }) workers for one uid")
+        #expect(most <= 3, "the daemon ran \(most) workers for one uid")
         for host in hosts { await host.shutdown() }
         hosts.removeAll()
         // Every app has left: their workers exit now (the idle timeout is 30 s).
         #expect(await eventually(timeout: 10) { daemon.resources.children == 0 }, "\(daemon.resources)")
-        sampler.cancel()
         #expect(daemon.logText.contains("to make room (MaxAppPoolsPerUID 2)"), "\(daemon.logText.suffix(2000))")
         #expect(await daemon.stop() == 0)
     }

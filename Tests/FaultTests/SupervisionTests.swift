@@ -26,29 +26,24 @@ import Glibc
     /// an idle worker of one makes room for the other, and every request is served.
     @Test func maxWorkersTotalBoundsEveryPoolTogether() async throws {
         try await withHost({ $0.maxWorkersTotal = 1 }) { host, log in
-            let most = Mutex(0)
             // This host's workers: its launchers, each supervising one (another test's daemon is a child too, and
             // an earlier test's launcher may still be on its way out).
             let earlier = Set(childProcesses(includingZombies: true))
-            let sampler = Task {
-                while !Task.isCancelled {
-                    let children = childProcesses(includingZombies: false).filter {
-                        !earlier.contains($0) && readLink("/proc/\($0)/exe")?.hasSuffix("/sdk-host-launcher") == true
-                    }.count
-                    most.withLock { $0 = max($0, children) }
-                    try? await Task.sleep(nanoseconds: 2_000_000)
-                }
-            }
             let crasher = try host.extension(identifier: "com.example.crasher")
             let ticker = try host.extension(identifier: "com.example.ticker")
-            let tasks = (0..<6).map { _ in crasher.start([ExtensionItem(title: "slow:150")]) }
-                + (0..<6).map { _ in ticker.start([ExtensionItem(text: "2:50")]) }
-            for task in tasks {
-                let outcome = await task.outcome
-                #expect({ if case .completed = outcome { true } else { false } }(), "\(outcome)")
+            let (_, most) = await withPeak(of: {
+                childProcesses(includingZombies: false).filter {
+                    !earlier.contains($0) && readLink("/proc/\($0)/exe")?.hasSuffix("/sdk-host-launcher") == true
+                }.count
+            }) {
+                let tasks = (0..<6).map { _ in crasher.start([ExtensionItem(title: "slow:150")]) }
+                    + (0..<6).map { _ in ticker.start([ExtensionItem(text: "2:50")]) }
+                for task in tasks {
+                    let outcome = await task.outcome
+                    #expect({ if case .completed = outcome { true } else { false } }(), "\(outcome)")
+                }
             }
-            sampler.cancel()
-            #expect(most.withLock { $0 } <= 1, "\(most.withLock { $0 }) workers at once")
+            #expect(most <= 1, "\(most) workers at once")
             #expect(log.contains("to make room (MaxWorkersTotal 1)"), "\(log.all.suffix(20))")
         }
     }

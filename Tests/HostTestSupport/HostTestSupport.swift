@@ -258,6 +258,29 @@ public func leaksSince(_ baseline: ResourceSnapshot, timeout: Double = 20) async
     return clean ? nil : "before: \(baseline); after: \(now); open: \(openDescriptorTargets())"
 }
 
+/// The largest count a `withPeak` sampler has seen.
+private final class PeakCount: Sendable {
+    let value = Mutex(0)
+}
+
+/// Runs `body` while reading `count` every 2 ms; returns `body`'s result and the largest count seen (how many
+/// workers ran at once, say).
+public func withPeak<T>(of count: @escaping @Sendable () -> Int, _ body: () async throws -> T) async rethrows
+    -> (result: T, peak: Int)
+{
+    let peak = PeakCount()
+    let sampler = Task {
+        while !Task.isCancelled {
+            let n = count()
+            peak.value.withLock { $0 = max($0, n) }
+            try? await Task.sleep(nanoseconds: 2_000_000)
+        }
+    }
+    defer { sampler.cancel() }
+    let result = try await body()
+    return (result, peak.value.withLock { $0 })
+}
+
 /// The fields of /proc/<pid>/stat after the command name: [0] state, [1] ppid, [11] utime, [12] stime.
 /// `pid` is a number or "self"; nil if the process is gone.
 public func procStatFields(_ pid: String) -> [Substring]? {
