@@ -123,27 +123,59 @@ static int add_grant(const char *path, enum grant_kind kind, char *skipped, size
     return add_grant_from(NULL, path, kind, skipped, skipped_size);
 }
 
+/// The longest folder (inside the new root) known to exist: the last target's parent, or the last folder
+/// target. Grants are bound in path order, so a grant's parents are mostly the previous grant's.
+static char made[4096];
+static size_t made_length;
+
+/// Whether the first `n` bytes of `path` name `made` or a folder inside it.
+static int already_made(const char *path, size_t n) {
+    return n <= made_length && strncmp(path, made, n) == 0 && (made[n] == '/' || made[n] == 0);
+}
+
+static void remember_made(const char *path, size_t n) {
+    if (n >= sizeof made) return;
+    memcpy(made, path, n);
+    made[n] = 0;
+    made_length = n;
+}
+
 /// Makes every folder of `path` (inside the new root) up to, not including, its last component.
 static int make_parents(char *path) {
+    char *last = NULL;
     for (char *p = path + 1; *p; p++) {
         if (*p != '/') continue;
+        last = p;
+        size_t n = (size_t)(p - path);
+        if (already_made(path, n)) continue;
         *p = 0;
         int rc = (int)syscall(SYS_mkdirat, AT_FDCWD, path, 0755);
         int error = errno;
         *p = '/';
         if (rc != 0 && error != EEXIST) return error;
     }
+    if (last) remember_made(path, (size_t)(last - path));
     return 0;
 }
 
-static int make_target(char *target, int directory) {
+/// Whether `path` lies inside a grant bound before it (a file in a granted folder, say), where its target may
+/// exist already and nothing may be made.
+static int inside_earlier_grant(const struct grant *g) {
+    for (const struct grant *e = grants; e < g; e++) {
+        size_t n = strlen(e->path);
+        if (!e->link[0] && e->directory && strncmp(g->path, e->path, n) == 0 && g->path[n] == '/') return 1;
+    }
+    return 0;
+}
+
+static int make_target(char *target, int directory, int nested) {
     struct stat info;
-    // Already there: inside a grant bound before it (a file in a granted folder, say).
-    if (syscall(SYS_newfstatat, AT_FDCWD, target, &info, AT_SYMLINK_NOFOLLOW) == 0) return 0;
+    if (nested && syscall(SYS_newfstatat, AT_FDCWD, target, &info, AT_SYMLINK_NOFOLLOW) == 0) return 0;
     int error = make_parents(target);
     if (error) return error;
     if (directory) {
         if (syscall(SYS_mkdirat, AT_FDCWD, target, 0755) != 0 && errno != EEXIST) return errno;
+        remember_made(target, strlen(target));
         return 0;
     }
     int fd = open(target, O_WRONLY | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0644);
@@ -168,7 +200,7 @@ static int bind(struct grant *g, const char **why) {
         if (error == 0 && syscall(SYS_symlinkat, g->link, AT_FDCWD, target) != 0 && errno != EEXIST) error = errno;
         return error ? fail(why, "cannot copy a symbolic link into the new root", error) : 0;
     }
-    int error = make_target(target, g->directory);
+    int error = make_target(target, g->directory, inside_earlier_grant(g));
     if (error) return fail(why, "cannot make a mount point in the new root", error);
     if (g->cloned) {
         struct mount_attr attr = {.attr_set = MOUNT_ATTR_NOSUID};
@@ -389,6 +421,7 @@ int build_root(const struct profile *p, const char **why) {
              p->mapped_uid, p->mapped_gid);
     if (syscall(SYS_mkdirat, AT_FDCWD, ROOT "/tmp", 0755) != 0 && errno != EEXIST)
         return fail(why, "cannot make /tmp in the new root", errno);
+    remember_made(ROOT, strlen(ROOT));
     if (syscall(SYS_mount, "sdk-host-tmp", ROOT "/tmp", "tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC, options) != 0)
         return fail(why, "cannot mount the worker's TMPDIR", errno);
 
@@ -397,7 +430,6 @@ int build_root(const struct profile *p, const char **why) {
     for (size_t i = 0; i < grant_count; i++)
         if (grants[i].fd >= 0) close(grants[i].fd);
     if (error) return error;
-
     if (syscall(SYS_mkdirat, AT_FDCWD, ROOT "/proc", 0555) != 0 && errno != EEXIST)
         return fail(why, "cannot make /proc in the new root", errno);
     if (syscall(SYS_mount, "proc", ROOT "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, NULL) != 0)
