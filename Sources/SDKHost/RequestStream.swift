@@ -1,8 +1,9 @@
 // Partial results on the app's side: `Extension.stream` (an AsyncThrowingStream of item batches that ends with
-// the request's outcome) and `perform(_:deadline:progress:)`.
+// the request's outcome) and `perform(_:deadline:isolation:progress:)`, which reads that stream in the caller's
+// isolation.
 //
 // Backpressure: a partial result is credited back to the worker only when the app takes it (the stream hands it
-// out, or the progress closure returns), so at most `streamWindow` wait here per request and a fast worker
+// out, as `perform` takes it before calling its progress closure), so at most `streamWindow` wait here per request and a fast worker
 // waits in `context.send`. Order: partial results and the outcome enter one feed in the order the host's loop
 // saw them, so none is ever handed out after the outcome.
 import SDKWire
@@ -58,7 +59,7 @@ final class StreamFeed: Sendable {
         for waiter in waiters { waiter.resume() }
     }
 
-    private enum Next {
+    enum Next {
         case batch([ExtensionItem], credit: Bool)
         case finished
         case failed(RequestOutcome)
@@ -68,13 +69,22 @@ final class StreamFeed: Sendable {
     /// The stream's next element: a partial result, then the completion's items (when there are any), then nil;
     /// or the failure the request ended with.
     func next() async throws -> [ExtensionItem]? {
+        switch try await nextEvent() {
+        case .batch(let items, _): return items
+        default: return nil
+        }
+    }
+
+    /// The next partial result (`credit: true`, credited already), the completion's items (`credit: false`) or
+    /// `.finished`; throws the failure the request ended with. Never `.failed` or `.wait`.
+    func nextEvent() async throws -> Next {
         while true {
             switch take() {
             case .batch(let items, let credit):
                 if credit { backend.credit(id, 1) }
-                return items
+                return .batch(items, credit: credit)
             case .finished:
-                return nil
+                return .finished
             case .failed(let outcome):
                 switch outcome {
                 case .cancelled(let error):
@@ -83,7 +93,7 @@ final class StreamFeed: Sendable {
                 case .interrupted(let reason):
                     throw RequestFailure.interrupted(reason)
                 case .completed:
-                    return nil
+                    return .finished
                 }
             case .wait:
                 await withTaskCancellationHandler {
@@ -181,26 +191,28 @@ extension Extension {
     }
 
     /// Runs one request like `perform(_:deadline:)`, calling `progress` with each partial result the extension
-    /// sends, in order, on `callbackQueue`; every call has returned before this one returns or throws. The
-    /// extension is slowed to `progress`'s pace (at most 16 partial results ahead).
+    /// sends, in order, in the caller's isolation: on the main actor from `@MainActor` code, in the calling
+    /// actor from an actor, so the closure need not be `@Sendable` and may change the caller's state directly:
+    ///
+    ///     var pages = 0
+    ///     let final = try await ext.perform(items) { _ in pages += 1 }
+    ///
+    /// Every call has returned before this one returns or throws. The extension is slowed to `progress`'s pace
+    /// (at most 16 partial results ahead).
+    ///
+    /// - Throws: As `perform(_:deadline:)`: `RequestFailure.cancelled`, `RequestFailure.interrupted`, or
+    ///   `CancellationError` when the calling Task is cancelled (which cancels the request).
     public func perform(_ items: [ExtensionItem], deadline: Duration? = nil,
-                        progress: @escaping @Sendable ([ExtensionItem]) -> Void) async throws -> [ExtensionItem]
+                        isolation: isolated (any Actor)? = #isolation,
+                        progress: ([ExtensionItem]) -> Void) async throws -> [ExtensionItem]
     {
-        let batcher = callbackBatcher
-        let backend = host.backend
-        let task = RequestTask(id: RequestID(), backend: backend)
-        let id = task.id
-        submit(
-            id: id, items: items, deadline: deadline.map(seconds),
-            onWorkerAssigned: { [task] pid in task.assigned(pid) },
-            // Through the same serial queue as the partial results, so the outcome cannot overtake them.
-            deliver: { [task] outcome in batcher.add({ task.ended(outcome) }, from: backend) },
-            progress: { batch in
-                batcher.add({
-                    progress(batch)
-                    backend.credit(id, 1)
-                }, from: backend)
-            })
-        return try await task.value
+        let results = stream(items, deadline: deadline)
+        while true {
+            switch try await results.feed.nextEvent() {
+            case .batch(let batch, credit: true): progress(batch)
+            case .batch(let batch, credit: false): return batch
+            default: return []
+            }
+        }
     }
 }

@@ -19,6 +19,18 @@ extension FaultTests {
         static func index(_ batch: [ExtensionItem]) -> Int64? { batch.first?.userInfo["index"]?.integerValue }
         static func madeAt(_ batch: [ExtensionItem]) -> UInt64 { UInt64(batch.first?.userInfo["madeAtNs"]?.integerValue ?? 0) }
 
+        /// The partial results' indexes and the final items, counted in plain variables of the main actor: the
+        /// closure is not `@Sendable`, and runs there (on Linux the main actor is a serial queue, not one thread,
+        /// so the runtime's own check says so).
+        @MainActor static func countOnMainActor(_ ext: Extension, _ text: String) async throws -> ([Int64], [ExtensionItem]) {
+            var ticks: [Int64] = []
+            let final = try await ext.perform([ExtensionItem(text: text)]) { batch in
+                MainActor.assertIsolated("perform's progress closure runs in its caller's isolation")
+                ticks.append(index(batch) ?? -1)
+            }
+            return (ticks, final)
+        }
+
         @Test func aStreamYieldsEveryPartialResultInOrderThenTheCompletion() async throws {
             try await withHost { host, _ in
                 let ticker = try host.extension(identifier: "com.example.ticker")
@@ -35,6 +47,11 @@ extension FaultTests {
                 }
                 #expect(seen.withLock { $0 } == [1, 2, 3, 4])
                 #expect(done.first?.text == "4 ticks")
+
+                // perform(onPartial:) from the main actor: a plain variable, no lock; the closure runs there.
+                let (ticks, final) = try await Self.countOnMainActor(ticker, "3:10")
+                #expect(ticks == [1, 2, 3])
+                #expect(final.first?.text == "3 ticks")
 
                 // beginRequest with a progress handler: the partial results, then exactly one completion.
                 let timeline = Timeline()
