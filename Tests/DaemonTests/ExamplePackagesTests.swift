@@ -29,18 +29,19 @@ import Glibc
         let folder = template.withUnsafeMutableBufferPointer { String(cString: mkdtemp($0.baseAddress!)!) }
         defer { removeFolder(folder) }
         let extensionPackage = "\(packageRoot)/Examples/GreeterExtension"
-        // Builds go to the test's own folder (--scratch-path), not into the checkout or /tmp.
-        for (package, scratch) in [(extensionPackage, "ext"), ("\(packageRoot)/Examples/GreeterApp", "app")] {
-            let log = "\(folder)/\(scratch).log"
+        // Builds go to the test's own folder (--scratch-path), not into the checkout or /tmp. Both packages share
+        // one scratch folder, so sdk-host's modules are compiled once (the app's build reuses the extension's).
+        for (package, name) in [(extensionPackage, "ext"), ("\(packageRoot)/Examples/GreeterApp", "app")] {
+            let log = "\(folder)/\(name).log"
             // TMPDIR too: SwiftPM puts lock files named after the scratch path there.
             let pid = spawnProgram(["/usr/bin/env", "TMPDIR=\(folder)", Self.swift!, "build", "--package-path", package,
-                                    "--scratch-path", "\(folder)/\(scratch)"], stdout: log, stderr: log)
+                                    "--scratch-path", "\(folder)/build"], stdout: log, stderr: log)
             let status = await waitExit(pid, timeout: 900)
             #expect(status == 0, "swift build of \(package) failed:\n\(readSmallFile(log) ?? "")")
             guard status == 0 else { return }
         }
         let out = "\(folder)/app.out"
-        let app = spawnProgram(["\(folder)/app/debug/greeter-app", extensionPackage, "--executables", "\(folder)/ext/debug",
+        let app = spawnProgram(["\(folder)/build/debug/greeter-app", extensionPackage, "--executables", "\(folder)/build/debug",
                                 "Ada", "Grace"], stdout: out, stderr: out)
         let status = await waitExit(app, timeout: 120)
         let text = readSmallFile(out) ?? ""
@@ -60,7 +61,7 @@ import Glibc
         // retain cycle among its helpers caught.
         let testLog = "\(folder)/ext-test.log"
         let tests = spawnProgram(["/usr/bin/env", "TMPDIR=\(folder)", Self.swift!, "test", "--package-path", extensionPackage,
-                                  "--scratch-path", "\(folder)/ext"], stdout: testLog, stderr: testLog)
+                                  "--scratch-path", "\(folder)/build"], stdout: testLog, stderr: testLog)
         let testStatus = await waitExit(tests, timeout: 900)
         let testText = readSmallFile(testLog) ?? ""
         #expect(testStatus == 0, "\(testText)")
@@ -70,7 +71,7 @@ import Glibc
         // Through a daemon: the package's leaky extensions are reported within seconds, the clean one is not.
         let daemon = try await DaemonProcess(extraConfig: """
             <key>ExecutableSearchPaths</key><array>
-              <string>\(currentExecutableDirectory() ?? ".")</string><string>\(folder)/ext/debug</string>
+              <string>\(currentExecutableDirectory() ?? ".")</string><string>\(folder)/build/debug</string>
             </array>
             """, extraSearchPaths: ["\(extensionPackage)/Manifests"])
         defer { daemon.remove() }
