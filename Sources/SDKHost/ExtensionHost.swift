@@ -236,8 +236,9 @@ public final class Extension: Sendable {
     ///
     /// - Parameters:
     ///   - items: The input items.
-    ///   - deadline: How long before the request counts as hung (its worker is killed and the request
-    ///     interrupted with `.hang`); nil for the manifest's `RequestDeadlineSeconds`.
+    ///   - deadline: How long the request may run: past it, it ends interrupted with `.timedOut` and its worker
+    ///     is told to cancel it (killed only if it ignores that for `cancelGracePeriod`); nil for the manifest's
+    ///     `RequestDeadlineSeconds`.
     /// - Returns: The request's identifier.
     @discardableResult
     public func beginRequest(withInputItems items: [ExtensionItem], deadline: Duration? = nil) -> RequestID {

@@ -12,7 +12,8 @@ public struct ExtensionPolicy: Sendable, Equatable {
     public var maxWorkers = 2
     /// Seconds an idle worker lives before the host retires it.
     public var idleTimeout: Double = 30
-    /// Seconds a request may run before the host kills its worker (interruption "hang"); nil for no deadline.
+    /// Seconds a request may run: past it the request ends interrupted with `timedOut`, and its worker is told to
+    /// cancel it (and killed only if it ignores that for `cancelGracePeriod`); nil for no deadline.
     public var requestDeadline: Double? = 30
     /// The worker's address-space limit (RLIMIT_AS: every mapping, anonymous, shared and memfd alike), in
     /// MiB; also the largest file it may write. nil for none.
