@@ -193,6 +193,7 @@ package final class FramedConnection {
             switch result {
             case .success(.bytes(let n)):
                 readBuffer.withUnsafeBytes { reader.append(UnsafeRawBufferPointer(rebasing: $0[0..<n])) }
+                let buffered = reader.bufferedByteCount
                 if partialFrameSince == nil { partialFrameSince = loop.now }
                 deliverFrames()
                 guard isOpen else { return }
@@ -200,7 +201,14 @@ package final class FramedConnection {
                     end(.badInput(problem))
                     return
                 }
-                if reader.bufferedByteCount == 0 { partialFrameSince = nil }
+                // The clock times the frame now unfinished: none is, or one began in this read (a frame ended in
+                // it), or the one that was unfinished goes on. A peer whose reads never end on a frame boundary
+                // but whose frames all finish is never timed out.
+                if reader.bufferedByteCount == 0 {
+                    partialFrameSince = nil
+                } else if reader.bufferedByteCount < buffered {
+                    partialFrameSince = loop.now
+                }
                 guard chargeInput() else { return }
                 if n < readBuffer.count, maxReads != .max { return }
             case .success(.wouldBlock):

@@ -134,6 +134,45 @@ func expectHealthy(_ daemon: DaemonProcess, maxLogBytes: Int = 2 << 20, sourceLo
         #expect(await daemon.stop() == 0)
     }
 
+    @Test func aClientWhoseReadsNeverEndOnAFrameBoundaryIsNotTimedOut() async throws {
+        let daemon = try await DaemonProcess(extraConfig: """
+            <key>LogLevel</key><string>warning</string>
+            <key>PartialFrameTimeoutSeconds</key><real>1</real>
+            """)
+        defer { daemon.remove() }
+        let client = try HostileClient(daemon.socket)
+        client.handshake()
+        // Each write is the rest of one begin and the first half of the next, so the daemon's buffer never
+        // empties, for 4 s (four partial-frame timeouts); every begin still finishes, and is answered.
+        let frames = (0..<40).map { i in begin("com.example.echo", "split \(i)") }
+        var ids: [RequestID] = []
+        var carried: [UInt8] = []
+        for (id, message) in frames {
+            let bytes = try Frame.encode(message.plist, limits: WireLimits())
+            let half = bytes.count / 2
+            guard client.write(carried + Array(bytes[..<half])) else {
+                Issue.record("the daemon closed a client whose frames all finish: \(daemon.logText)")
+                return
+            }
+            carried = Array(bytes[half...])
+            ids.append(id)
+            try await Task.sleep(nanoseconds: 100_000_000)
+        }
+        #expect(client.write(carried))
+        var completed: Set<RequestID> = []
+        let deadline = monotonicNanoseconds() + 60_000_000_000
+        while completed.count < ids.count, monotonicNanoseconds() < deadline {
+            guard let message = client.receive(timeout: 1) else { continue }
+            if case .complete(let id, let items) = message, items.first?.title?.hasPrefix("split") == true {
+                completed.insert(id)
+            }
+        }
+        #expect(completed == Set(ids), "\(completed.count) of \(ids.count) completed: \(daemon.logText)")
+        #expect(!daemon.logText.contains("left unfinished"), "\(daemon.logText)")
+        try await expectHealthy(daemon)
+        #expect(await daemon.stop() == 0)
+    }
+
     @Test func stalledConnectionsCannotKeepOthersOut() async throws {
         let daemon = try await DaemonProcess(extraConfig: """
             <key>MaxClients</key><integer>40</integer>
