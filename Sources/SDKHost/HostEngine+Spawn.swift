@@ -11,7 +11,12 @@ import CSDKShim
 import Dispatch
 
 extension HostEngine {
+    /// Launches a worker. On the loop thread only: the launcher's (or an unsandboxed worker's) parent-death
+    /// signal belongs to the thread that spawned it, and fires when that thread exits; the loop thread lives as
+    /// long as the host, while an app's thread or the exit-notice watcher's (which ends when it has nothing to
+    /// watch) may not. Engine code running inline elsewhere hands the spawn to the loop.
     func spawnWorker(_ manifest: ExtensionManifest, poolKey: String, app: String?) throws(HostError) -> WorkerProcess {
+        assert(loop.onLoopThread, "a worker is spawned on the loop thread")
         if let refusal = manifest.refusal { throw refusal }
         guard let path = manifest.executablePath else {
             throw HostError(.executableNotFound, "\(manifest.identifier): executable '\(manifest.executableName)' "

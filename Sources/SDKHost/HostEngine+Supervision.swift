@@ -229,6 +229,10 @@ extension HostEngine {
         guard target > 0, !shuttingDown, manifest.executablePath != nil, manifest.refusal == nil else { return }
         let key = manifest.identifier
         if let state = pools[key], state.health(now: loop.now) == .quarantined { return }
+        guard loop.onLoopThread else {
+            loop.execute { [weak self] in self?.topUpWarmWorkers(manifest) }
+            return
+        }
         var live = liveCount(key)
         while live < target, capacityAllows(pool: key, app: nil) {
             do {
@@ -288,6 +292,10 @@ extension HostEngine {
             worker = spare
         } else if liveCount(key) < manifest.policy.maxWorkers {
             guard capacityAllows(pool: key, app: app) else { return done(.failure(.interrupted(.overloaded))) }
+            guard loop.onLoopThread else {
+                loop.execute { [weak self] in self?.prewarmOnLoop(extensionID, app: app, done: done) }
+                return
+            }
             do {
                 worker = try spawnWorker(manifest, poolKey: key, app: app)
             } catch {

@@ -285,6 +285,12 @@ package final class HostEngine: @unchecked Sendable {
             guard capacityAllows(pool: key, app: app) else {
                 return pool.first(where: { $0.acceptsRequests }).map(Room.worker) ?? .none
             }
+            // Running inline on another thread (an app's, the exit-notice watcher's): the request waits for the
+            // loop thread to spawn its worker (see spawnWorker).
+            guard loop.onLoopThread else {
+                loop.execute { [weak self] in self?.drainWaiting(key) }
+                return .none
+            }
             do {
                 return .worker(try spawnWorker(manifest, poolKey: key, app: app))
             } catch {

@@ -48,6 +48,8 @@ public final class EventLoop: @unchecked Sendable {
     private let inbox = Mutex<Inbox>(Inbox())
     /// The thread holding the turn (0: none): the loop thread while it is awake, or an inline caller.
     private let turnHolder = Atomic<UInt>(0)
+    /// The loop's own thread (0 until it runs).
+    private let loopThread = Atomic<UInt>(0)
     /// The turn itself (a plain pthread mutex: the loop holds it across a whole wake-up, not in one closure).
     private let turn: UnsafeMutablePointer<pthread_mutex_t>
     /// Under a manual clock: the loop thread sleeps in epoll_wait (rather than polls), so an inline caller that
@@ -144,6 +146,11 @@ public final class EventLoop: @unchecked Sendable {
     /// True on the thread that holds the loop's turn: the loop thread while it is awake, or a caller inside
     /// `executeInline`.
     public var inLoop: Bool { turnHolder.load(ordering: .relaxed) == UInt(pthread_self()) }
+
+    /// True on the loop's own thread only (not in a caller's `executeInline`): the one thread that lives as long
+    /// as the loop, so that what must outlive the calling thread (a child's parent-death signal follows the
+    /// thread that spawned it) is done here.
+    public var onLoopThread: Bool { loopThread.load(ordering: .relaxed) == UInt(pthread_self()) }
 
     /// Traps unless called by the holder of the loop's turn.
     @inline(__always)
@@ -322,6 +329,7 @@ public final class EventLoop: @unchecked Sendable {
     }
 
     private func run() {
+        loopThread.store(UInt(pthread_self()), ordering: .relaxed)
         takeTurn()
         threadStarted = true
         let runQueue = busyPollNanoseconds > 0 && clock == nil ? RunQueueProbe() : nil

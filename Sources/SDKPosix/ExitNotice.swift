@@ -104,7 +104,7 @@ public final class ExitNoticeWatcher: @unchecked Sendable {
     /// Wake-ups without a change a worker may cause before its watch ends.
     public static let spuriousWakeLimit = 64
     /// How long the thread lingers with nothing to watch.
-    static let idleSeconds: Int32 = 5
+    package static let idleSeconds: Int32 = 5
 
     private struct Watch {
         let page: ExitNoticePage

@@ -73,6 +73,49 @@ extension FaultTests {
             }
         }
 
+        /// A worker's parent-death signal follows the thread that spawned it. A replacement started while the
+        /// watcher's thread ran the engine (the notice of a crash) used to be spawned there, and was SIGKILLed when
+        /// that thread ended, 5 s after it had nothing left to watch. Workers are spawned on the loop thread.
+        @Test func aReplacementStartedOnACrashNoticeOutlivesTheWatchersThread() async throws {
+            let temp = TemporaryExtension(identifier: "com.example.warm-fat", executable: "Crasher", policy: """
+                <key>MaxWorkers</key><integer>1</integer>
+                <key>MinWarmWorkers</key><integer>1</integer>
+                """)
+            defer { temp.remove() }
+            try await withHost(extraSearchPaths: [temp.root], {
+                $0.logLevel = .debug
+                $0.heartbeatTimeout = 60
+            }) { host, log in
+                let (ext, recorder) = try recordedExtension(host, "com.example.warm-fat")
+                // The notice must win the race with the reaper, so that the replacement is started while the
+                // watcher's thread runs the engine: a fat worker's teardown is slow; up to three tries.
+                for _ in 1...3 {
+                    let fat = ext.beginRequest(withInputItems: [ExtensionItem(title: "leak:64")], deadline: 60)
+                    #expect(await recorder.wait(for: fat) == .completed([ExtensionItem(title: "leaked 64 MB")]))
+                    let id = ext.beginRequest(withInputItems: [ExtensionItem(title: "segv")], deadline: 60)
+                    #expect(await recorder.wait(for: id) == .interrupted(.signal(SIGSEGV)))
+                    if log.contains("is exiting (signal 11 (SIGSEGV))") { break }
+                }
+                #expect(log.contains("is exiting (signal 11 (SIGSEGV))"), "\(log.all.joined(separator: "\n"))")
+                // The replacement: it forges its notice, so the watcher has nothing left to watch and its thread
+                // ends 5 s later (ExitNoticeWatcher.idleSeconds).
+                let probe = ext.beginRequest(withInputItems: [ExtensionItem(title: "slow:200")])
+                #expect(await eventually { ext.pid(for: probe) != nil })
+                let replacement = try #require(ext.pid(for: probe))
+                #expect(await recorder.wait(for: probe) == .completed([ExtensionItem(title: "slow:200")]))
+                let forged = ext.beginRequest(withInputItems: [ExtensionItem(title: "notice-fake")])
+                #expect(await recorder.wait(for: forged) == .completed([ExtensionItem(title: "notice-fake")]))
+                #expect(await eventually { log.contains("pid \(replacement) changed its exit notice but is not exiting") })
+                #expect(await eventually(timeout: 30) { ExitNoticeWatcher.shared.watchedCount == 0 })
+                try await Task.sleep(nanoseconds: UInt64(ExitNoticeWatcher.idleSeconds + 3) * 1_000_000_000)
+                #expect(kill(replacement, 0) == 0, "the replacement died: \(log.all.suffix(6).joined(separator: " | "))")
+                #expect(await host.crashReports().filter { $0.pid == replacement }.isEmpty)
+                let next = ext.beginRequest(withInputItems: [ExtensionItem(title: "echo")])
+                #expect(await recorder.wait(for: next) == .completed([ExtensionItem(title: "echo")]))
+                #expect(log.contains("pid \(replacement) is exiting") == false)
+            }
+        }
+
         @Test func aForgedNoticeOnlyEndsTheWatch() async throws {
             try await withHost({ $0.logLevel = .debug }) { host, log in
                 let (ext, recorder) = try recordedExtension(host, "com.example.crasher")
