@@ -14,11 +14,13 @@ import Glibc
 
 enum BenchCommand {
     static let usage = """
-        usage: sdk-host bench [codec | cold | daemon | drain | kill | stream | throughput] [--json] [--quick] [--config PATH]
+        usage: sdk-host bench [api | codec | cold | daemon | drain | kill | stream | throughput] [--json] [--quick] [--config PATH]
                               [--peer PATH] [--extension ID]
                sdk-host bench --soak N [--json]
           (none)     raw socketpair round trip, then embedded and daemon echo, throughput, cold starts, kills,
                      drain: every figure also as a ratio to the raw round trip (build with -c release)
+          api        what beginRequest and pid(for:) cost their caller with 64 requests in flight: p50, p99.9,
+                     max, and how many calls slept (the calling thread's voluntary context switches went up)
           codec      the wire codec beside Foundation's
           cold       cold starts alone: default sandbox, Sandbox = none, no launcher, AllowSubprocesses, and
                      each step of the sandboxed launch as the launcher times it; with --extension ID, that
@@ -48,13 +50,19 @@ enum BenchCommand {
             SoakCommand.run(total: count, json: json)
         }
         let mode = options.positionals.first
-        guard options.positionals.count <= 1, mode == nil || mode == "codec" || mode == "drain" || mode == "stream"
+        guard options.positionals.count <= 1, mode == nil || mode == "api" || mode == "codec" || mode == "drain" || mode == "stream"
             || mode == "throughput" || mode == "cold" || mode == "daemon" || mode == "kill" else {
             fail("unexpected argument '\(options.positionals.last ?? "")'\n\(usage)", status: ExitStatus.usage)
         }
         var results = Results()
         if mode == "codec" {
             results.codec(CodecBench.measure(quick: quick))
+        } else if mode == "api" {
+            results.raw = RawBench.measure(roundTrips: 4000)
+            let host = EmbeddedHost.make { $0.logHandler = { _, _ in } }
+            _ = EmbeddedBench.pipelined(host, inFlight: 64, total: 2000)  // a worker up and warm
+            results.api = APIBench.measure(host, total: quick ? 4000 : 20000)
+            shutdown(host)
         } else if mode == "stream" {
             results.raw = RawBench.measure(roundTrips: 4000)
             let host = EmbeddedHost.make { $0.logHandler = { _, _ in } }
@@ -94,6 +102,7 @@ enum BenchCommand {
             results.warm = EmbeddedBench.warmRoundTrips(host, count: 4000 * scale)
             results.warmOnLoop = EmbeddedBench.warmRoundTrips(host, count: 4000 * scale, onHostLoop: true)
             EmbeddedBench.measureThroughput(host, into: &results, scale: scale)
+            results.api = APIBench.measure(host, total: 4000 * scale)
             (results.echoWorkerRSSKB, results.echoWorkerTextRSSKB) = EmbeddedBench.echoWorkerRSS(host)
             (results.kill, results.killExit) = EmbeddedBench.killToInterruption(host, samples: 20 * scale)
             shutdown(host)

@@ -28,6 +28,7 @@ func padRight(_ s: String, _ width: Int) -> String { s + String(repeating: " ", 
 /// Everything measured, printed as a table or one JSON object with stable keys.
 struct Results {
     var raw: Samples?
+    var api: APIBench.Result?
     /// The raw round trip with both ends busy polling as the host and its workers do.
     var rawBusyPoll: Samples?
     var warm: Samples?
@@ -93,6 +94,16 @@ struct Results {
         if let w = warmOnLoop {
             out.append(("embedded_rtt_loop_p50_us", w.percentile(0.5), ratio(w.percentile(0.5), rawP50), "embedded echo p50, handlers on host loop (µs)"))
             out.append(("embedded_rtt_loop_p99_us", w.percentile(0.99), ratio(w.percentile(0.99), rawP50), "embedded echo p99, handlers on host loop (µs)"))
+        }
+        if let api {
+            for (name, samples, sleeps) in [("begin", api.begin, api.beginSleeps), ("pid", api.pid, api.pidSleeps)] {
+                let call = name == "begin" ? "beginRequest" : "pid(for:)"
+                for (p, tag) in [(0.5, "p50"), (0.999, "p999"), (1.0, "max")] {
+                    let v = samples.percentile(p)
+                    out.append(("api_\(name)_\(tag)_us", v, ratio(v, rawP50), "\(call) with 64 in flight, \(tag == "p999" ? "p99.9" : tag) (µs)"))
+                }
+                out.append(("api_\(name)_sleeps", Double(sleeps), "", "\(call) calls that slept, of \(samples.values.count)"))
+            }
         }
         for depth in rps.keys.sorted() {
             out.append(("embedded_rps_\(depth)", rps[depth]!, ratio(rps[depth]!, rawRPS), "embedded requests/s, \(depth) in flight"))

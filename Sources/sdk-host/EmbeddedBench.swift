@@ -305,3 +305,55 @@ func firstRequest(_ ext: Extension) -> Double {
     done.wait()
     return nowMicros() - start
 }
+
+/// What an API call costs its caller with 64 Echo requests in flight: each `beginRequest` and a `pid(for:)` of a
+/// request in flight, timed, and whether the calling thread slept in it (its voluntary context switches,
+/// getrusage(RUSAGE_THREAD), went up: it waited on a lock or the kernel). No API call may make its caller wait.
+enum APIBench {
+    struct Result {
+        var begin = Samples(), pid = Samples()
+        var beginSleeps = 0, pidSleeps = 0
+    }
+
+    static func voluntarySwitches() -> Int {
+        var usage = rusage()
+        getrusage(1 /* RUSAGE_THREAD: this thread alone */, &usage)
+        return usage.ru_nvcsw
+    }
+
+    static func measure(_ host: ExtensionHost, total: Int, inFlight: Int = 64) -> Result {
+        let ext = EmbeddedBench.echo(host)
+        let slots = DispatchSemaphore(value: inFlight)
+        let finished = DispatchSemaphore(value: 0)
+        let remaining = Atomic<Int>(total)
+        ext.requestCompletionHandler = { _, _ in
+            slots.signal()
+            if remaining.subtract(1, ordering: .relaxed).newValue == 0 { finished.signal() }
+        }
+        var result = Result()
+        result.begin.values.reserveCapacity(total)
+        result.pid.values.reserveCapacity(total)
+        var recent = [RequestID](repeating: RequestID(), count: 8)
+        for i in 0..<total {
+            slots.wait()
+            let item = [EmbeddedBench.item]
+            var switches = voluntarySwitches()
+            var start = monotonicNanoseconds()
+            let id = ext.beginRequest(withInputItems: item)
+            var end = monotonicNanoseconds()
+            if voluntarySwitches() != switches { result.beginSleeps += 1 }
+            result.begin.add(Double(end - start) / 1000)
+            recent[i % recent.count] = id
+            // A request begun a few calls ago: most are in flight, with a pid the loop published.
+            let asked = recent[(i + 1) % recent.count]
+            switches = voluntarySwitches()
+            start = monotonicNanoseconds()
+            _ = ext.pid(for: asked)
+            end = monotonicNanoseconds()
+            if voluntarySwitches() != switches { result.pidSleeps += 1 }
+            result.pid.add(Double(end - start) / 1000)
+        }
+        finished.wait()
+        return result
+    }
+}
