@@ -556,6 +556,39 @@ void sdk_futex_wake_shared(uint32_t *word) { syscall(SYS_futex, word, FUTEX_WAKE
 
 void sdk_futex_wake_private(uint32_t *word) { syscall(SYS_futex, word, FUTEX_WAKE_PRIVATE, 0x7fffffff, NULL, NULL, 0); }
 
+// The three-state futex lock of Drepper's "Futexes Are Tricky" (mutex2), with a bounded spin before the first
+// sleep. 400 pauses are some 10-50 µs, about what a futex sleep and its wake-up cost here.
+#define SPIN_LIMIT 400
+
+static inline void cpu_relax(void) {
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#elif defined(__aarch64__)
+    __asm__ __volatile__("yield");
+#endif
+}
+
+int sdk_spin_trylock(uint32_t *word) {
+    uint32_t expected = 0;
+    return __atomic_compare_exchange_n(word, &expected, 1, 0, __ATOMIC_ACQUIRE, __ATOMIC_RELAXED);
+}
+
+void sdk_spin_lock(uint32_t *word) {
+    if (sdk_spin_trylock(word)) return;
+    for (int i = 0; i < SPIN_LIMIT; i++) {
+        cpu_relax();
+        if (__atomic_load_n(word, __ATOMIC_RELAXED) == 0 && sdk_spin_trylock(word)) return;
+    }
+    // Mark it contended (2) and sleep until it is free; whoever takes it from here leaves it marked, so the
+    // unlock that follows wakes the next sleeper.
+    while (__atomic_exchange_n(word, 2, __ATOMIC_ACQUIRE) != 0)
+        syscall(SYS_futex, word, FUTEX_WAIT_PRIVATE, 2, NULL, NULL, 0);
+}
+
+void sdk_spin_unlock(uint32_t *word) {
+    if (__atomic_exchange_n(word, 0, __ATOMIC_RELEASE) == 2) syscall(SYS_futex, word, FUTEX_WAKE_PRIVATE, 1, NULL, NULL, 0);
+}
+
 int sdk_open_proc_stat(pid_t pid) {
     char path[48];
     snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);

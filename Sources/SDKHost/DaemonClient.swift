@@ -22,7 +22,7 @@ final class DaemonClient: HostBackend, @unchecked Sendable {
     /// Worker events from the daemon; the first stream subscribes (and every later connection does again).
     private var eventHub: EventHub!
     private var subscribed = false
-    private let pids = Mutex<[RequestID: pid_t]>([:])
+    private let pids = SpinningMutex<[RequestID: pid_t]>([:])
 
     private var connection: FramedConnection?
     private var ready = false

@@ -125,10 +125,10 @@ final class HandlerBox: Sendable {
         var streams: [AsyncStream<EndedRequest>.Continuation] = []
     }
 
-    let state: Mutex<Handlers>
+    let state: SpinningMutex<Handlers>
 
     init(queue: DispatchQueue) {
-        state = Mutex(Handlers(queue: queue, serial: queue, batcher: CallbackBatcher(queue: queue)))
+        state = SpinningMutex(Handlers(queue: queue, serial: queue, batcher: CallbackBatcher(queue: queue)))
     }
 
     /// Calls the progress handler, if any, with no lock held.

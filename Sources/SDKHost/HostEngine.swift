@@ -81,7 +81,7 @@ package final class HostEngine: @unchecked Sendable {
     let launcher: any WorkerLauncher
     /// The sandbox launcher executable (nil: not found; only `Sandbox = none` extensions can run).
     let launcherPath: String?
-    let pids = Mutex<[RequestID: pid_t]>([:])
+    let pids = SpinningMutex<[RequestID: pid_t]>([:])
     /// When the engine started (monotonic), for `uptimeSeconds`.
     package let startedAt = monotonicNanoseconds()
 

@@ -45,7 +45,7 @@ public final class EventLoop: @unchecked Sendable {
     private var handlers: [Int32: Handler] = [:]
     private var timers = TimerHeap()
     private var beforeSleep: [() -> Void] = []
-    private let inbox = Mutex<Inbox>(Inbox())
+    private let inbox = SpinningMutex<Inbox>(Inbox())
     /// The thread holding the turn (0: none): the loop thread while it is awake, or an inline caller.
     private let turnHolder = Atomic<UInt>(0)
     /// The loop's own thread (0 until it runs).

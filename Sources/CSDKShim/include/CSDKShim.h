@@ -54,6 +54,16 @@ void sdk_futex_wake_shared(uint32_t *word);
 /// FUTEX_WAKE of every waiter on a private futex.
 void sdk_futex_wake_private(uint32_t *word);
 
+/// A lock word (0 free, 1 held, 2 held with sleepers) for critical sections of a few hundred nanoseconds
+/// shared with the host's loop thread. Taking it spins first (the holder is running on the other core and
+/// about to let go) and sleeps on the futex only if the holder does not let go within about as long as a
+/// futex sleep and wake would take: a caller is not put to sleep because the loop thread held a lock for a
+/// dictionary lookup.
+void sdk_spin_lock(uint32_t *word);
+/// Whether the lock was free and is now held.
+int sdk_spin_trylock(uint32_t *word);
+void sdk_spin_unlock(uint32_t *word);
+
 /// Whether process `pid` is exiting, from /proc/<pid>/stat: 1 with *status set to the wait status it is exiting
 /// with (its main thread has PF_EXITING), 0 if it is not exiting, -1 with errno if that cannot be read.
 int sdk_exiting_status(pid_t pid, int *status);
