@@ -249,7 +249,9 @@ enum FileManagerless {
         let own = dirfd(dir)
         var out: [String] = []
         while let entry = readdir(dir) {
-            let name = withUnsafeBytes(of: entry.pointee.d_name) { String(decoding: $0.prefix { $0 != 0 }, as: UTF8.self) }
+            // The name where it lies: copying all of `entry.pointee` could read past the kernel's (shorter) record.
+            let name = String(cString: (UnsafeRawPointer(entry) + MemoryLayout<dirent>.offset(of: \dirent.d_name)!)
+                .assumingMemoryBound(to: CChar.self))
             guard let fd = Int32(name), fd != own else { continue }
             var buffer = [CChar](repeating: 0, count: 256)
             let n = readlink("/proc/self/fd/\(name)", &buffer, 255)

@@ -334,7 +334,8 @@ public func listNames(_ path: String) -> [String]? {
     defer { closedir(dir) }
     var names: [String] = []
     while let entry = readdir(dir) {
-        let name = withUnsafeBytes(of: entry.pointee.d_name) { String(decoding: $0.prefix { $0 != 0 }, as: UTF8.self) }
+        // Read where it lies: copying `entry.pointee` could read past the kernel's record (Syscalls.swift).
+        let name = withDirectoryEntryName(entry) { String(decoding: $0, as: UTF8.self) }
         if name != "." && name != ".." { names.append(name) }
     }
     return names
