@@ -19,7 +19,7 @@ extension HostEngine {
     /// Whether a new worker for pool `key` (of `app`) fits under the caps. When it does not, an idle worker in
     /// the way is retired (unless one is already on its way out) and the caller's request waits.
     func capacityAllows(pool key: String, app: String?) -> Bool {
-        let running = workers.values.joined().filter { $0.state != .dead }
+        let running = workers.values.joined().filter { !$0.lifecycle.isOver }
         if running.count >= configuration.maxWorkersTotal {
             makeRoom(among: running, limit: "MaxWorkersTotal \(configuration.maxWorkersTotal)")
             return false
@@ -43,14 +43,13 @@ extension HostEngine {
     /// is already leaving; notes that requests wait for room.
     private func makeRoom(among candidates: [WorkerProcess], limit: String) {
         waitingForRoom = true
-        guard !candidates.contains(where: { $0.state == .retiring }) else { return }
-        let idle = candidates.filter { $0.inFlight.isEmpty && ($0.state == .ready || $0.state == .starting) }
+        guard !candidates.contains(where: { $0.lifecycle.phase == .retiring }) else { return }
+        let idle = candidates.filter { $0.inFlight.isEmpty && $0.lifecycle.isRunning }
         let busyPools = Set(candidates.filter { !$0.inFlight.isEmpty }.map(\.poolKey))
         guard let victim = idle.first(where: { !busyPools.contains($0.poolKey) }) ?? idle.first else { return }
         log(.info, "\(victim.extensionID): retiring idle worker pid \(victim.pid)"
             + (victim.app.map { " of app \($0)" } ?? "") + " to make room (\(limit))")
-        victim.recycleReason = "retired to make room (\(limit))"
-        retire(victim, grace: 2)
+        retire(victim, grace: 2, because: "retired to make room (\(limit))")
     }
 
     /// After a worker's exit, or a slot freed while requests wait for room: every waiting pool tries again.
@@ -65,7 +64,7 @@ extension HostEngine {
     /// request (`LeakCheckDelaySeconds`, plus half a second), rather than after the idle timeout.
     package func appLeft(_ app: String) {
         loop.preconditionInLoop()
-        for worker in workers.values.joined() where worker.app == app && worker.state != .dead {
+        for worker in workers.values.joined() where worker.app == app && !worker.lifecycle.isOver {
             let idle = min(worker.policy.idleTimeout, worker.policy.leakCheckDelay + 0.5)
             guard worker.idleTimeoutOverride == nil, idle < worker.policy.idleTimeout else { continue }
             worker.idleTimeoutOverride = idle

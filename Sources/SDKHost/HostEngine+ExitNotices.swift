@@ -12,7 +12,7 @@ extension HostEngine {
     /// there, never by `pollForExit`. The notice runs on the watcher's thread, which takes the loop's turn when the
     /// loop sleeps (saving a wake-up), else hands it over.
     func watchExitNotice(_ worker: WorkerProcess) {
-        guard let page = worker.exitNotice, worker.exitWatched, worker.state != .dead, !worker.exitNoticeWatched else { return }
+        guard let page = worker.exitNotice, worker.exitWatched, !worker.lifecycle.isOver, !worker.exitNoticeWatched else { return }
         let pid = worker.pid
         worker.exitNoticeWatched = ExitNoticeWatcher.shared.watch(page) { [weak self] notice in
             guard let self else { return }
@@ -37,7 +37,7 @@ extension HostEngine {
             // A clean exit has no requests to end early (a retired or idle worker): reaped as usual.
             guard status != .exited(0) else { return }
             log(.debug, "\(worker.extensionID) pid \(pid) is exiting (\(status)): its requests end now")
-            worker.endedEarly = true
+            guard worker.lifecycle.noticeExit(status) else { return }
             dyingWorkers.append(worker)
             workerEnded(worker, status: status)
             // It is exiting; should its main thread alone have ended, the rest goes too.

@@ -128,7 +128,7 @@ extension HostEngine {
 
     /// Whether `worker` counts against MaxWorkers: starting or ready, and not on its way out.
     func isLive(_ worker: WorkerProcess) -> Bool {
-        (worker.state == .starting || worker.state == .ready) && !worker.recycling && worker.killReason == nil
+        worker.lifecycle.isLive
     }
 
     /// Workers of pool `key` that count against MaxWorkers.
@@ -283,12 +283,12 @@ extension HostEngine {
         let key = poolKey(manifest, app: app)
         if let state = pools[key], state.health(now: loop.now) == .quarantined { return done(.failure(.interrupted(.quarantined))) }
         let pool = workers[key] ?? []
-        if let ready = pool.first(where: { $0.state == .ready && $0.acceptsRequests }) { return done(.success(ready.pid)) }
+        if let ready = pool.first(where: { $0.lifecycle.phase == .ready && $0.acceptsRequests }) { return done(.success(ready.pid)) }
         let worker: WorkerProcess
-        if let starting = pool.first(where: { $0.state == .starting && $0.acceptsRequests }) {
+        if let starting = pool.first(where: { $0.lifecycle.phase == .starting && $0.acceptsRequests }) {
             worker = starting
         } else if let spare = adoptSpare(manifest, into: key, app: app) {
-            if spare.state == .ready { return done(.success(spare.pid)) }
+            if spare.lifecycle.phase == .ready { return done(.success(spare.pid)) }
             worker = spare
         } else if liveCount(key) < manifest.policy.maxWorkers {
             guard capacityAllows(pool: key, app: app) else { return done(.failure(.interrupted(.overloaded))) }
@@ -312,21 +312,20 @@ extension HostEngine {
 
     /// Retires a worker past `MaxRequestsPerWorker` or `MaxWorkerRSSMB` once it has nothing in flight.
     func recycleIfDrained(_ worker: WorkerProcess) {
-        guard worker.recycling, worker.inFlight.isEmpty, worker.state == .ready || worker.state == .starting else { return }
+        guard worker.lifecycle.phase == .draining, worker.inFlight.isEmpty else { return }
         tally(worker.extensionID).activity.recycles += 1
         log(.info, "\(worker.extensionID): recycling worker pid \(worker.pid) after \(worker.requestsSent) request(s)"
-            + (worker.recycleReason.map { " (\($0))" } ?? ""))
-        emit(.recycled, worker, detail: worker.recycleReason)
-        retire(worker, grace: max(configuration.workerExitGracePeriod, 2))
+            + (worker.lifecycle.recycleReason.map { " (\($0))" } ?? ""))
+        emit(.recycled, worker, detail: worker.lifecycle.recycleReason)
+        retire(worker, grace: max(configuration.workerExitGracePeriod, 2), because: "recycled and drained")
     }
 
     /// Marks workers whose resident memory is past `MaxWorkerRSSMB` for recycling (heartbeat).
     func checkResidentMemory(_ worker: WorkerProcess) {
-        guard let limit = worker.policy.maxWorkerRSSMB, !worker.recycling, worker.state == .ready,
-            let rss = residentBytes(worker.pid), rss > UInt64(limit) << 20
+        guard let limit = worker.policy.maxWorkerRSSMB, worker.lifecycle.phase == .ready,
+            let rss = residentBytes(worker.pid), rss > UInt64(limit) << 20,
+            worker.lifecycle.recycle("resident memory \(rss >> 20) MiB > MaxWorkerRSSMB \(limit)")
         else { return }
-        worker.recycling = true
-        worker.recycleReason = "resident memory \(rss >> 20) MiB > MaxWorkerRSSMB \(limit)"
         recycleIfDrained(worker)
         drainWaiting(worker.poolKey)
     }

@@ -35,12 +35,10 @@ extension HostEngine {
     func handle(_ message: Message, from worker: WorkerProcess) {
         switch message {
         case .welcome(let version, let identifier, _):
-            guard version == protocolVersion, identifier == worker.extensionID, worker.state == .starting else {
+            guard version == protocolVersion, identifier == worker.extensionID, worker.lifecycle.welcome() else {
                 protocolViolation(worker, "unexpected welcome (version \(version), identifier \(identifier))")
                 return
             }
-            worker.state = .ready
-            worker.welcomed = true
             settlePid(worker)
             // After this turn's writes (the requests queued for it go out first).
             loop.runBeforeSleeping { [weak self, weak worker] in
@@ -73,7 +71,7 @@ extension HostEngine {
                 + OutputLines.escape(Array(text.utf8.prefix(OutputLines.maxLineBytes))))
         case .sandboxed(let layers, let skipped, let reportedPID, let timings):
             // The launcher's frame comes first, before the extension runs; the extension cannot send a second.
-            guard worker.state == .starting, !worker.sandboxReported else {
+            guard worker.lifecycle.beforeWelcome, !worker.sandboxReported else {
                 protocolViolation(worker, "worker sent 'sandboxed', which only its launcher sends, first")
                 return
             }
@@ -96,7 +94,7 @@ extension HostEngine {
         case .launchFailed(let reason):
             // Before `sandboxed` (a layer failed) or just after it (the exec failed). Only counted as a launch
             // failure if the process then exits with the launcher's status, 125.
-            guard worker.state == .starting, worker.launchFailure == nil else {
+            guard worker.lifecycle.beforeWelcome, worker.launchFailure == nil else {
                 protocolViolation(worker, "worker sent 'launchFailed', which only its launcher sends, first")
                 return
             }
@@ -168,14 +166,14 @@ extension HostEngine {
     }
 
     func scheduleIdleRetirement(_ worker: WorkerProcess) {
-        guard worker.inFlight.isEmpty, worker.state == .ready || worker.state == .starting, worker.idleTimer == nil
+        guard worker.inFlight.isEmpty, worker.lifecycle.isRunning, worker.idleTimer == nil
         else { return }
         let idle = worker.idleTimeoutOverride ?? worker.policy.idleTimeout
         worker.idleTimer = loop.schedule(afterNanoseconds: nanoseconds(idle)) {
             [unowned self, weak worker] in
             guard let worker else { return }
             worker.idleTimer = nil
-            if worker.inFlight.isEmpty, self.mayRetireIdle(worker) { self.retire(worker, grace: 2) }
+            if worker.inFlight.isEmpty, self.mayRetireIdle(worker) { self.retire(worker, grace: 2, because: "idle") }
         }
     }
 
@@ -235,20 +233,19 @@ extension HostEngine {
         kill(worker, .protocolViolation(detail))
     }
 
-    func kill(_ worker: WorkerProcess, _ reason: InterruptionReason) {
-        if worker.killReason == nil, reason == .hang { count(worker.extensionID, \.hangKills) }
-        worker.kill(reason: reason)
+    func kill(_ worker: WorkerProcess, _ reason: InterruptionReason, forCancel: Bool = false) {
+        if worker.kill(reason: reason, forCancel: forCancel), reason == .hang { count(worker.extensionID, \.hangKills) }
     }
 
     /// The socket hit EOF or an error: the worker is exiting. Its exit status arrives through the exit
     /// descriptor; if it lingers without its socket, it is killed.
     func socketBroken(_ worker: WorkerProcess) {
         worker.connection.close()
-        guard worker.state != .dead, worker.exitTimer == nil else { return }
+        guard !worker.lifecycle.isOver, worker.exitTimer == nil else { return }
         worker.exitTimer = loop.schedule(afterNanoseconds: 2_000_000_000) { [unowned self, weak worker] in
-            guard let worker, worker.state != .dead else { return }
+            guard let worker, !worker.lifecycle.isOver else { return }
             worker.exitTimer = nil
-            self.kill(worker, worker.state == .retiring ? .hostShutdown : .protocolViolation("closed its connection"))
+            self.kill(worker, worker.lifecycle.retired ? .hostShutdown : .protocolViolation("closed its connection"))
         }
     }
 
@@ -275,8 +272,9 @@ extension HostEngine {
         }
         worker.closeChild()
         // An early end has ended the watch already; `workerEnded` ends any other.
-        if worker.endedEarly {
-            worker.endedEarly = false
+        let endedEarly = worker.lifecycle.phase == .exiting
+        worker.lifecycle.reaped(status)
+        if endedEarly {
             dyingWorkers.removeAll { $0 === worker }
             removeTemporaryDirectory(worker)
             log(.debug, "\(worker.extensionID) pid \(worker.pid) reaped (\(status.map(String.init(describing:)) ?? "status unavailable"))")
@@ -286,12 +284,11 @@ extension HostEngine {
         workerEnded(worker, status: status)
     }
 
-    /// The worker is gone, or going (`endedEarly`): mark it dead, read what is left, interrupt what was in
-    /// flight, record a crash, and start what its death makes room for.
+    /// The worker is gone (`dead`), or going (`exiting`): read what is left, interrupt what was in flight, record
+    /// a crash, and start what its death makes room for.
     func workerEnded(_ worker: WorkerProcess, status: ExitStatus?) {
         unwatchExitNotice(worker)
-        let wasRetiring = worker.state == .retiring
-        worker.state = .dead
+        assert(worker.lifecycle.isOver, "workerEnded of a worker that is \(worker.lifecycle.phase)")
         workers[worker.poolKey]?.removeAll { $0 === worker }
         if workers[worker.poolKey]?.isEmpty == true { workers[worker.poolKey] = nil }
         for timer in [worker.idleTimer, worker.exitTimer, worker.reapPollTimer].compactMap({ $0 }) { loop.cancelTimer(timer) }
@@ -300,31 +297,21 @@ extension HostEngine {
         // Replies already written before the exit still count: a completed request is completed.
         worker.connection.drain()
 
-        let reason: InterruptionReason
-        if let failure = worker.launchFailure, status == .exited(launcherFailureStatus) {
-            reason = .launchFailed(failure)
-        } else if let killReason = worker.killReason {
-            reason = killReason
-        } else {
-            switch status {
-            case .signaled(let sig): reason = .signal(sig)
-            case .exited(let code): reason = .exited(code)
-            case nil: reason = .exited(-1)
-            }
-        }
         let inFlight = Array(worker.inFlight).sorted { $0.uuidString < $1.uuidString }
         worker.inFlight.removeAll()
-        let clean = status == .exited(0) && inFlight.isEmpty && worker.killReason == nil
-        let crashed = !(clean || (wasRetiring && (worker.killReason == nil || worker.killReason == .hostShutdown)))
+        let ending = worker.lifecycle.ending(
+            status: status, hadRequests: !inFlight.isEmpty, launchFailure: worker.launchFailure,
+            launcherFailureStatus: launcherFailureStatus, shuttingDown: shuttingDown)
+        let reason = ending.reason, crashed = ending.crashed
         if crashed { count(worker.extensionID, \.crashes) }
         let waiters = worker.readyWaiters
         worker.readyWaiters = []
         for waiter in waiters { waiter(.failure(.interrupted(reason))) }
         // Died before its handshake, on its own: no handler ran, so its requests wait for the next worker (at
         // most twice each; the restart limit ends a loop sooner).
-        let requeue = !worker.welcomed && worker.killReason == nil && worker.launchFailure == nil && !shuttingDown
+        let requeue = ending.requeuesRequests
         // A death that quarantines the pool ends those requests as `quarantined`, like the ones waiting.
-        if crashed && diedOnItsOwn(worker) { workerDiedOnItsOwn(worker) }
+        if ending.diedOnItsOwn { workerDiedOnItsOwn(worker) }
         let quarantined = pools[worker.poolKey].map { $0.health(now: loop.now) == .quarantined } ?? false
         for id in inFlight.reversed() {
             if requeue && quarantined {
@@ -366,7 +353,7 @@ extension HostEngine {
         // After the requests' outcomes are on their way: removing a folder is an opendir, a read and an rmdir
         // (~0.1 ms on this VM's ext4), and the app waits for none of it. A worker still exiting keeps it until
         // it is reaped.
-        if !worker.endedEarly { removeTemporaryDirectory(worker) }
+        if worker.lifecycle.phase == .dead { removeTemporaryDirectory(worker) }
         drainWaiting(worker.poolKey)
         retryWaitingForRoom()
         if let manifest = manifests[worker.extensionID], worker.poolKey == worker.extensionID {
@@ -380,16 +367,6 @@ extension HostEngine {
         guard let folder = worker.temporaryDirectory else { return }
         worker.temporaryDirectory = nil
         if !removeTree(folder) { log(.warning, "\(worker.extensionID): cannot remove the worker's temp folder \(folder)") }
-    }
-
-    /// Whether a worker that did not end cleanly died on its own: crashed, exited, broke the protocol, stopped
-    /// answering heartbeats or failed to launch; not killed by the host for a cancel or at shutdown.
-    func diedOnItsOwn(_ worker: WorkerProcess) -> Bool {
-        switch worker.killReason {
-        case nil, .protocolViolation: return true
-        case .hang: return !worker.killedForCancel
-        default: return false
-        }
     }
 
     func recordCrash(_ worker: WorkerProcess, reason: InterruptionReason, inFlight: [RequestID]) {
@@ -412,17 +389,16 @@ extension HostEngine {
 
     /// Retires a worker: closing its socket tells it to exit (the runtime flushes its output and exits on EOF);
     /// it is killed if it has not exited after `grace` seconds.
-    func retire(_ worker: WorkerProcess, grace: Double) {
-        guard worker.state == .ready || worker.state == .starting else { return }
+    func retire(_ worker: WorkerProcess, grace: Double, because cause: String) {
+        guard worker.lifecycle.retire(cause) else { return }
         if let timer = worker.idleTimer {
             loop.cancelTimer(timer)
             worker.idleTimer = nil
         }
-        worker.state = .retiring
         worker.connection.close()
         if let timer = worker.exitTimer { loop.cancelTimer(timer) }
         worker.exitTimer = loop.schedule(afterNanoseconds: nanoseconds(grace)) { [unowned self, weak worker] in
-            guard let worker, worker.state != .dead else { return }
+            guard let worker, !worker.lifecycle.isOver else { return }
             worker.exitTimer = nil
             self.kill(worker, .hostShutdown)
         }
@@ -442,7 +418,7 @@ extension HostEngine {
         prunePools()
         let now = loop.now
         var any = false
-        for worker in workers.values.joined() where worker.connection.isOpen && worker.killReason == nil {
+        for worker in workers.values.joined() where worker.connection.isOpen && worker.lifecycle.kill == nil {
             any = true
             checkResidentMemory(worker)
             if let sent = worker.pingSentAt {

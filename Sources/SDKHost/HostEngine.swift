@@ -308,8 +308,7 @@ package final class HostEngine: @unchecked Sendable {
         worker.inFlight.insert(record.id)
         worker.requestsSent += 1
         if let limit = worker.policy.maxRequestsPerWorker, worker.requestsSent >= limit {
-            worker.recycling = true
-            worker.recycleReason = "MaxRequestsPerWorker \(limit)"
+            worker.lifecycle.recycle("MaxRequestsPerWorker \(limit)")
         }
         if let timer = worker.idleTimer {
             loop.cancelTimer(timer)
@@ -321,7 +320,7 @@ package final class HostEngine: @unchecked Sendable {
         let forwarded = record.forwardedBegin
         // The worker has them now and the host keeps no copy, once the worker has said hello: one that dies
         // before its handshake ran no handler, and its requests are sent again, items and all.
-        if worker.welcomed {
+        if worker.lifecycle.welcomed {
             record.items = []
             record.forwardedBegin = nil
         }
@@ -414,7 +413,7 @@ package final class HostEngine: @unchecked Sendable {
     func abandon(_ id: RequestID, _ outcome: RequestOutcome) {
         let worker = requests[id]?.worker
         finish(id, outcome)
-        guard let worker, worker.inFlight.contains(id), worker.state != .dead, worker.connection.isOpen,
+        guard let worker, worker.inFlight.contains(id), !worker.lifecycle.isOver, worker.connection.isOpen,
             worker.cancelTimers[id] == nil
         else { return }
         send(.cancel(id: id), to: worker)
@@ -422,11 +421,10 @@ package final class HostEngine: @unchecked Sendable {
             [unowned self, weak worker] in
             guard let worker else { return }
             worker.cancelTimers[id] = nil
-            if worker.inFlight.contains(id), worker.state != .dead {
+            if worker.inFlight.contains(id), !worker.lifecycle.isOver {
                 self.log(.warning, "\(worker.extensionID) pid \(worker.pid) ignored the cancel of \(id) for "
                     + "\(self.configuration.cancelGracePeriod) s; killing it")
-                if worker.killReason == nil { worker.killedForCancel = true }
-                self.kill(worker, .hang)
+                self.kill(worker, .hang, forCancel: true)
             }
         }
     }
@@ -473,7 +471,7 @@ package final class HostEngine: @unchecked Sendable {
         }
         // Ask every worker to exit (its socket closes; the runtime exits on EOF and flushes its output), and
         // kill those that have not exited after the grace period.
-        for worker in workers.values.joined() { retire(worker, grace: configuration.workerExitGracePeriod) }
+        for worker in workers.values.joined() { retire(worker, grace: configuration.workerExitGracePeriod, because: "host stopping") }
         stopIfIdle()
     }
 

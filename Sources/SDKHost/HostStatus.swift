@@ -125,7 +125,7 @@ extension HostEngine {
                 : poolStates.contains { $0.state == .probation } ? .probation : .running
             let workerStates = workers.values.joined().filter { $0.extensionID == id }.map { w in
                 WorkerStatus(pid: w.pid, app: w.app, uptimeSeconds: Double(now &- w.startedAt) / 1e9,
-                             inFlight: w.inFlight.count, requestsServed: w.requestsSent, recycling: w.recycling,
+                             inFlight: w.inFlight.count, requestsServed: w.requestsSent, recycling: w.lifecycle.recycleReason != nil,
                              sandbox: w.sandboxLayers, sandboxSkipped: w.sandboxSkipped)
             }.sorted { $0.pid < $1.pid }
             return ExtensionStatus(

@@ -9,18 +9,6 @@ import Glibc
 import SDKPosix
 
 final class WorkerProcess {
-    enum State: Equatable {
-        /// Spawned; `hello` sent, `welcome` not yet received. Requests may already be queued on the socket.
-        case starting
-        /// Handshake done.
-        case ready
-        /// Idle, or the host is stopping: socket closed, takes no new requests, killed if it does not exit.
-        case retiring
-        /// Exited (reaped, or its status is gone); takes nothing. Set before its last replies are read, so no
-        /// queued request can be handed to it and inherit its death.
-        case dead
-    }
-
     let extensionID: String
     let policy: ExtensionPolicy
     /// The pool it serves (see HostEngine+Supervision), and the daemon client app of that pool.
@@ -36,7 +24,8 @@ final class WorkerProcess {
     /// The host's own child: the worker, or its launcher.
     let childPID: pid_t
     let startedAt: UInt64
-    var state = State.starting
+    /// Its phase, and what was recorded on the way (WorkerLifecycle.swift).
+    var lifecycle = WorkerLifecycle()
 
     // Descriptors: the raw numbers stay valid until the matching `close…` call.
     let stdoutFD: Int32
@@ -52,9 +41,6 @@ final class WorkerProcess {
     let exitNotice: ExitNoticePage?
     /// Whether the exit-notice watcher has its page.
     var exitNoticeWatched = false
-    /// Ended on its exit notice: its requests are over and it is `dead`, but the kernel has not finished with the
-    /// process, so it is reaped (and its temp folder removed) when its exit descriptor fires.
-    var endedEarly = false
     /// The IPC socket.
     let connection: FramedConnection
 
@@ -66,8 +52,6 @@ final class WorkerProcess {
     var leaksReported = 0
     /// Ids this worker finished recently, to tell a late duplicate (dropped) from an unknown id (a violation).
     var recentlyFinished = RecentIDs(capacity: 256)
-    /// Set when the host decides to kill it; the interruption reason for its in-flight requests.
-    var killReason: InterruptionReason?
     var stderrTail = ByteTail(capacity: 64 * 1024)
     var stdoutLines = OutputLines()
     var stderrLines = OutputLines()
@@ -94,15 +78,8 @@ final class WorkerProcess {
     var pidKnown = false
     /// The launcher's reason when it could not apply the sandbox (`launchFailed`).
     var launchFailure: String?
-    /// Whether its `welcome` arrived. A worker that dies before it never ran a request's handler.
-    var welcomed = false
-    /// Killed because it ignored a cancel: the host's decision, not a death on its own.
-    var killedForCancel = false
     /// Requests sent to it, ever.
     var requestsSent = 0
-    /// Past `MaxRequestsPerWorker` or `MaxWorkerRSSMB`: takes no new request and exits once drained.
-    var recycling = false
-    var recycleReason: String?
     /// `prewarm` calls waiting for its `welcome` (or its death).
     var readyWaiters: [@Sendable (Result<pid_t, RequestFailure>) -> Void] = []
 
@@ -134,8 +111,7 @@ final class WorkerProcess {
 
     /// Whether a new request may be sent to it now.
     var acceptsRequests: Bool {
-        (state == .starting || state == .ready) && connection.isOpen && killReason == nil && !recycling
-            && inFlight.count < policy.maxConcurrentRequests
+        lifecycle.isLive && connection.isOpen && inFlight.count < policy.maxConcurrentRequests
     }
 
     func closeStdout() { stdoutPipe.take()?.close() }
@@ -150,13 +126,16 @@ final class WorkerProcess {
         return true
     }
 
-    func kill(reason: InterruptionReason) {
-        if killReason == nil { killReason = reason }
+    /// Records the kill (the first reason stands) and sends SIGKILL. Returns whether this was the first.
+    @discardableResult
+    func kill(reason: InterruptionReason, forCancel: Bool = false) -> Bool {
+        let first = lifecycle.markKilled(reason, forCancel: forCancel)
         finishOff()
+        return first
     }
 
     /// Whether its process has yet to be reaped.
-    var awaitsReap: Bool { state != .dead || endedEarly }
+    var awaitsReap: Bool { lifecycle.phase != .dead }
 
     /// Sends SIGKILL without recording a reason: for a worker already ended (it is exiting, or must).
     func finishOff() {

@@ -1,0 +1,188 @@
+// A worker's life as the host sees it: one phase at a time, every change made by one function (`move`) that
+// refuses an illegal change (a trap in debug builds, a logged no-op otherwise) and records its cause. What used
+// to be re-derived from flags in several places (was it killed, and why; did it die on its own; should its
+// requests wait for the next worker; does its death count as a crash) is answered once, by `ending`.
+//
+//      starting ──welcome──▶ ready
+//         │  ╲                 │
+//         │   ╲──recycle──▶ draining ──(drained)──╮
+//         │                    │                  ▼
+//         ├──────retire────────┴──────────────▶ retiring
+//         │                                        │
+//         ╰────kill (any of the above)──────────▶ killed
+//                                                  │
+//        exit notice (any live phase) ──▶ exiting ─┴─reaped─▶ dead   (reaped straight from any live phase too)
+
+import SDKPosix
+
+struct WorkerLifecycle {
+    enum Phase: String, Equatable, CustomStringConvertible {
+        /// Spawned; `hello` sent, `welcome` not yet in. Requests may already be queued on its socket.
+        case starting
+        /// Its handshake is done.
+        case ready
+        /// Recycled (MaxRequestsPerWorker, MaxWorkerRSSMB, a reload): takes no new request, retired once drained.
+        case draining
+        /// Its socket is closed (idle, recycled, evicted, host stopping): it should exit; killed if it does not.
+        case retiring
+        /// The host sent SIGKILL (`kill` says why); its end comes next.
+        case killed
+        /// Its exit notice: the kernel is tearing it down. Its requests are over; it is not reaped yet.
+        case exiting
+        /// Reaped, or its status is gone.
+        case dead
+
+        var description: String { rawValue }
+    }
+
+    /// One change of phase and why.
+    struct Transition: Equatable {
+        let from: Phase
+        let to: Phase
+        let cause: String
+    }
+
+    private(set) var phase = Phase.starting
+    /// Whether its `welcome` arrived (in whatever phase): a worker that dies before it never ran a handler.
+    private(set) var welcomed = false
+    /// Why the host killed it, and whether for ignoring a cancel (the host's decision, not a death on its own).
+    private(set) var kill: (reason: InterruptionReason, forCancel: Bool)?
+    /// Why it was recycled, if it was.
+    private(set) var recycleReason: String?
+    /// Whether it was retired (asked to exit) before it ended.
+    private(set) var retired = false
+    /// The last changes, oldest first (at most `historyLimit`).
+    private(set) var history: [Transition] = []
+    static let historyLimit = 8
+
+    /// Whether `from` may become `to`.
+    static func allows(_ from: Phase, _ to: Phase) -> Bool {
+        switch (from, to) {
+        case (.starting, .ready): return true
+        case (.starting, .draining), (.ready, .draining): return true
+        case (.starting, .retiring), (.ready, .retiring), (.draining, .retiring): return true
+        case (.starting, .killed), (.ready, .killed), (.draining, .killed), (.retiring, .killed): return true
+        case (.exiting, .dead): return true
+        case (let live, .exiting), (let live, .dead): return live != .exiting && live != .dead
+        default: return false
+        }
+    }
+
+    /// The one place a phase changes. An illegal change traps in debug builds and changes nothing otherwise.
+    @discardableResult
+    mutating func move(to next: Phase, because cause: String) -> Bool {
+        guard Self.allows(phase, next) else {
+            assertionFailure("worker lifecycle: \(phase) → \(next) is not allowed (\(cause))")
+            return false
+        }
+        if history.count == Self.historyLimit { history.removeFirst() }
+        history.append(Transition(from: phase, to: next, cause: cause))
+        if next == .retiring { retired = true }
+        phase = next
+        return true
+    }
+
+    // MARK: Events
+
+    /// Its `welcome` arrived. False if one came already, or it is retiring or over (a protocol violation). A
+    /// worker recycled or killed before its handshake stays in that phase, welcomed.
+    mutating func welcome() -> Bool {
+        guard !welcomed else { return false }
+        switch phase {
+        case .starting:
+            welcomed = true
+            return move(to: .ready, because: "welcome")
+        case .draining, .killed:
+            welcomed = true
+            return true
+        case .ready, .retiring, .exiting, .dead:
+            return false
+        }
+    }
+
+    /// Takes no new request from now on and is retired once drained. False unless it was starting or ready.
+    @discardableResult
+    mutating func recycle(_ reason: String) -> Bool {
+        guard phase == .starting || phase == .ready else { return false }
+        recycleReason = reason
+        return move(to: .draining, because: "recycled: \(reason)")
+    }
+
+    /// Asked to exit. False unless it was running (starting, ready or draining).
+    mutating func retire(_ cause: String) -> Bool {
+        guard isRunning else { return false }
+        return move(to: .retiring, because: cause)
+    }
+
+    /// SIGKILL is being sent for `reason`. False when it was killed already (the first reason stands) or is
+    /// over: then nothing changes, and the caller still makes sure the process is gone.
+    mutating func markKilled(_ reason: InterruptionReason, forCancel: Bool = false) -> Bool {
+        guard kill == nil, phase != .exiting, phase != .dead else { return false }
+        kill = (reason, forCancel)
+        return move(to: .killed, because: "killed: \(reason)" + (forCancel ? " (ignored a cancel)" : ""))
+    }
+
+    /// Its exit notice says the kernel is tearing it down with `status`.
+    mutating func noticeExit(_ status: ExitStatus) -> Bool { move(to: .exiting, because: "exit notice: \(status)") }
+
+    /// It was reaped (nil: its status is gone).
+    @discardableResult
+    mutating func reaped(_ status: ExitStatus?) -> Bool {
+        move(to: .dead, because: "reaped: " + (status.map(String.init(describing:)) ?? "status unavailable"))
+    }
+
+    // MARK: Questions
+
+    /// Starting, ready or draining: alive and not on its way out.
+    var isRunning: Bool { phase == .starting || phase == .ready || phase == .draining }
+    /// Counts against MaxWorkers and may take a new request: starting or ready.
+    var isLive: Bool { phase == .starting || phase == .ready }
+    /// Its requests are over: exiting or dead.
+    var isOver: Bool { phase == .exiting || phase == .dead }
+    /// Before its handshake, in a phase where the launcher's messages still count (not retiring or over).
+    var beforeWelcome: Bool { !welcomed && (phase == .starting || phase == .draining || phase == .killed) }
+
+    /// How its end is accounted for, decided once from what was recorded.
+    struct Ending: Equatable {
+        /// The interruption its in-flight requests end with.
+        let reason: InterruptionReason
+        /// Whether the death counts as a crash (a crash report, the crash tally).
+        let crashed: Bool
+        /// Whether it died on its own (crashed, exited, broke the protocol, hung, failed to launch) rather than
+        /// being killed by the host for a cancel or at shutdown: what counts towards quarantine.
+        let diedOnItsOwn: Bool
+        /// Whether its requests wait for the next worker: it died on its own before its handshake (no handler
+        /// ran) and the host is not stopping.
+        let requeuesRequests: Bool
+    }
+
+    /// Its ending, given its exit `status`, whether requests were in flight, the launcher's failure if it
+    /// reported one, and whether the host is stopping.
+    func ending(status: ExitStatus?, hadRequests: Bool, launchFailure: String?, launcherFailureStatus: Int32,
+                shuttingDown: Bool) -> Ending
+    {
+        let reason: InterruptionReason
+        if let launchFailure, status == .exited(launcherFailureStatus) {
+            reason = .launchFailed(launchFailure)
+        } else if let kill {
+            reason = kill.reason
+        } else {
+            switch status {
+            case .signaled(let sig): reason = .signal(sig)
+            case .exited(let code): reason = .exited(code)
+            case nil: reason = .exited(-1)
+            }
+        }
+        let clean = status == .exited(0) && !hadRequests && kill == nil
+        let stoppedByHost = retired && (kill == nil || kill?.reason == .hostShutdown)
+        let crashed = !(clean || stoppedByHost)
+        let onItsOwn: Bool
+        switch kill?.reason {
+        case nil, .protocolViolation?: onItsOwn = true
+        case .hang?: onItsOwn = kill?.forCancel == false
+        default: onItsOwn = false
+        }
+        return Ending(reason: reason, crashed: crashed, diedOnItsOwn: crashed && onItsOwn,
+                      requeuesRequests: !welcomed && kill == nil && launchFailure == nil && !shuttingDown)
+    }
+}
