@@ -33,6 +33,8 @@ let package = Package(
         // The sandbox launcher every worker is spawned through. An app that embeds the host depends on this
         // product too, so that `swift build` puts it next to the app's executable, where the host looks for it.
         .executable(name: "sdk-host-launcher", targets: ["sdk-host-launcher"]),
+        // The engine's deterministic simulation (shared/DESIGN.md "The engine").
+        .executable(name: "sdk-host-simulate", targets: ["sdk-host-simulate"]),
     ],
     targets: [
         // Wire codec: property-list values, bplist00, frames, and descriptor attachments (which need the shim's
@@ -78,6 +80,10 @@ let package = Package(
             name: "sdk-host-launcher", path: "Sources/sdk-host-launcher",
             cSettings: [.unsafeFlags(["-O2", "-fno-stack-protector", "-fno-builtin"])],
             linkerSettings: [.unsafeFlags(["-static-executable", "-use-ld=lld", "-Xclang-linker", "-nostdlib"])]),
+        // The engine's seeded simulation: fake workers and schedules on one thread (`sdk-host-simulate`, and a
+        // short run in the suite).
+        .target(name: "SDKSimulation", dependencies: ["SDKWire", "SDKHost", "SDKPosix", "CSDKShim"]),
+        .executableTarget(name: "sdk-host-simulate", dependencies: ["SDKSimulation", "SDKPosix"], linkerSettings: staticExecutable),
         // The daemon: the engine behind a Unix socket, its configuration file.
         .target(name: "SDKDaemon", dependencies: ["SDKWire", "SDKHost", "SDKPosix"]),
         // The CLI and daemon. No Foundation (daemon RSS is a target) and a static stdlib (spawn and RSS).
@@ -99,7 +105,7 @@ let package = Package(
         .testTarget(name: "SDKPosixTests", dependencies: ["SDKPosix", "HostTestSupport"]),
         .testTarget(name: "SDKExtensionTests", dependencies: ["SDKWire", "SDKExtension"]),
         .testTarget(name: "SDKExtensionTestingTests", dependencies: ["SDKWire", "SDKExtensionTesting", "SDKHost", "HostTestSupport"]),
-        .testTarget(name: "SDKHostTests", dependencies: ["SDKWire", "SDKHost", "SDKPosix", "CSDKShim", "HostTestSupport"]),
+        .testTarget(name: "SDKHostTests", dependencies: ["SDKWire", "SDKHost", "SDKPosix", "CSDKShim", "HostTestSupport", "SDKSimulation"]),
         .testTarget(name: "DaemonTests", dependencies: ["SDKWire", "SDKDaemon", "SDKHost", "SDKPosix", "HostTestSupport"]),
         // Crash and fault injection, in its own target so it can run alone: swift test --filter FaultTests
         .testTarget(name: "FaultTests", dependencies: ["SDKWire", "SDKHost", "SDKPosix", "CSDKShim", "HostTestSupport"]),

@@ -177,6 +177,9 @@ public struct HostConfiguration: Sendable {
     package var measuresSandboxLayers = false
     /// Drives the engine's timers by hand (tests and the simulation); nil for the monotonic clock.
     package var clock: ManualClock?
+    /// The engine's loop has no thread: its owner runs it with `loop.runUntilIdle()` (the simulation, which runs
+    /// everything on one thread). Needs `clock`.
+    package var drivenLoop = false
     /// The daemon: keep each worker frame's payload while it is handled, so that a completion can be forwarded
     /// byte for byte (`SubmittedRequest.deliverForwarded`).
     package var forwardsPayloads = false

@@ -23,6 +23,14 @@ extension HostEngine: HostBackend {
     func workerEvents() -> AsyncStream<WorkerEvent> { events.stream() }
     /// Requests that have begun and not ended (loop thread).
     package var activeRequestCount: Int { requests.count }
+    /// Requests waiting in a queue for a worker (loop thread).
+    package var queuedRequestCount: Int { waiting.values.reduce(0) { $0 + $1.count } }
+    /// The host's child serving request `id` (the worker, or its launcher), if it is assigned to one (loop thread).
+    package func workerPID(serving id: RequestID) -> pid_t? { requests[id]?.worker?.childPID }
+    /// The requests that have begun and not ended (loop thread).
+    package var activeRequestIDs: [RequestID] { Array(requests.keys) }
+    /// Workers listed in any pool (loop thread).
+    package var listedWorkerCount: Int { workers.values.reduce(0) { $0 + $1.count } }
 
     func lookupProblem(_ identifier: String) -> HostError? {
         let manifests = manifestSnapshot.withLock { $0 }
@@ -41,7 +49,7 @@ extension HostEngine: HostBackend {
     /// Starts the request from the caller's thread when the loop is asleep and a warm worker has room: the begin
     /// frame is written there and then, and the loop thread is not woken (`EventLoop.executeInline`). Anything
     /// else (a spawn, a queue, an immediate end) is the loop thread's.
-    func submit(_ request: SubmittedRequest) {
+    package func submit(_ request: SubmittedRequest) {
         let accepted = loop.executeInline(when: { self.hasWarmRoom(for: request) }) { self.start(request) }
         if !accepted { request.deliver(.interrupted(.hostShutdown)) }
     }
@@ -54,7 +62,7 @@ extension HostEngine: HostBackend {
         return workers[key]?.contains(where: { $0.acceptsRequests && $0.cancelTimers.isEmpty }) ?? false
     }
 
-    func cancel(_ id: RequestID) {
+    package func cancel(_ id: RequestID) {
         loop.executeInline { self.cancelOnLoop(id) }
     }
 

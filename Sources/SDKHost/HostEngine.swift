@@ -88,6 +88,8 @@ package final class HostEngine: @unchecked Sendable {
     // Loop-confined state.
     /// Workers and waiting requests by pool (HostEngine+Supervision).
     var workers: [String: [WorkerProcess]] = [:]
+    /// How many times each kind of worker transition ("starting→ready") happened (WorkerLifecycle).
+    package internal(set) var workerTransitions: [String: Int] = [:]
     /// Workers ended on their exit notice and not yet reaped (HostEngine+Workers): no longer in `workers`, held
     /// here until their exit descriptor fires.
     var dyingWorkers: [WorkerProcess] = []
@@ -148,7 +150,8 @@ package final class HostEngine: @unchecked Sendable {
         }
         do {
             loop = try EventLoop(name: "sdk-host", clock: configuration.clock,
-                                 busyPollMicroseconds: configuration.busyPollMicroseconds)
+                                 busyPollMicroseconds: configuration.busyPollMicroseconds,
+                                 driven: configuration.drivenLoop)
         } catch {
             throw HostError(.system, "cannot start the host event loop: \(error)")
         }

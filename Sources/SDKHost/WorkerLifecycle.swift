@@ -54,6 +54,8 @@ struct WorkerLifecycle {
     /// The last changes, oldest first (at most `historyLimit`).
     private(set) var history: [Transition] = []
     static let historyLimit = 8
+    /// Told of every change (the engine's tally of transitions by kind).
+    var observer: ((Transition) -> Void)?
 
     /// Whether `from` may become `to`.
     static func allows(_ from: Phase, _ to: Phase) -> Bool {
@@ -76,7 +78,9 @@ struct WorkerLifecycle {
             return false
         }
         if history.count == Self.historyLimit { history.removeFirst() }
-        history.append(Transition(from: phase, to: next, cause: cause))
+        let transition = Transition(from: phase, to: next, cause: cause)
+        history.append(transition)
+        observer?(transition)
         if next == .retiring { retired = true }
         phase = next
         return true

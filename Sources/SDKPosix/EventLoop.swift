@@ -86,9 +86,13 @@ public final class EventLoop: @unchecked Sendable {
     ///     called). Nil for the monotonic clock.
     ///   - busyPollMicroseconds: After a turn that found or did work, how long to poll (yielding the CPU between
     ///     polls) before sleeping; 0 sleeps at once. Not used under a manual clock.
-    public init(name: String, clock: ManualClock? = nil, busyPollMicroseconds: Int = 0) throws(SystemError) {
+    ///   - driven: No thread of its own: the caller runs it, a turn at a time, with `runUntilIdle()` (the
+    ///     simulation's one thread). Needs a manual clock.
+    public init(name: String, clock: ManualClock? = nil, busyPollMicroseconds: Int = 0, driven: Bool = false) throws(SystemError) {
+        precondition(!driven || clock != nil, "a driven event loop needs a manual clock")
         self.name = name
         self.clock = clock
+        self.driven = driven
         busyPollNanoseconds = UInt64(max(0, busyPollMicroseconds)) * 1000
         let mutex = UnsafeMutablePointer<pthread_mutex_t>.allocate(capacity: 1)
         pthread_mutex_init(mutex, nil)
@@ -113,6 +117,7 @@ public final class EventLoop: @unchecked Sendable {
         timerFD = try make("timerfd_create") { sdk_timerfd() }
         try retryingEINTR("epoll_ctl(ADD)") { sdk_epoll_ctl(epfd, SDK_EPOLL_CTL_ADD, wakeFD, Self.readable) }
         try retryingEINTR("epoll_ctl(ADD)") { sdk_epoll_ctl(epfd, SDK_EPOLL_CTL_ADD, timerFD, Self.readable) }
+        if driven { return }
         let rc = startDetachedThread(named: Self.threadName) { [self] in run() }
         // The thread never ran: its closure held the last reference, and deinit closes the descriptors.
         guard rc == 0 else { throw SystemError("pthread_create", errno: rc, detail: name) }
@@ -121,7 +126,7 @@ public final class EventLoop: @unchecked Sendable {
     deinit {
         // The loop thread closes the epoll descriptor when it stops; a loop whose thread never started has it open.
         _ = Glibc.close(wakeFD)
-        if !threadStarted {
+        if !threadStarted || (driven && !drivenStopped) {  // a driven loop dropped before it stopped too
             _ = Glibc.close(epfd)
             _ = Glibc.close(timerFD)
         }
@@ -130,6 +135,10 @@ public final class EventLoop: @unchecked Sendable {
     }
 
     private var threadStarted = false
+    /// Run by its caller (`runUntilIdle`), not by a thread of its own.
+    private let driven: Bool
+    /// A driven loop that has stopped and released everything.
+    private var drivenStopped = false
 
     /// True while an `executeInline` task runs on its caller's thread (read by the turn's holder). Code that would
     /// call out to an app (a completion handler) or start slow work from such a task hands it to the loop thread
@@ -328,10 +337,30 @@ public final class EventLoop: @unchecked Sendable {
         pthread_mutex_unlock(turn)
     }
 
+    /// A driven loop (`init(driven: true)`): runs turns on the calling thread, which becomes the loop's thread,
+    /// until nothing is left to do now: no task queued, no descriptor ready, no timer due on the manual clock.
+    /// Returns false once the loop has stopped (it then has released everything, and runs nothing more).
+    @discardableResult
+    public func runUntilIdle() -> Bool {
+        precondition(driven, "runUntilIdle is for a driven loop")
+        guard !drivenStopped else { return false }
+        loopThread.store(UInt(pthread_self()), ordering: .relaxed)
+        takeTurn()
+        threadStarted = true
+        runTurns()
+        return !drivenStopped
+    }
+
     private func run() {
         loopThread.store(UInt(pthread_self()), ordering: .relaxed)
         takeTurn()
         threadStarted = true
+        runTurns()
+    }
+
+    /// The loop's turns, holding the turn on entry. A thread's loop returns once stopped; a driven one also when
+    /// idle (with the turn released).
+    private func runTurns() {
         let runQueue = busyPollNanoseconds > 0 && clock == nil ? RunQueueProbe() : nil
         var fds = [Int32](repeating: 0, count: 64)
         var events = [UInt32](repeating: 0, count: 64)
@@ -370,13 +399,18 @@ public final class EventLoop: @unchecked Sendable {
                 }
             }
             var n: Int32 = 0
-            if timeout != 0, busyPollNanoseconds > 0, clock == nil, lastWaitFoundWork {
+            if driven {
+                // Nothing is queued and no timer is due: if no descriptor is ready either, the caller gets its
+                // turn back.
+                n = wait(0)
+                if n == 0 && timeout != 0 { return }
+            } else if timeout != 0, busyPollNanoseconds > 0, clock == nil, lastWaitFoundWork {
                 n = busyPoll(nanoseconds: busyPollNanoseconds, stopsWhen: { runQueue?.oversubscribed() ?? false }) {
                     wait(0)
                 }
                 if n > 0 { busyPollHitCount.add(1, ordering: .relaxed) }
             }
-            if n == 0 { n = wait(timeout) }
+            if n == 0 && !driven { n = wait(timeout) }
             // A turn that ran tasks polls afterwards too (its wait had timeout 0 and may well have found nothing).
             lastWaitFoundWork = n > 0 || timeout == 0
             takeTurn()
@@ -435,6 +469,7 @@ public final class EventLoop: @unchecked Sendable {
         FileDescriptor(adopting: epfd).close()
         FileDescriptor(adopting: timerFD).close()
         runQueue?.close()
+        if driven { drivenStopped = true }
         releaseTurn()
         for callback in callbacks { callback() }
     }

@@ -32,7 +32,7 @@ public struct RequestID: Hashable, Sendable, CustomStringConvertible {
         return RequestID(high: distinctKey.high, low: distinctKey.low ^ (n & (1 << 62 - 1)))
     }
 
-    init(high: UInt64, low: UInt64) {
+    package init(high: UInt64, low: UInt64) {
         // Version 4, RFC 4122 variant.
         self.high = (high & ~0xF000) | 0x4000
         self.low = (low & ~(UInt64(0xC) << 60)) | (UInt64(0x8) << 60)

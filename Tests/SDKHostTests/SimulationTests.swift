@@ -1,4 +1,6 @@
-// Randomized, seeded schedules through the real engine (see SimulationSupport.swift). After each schedule:
+// Randomized, seeded schedules through the real engine, with the fake workers of SDKSimulation. Two runs: the
+// engine on its own loop thread with the schedule on the test's (inline entry points and thread hand-offs
+// included), and the single-threaded simulation of `sdk-host-simulate`, briefly. After each schedule:
 // every request begun got exactly one outcome, the engine holds no request, queue entry or handler, and every
 // fake worker was reaped and its exit descriptor closed. A failure prints its seed; rerun one schedule with
 // SDKHOST_SIM_SEED=<seed>, or many with SDKHOST_SIM_SCHEDULES=<n>:
@@ -7,6 +9,7 @@ import SDKWire
 import HostTestSupport
 @testable import SDKHost
 import SDKPosix
+import SDKSimulation
 import Synchronization
 import Testing
 
@@ -20,7 +23,7 @@ final class WeakSimCanary: @unchecked Sendable {
     init(_ value: SimCanary) { self.value = value }
 }
 
-struct Simulation {
+struct ThreadedSimulation {
     let seed: UInt64
     let steps: Int
     static let identifier = "com.example.sim"
@@ -202,14 +205,14 @@ struct Simulation {
             if worker.alive || !s.reaped || s.exitFDOpen { return failure("fake worker \(worker.pid) not reaped and closed") }
         }
         if canaries.contains(where: { $0.value != nil }) { return failure("a request's handler is still retained") }
-        for outcome in all.values.compactMap(\.first) { Simulation.tally(outcome) }
+        for outcome in all.values.compactMap(\.first) { ThreadedSimulation.tally(outcome) }
         return nil
     }
 }
 
 @Suite(.serialized) struct SimulationTests {
     @Test func randomSchedulesEndEveryRequestExactlyOnceAndRetainNothing() async throws {
-        let temp = TemporaryExtension(identifier: Simulation.identifier, executable: "Echo", policy: """
+        let temp = TemporaryExtension(identifier: ThreadedSimulation.identifier, executable: "Echo", policy: """
             <key>MaxWorkers</key><integer>2</integer><key>MaxConcurrentRequests</key><integer>2</integer>
             <key>IdleTimeoutSeconds</key><real>4</real>
             """)
@@ -228,7 +231,7 @@ struct Simulation {
         let baseline = ResourceSnapshot.take()
         var failures = 0
         for seed in seeds {
-            if let problem = await Simulation(seed: seed, steps: 80).run(manifestRoot: temp.root) {
+            if let problem = await ThreadedSimulation(seed: seed, steps: 80).run(manifestRoot: temp.root) {
                 Issue.record(Comment(rawValue: problem))
                 failures += 1
                 if failures >= 3 { break }
@@ -237,12 +240,38 @@ struct Simulation {
         let leak = await leaksSince(baseline)
         #expect(leak == nil, "descriptors or loop threads left by the schedules: \(leak ?? "")")
         // The schedules must reach every kind of ending, or they prove less than they claim.
-        let kinds = Simulation.kinds.withLock { $0 }
+        let kinds = ThreadedSimulation.kinds.withLock { $0 }
         print("simulation: \(seeds.count) schedules; outcomes \(kinds.sorted { $0.key < $1.key })")
         if seeds.count >= 100 {
             for kind in ["completed", "cancelled", "signal", "exited", "protocol", "launchFailed", "timed out", "overloaded", "host shut down", "hang"] {
                 #expect(kinds[kind, default: 0] > 0, "no schedule ended a request as \(kind)")
             }
         }
+    }
+
+    /// The single-threaded simulation (`sdk-host-simulate`), briefly: every schedule replays from its seed, and
+    /// the run must reach every kind of ending and of worker transition it claims to cover.
+    @Test func theSingleThreadedSimulationFindsNoViolation() throws {
+        let world = try SimulationWorld(executable: "\(currentExecutableDirectory() ?? ".")/sdk-host-launcher")
+        defer { world.remove() }
+        var tally = SimulationTally()
+        var problems: [String] = []
+        for seed in UInt64(0x5D4_0000)..<UInt64(0x5D4_0000 + 300) {
+            if let problem = Simulation(seed: seed, steps: 80).run(in: world, tally: &tally) { problems.append(problem) }
+            if problems.count >= 3 { break }
+        }
+        #expect(problems.isEmpty, "\(problems.joined(separator: "\n"))")
+        for kind in ["completed", "cancelled", "signal", "exited", "protocol violation", "launch failed", "timed out", "hang",
+                     "host shut down", "quarantined"] {
+            #expect(tally.outcomes[kind, default: 0] > 0, "no schedule ended a request as \(kind): \(tally.outcomes)")
+        }
+        for kind in ["starting→ready", "ready→killed", "killed→dead", "ready→retiring", "retiring→dead", "ready→dead"] {
+            #expect(tally.transitions[kind, default: 0] > 0, "no worker went \(kind): \(tally.transitions)")
+        }
+        // The same seed, run again, replays the same schedule.
+        var first = SimulationTally(), second = SimulationTally()
+        _ = Simulation(seed: 0x5D4_0007, steps: 80).run(in: world, tally: &first)
+        _ = Simulation(seed: 0x5D4_0007, steps: 80).run(in: world, tally: &second)
+        #expect(first.outcomes == second.outcomes && first.transitions == second.transitions)
     }
 }

@@ -1,11 +1,8 @@
-// A seeded simulation of the engine (FoundationDB's and TigerBeetle's idea): the real HostEngine, on its real
-// event loop, with a ManualClock and workers that live in the test process. A fake worker is a socketpair, two
-// pipes and an eventfd that stands for its exit; the simulation decides, from a seeded generator, what each
-// worker does and when: welcome, complete, complete twice, acknowledge a cancel, reply for an unknown id,
-// crash, exit, and what the clock does. Every schedule is reproducible from its seed.
+// Fake workers for the engine's simulations (FoundationDB's and TigerBeetle's idea): a fake worker is a socketpair,
+// two pipes and an eventfd that stands for its exit, living in the simulating process; the simulation decides,
+// from a seeded generator, what each does and when. SimLauncher makes them in place of posix_spawn.
 import SDKWire
-import HostTestSupport
-@testable import SDKHost
+import SDKHost
 import CSDKShim
 import SDKPosix
 import Synchronization
@@ -16,29 +13,31 @@ import Glibc
 
 /// One fake worker process. The engine's side (the WorkerChild) is called on the loop thread; the simulation's
 /// side on the test thread; the shared part sits behind a Mutex.
-final class FakeWorker: WorkerChild, @unchecked Sendable {
+package final class FakeWorker: WorkerChild, @unchecked Sendable {
     // @unchecked Sendable: `fds` and `pending` are used by the simulation thread only; `shared` is locked.
-    struct Shared {
-        var killRequested = false
-        var status: SDKPosix.ExitStatus?
-        var reaped = false
-        var exitFDOpen = true
+    package struct Shared {
+        package var killRequested = false
+        package var status: SDKPosix.ExitStatus?
+        package var reaped = false
+        package var exitFDOpen = true
     }
-    let pid: pid_t
-    let exitDescriptor: Int32
-    let shared = Mutex(Shared())
+    package let pid: pid_t
+    package let exitDescriptor: Int32
+    package let shared = Mutex(Shared())
     /// The simulation's ends: socket, stdout and stderr write ends; -1 once closed.
-    var socket: Int32
-    var stdoutWrite: Int32
-    var stderrWrite: Int32
-    var reader = FrameReader()
-    var pending: [RequestID] = []
-    var cancelRequested: Set<RequestID> = []
+    package var socket: Int32
+    package var stdoutWrite: Int32
+    package var stderrWrite: Int32
+    package var reader = FrameReader()
+    package var pending: [RequestID] = []
+    package var cancelRequested: Set<RequestID> = []
     /// Every id this worker was sent a begin for, in order.
-    var begins: [RequestID] = []
-    var alive = true
+    package var begins: [RequestID] = []
+    package var alive = true
+    /// What `pump` reads into, kept between calls.
+    private var buffer = [UInt8](repeating: 0, count: 16384)
 
-    init(pid: pid_t, socket: Int32, stdoutWrite: Int32, stderrWrite: Int32) {
+    package init(pid: pid_t, socket: Int32, stdoutWrite: Int32, stderrWrite: Int32) {
         self.pid = pid
         exitDescriptor = sdk_eventfd()
         self.socket = socket
@@ -48,11 +47,11 @@ final class FakeWorker: WorkerChild, @unchecked Sendable {
 
     // MARK: WorkerChild (loop thread)
 
-    func signal(_ signal: Int32) {
+    package func signal(_ signal: Int32) {
         shared.withLock { if $0.status == nil { $0.killRequested = true } }
     }
 
-    func reap() throws(SystemError) -> SDKPosix.ExitStatus? {
+    package func reap() throws(SystemError) -> SDKPosix.ExitStatus? {
         shared.withLock { s -> SDKPosix.ExitStatus? in
             guard let status = s.status, !s.reaped else { return nil }
             s.reaped = true
@@ -60,7 +59,7 @@ final class FakeWorker: WorkerChild, @unchecked Sendable {
         }
     }
 
-    func close() {
+    package func close() {
         shared.withLock { $0.exitFDOpen = false }
         Glibc.close(exitDescriptor)
     }
@@ -68,7 +67,7 @@ final class FakeWorker: WorkerChild, @unchecked Sendable {
     // MARK: Simulation side
 
     /// The process ends: its descriptors close, then its exit becomes visible.
-    func die(_ status: SDKPosix.ExitStatus) {
+    package func die(_ status: SDKPosix.ExitStatus) {
         guard alive else { return }
         alive = false
         for fd in [socket, stdoutWrite, stderrWrite] where fd >= 0 { Glibc.close(fd) }
@@ -80,16 +79,15 @@ final class FakeWorker: WorkerChild, @unchecked Sendable {
         _ = write(exitDescriptor, &one, 8)
     }
 
-    func send(_ message: Message) {
+    package func send(_ message: Message) {
         guard alive else { return }
         let bytes = try! Frame.encode(message.plist)
         _ = bytes.withUnsafeBytes { Glibc.send(socket, $0.baseAddress, $0.count, Int32(MSG_NOSIGNAL | MSG_DONTWAIT)) }
     }
 
     /// Reads what the host sent; answers hello and ping at once, records begins and cancels.
-    func pump(identifier: String) {
+    package func pump(identifier: String) {
         guard alive else { return }
-        var buffer = [UInt8](repeating: 0, count: 65536)
         while true {
             let n = recv(socket, &buffer, buffer.count, Int32(MSG_DONTWAIT))
             if n <= 0 { break }
@@ -110,14 +108,16 @@ final class FakeWorker: WorkerChild, @unchecked Sendable {
 }
 
 /// Creates fake workers; can be told to fail the next spawn.
-final class SimLauncher: WorkerLauncher, @unchecked Sendable {
+package final class SimLauncher: WorkerLauncher, @unchecked Sendable {
     // @unchecked Sendable: `workers` and `failNext` are behind the Mutex.
     private let state = Mutex<(workers: [FakeWorker], failNext: Bool, nextPid: pid_t)>(([], false, 900_000))
 
-    var workers: [FakeWorker] { state.withLock { $0.workers } }
-    func failNextSpawn() { state.withLock { $0.failNext = true } }
+    package init() {}
 
-    func launch(_ request: SpawnRequest) throws(SystemError) -> LaunchedWorker {
+    package var workers: [FakeWorker] { state.withLock { $0.workers } }
+    package func failNextSpawn() { state.withLock { $0.failNext = true } }
+
+    package func launch(_ request: SpawnRequest) throws(SystemError) -> LaunchedWorker {
         let fail = state.withLock { s -> Bool in
             defer { s.failNext = false }
             return s.failNext

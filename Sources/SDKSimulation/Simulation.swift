@@ -1,0 +1,354 @@
+// A seeded, single-threaded simulation of the engine: the real HostEngine on a driven event loop (no thread of
+// its own: `runUntilIdle` after every step), a manual clock, and fake workers (FakeWorkers.swift). One seeded
+// generator decides every step: a begin (with or without a deadline), a cancel, a worker that completes (once
+// or twice), acknowledges a cancel, crashes, exits, replies for an unknown id, a spawn that fails, the clock
+// moving; then a shutdown. Nothing else runs, so a seed replays exactly.
+//
+// After every step it checks that no request ended twice, none was sent to a worker after it ended, and the wait
+// queue stays within its bound; after the shutdown, that every request ended exactly once, the engine holds no
+// request, queue entry or worker, every fake worker was reaped and its exit descriptor closed, no handler of a
+// request is retained, and the descriptors the schedule opened are closed.
+import SDKWire
+import SDKHost
+import SDKPosix
+import Synchronization
+import Dispatch
+
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// SplitMix64: tiny, seedable, the same sequence on every machine, so a failure replays from a printed seed.
+package struct SimulationRandom: RandomNumberGenerator {
+    private var state: UInt64
+    package init(seed: UInt64) { state = seed }
+    package mutating func next() -> UInt64 {
+        state &+= 0x9E37_79B9_7F4A_7C15
+        var z = state
+        z = (z ^ (z >> 30)) &* 0xBF58_476D_1CE4_E5B9
+        z = (z ^ (z >> 27)) &* 0x94D0_49BB_1331_11EB
+        return z ^ (z >> 31)
+    }
+}
+
+/// What the schedules reached, over many runs.
+package struct SimulationTally {
+    /// Requests' outcomes by kind ("completed", "timed out", …).
+    package var outcomes: [String: Int] = [:]
+    /// Worker lifecycle transitions by kind ("ready→killed", …).
+    package var transitions: [String: Int] = [:]
+    package var steps = 0
+
+    package init() {}
+
+    mutating func add(_ outcome: RequestOutcome) {
+        let key: String
+        switch outcome {
+        case .completed: key = "completed"
+        case .cancelled: key = "cancelled"
+        case .interrupted(let reason):
+            switch reason {
+            case .signal: key = "signal"
+            case .exited: key = "exited"
+            case .protocolViolation: key = "protocol violation"
+            case .launchFailed: key = "launch failed"
+            default: key = "\(reason)"
+            }
+        }
+        outcomes[key, default: 0] += 1
+    }
+}
+
+/// The extension every schedule runs: a manifest in a folder of its own whose executable is the simulating
+/// program (never run: SimLauncher stands in for posix_spawn).
+package struct SimulationWorld {
+    package static let identifier = "com.example.sim"
+    package let root: String
+    let executableDirectory: String
+
+    /// Writes the manifest under a new folder in `temporaryDirectory`.
+    package init(executable: String, temporaryDirectory: String = "/tmp") throws(HostError) {
+        var template = "\(temporaryDirectory)/sdkhost-sim-XXXXXX".utf8CString
+        guard let made = template.withUnsafeMutableBufferPointer({ mkdtemp($0.baseAddress!) }) else {
+            throw HostError(.system, "cannot make a folder in \(temporaryDirectory)")
+        }
+        root = String(cString: made)
+        let slash = executable.lastIndex(of: "/") ?? executable.startIndex
+        executableDirectory = String(executable[..<slash])
+        let name = String(executable[executable.index(after: slash)...])
+        mkdir("\(root)/Sim", 0o755)
+        let xml = """
+            <?xml version="1.0" encoding="UTF-8"?>
+            <plist version="1.0"><dict>
+              <key>CFBundleIdentifier</key><string>\(Self.identifier)</string>
+              <key>NSExtension</key><dict>
+                <key>NSExtensionPointIdentifier</key><string>com.sdk-host.service</string>
+                <key>NSExtensionExecutable</key><string>\(name)</string>
+                <key>SDKHostPolicy</key><dict>
+                  <key>Sandbox</key><string>none</string>
+                  <key>MaxWorkers</key><integer>2</integer>
+                  <key>MaxConcurrentRequests</key><integer>2</integer>
+                  <key>IdleTimeoutSeconds</key><real>4</real>
+                </dict>
+              </dict>
+            </dict></plist>
+            """
+        do {
+            try writeFile("\(root)/Sim/Info.plist", Array(xml.utf8), mode: 0o644)
+        } catch {
+            throw HostError(.system, "cannot write the simulation's manifest: \(error)")
+        }
+        // Dispatch opens its own epoll, eventfd and timerfd the first time work goes to a global queue (an
+        // engine's start does): open them now, or the first schedule counts them as its leak.
+        let done = DispatchSemaphore(value: 0)
+        DispatchQueue.global(qos: .utility).async { done.signal() }
+        done.wait()
+    }
+
+    package func remove() {
+        _ = unlink("\(root)/Sim/Info.plist")
+        rmdir("\(root)/Sim")
+        rmdir(root)
+    }
+}
+
+/// One schedule.
+package struct Simulation {
+    package let seed: UInt64
+    package let steps: Int
+    static let maxQueued = 6
+
+    package init(seed: UInt64, steps: Int) {
+        self.seed = seed
+        self.steps = steps
+    }
+
+    /// Runs the schedule; returns what went wrong (naming the seed and the last steps), or nil.
+    package func run(in world: SimulationWorld, tally: inout SimulationTally) -> String? {
+        var rng = SimulationRandom(seed: seed)
+        let descriptorsBefore = openDescriptorCount()
+        let clock = ManualClock()
+        let launcher = SimLauncher()
+        var configuration = HostConfiguration(extensionSearchPaths: [world.root],
+                                              executableSearchPaths: [world.executableDirectory])
+        configuration.clock = clock
+        configuration.drivenLoop = true
+        configuration.launcher = launcher
+        configuration.allowedSandboxModes = [.strict, .bestEffort, .none]
+        configuration.logLevel = .error
+        configuration.logHandler = { _, _ in }
+        configuration.maxQueuedRequests = Self.maxQueued
+        configuration.cancelGracePeriod = 1
+        configuration.heartbeatInterval = 1
+        configuration.heartbeatTimeout = 3
+        configuration.workerExitGracePeriod = 1
+        // Each worker gets a temp folder, made and removed on its spawn and death: on tmpfs, not on disk.
+        if access("/dev/shm", W_OK) == 0 { configuration.temporaryDirectory = "/dev/shm" }
+        var trace: [String] = []
+        func failure(_ what: String) -> String {
+            "seed \(seed): \(what)\n  last steps:\n    " + trace.suffix(25).joined(separator: "\n    ")
+        }
+        let problem: String? = {
+            let engine: HostEngine
+            do {
+                engine = try HostEngine(configuration: configuration)
+            } catch {
+                return "seed \(seed): cannot create the engine: \(error)"
+            }
+            // Single-threaded: the outcomes are only ever touched on this thread (the loop runs here).
+            let outcomes = Mutex<[RequestID: [RequestOutcome]]>([:])
+            var begun: [RequestID] = []
+            var retained: [Weak] = []
+            var lateBegin: RequestID?
+            // Requests that had ended when the previous pump started: a begin read now was written after that
+            // pump (the loop had flushed everything before it), so it must not be for one of these.
+            var endedBeforeLastPump: Set<RequestID> = []
+            func pumpWorkers() {
+                let endedNow = Set(outcomes.withLock { $0.keys })
+                defer { endedBeforeLastPump = endedNow }
+                let ended = endedBeforeLastPump
+                for worker in launcher.workers where worker.alive {
+                    let seen = worker.begins.count
+                    if worker.shared.withLock({ $0.killRequested }) {
+                        worker.die(.signaled(SIGKILL))
+                        continue
+                    }
+                    worker.pump(identifier: SimulationWorld.identifier)
+                    if lateBegin == nil, let late = worker.begins[seen...].first(where: ended.contains) {
+                        lateBegin = late
+                    }
+                    // The host closed the socket (retired it): the runtime exits.
+                    var byte: UInt8 = 0
+                    if worker.alive, recv(worker.socket, &byte, 1, Int32(MSG_DONTWAIT | MSG_PEEK)) == 0 { worker.die(.exited(0)) }
+                }
+            }
+            func randomWorker(_ which: (FakeWorker) -> Bool) -> FakeWorker? {
+                let candidates = launcher.workers.filter { $0.alive && which($0) }
+                return candidates.isEmpty ? nil : candidates[Int(rng.next() % UInt64(candidates.count))]
+            }
+            func short(_ id: RequestID) -> Substring { id.uuidString.prefix(8) }
+
+            func checkStep() -> String? {
+                if let lateBegin { return failure("request \(lateBegin) was sent to a worker after it had ended") }
+                let ended = outcomes.withLock { $0 }
+                if let twice = ended.first(where: { $0.value.count > 1 }) {
+                    return failure("request \(twice.key) ended \(twice.value.count) times: \(twice.value)")
+                }
+                if engine.queuedRequestCount > Self.maxQueued {
+                    return failure("\(engine.queuedRequestCount) requests queued, past MaxQueuedRequests \(Self.maxQueued)")
+                }
+                if engine.activeRequestCount + ended.count != begun.count {
+                    return failure("\(begun.count) begun, \(ended.count) ended, \(engine.activeRequestCount) held")
+                }
+                // A worker's death, once reaped, ends what it was running (or sends it on): nothing stays with it.
+                let workers = launcher.workers
+                for id in engine.activeRequestIDs {
+                    guard let pid = engine.workerPID(serving: id), let worker = workers.first(where: { $0.pid == pid }),
+                        !worker.alive, worker.shared.withLock({ $0.reaped })
+                    else { continue }
+                    return failure("request \(id) is still with worker \(pid), which is dead and reaped")
+                }
+                return nil
+            }
+            var violation: String?
+
+            engine.loop.runUntilIdle()
+            for _ in 0..<steps {
+                // What the workers answer and the step's own action are handled in one run of the loop.
+                pumpWorkers()
+                let roll = rng.next() % 100
+                switch roll {
+                case 0..<25:
+                    let id = RequestID(high: rng.next(), low: rng.next())
+                    let deadline: Double? = rng.next() % 10 < 3 ? Double(rng.next() % 3000 + 1) / 1000 : nil
+                    let handle = Handle()
+                    retained.append(Weak(handle))
+                    begun.append(id)
+                    trace.append("begin \(short(id)) deadline \(deadline.map { "\($0)" } ?? "-")")
+                    engine.submit(SubmittedRequest(
+                        id: id, extensionID: SimulationWorld.identifier, items: [ExtensionItem(title: "sim")],
+                        deadline: deadline, onWorkerAssigned: nil,
+                        deliver: { [handle] outcome in
+                            withExtendedLifetime(handle) { outcomes.withLock { $0[id, default: []].append(outcome) } }
+                        }))
+                case 25..<35:
+                    guard !begun.isEmpty else { break }
+                    let id = begun[Int(rng.next() % UInt64(begun.count))]
+                    trace.append("cancel \(short(id))")
+                    engine.cancel(id)
+                case 35..<60:
+                    guard let worker = randomWorker({ !$0.pending.isEmpty }) else { break }
+                    let id = worker.pending.remove(at: Int(rng.next() % UInt64(worker.pending.count)))
+                    trace.append("worker \(worker.pid) completes \(short(id))")
+                    worker.send(.complete(id: id, items: [ExtensionItem(title: "done")]))
+                    if rng.next() % 10 == 0 {
+                        trace.append("worker \(worker.pid) completes \(short(id)) again")
+                        worker.send(.complete(id: id, items: [ExtensionItem(title: "again")]))
+                    }
+                case 60..<65:
+                    guard let worker = randomWorker({ !$0.cancelRequested.isEmpty }) else { break }
+                    let id = worker.cancelRequested.removeFirst()
+                    worker.pending.removeAll { $0 == id }
+                    trace.append("worker \(worker.pid) acknowledges the cancel of \(short(id))")
+                    worker.send(.cancelled(id: id, error: .cancelledByHost))
+                case 65..<70:
+                    guard let worker = randomWorker({ _ in true }) else { break }
+                    trace.append("worker \(worker.pid) crashes")
+                    worker.die(.signaled(SIGSEGV))
+                case 70..<73:
+                    guard let worker = randomWorker({ _ in true }) else { break }
+                    trace.append("worker \(worker.pid) exits")
+                    worker.die(.exited(0))
+                case 73..<75:
+                    guard let worker = randomWorker({ _ in true }) else { break }
+                    trace.append("worker \(worker.pid) replies for an unknown id")
+                    worker.send(.complete(id: RequestID(high: rng.next(), low: rng.next()), items: []))
+                case 75..<77:
+                    trace.append("the next spawn fails")
+                    launcher.failNextSpawn()
+                default:
+                    let ms = rng.next() % 1500
+                    trace.append("clock +\(ms) ms")
+                    clock.advance(by: ms * 1_000_000)
+                }
+                engine.loop.runUntilIdle()
+                tally.steps += 1
+                // After every step. A violation ends the schedule, after the shutdown below (which releases
+                // the engine's descriptors).
+                if let problem = checkStep() {
+                    violation = problem
+                    break
+                }
+            }
+
+            // Shutdown, with workers that exit when their socket closes and a clock that moves.
+            trace.append("shutdown")
+            let stopped = Mutex(false)
+            engine.shutdown { stopped.withLock { $0 = true } }
+            var rounds = 0
+            while engine.loop.runUntilIdle(), rounds < 500 {
+                rounds += 1
+                pumpWorkers()
+                clock.advance(by: 200_000_000)
+            }
+            guard stopped.withLock({ $0 }) else { return violation ?? failure("shutdown never completed") }
+            if let violation { return violation }
+            if let lateBegin { return failure("request \(lateBegin) was sent to a worker after it had ended") }
+            let all = outcomes.withLock { $0 }
+            for id in begun where all[id]?.count != 1 {
+                return failure("request \(id) ended \(all[id]?.count ?? 0) times: \(all[id] ?? [])")
+            }
+            if engine.activeRequestCount != 0 { return failure("\(engine.activeRequestCount) request(s) still held") }
+            if engine.queuedRequestCount != 0 { return failure("a queue still holds requests") }
+            if engine.listedWorkerCount != 0 { return failure("workers still listed") }
+            for worker in launcher.workers {
+                let s = worker.shared.withLock { $0 }
+                if worker.alive || !s.reaped || s.exitFDOpen { return failure("fake worker \(worker.pid) not reaped and closed") }
+            }
+            for outcome in all.values.compactMap(\.first) { tally.add(outcome) }
+            for (kind, count) in engine.workerTransitions { tally.transitions[kind, default: 0] += count }
+            if retained.contains(where: { $0.value != nil }) { return failure("a request's handler is still retained") }
+            return nil
+        }()
+        if problem == nil {
+            if openDescriptorCount() > descriptorsBefore {
+                return failure("\(openDescriptorCount() - descriptorsBefore) descriptor(s) left open; open now: "
+                    + openDescriptors().sorted().joined(separator: ", "))
+            }
+        }
+        return problem
+    }
+}
+
+/// Stands for what a request's handler holds; must be released once the request has ended.
+final class Handle: Sendable {}
+
+final class Weak {
+    weak var value: Handle?
+    init(_ value: Handle) { self.value = value }
+}
+
+/// How many descriptors this process has open (counting the one reading them).
+func openDescriptorCount() -> Int {
+    guard let dir = opendir("/proc/self/fd") else { return -1 }
+    defer { closedir(dir) }
+    var count = 0
+    while readdir(dir) != nil { count += 1 }
+    return count
+}
+
+/// This process's open descriptors, as "fd target" (but the one reading them).
+func openDescriptors() -> Set<String> {
+    guard let dir = opendir("/proc/self/fd") else { return [] }
+    defer { closedir(dir) }
+    let own = dirfd(dir)
+    var out: Set<String> = []
+    while let entry = readdir(dir) {
+        let name = withDirectoryEntryName(entry) { String(decoding: $0, as: UTF8.self) }
+        guard let fd = Int32(name), fd != own else { continue }
+        var buffer = [CChar](repeating: 0, count: 256)
+        let n = readlink("/proc/self/fd/\(name)", &buffer, 255)
+        out.insert("\(fd) " + (n > 0 ? String(decoding: buffer[0..<n].map { UInt8(bitPattern: $0) }, as: UTF8.self) : "?"))
+    }
+    return out
+}

@@ -1,0 +1,99 @@
+// `sdk-host-simulate --schedules N [--seed S] [--steps K]`: runs N seeded schedules of the engine on one thread
+// (SDKSimulation) and prints how often each kind of outcome and worker transition was reached, then
+// `N schedules, V violations`. Exits 1 naming the seed of each violation (at most 10 are printed); a seed
+// replays exactly: `sdk-host-simulate --schedules 1 --seed S`.
+import SDKPosix
+import SDKSimulation
+
+#if canImport(Glibc)
+import Glibc
+#endif
+
+let usage = """
+    usage: sdk-host-simulate --schedules N [--seed S] [--steps K]
+      --schedules N  how many schedules (seeds S, S+1, …)
+      --seed S       the first seed (default 0x5D40000)
+      --steps K      steps per schedule before the shutdown (default 80)
+    """
+
+func fail(_ text: String) -> Never {
+    FileHandleless.write(2, "sdk-host-simulate: \(text)\n")
+    exit(2)
+}
+
+enum FileHandleless {
+    static func write(_ fd: Int32, _ text: String) {
+        var text = text
+        text.withUTF8 { bytes in _ = Glibc.write(fd, bytes.baseAddress, bytes.count) }
+    }
+}
+
+var schedules: Int?
+var seed: UInt64 = 0x5D4_0000
+var steps = 80
+var arguments = CommandLine.arguments.dropFirst()
+while let flag = arguments.popFirst() {
+    guard let value = arguments.popFirst() else { fail("\(flag) needs a value\n\(usage)") }
+    switch flag {
+    case "--schedules":
+        guard let n = Int(value), n > 0 else { fail("--schedules: '\(value)' is not a positive count") }
+        schedules = n
+    case "--seed":
+        guard let s = value.hasPrefix("0x") ? UInt64(value.dropFirst(2), radix: 16) : UInt64(value) else {
+            fail("--seed: '\(value)' is not a number")
+        }
+        seed = s
+    case "--steps":
+        guard let n = Int(value), n > 0, n <= 100_000 else { fail("--steps: '\(value)' is not a count from 1 to 100000") }
+        steps = n
+    default:
+        fail("unknown option '\(flag)'\n\(usage)")
+    }
+}
+guard let schedules else { fail("--schedules is required\n\(usage)") }
+// The manifest's executable: this program (never run; the simulation's launcher stands in for posix_spawn).
+var buffer = [CChar](repeating: 0, count: 4096)
+let length = readlink("/proc/self/exe", &buffer, 4095)
+guard length > 0 else { fail("cannot read /proc/self/exe") }
+let executable = String(decoding: buffer[0..<length].map { UInt8(bitPattern: $0) }, as: UTF8.self)
+let world: SimulationWorld
+do {
+    world = try SimulationWorld(executable: executable)
+} catch {
+    fail("\(error)")
+}
+// A trap (a precondition the engine keeps, a descriptor dropped unclosed) ends the process: say which seed first.
+nonisolated(unsafe) var currentSeed: UInt64 = 0
+for sig in [SIGILL, SIGTRAP, SIGSEGV, SIGABRT, SIGBUS] {
+    signal(sig) { sig in
+        var text = [UInt8]("sdk-host-simulate: schedule with seed ".utf8)
+        var digits: [UInt8] = []
+        var n = currentSeed
+        repeat { digits.append(UInt8(ascii: "0") + UInt8(n % 10)); n /= 10 } while n > 0
+        text += digits.reversed() + Array(" trapped (replay: --schedules 1 --seed <it>)\n".utf8)
+        _ = text.withUnsafeBytes { Glibc.write(2, $0.baseAddress, $0.count) }
+        signal(sig, SIG_DFL)
+        raise(sig)
+    }
+}
+var tally = SimulationTally()
+var violations = 0
+let start = monotonicNanoseconds()
+for n in 0..<schedules {
+    let s = seed &+ UInt64(n)
+    currentSeed = s
+    if let problem = Simulation(seed: s, steps: steps).run(in: world, tally: &tally) {
+        violations += 1
+        if violations <= 10 { print("VIOLATION " + problem) }
+    }
+}
+let seconds = Double(monotonicNanoseconds() - start) / 1e9
+world.remove()
+print("outcomes:")
+for (kind, count) in tally.outcomes.sorted(by: { $0.key < $1.key }) { print("  \(kind): \(count)") }
+print("worker transitions:")
+for (kind, count) in tally.transitions.sorted(by: { $0.key < $1.key }) { print("  \(kind): \(count)") }
+print("\(tally.steps) steps in \(Int(seconds * 1000)) ms: \(Int(Double(schedules) / max(seconds, 1e-9))) schedules/s on one thread")
+if violations > 0 { print("replay one with: sdk-host-simulate --schedules 1 --seed <seed>") }
+print("\(schedules) schedules, \(violations) violations")
+exit(violations > 0 ? 1 : 0)
