@@ -66,7 +66,7 @@ extension HostEngine: HostBackend {
         loop.executeInline { self.cancelOnLoop(id) }
     }
 
-    func credit(_ id: RequestID, _ count: Int) {
+    package func credit(_ id: RequestID, _ count: Int) {
         loop.executeInline { self.creditOnLoop(id, count) }
     }
 

@@ -2,7 +2,9 @@
 // its own: `runUntilIdle` after every step), a manual clock, and fake workers (FakeWorkers.swift). One seeded
 // generator decides every step: a begin (with or without a deadline), a cancel, a worker that completes (once
 // or twice), acknowledges a cancel, crashes, exits, replies for an unknown id, a spawn that fails, the clock
-// moving; then a shutdown. Nothing else runs, so a seed replays exactly.
+// moving, a partial result (sometimes past the credit window); requests come from a few daemon apps, each with
+// its own pool, and workers are recycled after five requests; then a shutdown. Nothing else runs, so a seed
+// replays exactly.
 //
 // After every step it checks that no request ended twice, none was sent to a worker after it ended, and the wait
 // queue stays within its bound; after the shutdown, that every request ended exactly once, the engine holds no
@@ -89,6 +91,7 @@ package struct SimulationWorld {
                   <key>MaxWorkers</key><integer>2</integer>
                   <key>MaxConcurrentRequests</key><integer>2</integer>
                   <key>IdleTimeoutSeconds</key><real>4</real>
+                  <key>MaxRequestsPerWorker</key><integer>5</integer>
                 </dict>
               </dict>
             </dict></plist>
@@ -157,6 +160,8 @@ package struct Simulation {
             }
             // Single-threaded: the outcomes are only ever touched on this thread (the loop runs here).
             let outcomes = Mutex<[RequestID: [RequestOutcome]]>([:])
+            // Partial results the app took, and any that came after its request's outcome.
+            let partials = Mutex<(taken: [RequestID: Int], afterEnd: RequestID?)>(([:], nil))
             var begun: [RequestID] = []
             var retained: [Weak] = []
             var lateBegin: RequestID?
@@ -190,6 +195,9 @@ package struct Simulation {
 
             func checkStep() -> String? {
                 if let lateBegin { return failure("request \(lateBegin) was sent to a worker after it had ended") }
+                if let late = partials.withLock({ $0.afterEnd }) {
+                    return failure("request \(late) had a partial result after its outcome")
+                }
                 let ended = outcomes.withLock { $0 }
                 if let twice = ended.first(where: { $0.value.count > 1 }) {
                     return failure("request \(twice.key) ended \(twice.value.count) times: \(twice.value)")
@@ -225,12 +233,26 @@ package struct Simulation {
                     retained.append(Weak(handle))
                     begun.append(id)
                     trace.append("begin \(short(id)) deadline \(deadline.map { "\($0)" } ?? "-")")
+                    // Half come from one of three daemon apps (a pool each), half from the embedded app.
+                    let app: String? = rng.next() % 2 == 0 ? "0/app\(rng.next() % 3)" : nil
+                    trace[trace.count - 1] += app.map { " app \($0)" } ?? ""
                     engine.submit(SubmittedRequest(
                         id: id, extensionID: SimulationWorld.identifier, items: [ExtensionItem(title: "sim")],
                         deadline: deadline, onWorkerAssigned: nil,
                         deliver: { [handle] outcome in
                             withExtendedLifetime(handle) { outcomes.withLock { $0[id, default: []].append(outcome) } }
-                        }))
+                        },
+                        progress: { [handle, engine] _ in
+                            withExtendedLifetime(handle) {
+                                let over = outcomes.withLock { $0[id] != nil }
+                                partials.withLock { p in
+                                    p.taken[id, default: 0] += 1
+                                    if over, p.afterEnd == nil { p.afterEnd = id }
+                                }
+                                engine.credit(id, 1)  // the app has it
+                            }
+                        },
+                        app: app))
                 case 25..<35:
                     guard !begun.isEmpty else { break }
                     let id = begun[Int(rng.next() % UInt64(begun.count))]
@@ -266,6 +288,13 @@ package struct Simulation {
                 case 75..<77:
                     trace.append("the next spawn fails")
                     launcher.failNextSpawn()
+                case 77..<85:
+                    guard let worker = randomWorker({ !$0.pending.isEmpty }) else { break }
+                    let id = worker.pending[Int(rng.next() % UInt64(worker.pending.count))]
+                    // Now and then a burst past the window of 16 uncredited: a protocol violation.
+                    let count = rng.next() % 20 == 0 ? 20 : 1
+                    trace.append("worker \(worker.pid) sends \(count) partial result(s) for \(short(id))")
+                    for _ in 0..<count { worker.send(.partial(id: id, items: [ExtensionItem(title: "part")])) }
                 default:
                     let ms = rng.next() % 1500
                     trace.append("clock +\(ms) ms")
