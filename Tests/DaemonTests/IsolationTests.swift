@@ -85,8 +85,12 @@ import Glibc
         func workers() async -> [WorkerStatus] {
             await alpha.status(of: "com.example.warm-echo")?.workers ?? []
         }
-        // A spare before any request, serving no app.
-        #expect(await eventually { await workers().count == 1 })
+        // A spare before any request, serving no app. Until its launcher names the worker, status shows the
+        // launcher's pid: wait for the pid of the process that runs Echo.
+        #expect(await eventually {
+            let all = await workers()
+            return all.count == 1 && readSmallFile("/proc/\(all[0].pid)/comm")?.hasPrefix("Echo") == true
+        })
         let spare = try #require(await workers().first)
         #expect(spare.app == nil && spare.requestsServed == 0)
         // Alpha's first request adopts it, and a new spare takes its place.
