@@ -27,7 +27,7 @@ let usage = """
       crashes [--leaks] [--json] [--config P] [--dir D]
                                 the crash (or leak) reports the daemon wrote, each with its fatal-error line
       plist encode|decode       XML plist on stdin -> bplist00 on stdout, and back
-      bench [codec|cold|daemon|drain|kill|stream|throughput] [--json] [--quick] [--config P] [--peer P]
+      bench [api|codec|cold|daemon|drain|kill|stream|throughput] [--json] [--quick] [--config P] [--peer P]
                                 performance figures next to the raw socketpair round trip (use -c release)
       bench --soak N [--json]   N requests with crashes, cancels and deadlines: RSS, descriptors, threads, slope
       --version                 the version

@@ -115,6 +115,14 @@ import Glibc
         }
         let (status, out, _) = try await run(["--help"])
         #expect(status == 0 && out.contains("exit status (every command)") && out.contains("SDKHOST_CONFIG"))
+        // The bench modes the main help lists are bench --help's.
+        func modes(_ text: String, after marker: String) -> [String] {
+            guard let start = text.range(of: marker)?.upperBound, let end = text[start...].firstIndex(of: "]") else { return [] }
+            return text[start..<end].split(separator: "|").map { String($0.filter { $0 != " " }) }
+        }
+        let benchHelp = try await run(["bench", "--help"]).1
+        #expect(modes(out, after: "bench [") == modes(benchHelp, after: "bench ["), "\(out)\n\(benchHelp)")
+        #expect(modes(out, after: "bench [").contains("api"))
         let (versionStatus, version, _) = try await run(["--version"])
         #expect(versionStatus == 0 && version == "sdk-host \(ExtensionHost.version)\n")
     }
