@@ -155,9 +155,9 @@ package struct DaemonConfiguration: Sendable {
         }
         host.crashReportLimit = try f.integer("MaxCrashReports", in: 1...100_000) ?? host.crashReportLimit
         drainTimeout = try f.seconds("DrainTimeoutSeconds", minimum: 0) ?? drainTimeout
-        host.heartbeatInterval = try f.seconds("HeartbeatIntervalSeconds", minimum: 0.05) ?? host.heartbeatInterval
-        host.heartbeatTimeout = try f.seconds("HeartbeatTimeoutSeconds", minimum: 0.1) ?? host.heartbeatTimeout
-        host.cancelGracePeriod = try f.seconds("CancelGraceSeconds", minimum: 0) ?? host.cancelGracePeriod
+        host.heartbeatIntervalSeconds = try f.seconds("HeartbeatIntervalSeconds", minimum: 0.05) ?? host.heartbeatIntervalSeconds
+        host.heartbeatTimeoutSeconds = try f.seconds("HeartbeatTimeoutSeconds", minimum: 0.1) ?? host.heartbeatTimeoutSeconds
+        host.cancelGracePeriodSeconds = try f.seconds("CancelGraceSeconds", minimum: 0) ?? host.cancelGracePeriodSeconds
         if let max = try f.integer("MaxFrameBytes", in: 1024...(1 << 30)) { host.wireLimits.maxFrameBytes = max }
         if let policy = try f.fields("DefaultPolicy") {
             guard policy.entries["ExecutableSHA256"] == nil else {

@@ -170,8 +170,8 @@ extension ExtensionPolicy {
         try p.rejectUnknownKeys(Self.keys)
         maxConcurrentRequests = try p.integer("MaxConcurrentRequests", in: 1...1024) ?? maxConcurrentRequests
         maxWorkers = try p.integer("MaxWorkers", in: 1...64) ?? maxWorkers
-        idleTimeout = try p.seconds("IdleTimeoutSeconds", minimum: 0.1) ?? idleTimeout
-        requestDeadline = try p.seconds("RequestDeadlineSeconds", minimum: 0.01) ?? requestDeadline
+        idleTimeoutSeconds = try p.seconds("IdleTimeoutSeconds", minimum: 0.1) ?? idleTimeoutSeconds
+        requestDeadlineSeconds = try p.seconds("RequestDeadlineSeconds", minimum: 0.01) ?? requestDeadlineSeconds
         memoryLimitMB = try p.integer("MemoryLimitMB", in: 16...65536) ?? memoryLimitMB
         networkAllowed = try p.bool("NetworkAllowed") ?? networkAllowed
         allowSubprocesses = try p.bool("AllowSubprocesses") ?? allowSubprocesses
@@ -179,8 +179,8 @@ extension ExtensionPolicy {
         writablePaths = try Self.paths(p, "WritablePaths") ?? writablePaths
         if let mode = try p.string("Sandbox") { sandbox = try SandboxMode(mode, key: "Sandbox", in: p) }
         restartLimitBurst = try p.integer("RestartLimitBurst", in: 1...1000) ?? restartLimitBurst
-        restartLimitInterval = try p.seconds("RestartLimitIntervalSeconds", minimum: 0.1) ?? restartLimitInterval
-        guard restartLimitInterval <= 3600 else { throw p.fail("RestartLimitIntervalSeconds", "at most 3600") }
+        restartLimitIntervalSeconds = try p.seconds("RestartLimitIntervalSeconds", minimum: 0.1) ?? restartLimitIntervalSeconds
+        guard restartLimitIntervalSeconds <= 3600 else { throw p.fail("RestartLimitIntervalSeconds", "at most 3600") }
         quarantineSeconds = try p.seconds("QuarantineSeconds", minimum: 0.1) ?? quarantineSeconds
         guard quarantineSeconds <= 300 else { throw p.fail("QuarantineSeconds", "at most 300") }
         // A slow request is reported, not ended: "hang" is a worker that stops answering its heartbeat.
@@ -188,7 +188,7 @@ extension ExtensionPolicy {
             throw p.fail("HangThresholdMilliseconds", "is the old name of SlowRequestThresholdMilliseconds; give one")
         }
         for key in ["SlowRequestThresholdMilliseconds", "HangThresholdMilliseconds"] {
-            if let ms = try p.integer(key, in: 1...3_600_000) { slowRequestThreshold = Double(ms) / 1000 }
+            if let ms = try p.integer(key, in: 1...3_600_000) { slowRequestThresholdSeconds = Double(ms) / 1000 }
         }
         maxRequestsPerWorker = try p.integer("MaxRequestsPerWorker", in: 1...Int(Int32.max)) ?? maxRequestsPerWorker
         maxWorkerRSSMB = try p.integer("MaxWorkerRSSMB", in: 16...65536) ?? maxWorkerRSSMB
@@ -205,7 +205,7 @@ extension ExtensionPolicy {
         if let env = try Self.environment(p, "Environment") { environment = env }
         tempSizeMB = try p.integer("TempSizeMB", in: 1...65536) ?? tempSizeMB
         maxThreads = try p.integer("MaxThreads", in: 4...32768) ?? maxThreads
-        leakCheckDelay = try p.seconds("LeakCheckDelaySeconds", minimum: 0) ?? leakCheckDelay
+        leakCheckDelaySeconds = try p.seconds("LeakCheckDelaySeconds", minimum: 0) ?? leakCheckDelaySeconds
         if let digest = try p.string("ExecutableSHA256") {
             let hex = digest.lowercased()
             guard hex.utf8.count == 64, hex.utf8.allSatisfy({ ($0 >= 0x30 && $0 <= 0x39) || ($0 >= 0x61 && $0 <= 0x66) }) else {
@@ -213,7 +213,7 @@ extension ExtensionPolicy {
             }
             executableSHA256 = hex
         }
-        guard leakCheckDelay <= 3600 else { throw p.fail("LeakCheckDelaySeconds", "at most 3600") }
+        guard leakCheckDelaySeconds <= 3600 else { throw p.fail("LeakCheckDelaySeconds", "at most 3600") }
     }
 
     /// Names of letters, digits and `_` (not first a digit, not `SDKHOST_`); values without NUL; at most 256

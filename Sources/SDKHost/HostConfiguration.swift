@@ -10,11 +10,20 @@ public struct ExtensionPolicy: Sendable, Equatable {
     public var maxConcurrentRequests = 8
     /// Workers the host runs for the extension at once.
     public var maxWorkers = 2
-    /// Seconds an idle worker lives before the host retires it.
-    public var idleTimeout: Double = 30
-    /// Seconds a request may run: past it the request ends interrupted with `timedOut`, and its worker is told to
-    /// cancel it (and killed only if it ignores that for `cancelGracePeriod`); nil for no deadline.
-    public var requestDeadline: Double? = 30
+    /// How long an idle worker lives before the host retires it. Manifest key `IdleTimeoutSeconds`.
+    public var idleTimeout: Duration {
+        get { .seconds(idleTimeoutSeconds) }
+        set { idleTimeoutSeconds = seconds(newValue) }
+    }
+    package var idleTimeoutSeconds: Double = 30
+    /// How long a request may run: past it the request ends interrupted with `timedOut`, and its worker is told
+    /// to cancel it (and killed only if it ignores that for `cancelGracePeriod`); nil for no deadline. Manifest
+    /// key `RequestDeadlineSeconds`.
+    public var requestDeadline: Duration? {
+        get { requestDeadlineSeconds.map { .seconds($0) } }
+        set { requestDeadlineSeconds = newValue.map(seconds) }
+    }
+    package var requestDeadlineSeconds: Double? = 30
     /// The worker's address-space limit (RLIMIT_AS: every mapping, anonymous, shared and memfd alike), in
     /// MiB; also the largest file it may write. nil for none.
     public var memoryLimitMB: Int? = 2048
@@ -42,14 +51,25 @@ public struct ExtensionPolicy: Sendable, Equatable {
     /// Workers that die on their own this many times within `restartLimitInterval` quarantine the extension.
     /// Manifest key `RestartLimitBurst`.
     public var restartLimitBurst = 5
-    /// The window for `restartLimitBurst`, in seconds. Manifest key `RestartLimitIntervalSeconds`.
-    public var restartLimitInterval: Double = 10
-    /// The first quarantine, in seconds; each further one doubles it, up to 300. Manifest key
-    /// `QuarantineSeconds`.
-    public var quarantineSeconds: Double = 10
-    /// A request running longer than this is reported as slow (a report; it is not ended for it), in
-    /// seconds. Manifest key `SlowRequestThresholdMilliseconds`.
-    public var slowRequestThreshold: Double = 0.25
+    /// The window for `restartLimitBurst`. Manifest key `RestartLimitIntervalSeconds`.
+    public var restartLimitInterval: Duration {
+        get { .seconds(restartLimitIntervalSeconds) }
+        set { restartLimitIntervalSeconds = seconds(newValue) }
+    }
+    package var restartLimitIntervalSeconds: Double = 10
+    /// The first quarantine; each further one doubles it, up to 5 minutes. Manifest key `QuarantineSeconds`.
+    public var firstQuarantine: Duration {
+        get { .seconds(quarantineSeconds) }
+        set { quarantineSeconds = seconds(newValue) }
+    }
+    package var quarantineSeconds: Double = 10
+    /// A request running longer than this is reported as slow (a report; it is not ended for it). Manifest key
+    /// `SlowRequestThresholdMilliseconds`.
+    public var slowRequestThreshold: Duration {
+        get { .seconds(slowRequestThresholdSeconds) }
+        set { slowRequestThresholdSeconds = seconds(newValue) }
+    }
+    package var slowRequestThresholdSeconds: Double = 0.25
     /// Workers kept started and handshaken even with no request. Manifest key `MinWarmWorkers`.
     public var minWarmWorkers = 0
     /// A worker that has been sent this many requests takes no more, finishes them and exits; nil for no
@@ -64,10 +84,14 @@ public struct ExtensionPolicy: Sendable, Equatable {
     /// `SDKHOST_*`) and the configuration's `workerEnvironment`; a name here replaces theirs, except that
     /// `SDKHOST_` names are reserved. Manifest key `Environment` (a dictionary of strings); empty by default.
     public var environment: [String: String] = [:]
-    /// Seconds after a request ends by which the worker runtime expects its `ExtensionContext` (and an async
-    /// handler's Task) to be gone; if not, it reports a leak. 0 turns the check off. Manifest key
+    /// How long after a request ends the worker runtime expects its `ExtensionContext` (and an async handler's
+    /// Task) to be gone; if not, it reports a leak. Zero turns the check off. Manifest key
     /// `LeakCheckDelaySeconds`.
-    public var leakCheckDelay: Double = 2
+    public var leakCheckDelay: Duration {
+        get { .seconds(leakCheckDelaySeconds) }
+        set { leakCheckDelaySeconds = seconds(newValue) }
+    }
+    package var leakCheckDelaySeconds: Double = 2
 
     /// Creates the default policy.
     public init() {}
@@ -90,14 +114,26 @@ public struct HostConfiguration: Sendable {
     public var executableSearchPaths: [String]
     /// Policy for extensions whose manifests leave a key out.
     public var defaultPolicy = ExtensionPolicy()
-    /// How often the host pings each worker, in seconds. The worker's runtime answers from its own thread,
-    /// whatever its handlers are doing.
-    public var heartbeatInterval: Double = 0.5
-    /// A worker that has not answered a ping for this long is killed (interruption "hang"), in seconds. With
-    /// the defaults a stopped or wedged worker is killed 2.5 to 3 s after its last answer.
-    public var heartbeatTimeout: Double = 2.5
-    /// How long a worker may take to honour a cancel before it is killed, in seconds.
-    public var cancelGracePeriod: Double = 2
+    /// How often the host pings each worker. The worker's runtime answers from its own thread, whatever its
+    /// handlers are doing. Config key `HeartbeatIntervalSeconds`.
+    public var heartbeatInterval: Duration {
+        get { .seconds(heartbeatIntervalSeconds) }
+        set { heartbeatIntervalSeconds = seconds(newValue) }
+    }
+    package var heartbeatIntervalSeconds: Double = 0.5
+    /// A worker that has not answered a ping for this long is killed (interruption "hang"). With the defaults a
+    /// stopped or wedged worker is killed 2.5 to 3 s after its last answer. Config key `HeartbeatTimeoutSeconds`.
+    public var heartbeatTimeout: Duration {
+        get { .seconds(heartbeatTimeoutSeconds) }
+        set { heartbeatTimeoutSeconds = seconds(newValue) }
+    }
+    package var heartbeatTimeoutSeconds: Double = 2.5
+    /// How long a worker may take to honour a cancel before it is killed. Config key `CancelGraceSeconds`.
+    public var cancelGracePeriod: Duration {
+        get { .seconds(cancelGracePeriodSeconds) }
+        set { cancelGracePeriodSeconds = seconds(newValue) }
+    }
+    package var cancelGracePeriodSeconds: Double = 2
     /// Frame and decoding limits for worker traffic.
     public var wireLimits = WireLimits()
     /// Messages below this level are not logged.
@@ -129,7 +165,11 @@ public struct HostConfiguration: Sendable {
     /// a label, so one user cannot make a pool per name. Config key `MaxAppPoolsPerUID`.
     public var maxAppPoolsPerUID = 16
     /// How long workers get to exit (and flush their output) when the host stops, before they are killed.
-    public var workerExitGracePeriod: Double = 1
+    public var workerExitGracePeriod: Duration {
+        get { .seconds(workerExitGracePeriodSeconds) }
+        set { workerExitGracePeriodSeconds = seconds(newValue) }
+    }
+    package var workerExitGracePeriodSeconds: Double = 1
     /// After handling something, how long the host's event loop and each worker poll for the next message before
     /// they sleep, in microseconds (0...1000; 0 sleeps at once). A request sent one at a time then usually finds
     /// the other side awake, which saves the wake-up of a sleeping CPU on each hop. An idle host polls once for

@@ -65,8 +65,8 @@ extension HostEngine {
     package func appLeft(_ app: String) {
         loop.preconditionInLoop()
         for worker in workers.values.joined() where worker.app == app && !worker.lifecycle.isOver {
-            let idle = min(worker.policy.idleTimeout, worker.policy.leakCheckDelay + 0.5)
-            guard worker.idleTimeoutOverride == nil, idle < worker.policy.idleTimeout else { continue }
+            let idle = min(worker.policy.idleTimeoutSeconds, worker.policy.leakCheckDelaySeconds + 0.5)
+            guard worker.idleTimeoutOverride == nil, idle < worker.policy.idleTimeoutSeconds else { continue }
             worker.idleTimeoutOverride = idle
             if let timer = worker.idleTimer {
                 loop.cancelTimer(timer)

@@ -22,7 +22,7 @@ extension HostEngine {
             throw HostError(.executableNotFound, "\(manifest.identifier): executable '\(manifest.executableName)' "
                 + "not found in \(manifest.searchedPaths.joined(separator: ", "))")
         }
-        let idleMs = Int64(nanoseconds(manifest.policy.idleTimeout) / 1_000_000)
+        let idleMs = Int64(nanoseconds(manifest.policy.idleTimeoutSeconds) / 1_000_000)
         var environment = [
             "PATH=/usr/local/bin:/usr/bin:/bin", "LANG=C.UTF-8",
             // A crashing worker should die at once; the Swift backtracer would hold the crash for ~1 s. Naming its
@@ -30,7 +30,7 @@ extension HostEngine {
             "SWIFT_BACKTRACE=enable=no,swift-backtrace=/nonexistent",
             "SDKHOST_IPC_FD=3", "SDKHOST_EXTENSION_ID=\(manifest.identifier)",
             "SDKHOST_IDLE_TIMEOUT_MS=\(idleMs)",
-            "SDKHOST_LEAK_CHECK_MS=\(Int64(manifest.policy.leakCheckDelay * 1000))",
+            "SDKHOST_LEAK_CHECK_MS=\(Int64(manifest.policy.leakCheckDelaySeconds * 1000))",
             "SDKHOST_BUSY_POLL_US=\(configuration.busyPollMicroseconds)",
         ]
         // The exit notice (ExitNotice.swift). A sandboxed worker runs in its own pid namespace under its launcher;

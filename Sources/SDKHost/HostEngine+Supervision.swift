@@ -120,7 +120,7 @@ extension HostEngine {
 
     func poolState(_ key: String, extensionID: String, app: String?) -> PoolState {
         if let state = pools[key] { return state }
-        let window = nanoseconds(manifests[extensionID]?.policy.restartLimitInterval ?? ExtensionPolicy().restartLimitInterval)
+        let window = nanoseconds(manifests[extensionID]?.policy.restartLimitIntervalSeconds ?? ExtensionPolicy().restartLimitIntervalSeconds)
         let state = PoolState(key: key, extensionID: extensionID, app: key == extensionID ? nil : app, restartWindow: window)
         pools[key] = state
         return state
@@ -162,8 +162,8 @@ extension HostEngine {
         state.quarantines += 1
         tally(worker.extensionID).activity.quarantines += 1
         log(.warning, "\(worker.extensionID)\(worker.app.map { " (app \($0))" } ?? ""): \(state.recentDeaths.count) "
-            + "worker(s) died on their own within \(policy.restartLimitInterval) s; quarantined for \(state.backoff) s")
-        emit(.quarantined, worker, detail: "\(state.recentDeaths.count) death(s) within \(policy.restartLimitInterval) s; for \(state.backoff) s")
+            + "worker(s) died on their own within \(policy.restartLimitIntervalSeconds) s; quarantined for \(state.backoff) s")
+        emit(.quarantined, worker, detail: "\(state.recentDeaths.count) death(s) within \(policy.restartLimitIntervalSeconds) s; for \(state.backoff) s")
         if let timer = state.retryTimer { loop.cancelTimer(timer) }
         state.retryTimer = loop.schedule(afterNanoseconds: nanoseconds(state.backoff)) { [unowned self, weak state] in
             guard let state else { return }
@@ -317,7 +317,7 @@ extension HostEngine {
         log(.info, "\(worker.extensionID): recycling worker pid \(worker.pid) after \(worker.requestsSent) request(s)"
             + (worker.lifecycle.recycleReason.map { " (\($0))" } ?? ""))
         emit(.recycled, worker, detail: worker.lifecycle.recycleReason)
-        retire(worker, grace: max(configuration.workerExitGracePeriod, 2), because: "recycled and drained")
+        retire(worker, grace: max(configuration.workerExitGracePeriodSeconds, 2), because: "recycled and drained")
     }
 
     /// Marks workers whose resident memory is past `MaxWorkerRSSMB` for recycling (heartbeat).

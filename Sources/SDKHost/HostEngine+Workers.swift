@@ -168,7 +168,7 @@ extension HostEngine {
     func scheduleIdleRetirement(_ worker: WorkerProcess) {
         guard worker.inFlight.isEmpty, worker.lifecycle.isRunning, worker.idleTimer == nil
         else { return }
-        let idle = worker.idleTimeoutOverride ?? worker.policy.idleTimeout
+        let idle = worker.idleTimeoutOverride ?? worker.policy.idleTimeoutSeconds
         worker.idleTimer = loop.schedule(afterNanoseconds: nanoseconds(idle)) {
             [unowned self, weak worker] in
             guard let worker else { return }
@@ -407,7 +407,7 @@ extension HostEngine {
     // MARK: Heartbeat
 
     func scheduleHeartbeat() {
-        heartbeatTimer = loop.schedule(afterNanoseconds: nanoseconds(configuration.heartbeatInterval)) { [unowned self] in
+        heartbeatTimer = loop.schedule(afterNanoseconds: nanoseconds(configuration.heartbeatIntervalSeconds)) { [unowned self] in
             self.heartbeatTimer = nil
             self.heartbeat()
         }
@@ -422,9 +422,9 @@ extension HostEngine {
             any = true
             checkResidentMemory(worker)
             if let sent = worker.pingSentAt {
-                if now &- sent > nanoseconds(configuration.heartbeatTimeout) {
+                if now &- sent > nanoseconds(configuration.heartbeatTimeoutSeconds) {
                     log(.warning, "\(worker.extensionID) pid \(worker.pid) missed heartbeats for "
-                        + "\(configuration.heartbeatTimeout) s; killing it")
+                        + "\(configuration.heartbeatTimeoutSeconds) s; killing it")
                     kill(worker, .hang)
                 }
             } else {

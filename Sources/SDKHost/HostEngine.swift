@@ -201,7 +201,7 @@ package final class HostEngine: @unchecked Sendable {
         let manifest = manifests[request.extensionID]
         let record = RequestRecord(
             id: request.id, extensionID: request.extensionID, items: request.items,
-            deadline: request.deadline ?? manifest?.policy.requestDeadline,
+            deadline: request.deadline ?? manifest?.policy.requestDeadlineSeconds,
             deliver: request.deliver)
         record.onWorkerAssigned = request.onWorkerAssigned
         record.progress = request.progress
@@ -226,7 +226,7 @@ package final class HostEngine: @unchecked Sendable {
         requests[record.id] = record
         record.startedAt = loop.now
         record.poolKey = poolKey(manifest, app: record.app)
-        if let manifest { record.slowRequestThreshold = nanoseconds(manifest.policy.slowRequestThreshold) }
+        if let manifest { record.slowRequestThreshold = nanoseconds(manifest.policy.slowRequestThresholdSeconds) }
         let tally = tally(record.extensionID)
         record.tally = tally
         count(tally, \.requests)
@@ -420,13 +420,13 @@ package final class HostEngine: @unchecked Sendable {
             worker.cancelTimers[id] == nil
         else { return }
         send(.cancel(id: id), to: worker)
-        worker.cancelTimers[id] = loop.schedule(afterNanoseconds: nanoseconds(configuration.cancelGracePeriod)) {
+        worker.cancelTimers[id] = loop.schedule(afterNanoseconds: nanoseconds(configuration.cancelGracePeriodSeconds)) {
             [unowned self, weak worker] in
             guard let worker else { return }
             worker.cancelTimers[id] = nil
             if worker.inFlight.contains(id), !worker.lifecycle.isOver {
                 self.log(.warning, "\(worker.extensionID) pid \(worker.pid) ignored the cancel of \(id) for "
-                    + "\(self.configuration.cancelGracePeriod) s; killing it")
+                    + "\(self.configuration.cancelGracePeriodSeconds) s; killing it")
                 self.kill(worker, .hang, forCancel: true)
             }
         }
@@ -474,7 +474,7 @@ package final class HostEngine: @unchecked Sendable {
         }
         // Ask every worker to exit (its socket closes; the runtime exits on EOF and flushes its output), and
         // kill those that have not exited after the grace period.
-        for worker in workers.values.joined() { retire(worker, grace: configuration.workerExitGracePeriod, because: "host stopping") }
+        for worker in workers.values.joined() { retire(worker, grace: configuration.workerExitGracePeriodSeconds, because: "host stopping") }
         stopIfIdle()
     }
 

@@ -141,10 +141,10 @@ package struct Simulation {
         configuration.logLevel = .error
         configuration.logHandler = { _, _ in }
         configuration.maxQueuedRequests = Self.maxQueued
-        configuration.cancelGracePeriod = 1
-        configuration.heartbeatInterval = 1
-        configuration.heartbeatTimeout = 3
-        configuration.workerExitGracePeriod = 1
+        configuration.cancelGracePeriodSeconds = 1
+        configuration.heartbeatIntervalSeconds = 1
+        configuration.heartbeatTimeoutSeconds = 3
+        configuration.workerExitGracePeriodSeconds = 1
         // Each worker gets a temp folder, made and removed on its spawn and death: on tmpfs, not on disk.
         if access("/dev/shm", W_OK) == 0 { configuration.temporaryDirectory = "/dev/shm" }
         var trace: [String] = []

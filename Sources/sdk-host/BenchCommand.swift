@@ -109,7 +109,7 @@ enum BenchCommand {
             // The same warm path with the runtime's leak check off: what the check costs per request.
             let unchecked = EmbeddedHost.make {
                 $0.logHandler = { _, _ in }
-                $0.defaultPolicy.leakCheckDelay = 0
+                $0.defaultPolicy.leakCheckDelay = .seconds(0)
             }
             results.warmNoLeakCheck = EmbeddedBench.warmRoundTrips(unchecked, count: 4000 * scale)
             results.rpsNoLeakCheck64 = EmbeddedBench.pipelined(unchecked, inFlight: 64, total: 4000 * scale)

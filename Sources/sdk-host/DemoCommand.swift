@@ -85,7 +85,7 @@ enum DemoCommand {
         let strict = EmbeddedHost.make {
             $0.logHandler = { _, _ in }
             $0.defaultPolicy.restartLimitBurst = quarantineLimit
-            $0.defaultPolicy.quarantineSeconds = 10
+            $0.defaultPolicy.firstQuarantine = .seconds(10)
         }
         let quarantine = runSteps(quarantineSteps, on: strict, numberedFrom: steps.count + 1)
         let crasher = runAsync { await strict.status()?.extensions.first { $0.identifier == "com.example.crasher" } }

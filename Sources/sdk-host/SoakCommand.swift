@@ -35,7 +35,7 @@ enum SoakCommand {
             $0.logHandler = { _, _ in }
             // Crashes here are the workload, not a crash loop to quarantine.
             $0.defaultPolicy.restartLimitBurst = 1000
-            $0.defaultPolicy.restartLimitInterval = 0.1
+            $0.defaultPolicy.restartLimitInterval = .seconds(0.1)
             $0.crashReportLimit = 16
         }
         let ext: Extension

@@ -24,7 +24,7 @@ extension FaultTests {
             // answering for a few seconds.
             try await withHost(extraSearchPaths: [temp.root], {
                 $0.logLevel = .debug
-                $0.heartbeatTimeout = 60
+                $0.heartbeatTimeout = .seconds(60)
             }) { host, log in
                 let (ext, recorder) = try recordedExtension(host, "com.example.fat")
                 let fat = ext.beginRequest(withInputItems: [ExtensionItem(title: "leak:64")], deadline: 60)
@@ -84,7 +84,7 @@ extension FaultTests {
             defer { temp.remove() }
             try await withHost(extraSearchPaths: [temp.root], {
                 $0.logLevel = .debug
-                $0.heartbeatTimeout = 60
+                $0.heartbeatTimeout = .seconds(60)
             }) { host, log in
                 let (ext, recorder) = try recordedExtension(host, "com.example.warm-fat")
                 // The notice must win the race with the reaper, so that the replacement is started while the

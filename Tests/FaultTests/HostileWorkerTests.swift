@@ -54,7 +54,7 @@ extension FaultTests {
         }
 
         @Test func aStoppedWorkerIsKilledAfterTheHeartbeatTimeout() async throws {
-            try await withHost({ $0.heartbeatInterval = 0.2; $0.heartbeatTimeout = 1 }) { host, log in
+            try await withHost({ $0.heartbeatInterval = .seconds(0.2); $0.heartbeatTimeout = .seconds(1) }) { host, log in
                 let (ext, recorder) = try recordedExtension(host, "com.example.crasher")
                 let id = ext.beginRequest(withInputItems: [ExtensionItem(title: "stop")], deadline: 60)
                 #expect(await recorder.wait(for: id) == .interrupted(.hang))

@@ -152,7 +152,7 @@ extension FaultTests {
         }
 
         @Test func ignoredCancelIsKilledAfterGracePeriod() async throws {
-            try await withHost({ $0.cancelGracePeriod = 0.3 }) { host, _ in
+            try await withHost({ $0.cancelGracePeriod = .seconds(0.3) }) { host, _ in
                 let (ext, recorder) = try recordedExtension(host, "com.example.crasher")
                 let id = ext.beginRequest(withInputItems: [ExtensionItem(title: "hang")], deadline: 120)
                 #expect(await eventually { ext.pid(for: id) != nil })
@@ -177,8 +177,8 @@ extension FaultTests {
 
         @Test func stoppedWorkerMissesHeartbeatsAndIsKilled() async throws {
             try await withHost({
-                $0.heartbeatInterval = 0.1
-                $0.heartbeatTimeout = 0.5
+                $0.heartbeatInterval = .seconds(0.1)
+                $0.heartbeatTimeout = .seconds(0.5)
             }) { host, _ in
                 let (ext, recorder) = try recordedExtension(host, "com.example.crasher")
                 let id = ext.beginRequest(withInputItems: [ExtensionItem(title: "slow:30000")], deadline: 120)

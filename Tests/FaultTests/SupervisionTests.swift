@@ -51,7 +51,7 @@ import Glibc
     @Test func anExtensionThatAbortsAtStartIsQuarantinedAndSpawnsLittle() async throws {
         try await withHost({
             $0.workerEnvironment = ["CRASHER_FAULT_AT_START=abort"]
-            $0.defaultPolicy.quarantineSeconds = 60
+            $0.defaultPolicy.firstQuarantine = .seconds(60)
         }) { host, log in
             let crasher = try host.extension(identifier: "com.example.crasher")
             var outcomes: [RequestOutcome] = []
@@ -94,7 +94,7 @@ import Glibc
             $0.workerEnvironment = ["CRASHER_FAULT_AT_START=abort-while:\(marker)"]
             $0.defaultPolicy.readablePaths = [folder]
             $0.defaultPolicy.restartLimitBurst = 3
-            $0.defaultPolicy.quarantineSeconds = 0.5
+            $0.defaultPolicy.firstQuarantine = .seconds(0.5)
         }) { host, _ in
             let crasher = try host.extension(identifier: "com.example.crasher")
             func attempt() async -> RequestOutcome {
@@ -269,7 +269,7 @@ import Glibc
         let fat = TemporaryExtension(identifier: "com.example.fat", executable: "Crasher",
                                      policy: "<key>MaxWorkerRSSMB</key><integer>64</integer><key>MaxWorkers</key><integer>1</integer>")
         defer { fat.remove() }
-        try await withHost(extraSearchPaths: [fat.root], { $0.heartbeatInterval = 0.1 }) { host, _ in
+        try await withHost(extraSearchPaths: [fat.root], { $0.heartbeatInterval = .seconds(0.1) }) { host, _ in
             let ext = try host.extension(identifier: "com.example.fat")
             // A leak the extension keeps: glibc returns big freed blocks, so "alloc" alone would not stay
             // resident. The next heartbeat sees the resident memory past the limit and recycles the idle worker.

@@ -49,7 +49,7 @@ public func makeHost(
     configuration.logHandler = log.handler
     // Heartbeats are tested where a test sets them. Elsewhere a worker touching memory on a loaded machine can
     // go unanswered for seconds, and the 2.5 s default would end a test's request as a hang it is not about.
-    configuration.heartbeatTimeout = 10
+    configuration.heartbeatTimeout = .seconds(10)
     tweak(&configuration)
     return (try ExtensionHost(configuration: configuration), log)
 }

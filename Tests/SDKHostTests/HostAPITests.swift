@@ -183,8 +183,8 @@ import Glibc
     @Test func busyPollReachesWorkersAndAnIdleWorkerSleeps() async throws {
         try await withHost({
             $0.busyPollMicroseconds = 1000
-            $0.heartbeatInterval = 30  // no pings in the measured second
-            $0.heartbeatTimeout = 60
+            $0.heartbeatInterval = .seconds(30)  // no pings in the measured second
+            $0.heartbeatTimeout = .seconds(60)
         }) { host, _ in
             let (ext, recorder) = try recordedExtension(host, "com.example.echo")
             let (id, assigned) = beginNotingPid(ext, "poll")

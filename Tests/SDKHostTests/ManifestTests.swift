@@ -15,7 +15,7 @@ import Testing
         #expect(echo.executablePath?.hasSuffix("/Echo") == true)
         #expect(echo.policy.maxConcurrentRequests == 64)
         #expect(echo.policy.memoryLimitMB == 512)
-        #expect(manifests["com.example.crasher"]?.policy.requestDeadline == 10)
+        #expect(manifests["com.example.crasher"]?.policy.requestDeadline == .seconds(10))
     }
 
     func loadError(policy: String = "", raw: String? = nil) -> HostError? {

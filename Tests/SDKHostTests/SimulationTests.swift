@@ -57,10 +57,10 @@ struct ThreadedSimulation {
         configuration.logLevel = .error
         configuration.logHandler = { _, _ in }
         configuration.maxQueuedRequests = 6
-        configuration.cancelGracePeriod = 1
-        configuration.heartbeatInterval = 1
-        configuration.heartbeatTimeout = 3
-        configuration.workerExitGracePeriod = 1
+        configuration.cancelGracePeriod = .seconds(1)
+        configuration.heartbeatInterval = .seconds(1)
+        configuration.heartbeatTimeout = .seconds(3)
+        configuration.workerExitGracePeriod = .seconds(1)
         let engine: HostEngine
         do {
             engine = try HostEngine(configuration: configuration)
