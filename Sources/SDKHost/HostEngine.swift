@@ -306,6 +306,7 @@ package final class HostEngine: @unchecked Sendable {
     }
 
     func send(_ record: RequestRecord, to worker: WorkerProcess) {
+        record.move(to: .running, because: "sent to a worker")
         record.worker = worker
         worker.idleTimeoutOverride = nil  // its app is back (appLeft sets it again when it leaves)
         worker.inFlight.insert(record.id)
@@ -349,6 +350,7 @@ package final class HostEngine: @unchecked Sendable {
     func finish(_ id: RequestID, _ outcome: RequestOutcome,
                 forwarded: (payload: UnsafeRawBufferPointer, idRange: Range<Int>)? = nil) -> Bool {
         guard let record = requests.removeValue(forKey: id) else { return false }
+        record.move(to: .ended, because: "its outcome")
         if let timer = record.deadlineTimer {
             loop.cancelTimer(timer)
             record.deadlineTimer = nil

@@ -19,8 +19,56 @@ func nanoseconds(_ seconds: Double) -> UInt64 {
     return UInt64(min(seconds, maximumSeconds) * 1e9)
 }
 
+/// Where a request is in its life. One phase at a time, changed only by `RequestRecord.move(to:because:)`:
+///
+///     begun ──▶ queued ──▶ running ──▶ ended
+///       │         ▲           │          ▲
+///       │         ╰─requeued──╯          │   (its worker died before its handshake: at most twice)
+///       ╰──────────────▶ running         │
+///     any of begun, queued, running ─────╯   (its one outcome)
+enum RequestPhase: String, Equatable, CustomStringConvertible {
+    /// Accepted by the engine; not yet queued or sent.
+    case begun
+    /// Waiting in its pool's queue for a worker with room.
+    case queued
+    /// Sent to a worker (`RequestRecord.worker`), which has not answered it.
+    case running
+    /// Its one outcome is delivered (or on its way): nothing more happens to it.
+    case ended
+
+    var description: String { rawValue }
+
+    /// Whether `from` may become `to`.
+    static func allows(_ from: RequestPhase, _ to: RequestPhase) -> Bool {
+        switch (from, to) {
+        case (.begun, .queued), (.begun, .running), (.queued, .running), (.running, .queued): return true
+        case (.begun, .ended), (.queued, .ended), (.running, .ended): return true
+        default: return false
+        }
+    }
+}
+
 /// One request. Loop-confined.
 final class RequestRecord {
+    /// Its phase, and the changes that led there with their causes (the last `historyLimit`).
+    private(set) var phase = RequestPhase.begun
+    private(set) var history: [(to: RequestPhase, cause: StaticString)] = []
+    static let historyLimit = 6
+
+    /// The one place a request's phase changes. An illegal change (a begin after its end, a second end) traps
+    /// in debug builds and changes nothing otherwise. Causes are static text: this runs twice per request.
+    @discardableResult
+    func move(to next: RequestPhase, because cause: StaticString) -> Bool {
+        guard RequestPhase.allows(phase, next) else {
+            assertionFailure("request \(id): \(phase) → \(next) is not allowed (\(cause))")
+            return false
+        }
+        if history.count == Self.historyLimit { history.removeFirst() }
+        history.append((next, cause))
+        phase = next
+        return true
+    }
+
     let id: RequestID
     let extensionID: String
     /// Dropped when the request is sent to a worker or ends: the host keeps no copy.
@@ -77,6 +125,7 @@ final class RequestQueue {
 
     func append(_ record: RequestRecord) {
         precondition(!record.isQueued, "request \(record.id) queued twice")
+        record.move(to: .queued, because: "no worker with room")
         record.isQueued = true
         record.queuePrev = tail
         record.queueNext = nil
@@ -88,6 +137,7 @@ final class RequestQueue {
     /// Puts `record` first (a request whose worker died before running it keeps its place).
     func prepend(_ record: RequestRecord) {
         precondition(!record.isQueued, "request \(record.id) queued twice")
+        record.move(to: .queued, because: "its worker died before its handshake")
         record.isQueued = true
         record.queuePrev = nil
         record.queueNext = head

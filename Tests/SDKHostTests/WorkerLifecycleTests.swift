@@ -124,3 +124,36 @@ import Testing
         #expect(Self.ending(rude, .signaled(9)).diedOnItsOwn)
     }
 }
+
+/// A request's phases (RequestRecord.swift): which changes are allowed, and that the queue and the engine make
+/// them.
+@Suite struct RequestPhaseTests {
+    @Test func onlyTheDrawnChangesAreAllowed() {
+        let all: [RequestPhase] = [.begun, .queued, .running, .ended]
+        let allowed: Set<String> = ["begun→queued", "begun→running", "queued→running", "running→queued",
+                                    "begun→ended", "queued→ended", "running→ended"]
+        for from in all {
+            for to in all {
+                #expect(RequestPhase.allows(from, to) == allowed.contains("\(from)→\(to)"), "\(from) → \(to)")
+            }
+        }
+    }
+
+    @Test func theQueueMovesARequestAndRecordsWhy() {
+        let record = RequestRecord(id: RequestID(), extensionID: "x", items: [], deadline: nil, deliver: { _ in })
+        let queue = RequestQueue()
+        queue.append(record)
+        #expect(record.phase == .queued && record.isQueued)
+        #expect(queue.popFirst() === record)
+        let sent = record.move(to: .running, because: "sent to a worker")
+        #expect(sent && record.phase == .running)
+        queue.prepend(record)
+        #expect(record.phase == .queued)
+        _ = queue.popFirst()
+        let ended = record.move(to: .ended, because: "its outcome")
+        #expect(ended && record.phase == .ended)
+        #expect(record.history.map(\.to) == [.queued, .running, .queued, .ended])
+        #expect(record.history.map { "\($0.cause)" } == ["no worker with room", "sent to a worker",
+                                                         "its worker died before its handshake", "its outcome"])
+    }
+}
