@@ -18,9 +18,9 @@ package enum FlatFrame {
     /// The entries of `message` if it is one of the flat messages.
     package static func entries(of message: Message) -> FlatEntries? {
         switch message {
-        case .assigned(let id, let pid): (("type", .ascii("assigned")), ("id", .id(id)), ("pid", .integer(Int64(pid))))
-        case .cancel(let id): (("type", .ascii("cancel")), ("id", .id(id)), nil)
-        case .credit(let id, let count): (("type", .ascii("credit")), ("id", .id(id)), ("count", .integer(count)))
+        case .assigned(let id, let pid): (("type", .ascii(MessageType.assigned.staticName)), ("id", .id(id)), ("pid", .integer(Int64(pid))))
+        case .cancel(let id): (("type", .ascii(MessageType.cancel.staticName)), ("id", .id(id)), nil)
+        case .credit(let id, let count): (("type", .ascii(MessageType.credit.staticName)), ("id", .id(id)), ("count", .integer(count)))
         default: nil
         }
     }
@@ -86,7 +86,11 @@ package enum FlatFrame {
             integer = Int64(bitPattern: BinaryPlistReader.bigEndian(payload, at: at + 1, size: width))
         }
         let candidate: Message
-        switch (n, type.elementsEqual("assigned".utf8), type.elementsEqual("credit".utf8), type.elementsEqual("cancel".utf8)) {
+        func spells(_ t: MessageType) -> Bool {
+            let name = t.staticName
+            return type.elementsEqual(UnsafeBufferPointer(start: name.utf8Start, count: name.utf8CodeUnitCount))
+        }
+        switch (n, spells(.assigned), spells(.credit), spells(.cancel)) {
         case (3, true, _, _):
             guard let pid = Int32(exactly: integer) else { return nil }
             candidate = .assigned(id: id, pid: pid)

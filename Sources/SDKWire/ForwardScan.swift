@@ -88,9 +88,10 @@ struct ForwardableFields {
 }
 
 extension UnsafeRawBufferPointer {
-    /// Whether these bytes are `name`'s, given that their counts are equal (the callers switch on the count).
+    /// Whether these bytes are `name`'s (the key callers check the count first, by a switch).
     @inline(__always)
     fileprivate func spells(_ name: StaticString) -> Bool {
+        guard count == name.utf8CodeUnitCount else { return false }
         let bytes = name.utf8Start
         for i in 0..<count where self[i] != bytes[i] { return false }
         return true
@@ -154,9 +155,9 @@ extension BinaryPlistReader {
             case .type:
                 guard case .ascii(let r) = try header(of: valueObject) else { return nil }
                 let text = UnsafeRawBufferPointer(rebasing: base[r])
-                if text.count == 5, text.spells("begin") {
+                if text.spells(MessageType.begin.staticName) {
                     kind = .begin
-                } else if text.count == 8, text.spells("complete") {
+                } else if text.spells(MessageType.complete.staticName) {
                     kind = .complete
                 } else {
                     return nil

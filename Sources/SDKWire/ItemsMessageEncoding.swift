@@ -122,11 +122,11 @@ package struct ItemsFields {
     package init?(_ message: Message) {
         switch message {
         case let .begin(id, items, extensionID, deadlineMs):
-            (type, self.id, self.items, self.extensionID, self.deadlineMs) = ("begin", id, items, extensionID, deadlineMs)
+            (type, self.id, self.items, self.extensionID, self.deadlineMs) = (MessageType.begin.staticName, id, items, extensionID, deadlineMs)
         case let .complete(id, items):
-            (type, self.id, self.items, extensionID, deadlineMs) = ("complete", id, items, nil, nil)
+            (type, self.id, self.items, extensionID, deadlineMs) = (MessageType.complete.staticName, id, items, nil, nil)
         case let .partial(id, items):
-            (type, self.id, self.items, extensionID, deadlineMs) = ("partial", id, items, nil, nil)
+            (type, self.id, self.items, extensionID, deadlineMs) = (MessageType.partial.staticName, id, items, nil, nil)
         default:
             return nil
         }

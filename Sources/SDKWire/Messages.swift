@@ -101,6 +101,49 @@ public struct MessageError: Error, Hashable, Sendable, CustomStringConvertible {
     public var description: String { detail }
 }
 
+/// Every message type's name on the wire (the `type` key), declared here only: the encoder, the decoder, the
+/// flat writer (FlatFrame), the items writer (ItemsMessageEncoding) and the daemon's forward scanner all spell a
+/// type through this. (The C launcher writes `sandboxed` and `launchFailed` itself; a test checks they match.)
+public enum MessageType: String, CaseIterable, Sendable {
+    case hello, welcome, begin, complete, partial, credit, cancel, cancelled, ping, pong, error, connect, connected
+    case assigned, interrupted, status, statusReport, sandboxed, launchFailed, prewarm, prewarmed, leak, subscribe
+    case event
+
+    /// The name as a property-list string.
+    public var plist: PlistValue { .string(rawValue) }
+
+    /// The name as static bytes, for the writers and scanners that work on bytes without a `String`. Each is the
+    /// case's own name (`MessageTypeTests` checks every one against `rawValue`).
+    package var staticName: StaticString {
+        switch self {
+        case .hello: "hello"
+        case .welcome: "welcome"
+        case .begin: "begin"
+        case .complete: "complete"
+        case .partial: "partial"
+        case .credit: "credit"
+        case .cancel: "cancel"
+        case .cancelled: "cancelled"
+        case .ping: "ping"
+        case .pong: "pong"
+        case .error: "error"
+        case .connect: "connect"
+        case .connected: "connected"
+        case .assigned: "assigned"
+        case .interrupted: "interrupted"
+        case .status: "status"
+        case .statusReport: "statusReport"
+        case .sandboxed: "sandboxed"
+        case .launchFailed: "launchFailed"
+        case .prewarm: "prewarm"
+        case .prewarmed: "prewarmed"
+        case .leak: "leak"
+        case .subscribe: "subscribe"
+        case .event: "event"
+        }
+    }
+}
+
 /// A protocol message. See the file header for the encoding of each.
 public enum Message: Sendable, Equatable {
     // Each case is one message `type`; the file header gives every field's encoding.
@@ -136,67 +179,67 @@ public enum Message: Sendable, Equatable {
     public var plist: PlistValue {
         switch self {
         case let .hello(version, identifier, hostPid, idle):
-            return ["type": "hello", "version": .integer(version), "identifier": .string(identifier),
+            return ["type": MessageType.hello.plist, "version": .integer(version), "identifier": .string(identifier),
                     "hostPid": .integer(Int64(hostPid)), "idleTimeoutMs": .integer(idle)]
         case let .welcome(version, identifier, pid):
-            return ["type": "welcome", "version": .integer(version), "identifier": .string(identifier),
+            return ["type": MessageType.welcome.plist, "version": .integer(version), "identifier": .string(identifier),
                     "pid": .integer(Int64(pid))]
         case let .begin(id, items, extensionID, deadlineMs):
-            var d = Self.itemsMessage("begin", id, items)
+            var d = Self.itemsMessage(.begin, id, items)
             if let extensionID { d["extension"] = .string(extensionID) }
             if let deadlineMs { d["deadlineMs"] = .integer(deadlineMs) }
             return .dictionary(d)
         case let .complete(id, items):
-            return .dictionary(Self.itemsMessage("complete", id, items))
+            return .dictionary(Self.itemsMessage(.complete, id, items))
         case let .partial(id, items):
-            return .dictionary(Self.itemsMessage("partial", id, items))
+            return .dictionary(Self.itemsMessage(.partial, id, items))
         case let .credit(id, count):
-            return ["type": "credit", "id": .string(id.uuidString), "count": .integer(count)]
+            return ["type": MessageType.credit.plist, "id": .string(id.uuidString), "count": .integer(count)]
         case let .cancel(id):
-            return ["type": "cancel", "id": .string(id.uuidString)]
+            return ["type": MessageType.cancel.plist, "id": .string(id.uuidString)]
         case let .cancelled(id, error):
-            return ["type": "cancelled", "id": .string(id.uuidString), "error": error.plist]
+            return ["type": MessageType.cancelled.plist, "id": .string(id.uuidString), "error": error.plist]
         case let .ping(seq):
-            return ["type": "ping", "seq": .integer(seq)]
+            return ["type": MessageType.ping.plist, "seq": .integer(seq)]
         case let .pong(seq):
-            return ["type": "pong", "seq": .integer(seq)]
+            return ["type": MessageType.pong.plist, "seq": .integer(seq)]
         case let .error(message, id):
-            var d: [String: PlistValue] = ["type": "error", "message": .string(message)]
+            var d: [String: PlistValue] = ["type": MessageType.error.plist, "message": .string(message)]
             if let id { d["id"] = .string(id.uuidString) }
             return .dictionary(d)
         case let .connect(version, app):
-            var d: [String: PlistValue] = ["type": "connect", "version": .integer(version)]
+            var d: [String: PlistValue] = ["type": MessageType.connect.plist, "version": .integer(version)]
             if let app { d["app"] = .string(app) }
             return .dictionary(d)
         case let .prewarm(id, extensionID):
-            return ["type": "prewarm", "id": .string(id.uuidString), "extension": .string(extensionID)]
+            return ["type": MessageType.prewarm.plist, "id": .string(id.uuidString), "extension": .string(extensionID)]
         case let .prewarmed(id, pid):
-            return ["type": "prewarmed", "id": .string(id.uuidString), "pid": .integer(Int64(pid))]
+            return ["type": MessageType.prewarmed.plist, "id": .string(id.uuidString), "pid": .integer(Int64(pid))]
         case let .connected(version, pid, extensions, points):
-            return ["type": "connected", "version": .integer(version), "pid": .integer(Int64(pid)),
+            return ["type": MessageType.connected.plist, "version": .integer(version), "pid": .integer(Int64(pid)),
                     "extensions": .array(extensions.map(PlistValue.string)), "points": .dictionary(points.mapValues(PlistValue.string))]
         case .subscribe:
-            return ["type": "subscribe"]
+            return ["type": MessageType.subscribe.plist]
         case let .event(event):
-            return ["type": "event", "event": event]
+            return ["type": MessageType.event.plist, "event": event]
         case let .assigned(id, pid):
-            return ["type": "assigned", "id": .string(id.uuidString), "pid": .integer(Int64(pid))]
+            return ["type": MessageType.assigned.plist, "id": .string(id.uuidString), "pid": .integer(Int64(pid))]
         case let .interrupted(id, reason):
-            return ["type": "interrupted", "id": .string(id.uuidString), "reason": reason]
+            return ["type": MessageType.interrupted.plist, "id": .string(id.uuidString), "reason": reason]
         case let .sandboxed(layers, skipped, pid, timings):
-            var fields: [String: PlistValue] = ["type": "sandboxed", "layers": .array(layers.map(PlistValue.string)),
+            var fields: [String: PlistValue] = ["type": MessageType.sandboxed.plist, "layers": .array(layers.map(PlistValue.string)),
                                                 "skipped": .array(skipped.map(PlistValue.string))]
             if let pid { fields["pid"] = .string(String(pid)) }
             if !timings.isEmpty { fields["timings"] = .array(timings.map(PlistValue.string)) }
             return .dictionary(fields)
         case let .launchFailed(reason):
-            return ["type": "launchFailed", "reason": .string(reason)]
+            return ["type": MessageType.launchFailed.plist, "reason": .string(reason)]
         case let .status(seq):
-            return ["type": "status", "seq": .integer(seq)]
+            return ["type": MessageType.status.plist, "seq": .integer(seq)]
         case let .statusReport(seq, report):
-            return ["type": "statusReport", "seq": .integer(seq), "report": report]
+            return ["type": MessageType.statusReport.plist, "seq": .integer(seq), "report": report]
         case let .leak(id, alive, afterMs):
-            return ["type": "leak", "id": .string(id.uuidString), "alive": .array(alive.map(PlistValue.string)),
+            return ["type": MessageType.leak.plist, "id": .string(id.uuidString), "alive": .array(alive.map(PlistValue.string)),
                     "afterMs": .integer(afterMs)]
         case let .unknown(type):
             return ["type": .string(type)]
@@ -204,9 +247,9 @@ public enum Message: Sendable, Equatable {
     }
 
     /// `{type, id, items, fds?}` with the items' files numbered in order.
-    private static func itemsMessage(_ type: String, _ id: RequestID, _ items: [ExtensionItem]) -> [String: PlistValue] {
+    private static func itemsMessage(_ type: MessageType, _ id: RequestID, _ items: [ExtensionItem]) -> [String: PlistValue] {
         var next = 0
-        var d: [String: PlistValue] = ["type": .string(type), "id": .string(id.uuidString)]
+        var d: [String: PlistValue] = ["type": type.plist, "id": .string(id.uuidString)]
         d["items"] = .array(items.map { $0.plist(numberingFilesFrom: &next) })
         if next > 0 { d["fds"] = .integer(Int64(next)) }
         return d
@@ -242,7 +285,8 @@ public enum Message: Sendable, Equatable {
             throw MessageError("message is a \(plist.kindName), not a dictionary")
         }
         guard let type = d["type"]?.stringValue else { throw MessageError("message has no string 'type'") }
-        if !files.isEmpty, type != "begin", type != "complete", type != "partial" {
+        let known = MessageType(rawValue: type)
+        if !files.isEmpty, known != .begin, known != .complete, known != .partial {
             throw MessageError("'\(type)' cannot carry descriptors")
         }
         func string(_ key: String) throws(MessageError) -> String {
@@ -274,38 +318,38 @@ public enum Message: Sendable, Equatable {
             for item in raw { out.append(try ExtensionItem(plist: item, files: files)) }
             return out
         }
-        switch type {
-        case "hello":
+        switch known {
+        case .hello?:
             let pid = try integer("hostPid")
             self = .hello(version: try integer("version"), identifier: try string("identifier"),
                           hostPid: Int32(truncatingIfNeeded: pid), idleTimeoutMs: try integer("idleTimeoutMs"))
-        case "welcome":
+        case .welcome?:
             let pid = try integer("pid")
             guard let pid32 = Int32(exactly: pid) else { throw MessageError("'welcome' pid \(pid) is out of range") }
             self = .welcome(version: try integer("version"), identifier: try string("identifier"), pid: pid32)
-        case "begin":
+        case .begin?:
             let ext: String? = d["extension"] == nil ? nil : try string("extension")
             let deadline: Int64? = d["deadlineMs"] == nil ? nil : try integer("deadlineMs")
             self = .begin(id: try id(), items: try items(), extensionID: ext, deadlineMs: deadline)
-        case "complete": self = .complete(id: try id(), items: try items())
-        case "partial": self = .partial(id: try id(), items: try items())
-        case "credit": self = .credit(id: try id(), count: try integer("count"))
-        case "cancel": self = .cancel(id: try id())
-        case "cancelled":
+        case .complete?: self = .complete(id: try id(), items: try items())
+        case .partial?: self = .partial(id: try id(), items: try items())
+        case .credit?: self = .credit(id: try id(), count: try integer("count"))
+        case .cancel?: self = .cancel(id: try id())
+        case .cancelled?:
             guard let e = d["error"] else { throw MessageError("'cancelled' needs an 'error'") }
             self = .cancelled(id: try id(), error: try ExtensionError(plist: e))
-        case "ping": self = .ping(seq: try integer("seq"))
-        case "pong": self = .pong(seq: try integer("seq"))
-        case "error":
+        case .ping?: self = .ping(seq: try integer("seq"))
+        case .pong?: self = .pong(seq: try integer("seq"))
+        case .error?:
             self = .error(message: try string("message"), id: d["id"] == nil ? nil : try id())
-        case "connect":
+        case .connect?:
             self = .connect(version: try integer("version"), app: d["app"] == nil ? nil : try string("app"))
-        case "prewarm": self = .prewarm(id: try id(), extensionID: try string("extension"))
-        case "prewarmed":
+        case .prewarm?: self = .prewarm(id: try id(), extensionID: try string("extension"))
+        case .prewarmed?:
             let pid = try integer("pid")
             guard let pid32 = Int32(exactly: pid) else { throw MessageError("'prewarmed' pid \(pid) is out of range") }
             self = .prewarmed(id: try id(), pid: pid32)
-        case "connected":
+        case .connected?:
             let pid = try integer("pid")
             var points: [String: String] = [:]
             switch d["points"] {
@@ -319,29 +363,29 @@ public enum Message: Sendable, Equatable {
             }
             self = .connected(version: try integer("version"), pid: Int32(truncatingIfNeeded: pid),
                               extensions: try strings("extensions"), extensionPoints: points)
-        case "sandboxed":
+        case .sandboxed?:
             // The launcher writes the pid as a string (its frame writer has strings only).
             let pid = d["pid"]?.stringValue.flatMap { Int32($0) }
             self = .sandboxed(layers: try strings("layers"), skipped: try strings("skipped"), pid: pid,
                               timings: d["timings"] == nil ? [] : try strings("timings"))
-        case "launchFailed": self = .launchFailed(reason: try string("reason"))
-        case "assigned":
+        case .launchFailed?: self = .launchFailed(reason: try string("reason"))
+        case .assigned?:
             let pid = try integer("pid")
             guard let pid32 = Int32(exactly: pid) else { throw MessageError("'assigned' pid \(pid) is out of range") }
             self = .assigned(id: try id(), pid: pid32)
-        case "interrupted":
+        case .interrupted?:
             guard let reason = d["reason"] else { throw MessageError("'interrupted' needs a 'reason'") }
             self = .interrupted(id: try id(), reason: reason)
-        case "status": self = .status(seq: try integer("seq"))
-        case "statusReport":
+        case .status?: self = .status(seq: try integer("seq"))
+        case .statusReport?:
             guard let report = d["report"] else { throw MessageError("'statusReport' needs a 'report'") }
             self = .statusReport(seq: try integer("seq"), report: report)
-        case "leak": self = .leak(id: try id(), alive: try strings("alive"), afterMs: try integer("afterMs"))
-        case "subscribe": self = .subscribe
-        case "event":
+        case .leak?: self = .leak(id: try id(), alive: try strings("alive"), afterMs: try integer("afterMs"))
+        case .subscribe?: self = .subscribe
+        case .event?:
             guard let event = d["event"], case .dictionary = event else { throw MessageError("'event' needs a dictionary 'event'") }
             self = .event(event)
-        default: self = .unknown(type: type)
+        case nil: self = .unknown(type: type)
         }
     }
 }
@@ -349,33 +393,36 @@ public enum Message: Sendable, Equatable {
 extension Message {
     /// The message's `type` on the wire ("begin", "complete", ...), for logs: never the payload, which may be
     /// large or hostile.
-    public var typeName: String {
+    public var typeName: String { type?.rawValue ?? "unknown" }
+
+    /// The message's type; nil for one this version does not know.
+    public var type: MessageType? {
         switch self {
-        case .hello: "hello"
-        case .welcome: "welcome"
-        case .begin: "begin"
-        case .complete: "complete"
-        case .partial: "partial"
-        case .credit: "credit"
-        case .cancel: "cancel"
-        case .cancelled: "cancelled"
-        case .ping: "ping"
-        case .pong: "pong"
-        case .error: "error"
-        case .connect: "connect"
-        case .connected: "connected"
-        case .assigned: "assigned"
-        case .interrupted: "interrupted"
-        case .status: "status"
-        case .statusReport: "statusReport"
-        case .sandboxed: "sandboxed"
-        case .launchFailed: "launchFailed"
-        case .prewarm: "prewarm"
-        case .prewarmed: "prewarmed"
-        case .leak: "leak"
-        case .subscribe: "subscribe"
-        case .event: "event"
-        case .unknown: "unknown"
+        case .hello: .hello
+        case .welcome: .welcome
+        case .begin: .begin
+        case .complete: .complete
+        case .partial: .partial
+        case .credit: .credit
+        case .cancel: .cancel
+        case .cancelled: .cancelled
+        case .ping: .ping
+        case .pong: .pong
+        case .error: .error
+        case .connect: .connect
+        case .connected: .connected
+        case .assigned: .assigned
+        case .interrupted: .interrupted
+        case .status: .status
+        case .statusReport: .statusReport
+        case .sandboxed: .sandboxed
+        case .launchFailed: .launchFailed
+        case .prewarm: .prewarm
+        case .prewarmed: .prewarmed
+        case .leak: .leak
+        case .subscribe: .subscribe
+        case .event: .event
+        case .unknown: nil
         }
     }
 }

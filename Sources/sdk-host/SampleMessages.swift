@@ -4,7 +4,7 @@ import SDKWire
 
 enum SampleMessages {
     static let begin: PlistValue = [
-        "type": "begin",
+        "type": MessageType.begin.plist,
         "id": "6F9619FF-8B86-D011-B42D-00C04FC964FF",
         "items": [
             [
