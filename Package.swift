@@ -101,7 +101,7 @@ let package = Package(
             exclude: ["Fixtures"]
         ),
         // Helpers shared by the host and fault tests (hosts, recorders, leak snapshots).
-        .target(name: "HostTestSupport", dependencies: ["SDKWire", "SDKHost", "SDKPosix"], path: "Tests/HostTestSupport"),
+        .target(name: "HostTestSupport", dependencies: ["SDKWire", "SDKHost", "SDKPosix", "SDKSimulation"], path: "Tests/HostTestSupport"),
         .testTarget(name: "SDKPosixTests", dependencies: ["SDKPosix", "HostTestSupport"]),
         .testTarget(name: "SDKExtensionTests", dependencies: ["SDKWire", "SDKExtension"]),
         .testTarget(name: "SDKExtensionTestingTests", dependencies: ["SDKWire", "SDKExtensionTesting", "SDKHost", "HostTestSupport"]),

@@ -147,9 +147,9 @@ package struct Simulation {
         configuration.workerExitGracePeriodSeconds = 1
         // Each worker gets a temp folder, made and removed on its spawn and death: on tmpfs, not on disk.
         if access("/dev/shm", W_OK) == 0 { configuration.temporaryDirectory = "/dev/shm" }
-        var trace: [String] = []
+        let state = ScheduleState(identifier: SimulationWorld.identifier)
         func failure(_ what: String) -> String {
-            "seed \(seed): \(what)\n  last steps:\n    " + trace.suffix(25).joined(separator: "\n    ")
+            "seed \(seed): \(what)\n  last steps:\n    " + state.trace.suffix(25).joined(separator: "\n    ")
         }
         let problem: String? = {
             let engine: HostEngine
@@ -158,55 +158,20 @@ package struct Simulation {
             } catch {
                 return "seed \(seed): cannot create the engine: \(error)"
             }
-            // Single-threaded: the outcomes are only ever touched on this thread (the loop runs here).
-            let outcomes = Mutex<[RequestID: [RequestOutcome]]>([:])
-            // Partial results the app took, and any that came after its request's outcome.
-            let partials = Mutex<(taken: [RequestID: Int], afterEnd: RequestID?)>(([:], nil))
-            var begun: [RequestID] = []
-            var retained: [Weak] = []
-            var lateBegin: RequestID?
-            // Requests that had ended when the previous pump started: a begin read now was written after that
-            // pump (the loop had flushed everything before it), so it must not be for one of these.
-            var endedBeforeLastPump: Set<RequestID> = []
-            func pumpWorkers() {
-                let endedNow = Set(outcomes.withLock { $0.keys })
-                defer { endedBeforeLastPump = endedNow }
-                let ended = endedBeforeLastPump
-                for worker in launcher.workers where worker.alive {
-                    let seen = worker.begins.count
-                    if worker.shared.withLock({ $0.killRequested }) {
-                        worker.die(.signaled(SIGKILL))
-                        continue
-                    }
-                    worker.pump(identifier: SimulationWorld.identifier)
-                    if lateBegin == nil, let late = worker.begins[seen...].first(where: ended.contains) {
-                        lateBegin = late
-                    }
-                    // The host closed the socket (retired it): the runtime exits.
-                    var byte: UInt8 = 0
-                    if worker.alive, recv(worker.socket, &byte, 1, Int32(MSG_DONTWAIT | MSG_PEEK)) == 0 { worker.die(.exited(0)) }
-                }
-            }
-            func randomWorker(_ which: (FakeWorker) -> Bool) -> FakeWorker? {
-                let candidates = launcher.workers.filter { $0.alive && which($0) }
-                return candidates.isEmpty ? nil : candidates[Int(rng.next() % UInt64(candidates.count))]
-            }
-            func short(_ id: RequestID) -> Substring { id.uuidString.prefix(8) }
-
             func checkStep() -> String? {
-                if let lateBegin { return failure("request \(lateBegin) was sent to a worker after it had ended") }
-                if let late = partials.withLock({ $0.afterEnd }) {
+                if let late = state.lateBegin { return failure("request \(late) was sent to a worker after it had ended") }
+                if let late = state.partials.withLock({ $0.afterEnd }) {
                     return failure("request \(late) had a partial result after its outcome")
                 }
-                let ended = outcomes.withLock { $0 }
+                let ended = state.outcomes.withLock { $0 }
                 if let twice = ended.first(where: { $0.value.count > 1 }) {
                     return failure("request \(twice.key) ended \(twice.value.count) times: \(twice.value)")
                 }
                 if engine.queuedRequestCount > Self.maxQueued {
                     return failure("\(engine.queuedRequestCount) requests queued, past MaxQueuedRequests \(Self.maxQueued)")
                 }
-                if engine.activeRequestCount + ended.count != begun.count {
-                    return failure("\(begun.count) begun, \(ended.count) ended, \(engine.activeRequestCount) held")
+                if engine.activeRequestCount + ended.count != state.begun.count {
+                    return failure("\(state.begun.count) begun, \(ended.count) ended, \(engine.activeRequestCount) held")
                 }
                 // A worker's death, once reaped, ends what it was running (or sends it on): nothing stays with it.
                 let workers = launcher.workers
@@ -223,83 +188,8 @@ package struct Simulation {
             engine.loop.runUntilIdle()
             for _ in 0..<steps {
                 // What the workers answer and the step's own action are handled in one run of the loop.
-                pumpWorkers()
-                let roll = rng.next() % 100
-                switch roll {
-                case 0..<25:
-                    let id = RequestID(high: rng.next(), low: rng.next())
-                    let deadline: Double? = rng.next() % 10 < 3 ? Double(rng.next() % 3000 + 1) / 1000 : nil
-                    let handle = Handle()
-                    retained.append(Weak(handle))
-                    begun.append(id)
-                    trace.append("begin \(short(id)) deadline \(deadline.map { "\($0)" } ?? "-")")
-                    // Half come from one of three daemon apps (a pool each), half from the embedded app.
-                    let app: String? = rng.next() % 2 == 0 ? "0/app\(rng.next() % 3)" : nil
-                    trace[trace.count - 1] += app.map { " app \($0)" } ?? ""
-                    engine.submit(SubmittedRequest(
-                        id: id, extensionID: SimulationWorld.identifier, items: [ExtensionItem(title: "sim")],
-                        deadline: deadline, onWorkerAssigned: nil,
-                        deliver: { [handle] outcome in
-                            withExtendedLifetime(handle) { outcomes.withLock { $0[id, default: []].append(outcome) } }
-                        },
-                        progress: { [handle, engine] _ in
-                            withExtendedLifetime(handle) {
-                                let over = outcomes.withLock { $0[id] != nil }
-                                partials.withLock { p in
-                                    p.taken[id, default: 0] += 1
-                                    if over, p.afterEnd == nil { p.afterEnd = id }
-                                }
-                                engine.credit(id, 1)  // the app has it
-                            }
-                        },
-                        app: app))
-                case 25..<35:
-                    guard !begun.isEmpty else { break }
-                    let id = begun[Int(rng.next() % UInt64(begun.count))]
-                    trace.append("cancel \(short(id))")
-                    engine.cancel(id)
-                case 35..<60:
-                    guard let worker = randomWorker({ !$0.pending.isEmpty }) else { break }
-                    let id = worker.pending.remove(at: Int(rng.next() % UInt64(worker.pending.count)))
-                    trace.append("worker \(worker.pid) completes \(short(id))")
-                    worker.send(.complete(id: id, items: [ExtensionItem(title: "done")]))
-                    if rng.next() % 10 == 0 {
-                        trace.append("worker \(worker.pid) completes \(short(id)) again")
-                        worker.send(.complete(id: id, items: [ExtensionItem(title: "again")]))
-                    }
-                case 60..<65:
-                    guard let worker = randomWorker({ !$0.cancelRequested.isEmpty }) else { break }
-                    let id = worker.cancelRequested.removeFirst()
-                    worker.pending.removeAll { $0 == id }
-                    trace.append("worker \(worker.pid) acknowledges the cancel of \(short(id))")
-                    worker.send(.cancelled(id: id, error: .cancelledByHost))
-                case 65..<70:
-                    guard let worker = randomWorker({ _ in true }) else { break }
-                    trace.append("worker \(worker.pid) crashes")
-                    worker.die(.signaled(SIGSEGV))
-                case 70..<73:
-                    guard let worker = randomWorker({ _ in true }) else { break }
-                    trace.append("worker \(worker.pid) exits")
-                    worker.die(.exited(0))
-                case 73..<75:
-                    guard let worker = randomWorker({ _ in true }) else { break }
-                    trace.append("worker \(worker.pid) replies for an unknown id")
-                    worker.send(.complete(id: RequestID(high: rng.next(), low: rng.next()), items: []))
-                case 75..<77:
-                    trace.append("the next spawn fails")
-                    launcher.failNextSpawn()
-                case 77..<85:
-                    guard let worker = randomWorker({ !$0.pending.isEmpty }) else { break }
-                    let id = worker.pending[Int(rng.next() % UInt64(worker.pending.count))]
-                    // Now and then a burst past the window of 16 uncredited: a protocol violation.
-                    let count = rng.next() % 20 == 0 ? 20 : 1
-                    trace.append("worker \(worker.pid) sends \(count) partial result(s) for \(short(id))")
-                    for _ in 0..<count { worker.send(.partial(id: id, items: [ExtensionItem(title: "part")])) }
-                default:
-                    let ms = rng.next() % 1500
-                    trace.append("clock +\(ms) ms")
-                    clock.advance(by: ms * 1_000_000)
-                }
+                state.pumpWorkers(launcher)
+                state.step(&rng, engine: engine, launcher: launcher, clock: clock, apps: true)
                 engine.loop.runUntilIdle()
                 tally.steps += 1
                 // After every step. A violation ends the schedule, after the shutdown below (which releases
@@ -311,20 +201,20 @@ package struct Simulation {
             }
 
             // Shutdown, with workers that exit when their socket closes and a clock that moves.
-            trace.append("shutdown")
+            state.trace.append("shutdown")
             let stopped = Mutex(false)
             engine.shutdown { stopped.withLock { $0 = true } }
             var rounds = 0
             while engine.loop.runUntilIdle(), rounds < 500 {
                 rounds += 1
-                pumpWorkers()
+                state.pumpWorkers(launcher)
                 clock.advance(by: 200_000_000)
             }
             guard stopped.withLock({ $0 }) else { return violation ?? failure("shutdown never completed") }
             if let violation { return violation }
-            if let lateBegin { return failure("request \(lateBegin) was sent to a worker after it had ended") }
-            let all = outcomes.withLock { $0 }
-            for id in begun where all[id]?.count != 1 {
+            if let late = state.lateBegin { return failure("request \(late) was sent to a worker after it had ended") }
+            let all = state.outcomes.withLock { $0 }
+            for id in state.begun where all[id]?.count != 1 {
                 return failure("request \(id) ended \(all[id]?.count ?? 0) times: \(all[id] ?? [])")
             }
             if engine.activeRequestCount != 0 { return failure("\(engine.activeRequestCount) request(s) still held") }
@@ -336,9 +226,9 @@ package struct Simulation {
             }
             for outcome in all.values.compactMap(\.first) { tally.add(outcome) }
             for (kind, count) in engine.workerTransitions { tally.transitions[kind, default: 0] += count }
-            if retained.contains(where: { $0.value != nil }) { return failure("a request's handler is still retained") }
             return nil
         }()
+        if problem == nil, state.retainsAHandler { return failure("a request's handler is still retained") }
         if problem == nil {
             if openDescriptorCount() > descriptorsBefore {
                 return failure("\(openDescriptorCount() - descriptorsBefore) descriptor(s) left open; open now: "
@@ -347,14 +237,6 @@ package struct Simulation {
         }
         return problem
     }
-}
-
-/// Stands for what a request's handler holds; must be released once the request has ended.
-final class Handle: Sendable {}
-
-final class Weak {
-    weak var value: Handle?
-    init(_ value: Handle) { self.value = value }
 }
 
 /// How many descriptors this process has open (counting the one reading them).

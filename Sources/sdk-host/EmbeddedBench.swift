@@ -43,9 +43,9 @@ enum EmbeddedBench {
     }
 
     /// Requests per second with `inFlight` outstanding at all times.
-    static func pipelined(_ host: ExtensionHost, inFlight: Int, total: Int, onHostLoop: Bool = false) -> Double {
-        let ext = echo(host)
-        ext.callsHandlersOnHostLoop = onHostLoop
+    /// Keeps at most `inFlight` of `total` requests running: wait on `slots` before each begin; `finished` is
+    /// signalled when the last has completed.
+    static func window(_ ext: Extension, inFlight: Int, total: Int) -> (slots: DispatchSemaphore, finished: DispatchSemaphore) {
         let slots = DispatchSemaphore(value: inFlight)
         let finished = DispatchSemaphore(value: 0)
         let remaining = Atomic<Int>(total)
@@ -53,6 +53,13 @@ enum EmbeddedBench {
             slots.signal()
             if remaining.subtract(1, ordering: .relaxed).newValue == 0 { finished.signal() }
         }
+        return (slots, finished)
+    }
+
+    static func pipelined(_ host: ExtensionHost, inFlight: Int, total: Int, onHostLoop: Bool = false) -> Double {
+        let ext = echo(host)
+        ext.callsHandlersOnHostLoop = onHostLoop
+        let (slots, finished) = window(ext, inFlight: inFlight, total: total)
         let start = nowMicros()
         for _ in 0..<total {
             slots.wait()
@@ -323,13 +330,7 @@ enum APIBench {
 
     static func measure(_ host: ExtensionHost, total: Int, inFlight: Int = 64) -> Result {
         let ext = EmbeddedBench.echo(host)
-        let slots = DispatchSemaphore(value: inFlight)
-        let finished = DispatchSemaphore(value: 0)
-        let remaining = Atomic<Int>(total)
-        ext.requestCompletionHandler = { _, _ in
-            slots.signal()
-            if remaining.subtract(1, ordering: .relaxed).newValue == 0 { finished.signal() }
-        }
+        let (slots, finished) = EmbeddedBench.window(ext, inFlight: inFlight, total: total)
         var result = Result()
         result.begin.values.reserveCapacity(total)
         result.pid.values.reserveCapacity(total)

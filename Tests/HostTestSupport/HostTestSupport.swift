@@ -4,24 +4,16 @@ import SDKWire
 import Dispatch
 import SDKHost
 import SDKPosix
+import SDKSimulation
 import Synchronization
 
 #if canImport(Glibc)
 import Glibc
 #endif
 
-/// SplitMix64: tiny, seedable, the same sequence on every machine, so a failure replays from a printed seed.
-public struct SeededGenerator: RandomNumberGenerator {
-    private var state: UInt64
-    public init(seed: UInt64) { state = seed }
-    public mutating func next() -> UInt64 {
-        state &+= 0x9E37_79B9_7F4A_7C15
-        var z = state
-        z = (z ^ (z >> 30)) &* 0xBF58_476D_1CE4_E5B9
-        z = (z ^ (z >> 27)) &* 0x94D0_49BB_1331_11EB
-        return z ^ (z >> 31)
-    }
-}
+/// SplitMix64 (SDKSimulation's): tiny, seedable, the same sequence on every machine, so a failure replays from a
+/// printed seed.
+package typealias SeededGenerator = SimulationRandom
 
 /// The package root, from this file's path.
 public let packageRoot: String = {

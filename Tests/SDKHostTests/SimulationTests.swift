@@ -17,12 +17,6 @@ import Testing
 import Glibc
 #endif
 
-final class SimCanary: Sendable {}
-final class WeakSimCanary: @unchecked Sendable {
-    weak var value: SimCanary?
-    init(_ value: SimCanary) { self.value = value }
-}
-
 struct ThreadedSimulation {
     let seed: UInt64
     let steps: Int
@@ -56,7 +50,7 @@ struct ThreadedSimulation {
         configuration.launcher = launcher
         configuration.logLevel = .error
         configuration.logHandler = { _, _ in }
-        configuration.maxQueuedRequests = 6
+        configuration.maxQueuedRequests = 3  // small, so that schedules reach `overloaded`
         configuration.cancelGracePeriod = .seconds(1)
         configuration.heartbeatInterval = .seconds(1)
         configuration.heartbeatTimeout = .seconds(3)
@@ -67,11 +61,7 @@ struct ThreadedSimulation {
         } catch {
             return "cannot create the engine: \(error)"
         }
-        let outcomes = Mutex<[RequestID: [RequestOutcome]]>([:])
-        var begun: [RequestID] = []
-        var canaries: [WeakSimCanary] = []
-        var trace: [String] = []
-
+        let state = ScheduleState(identifier: ThreadedSimulation.identifier)
         func settle() async {
             for _ in 0..<4 {
                 await withCheckedContinuation { (c: CheckedContinuation<Void, Never>) in
@@ -79,105 +69,22 @@ struct ThreadedSimulation {
                 }
             }
         }
-        var lateBegin: RequestID?
-        // Requests that had ended when the previous pump started. A begin read now was written after that pump
-        // (the loop had flushed everything before it), so it must not be for one of these.
-        var endedBeforeLastPump: Set<RequestID> = []
-        func pumpWorkers() {
-            let endedNow = Set(outcomes.withLock { $0.keys })
-            defer { endedBeforeLastPump = endedNow }
-            for worker in launcher.workers where worker.alive {
-                let seen = worker.begins.count
-                defer {
-                    if lateBegin == nil, let late = worker.begins[seen...].first(where: endedBeforeLastPump.contains) {
-                        lateBegin = late
-                    }
-                }
-                if worker.shared.withLock({ $0.killRequested }) {
-                    worker.die(.signaled(SIGKILL))
-                    continue
-                }
-                worker.pump(identifier: Self.identifier)
-                // The host closed the socket (retired it): the runtime exits.
-                var byte: UInt8 = 0
-                if worker.alive, recv(worker.socket, &byte, 1, Int32(MSG_DONTWAIT | MSG_PEEK)) == 0 { worker.die(.exited(0)) }
-            }
-        }
-        func randomWorker(_ where: (FakeWorker) -> Bool) -> FakeWorker? {
-            let candidates = launcher.workers.filter { $0.alive && `where`($0) }
-            return candidates.isEmpty ? nil : candidates[Int(rng.next() % UInt64(candidates.count))]
-        }
-
         for _ in 0..<steps {
-            pumpWorkers()
-            let roll = rng.next() % 100
-            switch roll {
-            case 0..<25:
-                let id = RequestID()
-                let deadline: Double? = rng.next() % 10 < 3 ? Double(rng.next() % 3000 + 1) / 1000 : nil
-                let canary = SimCanary()
-                canaries.append(WeakSimCanary(canary))
-                begun.append(id)
-                trace.append("begin \(id.uuidString.prefix(8)) deadline \(deadline.map { "\($0)" } ?? "-")")
-                engine.submit(SubmittedRequest(
-                    id: id, extensionID: Self.identifier, items: [ExtensionItem(title: "sim")], deadline: deadline,
-                    onWorkerAssigned: nil,
-                    deliver: { [canary] outcome in
-                        withExtendedLifetime(canary) { outcomes.withLock { $0[id, default: []].append(outcome) } }
-                    }))
-            case 25..<35:
-                guard !begun.isEmpty else { break }
-                let id = begun[Int(rng.next() % UInt64(begun.count))]
-                trace.append("cancel \(id.uuidString.prefix(8))")
-                engine.cancel(id)
-            case 35..<60:
-                guard let worker = randomWorker({ !$0.pending.isEmpty }) else { break }
-                let id = worker.pending.remove(at: Int(rng.next() % UInt64(worker.pending.count)))
-                trace.append("worker \(worker.pid) completes \(id.uuidString.prefix(8))")
-                worker.send(.complete(id: id, items: [ExtensionItem(title: "done")]))
-                if rng.next() % 10 == 0 {
-                    trace.append("worker \(worker.pid) completes \(id.uuidString.prefix(8)) again")
-                    worker.send(.complete(id: id, items: [ExtensionItem(title: "again")]))
-                }
-            case 60..<65:
-                guard let worker = randomWorker({ !$0.cancelRequested.isEmpty }) else { break }
-                let id = worker.cancelRequested.removeFirst()
-                worker.pending.removeAll { $0 == id }
-                trace.append("worker \(worker.pid) acknowledges the cancel of \(id.uuidString.prefix(8))")
-                worker.send(.cancelled(id: id, error: .cancelledByHost))
-            case 65..<70:
-                guard let worker = randomWorker({ _ in true }) else { break }
-                trace.append("worker \(worker.pid) crashes")
-                worker.die(.signaled(SIGSEGV))
-            case 70..<73:
-                guard let worker = randomWorker({ _ in true }) else { break }
-                trace.append("worker \(worker.pid) exits")
-                worker.die(.exited(0))
-            case 73..<75:
-                guard let worker = randomWorker({ _ in true }) else { break }
-                trace.append("worker \(worker.pid) replies for an unknown id")
-                worker.send(.complete(id: RequestID(), items: []))
-            case 75..<77:
-                trace.append("the next spawn fails")
-                launcher.failNextSpawn()
-            default:
-                let ms = rng.next() % 1500
-                trace.append("clock +\(ms) ms")
-                clock.advance(by: ms * 1_000_000)
-                engine.loop.wake()
-            }
+            state.pumpWorkers(launcher)
+            state.step(&rng, engine: engine, launcher: launcher, clock: clock, apps: false)
+            engine.loop.wake()  // the clock may have moved
             await settle()
         }
 
         // Shutdown, with workers that exit when their socket closes and a clock that moves.
-        trace.append("shutdown")
+        state.trace.append("shutdown")
         let stopped = Mutex(false)
         engine.shutdown { stopped.withLock { $0 = true } }
         var rounds = 0
         while !stopped.withLock({ $0 }) && rounds < 500 {
             rounds += 1
             await settle()
-            pumpWorkers()
+            state.pumpWorkers(launcher)
             clock.advance(by: 200_000_000)
             engine.loop.wake()
         }
@@ -188,12 +95,12 @@ struct ThreadedSimulation {
             _ = await eventually(timeout: 30) { stopped.withLock { $0 } }
         }
         func failure(_ what: String) -> String {
-            "seed \(seed): \(what)\n  last steps: " + trace.suffix(25).joined(separator: "\n    ")
+            "seed \(seed): \(what)\n  last steps: " + state.trace.suffix(25).joined(separator: "\n    ")
         }
         guard stopped.withLock({ $0 }) else { return failure("shutdown never completed") }
-        if let lateBegin { return failure("request \(lateBegin) was sent to a worker after it had ended") }
-        let all = outcomes.withLock { $0 }
-        for id in begun where all[id]?.count != 1 {
+        if let late = state.lateBegin { return failure("request \(late) was sent to a worker after it had ended") }
+        let all = state.outcomes.withLock { $0 }
+        for id in state.begun where all[id]?.count != 1 {
             return failure("request \(id) ended \(all[id]?.count ?? 0) times: \(all[id] ?? [])")
         }
         // The loop has stopped: its state can be read from here.
@@ -204,7 +111,7 @@ struct ThreadedSimulation {
             let s = worker.shared.withLock { $0 }
             if worker.alive || !s.reaped || s.exitFDOpen { return failure("fake worker \(worker.pid) not reaped and closed") }
         }
-        if canaries.contains(where: { $0.value != nil }) { return failure("a request's handler is still retained") }
+        if state.retainsAHandler { return failure("a request's handler is still retained") }
         for outcome in all.values.compactMap(\.first) { ThreadedSimulation.tally(outcome) }
         return nil
     }
