@@ -43,7 +43,7 @@ package struct SimulationTally {
 
     package init() {}
 
-    mutating func add(_ outcome: RequestOutcome) {
+    package mutating func add(_ outcome: RequestOutcome) {
         let key: String
         switch outcome {
         case .completed: key = "completed"

@@ -57,20 +57,26 @@ extension FaultTests {
             }
         }
 
+        /// Crashes the fat worker (segv) until its exit notice, not the reaper, ends the request; up to three fat
+        /// workers. The request always ends with its own signal.
+        static func crashUntilTheNoticeWins(_ ext: Extension, _ recorder: Recorder, _ log: LogCapture) async {
+            for attempt in 1...3 {
+                if attempt > 1 {
+                    let fat = ext.beginRequest(withInputItems: [ExtensionItem(title: "leak:64")], deadline: 60)
+                    #expect(await recorder.wait(for: fat) == .completed([ExtensionItem(title: "leaked 64 MB")]))
+                }
+                let id = ext.beginRequest(withInputItems: [ExtensionItem(title: "segv")], deadline: 60)
+                #expect(await recorder.wait(for: id) == .interrupted(.signal(SIGSEGV)))
+                if log.contains("is exiting (signal 11 (SIGSEGV))") { break }
+            }
+            #expect(log.contains("is exiting (signal 11 (SIGSEGV))"), "\(log.all.joined(separator: "\n"))")
+        }
+
         @Test func aCrashEndsOnTheNoticeWithItsOwnSignal() async throws {
             try await Self.withFatWorker { _, ext, recorder, log in
                 // Always its own signal. Which path ends it is a race the notice usually wins; on a loaded machine
                 // the reaper may win one, so up to three fat workers crash, and the notice must win at least once.
-                for attempt in 1...3 {
-                    if attempt > 1 {
-                        let fat = ext.beginRequest(withInputItems: [ExtensionItem(title: "leak:64")], deadline: 60)
-                        #expect(await recorder.wait(for: fat) == .completed([ExtensionItem(title: "leaked 64 MB")]))
-                    }
-                    let id = ext.beginRequest(withInputItems: [ExtensionItem(title: "segv")], deadline: 60)
-                    #expect(await recorder.wait(for: id) == .interrupted(.signal(SIGSEGV)))
-                    if log.contains("is exiting (signal 11 (SIGSEGV))") { break }
-                }
-                #expect(log.contains("is exiting (signal 11 (SIGSEGV))"), "\(log.all.joined(separator: "\n"))")
+                await Self.crashUntilTheNoticeWins(ext, recorder, log)
             }
         }
 
@@ -81,16 +87,7 @@ extension FaultTests {
             try await Self.withFatWorker(policy: "<key>MinWarmWorkers</key><integer>1</integer>") { host, ext, recorder, log in
                 // The notice must win the race with the reaper, so that the replacement is started while the
                 // watcher's thread runs the engine: a fat worker's teardown is slow; up to three tries.
-                for attempt in 1...3 {
-                    if attempt > 1 {
-                        let fat = ext.beginRequest(withInputItems: [ExtensionItem(title: "leak:64")], deadline: 60)
-                        #expect(await recorder.wait(for: fat) == .completed([ExtensionItem(title: "leaked 64 MB")]))
-                    }
-                    let id = ext.beginRequest(withInputItems: [ExtensionItem(title: "segv")], deadline: 60)
-                    #expect(await recorder.wait(for: id) == .interrupted(.signal(SIGSEGV)))
-                    if log.contains("is exiting (signal 11 (SIGSEGV))") { break }
-                }
-                #expect(log.contains("is exiting (signal 11 (SIGSEGV))"), "\(log.all.joined(separator: "\n"))")
+                await Self.crashUntilTheNoticeWins(ext, recorder, log)
                 // The replacement: it forges its notice, so the watcher has nothing left to watch and its thread
                 // ends 5 s later (ExitNoticeWatcher.idleSeconds).
                 let probe = ext.beginRequest(withInputItems: [ExtensionItem(title: "slow:200")])

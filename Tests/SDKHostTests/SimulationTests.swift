@@ -22,23 +22,7 @@ struct ThreadedSimulation {
     let steps: Int
     static let identifier = "com.example.sim"
     /// Outcomes by kind over all schedules, so the test can show the schedules reach every kind.
-    static let kinds = Mutex<[String: Int]>([:])
-    static func tally(_ outcome: RequestOutcome) {
-        let key: String
-        switch outcome {
-        case .completed: key = "completed"
-        case .cancelled: key = "cancelled"
-        case .interrupted(let reason):
-            switch reason {
-            case .signal: key = "signal"
-            case .exited: key = "exited"
-            case .protocolViolation: key = "protocol"
-            case .launchFailed: key = "launchFailed"
-            default: key = "\(reason)"
-            }
-        }
-        kinds.withLock { $0[key, default: 0] += 1 }
-    }
+    static let kinds = Mutex(SimulationTally())
 
     /// Runs one schedule; returns what went wrong, or nil.
     func run(manifestRoot: String) async -> String? {
@@ -112,7 +96,7 @@ struct ThreadedSimulation {
             if worker.alive || !s.reaped || s.exitFDOpen { return failure("fake worker \(worker.pid) not reaped and closed") }
         }
         if state.retainsAHandler { return failure("a request's handler is still retained") }
-        for outcome in all.values.compactMap(\.first) { ThreadedSimulation.tally(outcome) }
+        ThreadedSimulation.kinds.withLock { tally in for outcome in all.values.compactMap(\.first) { tally.add(outcome) } }
         return nil
     }
 }
@@ -147,10 +131,10 @@ struct ThreadedSimulation {
         let leak = await leaksSince(baseline)
         #expect(leak == nil, "descriptors or loop threads left by the schedules: \(leak ?? "")")
         // The schedules must reach every kind of ending, or they prove less than they claim.
-        let kinds = ThreadedSimulation.kinds.withLock { $0 }
+        let kinds = ThreadedSimulation.kinds.withLock { $0.outcomes }
         print("simulation: \(seeds.count) schedules; outcomes \(kinds.sorted { $0.key < $1.key })")
         if seeds.count >= 100 {
-            for kind in ["completed", "cancelled", "signal", "exited", "protocol", "launchFailed", "timed out", "overloaded", "host shut down", "hang"] {
+            for kind in ["completed", "cancelled", "signal", "exited", "protocol violation", "launch failed", "timed out", "overloaded", "host shut down", "hang"] {
                 #expect(kinds[kind, default: 0] > 0, "no schedule ended a request as \(kind)")
             }
         }
