@@ -312,6 +312,27 @@ extension FaultTests {
             #expect(folders().isEmpty, "left behind: \(folders())")
         }
 
+        /// A path granted twice (here /etc/localtime, which every worker reads already, and a file listed twice)
+        /// is bound once and then found in place: the launcher does not try to make it again inside a read-only
+        /// bind.
+        @Test func aPathGrantedTwiceStillLaunches() async throws {
+            let targets = try ProbeTargets()
+            defer { targets.remove() }
+            let twice = TemporaryExtension(identifier: "com.example.echo-twice", executable: "Echo", policy: """
+                <key>ReadablePaths</key><array>
+                  <string>/etc/localtime</string>
+                  <string>\(targets.folder)/secret</string><string>\(targets.folder)/secret</string>
+                </array>
+                """)
+            defer { twice.remove() }
+            try await withHost(extraSearchPaths: [twice.root]) { host, log in
+                let (ext, recorder) = try recordedExtension(host, twice.identifier)
+                let id = ext.beginRequest(withInputItems: [ExtensionItem(title: "twice")])
+                #expect(await recorder.wait(for: id) == .completed([ExtensionItem(title: "twice")]),
+                        "\(log.all.suffix(6).joined(separator: " | "))")
+            }
+        }
+
         @Test func manifestKeysOpenExactlyWhatTheyName() async throws {
             let targets = try ProbeTargets()
             defer { targets.remove() }
