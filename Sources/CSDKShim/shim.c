@@ -557,7 +557,8 @@ void sdk_futex_wake_shared(uint32_t *word) { syscall(SYS_futex, word, FUTEX_WAKE
 void sdk_futex_wake_private(uint32_t *word) { syscall(SYS_futex, word, FUTEX_WAKE_PRIVATE, 0x7fffffff, NULL, NULL, 0); }
 
 // The three-state futex lock of Drepper's "Futexes Are Tricky" (mutex2), with a bounded spin before the first
-// sleep. 400 pauses are some 10-50 µs, about what a futex sleep and its wake-up cost here.
+// sleep: 400 pauses, some microseconds on this machine's CPUs (a pause is tens of cycles on recent x86, a few
+// on older ones and on arm64), less than a futex sleep and wake-up cost here.
 #define SPIN_LIMIT 400
 
 static inline void cpu_relax(void) {

@@ -154,7 +154,9 @@ public struct HostConfiguration: Sendable {
     public var crashReportLimit = 64
     /// A folder to write each crash report to, as a binary plist; nil keeps them in memory only.
     public var crashReportDirectory: String?
-    /// Requests that may wait for a worker, per extension; past it a request ends at once as `overloaded`.
+    /// Requests that may wait for a worker, per pool (an extension, or an extension and one daemon app); past it a
+    /// request ends at once as `overloaded`. (A request whose worker died before its handshake goes back to the
+    /// front of its queue regardless.)
     public var maxQueuedRequests = 1024
     /// Worker processes at once, across every extension and app (retiring ones included). At the cap a request
     /// waits and an idle worker elsewhere is retired to make room. Config key `MaxWorkersTotal`.

@@ -25,6 +25,8 @@ extension HostEngine: HostBackend {
     package var activeRequestCount: Int { requests.count }
     /// Requests waiting in a queue for a worker (loop thread).
     package var queuedRequestCount: Int { waiting.values.reduce(0) { $0 + $1.count } }
+    /// The longest queue of any pool (loop thread).
+    package var longestQueue: Int { waiting.values.map(\.count).max() ?? 0 }
     /// The host's child serving request `id` (the worker, or its launcher), if it is assigned to one (loop thread).
     package func workerPID(serving id: RequestID) -> pid_t? { requests[id]?.worker?.childPID }
     /// The requests that have begun and not ended (loop thread).

@@ -43,7 +43,7 @@ extension HostEngine {
     /// is already leaving; notes that requests wait for room.
     private func makeRoom(among candidates: [WorkerProcess], limit: String) {
         waitingForRoom = true
-        guard !candidates.contains(where: { $0.lifecycle.phase == .retiring }) else { return }
+        guard !candidates.contains(where: { $0.lifecycle.retired && !$0.lifecycle.isOver }) else { return }
         let idle = candidates.filter { $0.inFlight.isEmpty && $0.lifecycle.isRunning }
         let busyPools = Set(candidates.filter { !$0.inFlight.isEmpty }.map(\.poolKey))
         guard let victim = idle.first(where: { !busyPools.contains($0.poolKey) }) ?? idle.first else { return }

@@ -293,7 +293,11 @@ extension HostEngine {
         } else if liveCount(key) < manifest.policy.maxWorkers {
             guard capacityAllows(pool: key, app: app) else { return done(.failure(.interrupted(.overloaded))) }
             guard loop.onLoopThread else {
-                loop.execute { [weak self] in self?.prewarmOnLoop(extensionID, app: app, done: done) }
+                let queued = loop.execute { [weak self] in
+                    guard let self else { return done(.failure(.interrupted(.hostShutdown))) }
+                    self.prewarmOnLoop(extensionID, app: app, done: done)
+                }
+                if !queued { done(.failure(.interrupted(.hostShutdown))) }
                 return
             }
             do {

@@ -39,6 +39,8 @@ extension HostEngine {
                 protocolViolation(worker, "unexpected welcome (version \(version), identifier \(identifier))")
                 return
             }
+            // Read after its death: recorded (no requeue), and nothing more to start.
+            if worker.lifecycle.isOver { return }
             settlePid(worker)
             // After this turn's writes (the requests queued for it go out first).
             loop.runBeforeSleeping { [weak self, weak worker] in

@@ -1,5 +1,5 @@
 // A worker's life as the host sees it: one phase at a time, every change made by one function (`move`) that
-// refuses an illegal change (a trap in debug builds, a logged no-op otherwise) and records its cause. What used
+// refuses an illegal change (a trap in debug builds, a no-op otherwise) and records its cause. What used
 // to be re-derived from flags in several places (was it killed, and why; did it die on its own; should its
 // requests wait for the next worker; does its death count as a crash) is answered once, by `ending`.
 //
@@ -88,8 +88,8 @@ struct WorkerLifecycle {
 
     // MARK: Events
 
-    /// Its `welcome` arrived. False if one came already, or it is retiring or over (a protocol violation). A
-    /// worker recycled or killed before its handshake stays in that phase, welcomed.
+    /// Its `welcome` arrived. False if one came already, or it is retiring (a protocol violation). A worker
+    /// recycled, killed or over before its handshake was read stays in that phase, welcomed.
     mutating func welcome() -> Bool {
         guard !welcomed else { return false }
         switch phase {
@@ -99,8 +99,13 @@ struct WorkerLifecycle {
         case .draining, .killed:
             welcomed = true
             return true
-        case .ready, .retiring, .exiting, .dead:
+        case .ready, .retiring:
             return false
+        case .exiting, .dead:
+            // Read from its socket after its death (the host reads what is left before it accounts for the end):
+            // the handshake did happen, so a handler may have run and its requests must not be sent again.
+            welcomed = true
+            return true
         }
     }
 

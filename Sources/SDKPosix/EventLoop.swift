@@ -158,7 +158,7 @@ public final class EventLoop: @unchecked Sendable {
 
     /// True on the loop's own thread only (not in a caller's `executeInline`): the one thread that lives as long
     /// as the loop, so that what must outlive the calling thread (a child's parent-death signal follows the
-    /// thread that spawned it) is done here.
+    /// thread that spawned it) is done here. A driven loop's thread is the one that runs `runUntilIdle`.
     public var onLoopThread: Bool { loopThread.load(ordering: .relaxed) == UInt(pthread_self()) }
 
     /// Traps unless called by the holder of the loop's turn.

@@ -66,6 +66,16 @@ import Testing
         #expect(!moved13, "a welcome after the socket closed is not expected")
     }
 
+    @Test func aWelcomeReadAfterTheWorkersDeathStillCounts() {
+        // Read from its socket once it was reaped: a handler may have run, so its requests are not sent again.
+        var life = WorkerLifecycle()
+        _ = life.reaped(.signaled(11))
+        let welcomed = life.welcome()
+        #expect(welcomed && life.welcomed && life.phase == .dead)
+        #expect(!life.ending(status: .signaled(11), hadRequests: true, launchFailure: nil, launcherFailureStatus: 125,
+                             shuttingDown: false).requeuesRequests)
+    }
+
     @Test func theHistoryKeepsTheLastChanges() {
         var life = WorkerLifecycle()
         _ = life.welcome()

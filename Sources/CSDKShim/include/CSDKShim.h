@@ -56,9 +56,8 @@ void sdk_futex_wake_private(uint32_t *word);
 
 /// A lock word (0 free, 1 held, 2 held with sleepers) for critical sections of a few hundred nanoseconds
 /// shared with the host's loop thread. Taking it spins first (the holder is running on the other core and
-/// about to let go) and sleeps on the futex only if the holder does not let go within about as long as a
-/// futex sleep and wake would take: a caller is not put to sleep because the loop thread held a lock for a
-/// dictionary lookup.
+/// about to let go) and sleeps on the futex only if the holder does not let go within the spin; a free lock
+/// goes to whoever takes it first (no hand-over to a sleeping waiter, unlike a priority-inheritance lock).
 void sdk_spin_lock(uint32_t *word);
 /// Whether the lock was free and is now held.
 int sdk_spin_trylock(uint32_t *word);
