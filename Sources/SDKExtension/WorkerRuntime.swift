@@ -52,11 +52,17 @@ final class HostConnection: Sendable {
         var runningTasks: Set<RequestID> = []
     }
 
+    /// The reader (the main thread, which makes the connection): it answers pings, so it must never wait on the
+    /// outbox for long.
+    private let reader = UInt(pthread_self())
+
     init(fd: Int32) { self.fd = fd }
 
     /// Sends one message; a host that has gone away ends the process.
     func send(_ message: Message) {
         let me = UInt(pthread_self())
+        if me != reader, case .complete = message { return sendEncodedApart(message) }
+        if me != reader, case .partial = message { return sendEncodedApart(message) }
         let (queued, failure) = outbox.withLock { (o: inout Outbox) -> (Bool, String?) in
             do throws(WireError) {
                 try o.outgoing.encode(message, with: &o.encoder, appendingTo: &o.pending)
@@ -75,6 +81,40 @@ final class HostConnection: Sendable {
             if o.writing || o.corkedBy == me { return (false, nil) }
             o.writing = true
             return (true, nil)
+        }
+        if let failure { WorkerLog.write(failure) }
+        if queued { writePending() }
+    }
+
+    /// A handler thread's reply or partial result, which may be large: encoded into a buffer of its own before
+    /// the outbox is locked, so that the reader's pongs never wait for it (encoding a 17 MiB reply took over the
+    /// host's 10 s heartbeat timeout on a loaded machine, and the worker was killed as hung). Only the
+    /// appending is done under the lock.
+    private func sendEncodedApart(_ message: Message) {
+        var encoder = BinaryPlistEncoder()
+        var bytes: [UInt8] = []
+        var descriptors = OutgoingDescriptors()
+        var failure: String?
+        do throws(WireError) {
+            try descriptors.encode(message, with: &encoder, appendingTo: &bytes)
+        } catch {
+            // A reply too large for a frame still ends its request: as cancelled, with an error saying why.
+            guard case .complete(let id, _) = message else {
+                WorkerLog.write("cannot send '\(message.typeName)': \(error)")
+                return
+            }
+            let refusal = Message.cancelled(id: id, error: ExtensionError(
+                domain: "SDKExtension", code: 3, message: "reply too large: \(error.detail)"))
+            bytes = []
+            try? Frame.encode(refusal.plist, with: &encoder, appendingTo: &bytes)
+            failure = "reply to \(id) too large: \(error.detail)"
+        }
+        let queued = outbox.withLock { (o: inout Outbox) -> Bool in
+            o.outgoing.append(descriptors, at: o.pending.count)
+            o.pending.append(contentsOf: bytes)
+            if o.writing { return false }
+            o.writing = true
+            return true
         }
         if let failure { WorkerLog.write(failure) }
         if queued { writePending() }

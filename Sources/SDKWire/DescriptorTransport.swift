@@ -37,6 +37,13 @@ package struct OutgoingDescriptors {
         }
     }
 
+    /// Takes `other`'s descriptors, for frames `other` encoded into a buffer of their own that is appended at
+    /// `offset` of the bytes this one tracks.
+    package mutating func append(_ other: OutgoingDescriptors, at offset: Int) {
+        for mark in other.marks { marks.append((offset + mark.offset, mark.files)) }
+        queuedCount += other.queuedCount
+    }
+
     /// The next write of the queued bytes from `sent` to `count`: up to the next frame that carries descriptors,
     /// or, when one starts at `sent`, that frame with its descriptors (up to the next such frame).
     package func nextWrite(from sent: Int, upTo count: Int) -> (end: Int, descriptors: [Int32]) {

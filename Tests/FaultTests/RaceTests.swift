@@ -122,6 +122,30 @@ extension FaultTests {
             }
         }
 
+        /// A handler thread's reply is encoded before the worker's outbox is locked: the reader answers pings
+        /// meanwhile. Encoding an 800 MiB reply (past the frame limit: it ends cancelled) under the lock kept the
+        /// pongs waiting past the heartbeat timeout, and the worker was killed as hung.
+        @Test func aHugeReplyBeingEncodedDoesNotMakeItsWorkerLookHung() async throws {
+            let roomy = TemporaryExtension(identifier: "com.example.crasher-roomy", executable: "Crasher", policy: """
+                <key>MemoryLimitMB</key><integer>3072</integer>
+                """)
+            defer { roomy.remove() }
+            try await withHost(extraSearchPaths: [roomy.root], {
+                $0.heartbeatInterval = .milliseconds(50)
+                $0.heartbeatTimeout = .milliseconds(400)
+            }) { host, log in
+                let (ext, recorder) = try recordedExtension(host, roomy.identifier)
+                let big = ext.beginRequest(withInputItems: [ExtensionItem(title: "bigreply:800")], deadline: .seconds(120))
+                let outcome = await recorder.wait(for: big, timeout: 120)
+                guard case .cancelled(let error)? = outcome else {
+                    let tail = log.all.suffix(4).joined(separator: " | ")
+                    Issue.record("expected the oversized reply's cancellation, got \(String(describing: outcome)); \(tail)")
+                    return
+                }
+                #expect(error.message.contains("reply too large"))
+            }
+        }
+
         @Test func oversizedMessagesEndTheirRequestClearlyAndHarmNothingElse() async throws {
             try await withHost { host, _ in
                 let (ext, recorder) = try recordedExtension(host, "com.example.crasher")
