@@ -1,0 +1,66 @@
+// HostConnection (the worker's side of the socket): a handler thread's big reply does not hold up what the
+// reader thread sends meanwhile (its pongs), because it is encoded before the outbox is locked.
+@testable import SDKExtension
+import SDKWire
+import Dispatch
+import Synchronization
+import Testing
+
+#if canImport(Glibc)
+import Glibc
+#endif
+
+@Suite struct HostConnectionTests {
+    static func now() -> UInt64 {
+        var t = timespec()
+        clock_gettime(CLOCK_MONOTONIC, &t)
+        return UInt64(t.tv_sec) * 1_000_000_000 + UInt64(t.tv_nsec)
+    }
+
+    @Test func aPongIsNotHeldUpByAHandlerThreadEncodingABigReply() throws {
+        var pair: [Int32] = [-1, -1]
+        #expect(socketpair(AF_UNIX, Int32(SOCK_STREAM.rawValue), 0, &pair) == 0)
+        defer { close(pair[0]) }
+        // The host's end: read and drop everything.
+        let drained = DispatchSemaphore(value: 0)
+        let hostEnd = pair[1]
+        DispatchQueue.global().async {
+            var buffer = [UInt8](repeating: 0, count: 65536)
+            while read(hostEnd, &buffer, buffer.count) > 0 {}
+            close(hostEnd)
+            drained.signal()
+        }
+        // Made on this thread: this thread is the connection's reader.
+        let connection = HostConnection(fd: pair[0])
+        // 300 MiB: past the frame limit, so it ends as a small `cancelled`; encoding it takes a while.
+        let reply = Message.complete(id: RequestID(), items: [ExtensionItem(attachments: [.data([UInt8](repeating: 7, count: 300 << 20))])])
+        let started = DispatchSemaphore(value: 0)
+        let bigTime = Mutex<UInt64>(0)
+        let bigDone = DispatchSemaphore(value: 0)
+        Thread.detach {
+            started.signal()
+            let t0 = Self.now()
+            connection.send(reply)
+            bigTime.withLock { $0 = Self.now() - t0 }
+            bigDone.signal()
+        }
+        started.wait()
+        usleep(2_000)  // the handler thread is encoding now
+        let t0 = Self.now()
+        connection.send(.pong(seq: 1))
+        let pongTime = Self.now() - t0
+        bigDone.wait()
+        let big = bigTime.withLock { $0 }
+        // Before, the pong waited for the whole encoding under the outbox lock.
+        #expect(pongTime * 4 < big, "pong took \(pongTime / 1000) µs while the big reply took \(big / 1000) µs")
+        shutdown(pair[0], Int32(SHUT_WR))
+        #expect(drained.wait(timeout: .now() + 30) == .success)
+    }
+}
+
+/// A detached thread without Foundation.
+enum Thread {
+    static func detach(_ body: @escaping @Sendable () -> Void) {
+        DispatchQueue.global().async(execute: body)
+    }
+}
