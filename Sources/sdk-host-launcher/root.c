@@ -158,19 +158,10 @@ static int make_parents(char *path) {
     return 0;
 }
 
-/// Whether `path` lies inside a grant bound before it (a file in a granted folder, say), where its target may
-/// exist already and nothing may be made.
-static int inside_earlier_grant(const struct grant *g) {
-    for (const struct grant *e = grants; e < g; e++) {
-        size_t n = strlen(e->path);
-        if (!e->link[0] && e->directory && strncmp(g->path, e->path, n) == 0 && g->path[n] == '/') return 1;
-    }
-    return 0;
-}
-
-static int make_target(char *target, int directory, int nested) {
+/// Makes the mount point `target`, unless it is there already (inside a grant bound before it, or a path
+/// granted twice). Making it says whether it was there: the usual target costs no stat.
+static int make_target(char *target, int directory) {
     struct stat info;
-    if (nested && syscall(SYS_newfstatat, AT_FDCWD, target, &info, AT_SYMLINK_NOFOLLOW) == 0) return 0;
     int error = make_parents(target);
     if (error) return error;
     if (directory) {
@@ -178,10 +169,10 @@ static int make_target(char *target, int directory, int nested) {
         remember_made(target, strlen(target));
         return 0;
     }
-    int fd = open(target, O_WRONLY | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0644);
+    // O_EXCL: an existing target (a file of a granted folder, one reached through a copied link, a path granted
+    // twice) is never opened, only found; EEXIST says so.
+    int fd = open(target, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0644);
     if (fd < 0) {
-        // It may exist already where nothing can be made: a grant listed twice, or a file inside a read-only
-        // bind that the nesting test did not see (reached through a copied link, say).
         int error = errno;
         if (error == EEXIST || error == EISDIR) return 0;
         if (syscall(SYS_newfstatat, AT_FDCWD, target, &info, AT_SYMLINK_NOFOLLOW) == 0) return 0;
@@ -207,7 +198,7 @@ static int bind(struct grant *g, const char **why) {
         if (error == 0 && syscall(SYS_symlinkat, g->link, AT_FDCWD, target) != 0 && errno != EEXIST) error = errno;
         return error ? fail(why, "cannot copy a symbolic link into the new root", error) : 0;
     }
-    int error = make_target(target, g->directory, inside_earlier_grant(g));
+    int error = make_target(target, g->directory);
     if (error) return fail(why, "cannot make a mount point in the new root", error);
     if (g->cloned) {
         struct mount_attr attr = {.attr_set = MOUNT_ATTR_NOSUID};
