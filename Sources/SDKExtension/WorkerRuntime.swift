@@ -64,23 +64,10 @@ final class HostConnection: Sendable {
         if me != reader, case .complete = message { return sendEncodedApart(message) }
         if me != reader, case .partial = message { return sendEncodedApart(message) }
         let (queued, failure) = outbox.withLock { (o: inout Outbox) -> (Bool, String?) in
-            do throws(WireError) {
-                try o.outgoing.encode(message, with: &o.encoder, appendingTo: &o.pending)
-            } catch {
-                // A reply too large for a frame still ends its request: as cancelled, with an error saying why.
-                guard case .complete(let id, _) = message else {
-                    return (false, "cannot send '\(message.typeName)': \(error)")
-                }
-                let refusal = Message.cancelled(id: id, error: ExtensionError(
-                    domain: "SDKExtension", code: 3, message: "reply too large: \(error.detail)"))
-                try? Frame.encode(refusal.plist, with: &o.encoder, appendingTo: &o.pending)
-                if o.writing || o.corkedBy == me { return (false, "reply to \(id) too large: \(error.detail)") }
-                o.writing = true
-                return (true, "reply to \(id) too large: \(error.detail)")
-            }
-            if o.writing || o.corkedBy == me { return (false, nil) }
+            let (appended, failure) = Self.encode(message, with: &o.encoder, onto: &o.pending, descriptors: &o.outgoing)
+            guard appended, !o.writing, o.corkedBy != me else { return (false, failure) }
             o.writing = true
-            return (true, nil)
+            return (true, failure)
         }
         if let failure { WorkerLog.write(failure) }
         if queued { writePending() }
@@ -94,22 +81,8 @@ final class HostConnection: Sendable {
         var encoder = BinaryPlistEncoder()
         var bytes: [UInt8] = []
         var descriptors = OutgoingDescriptors()
-        var failure: String?
-        do throws(WireError) {
-            try descriptors.encode(message, with: &encoder, appendingTo: &bytes)
-        } catch {
-            // A reply too large for a frame still ends its request: as cancelled, with an error saying why.
-            guard case .complete(let id, _) = message else {
-                WorkerLog.write("cannot send '\(message.typeName)': \(error)")
-                return
-            }
-            let refusal = Message.cancelled(id: id, error: ExtensionError(
-                domain: "SDKExtension", code: 3, message: "reply too large: \(error.detail)"))
-            bytes = []
-            try? Frame.encode(refusal.plist, with: &encoder, appendingTo: &bytes)
-            failure = "reply to \(id) too large: \(error.detail)"
-        }
-        let queued = outbox.withLock { (o: inout Outbox) -> Bool in
+        let (appended, failure) = Self.encode(message, with: &encoder, onto: &bytes, descriptors: &descriptors)
+        let queued = appended && outbox.withLock { (o: inout Outbox) -> Bool in
             o.outgoing.append(descriptors, at: o.pending.count)
             o.pending.append(contentsOf: bytes)
             if o.writing { return false }
@@ -118,6 +91,24 @@ final class HostConnection: Sendable {
         }
         if let failure { WorkerLog.write(failure) }
         if queued { writePending() }
+    }
+
+    /// Encodes `message` as a frame onto `bytes`, noting its descriptors. A reply too large for a frame still
+    /// ends its request: its cancellation, with an error saying why, goes instead. Returns whether a frame was
+    /// appended, and what to log.
+    private static func encode(_ message: Message, with encoder: inout BinaryPlistEncoder, onto bytes: inout [UInt8],
+                               descriptors: inout OutgoingDescriptors) -> (appended: Bool, failure: String?)
+    {
+        do throws(WireError) {
+            try descriptors.encode(message, with: &encoder, appendingTo: &bytes)
+            return (true, nil)
+        } catch {
+            guard case .complete(let id, _) = message else { return (false, "cannot send '\(message.typeName)': \(error)") }
+            let refusal = Message.cancelled(id: id, error: ExtensionError(
+                domain: "SDKExtension", code: 3, message: "reply too large: \(error.detail)"))
+            try? Frame.encode(refusal.plist, with: &encoder, appendingTo: &bytes)
+            return (true, "reply to \(id) too large: \(error.detail)")
+        }
     }
 
     /// How many of one read's frames the reader handles before it sends the replies held meanwhile. Sending each
