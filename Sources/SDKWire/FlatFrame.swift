@@ -86,11 +86,8 @@ package enum FlatFrame {
             integer = Int64(bitPattern: BinaryPlistReader.bigEndian(payload, at: at + 1, size: width))
         }
         let candidate: Message
-        func spells(_ t: MessageType) -> Bool {
-            let name = t.staticName
-            return type.elementsEqual(UnsafeBufferPointer(start: name.utf8Start, count: name.utf8CodeUnitCount))
-        }
-        switch (n, spells(.assigned), spells(.credit), spells(.cancel)) {
+        switch (n, type.spells(MessageType.assigned.staticName), type.spells(MessageType.credit.staticName),
+                type.spells(MessageType.cancel.staticName)) {
         case (3, true, _, _):
             guard let pid = Int32(exactly: integer) else { return nil }
             candidate = .assigned(id: id, pid: pid)

@@ -88,9 +88,9 @@ struct ForwardableFields {
 }
 
 extension UnsafeRawBufferPointer {
-    /// Whether these bytes are `name`'s (the key callers check the count first, by a switch).
+    /// Whether these bytes are `name`'s (the scanners' key and type checks, here and in FlatFrame).
     @inline(__always)
-    fileprivate func spells(_ name: StaticString) -> Bool {
+    func spells(_ name: StaticString) -> Bool {
         guard count == name.utf8CodeUnitCount else { return false }
         let bytes = name.utf8Start
         for i in 0..<count where self[i] != bytes[i] { return false }
