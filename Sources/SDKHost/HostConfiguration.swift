@@ -297,13 +297,17 @@ package struct WorkerIdentity: Sendable, Equatable {
     }
 }
 
-/// The running executable's file name (/proc/self/exe), or nil.
-func currentExecutableName() -> String? {
+/// The running executable's path (/proc/self/exe), or nil.
+package func currentExecutablePath() -> String? {
     var buffer = [CChar](repeating: 0, count: 4096)
     let n = readlink("/proc/self/exe", &buffer, buffer.count - 1)
     guard n > 0 else { return nil }
-    let path = String(decoding: buffer[0..<n].map { UInt8(bitPattern: $0) }, as: UTF8.self)
-    return path.split(separator: "/").last.map(String.init)
+    return String(decoding: buffer[0..<n].map { UInt8(bitPattern: $0) }, as: UTF8.self)
+}
+
+/// The running executable's file name (/proc/self/exe), or nil.
+func currentExecutableName() -> String? {
+    currentExecutablePath()?.split(separator: "/").last.map(String.init)
 }
 
 extension HostConfiguration {
@@ -314,11 +318,7 @@ extension HostConfiguration {
 
 /// The folder of the running executable (/proc/self/exe), or nil.
 package func currentExecutableDirectory() -> String? {
-    var buffer = [CChar](repeating: 0, count: 4096)
-    let n = readlink("/proc/self/exe", &buffer, buffer.count - 1)
-    guard n > 0 else { return nil }
-    let path = String(decoding: buffer[0..<n].map { UInt8(bitPattern: $0) }, as: UTF8.self)
-    guard let slash = path.lastIndex(of: "/") else { return nil }
+    guard let path = currentExecutablePath(), let slash = path.lastIndex(of: "/") else { return nil }
     return String(path[..<slash])
 }
 

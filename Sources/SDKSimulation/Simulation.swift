@@ -241,27 +241,14 @@ package struct Simulation {
     }
 }
 
-/// How many descriptors this process has open (counting the one reading them).
-func openDescriptorCount() -> Int {
-    guard let dir = opendir("/proc/self/fd") else { return -1 }
-    defer { closedir(dir) }
-    var count = 0
-    while readdir(dir) != nil { count += 1 }
-    return count
-}
+/// How many descriptors this process has open (counting the one listing them).
+func openDescriptorCount() -> Int { listDirectory("/proc/self/fd")?.count ?? -1 }
 
-/// This process's open descriptors, as "fd target" (but the one reading them).
-func openDescriptors() -> Set<String> {
-    guard let dir = opendir("/proc/self/fd") else { return [] }
-    defer { closedir(dir) }
-    let own = dirfd(dir)
-    var out: Set<String> = []
-    while let entry = readdir(dir) {
-        let name = withDirectoryEntryName(entry) { String(decoding: $0, as: UTF8.self) }
-        guard let fd = Int32(name), fd != own else { continue }
+/// This process's open descriptors, as "fd target", for a failure's report.
+func openDescriptors() -> [String] {
+    (listDirectory("/proc/self/fd") ?? []).map { fd in
         var buffer = [CChar](repeating: 0, count: 256)
-        let n = readlink("/proc/self/fd/\(name)", &buffer, 255)
-        out.insert("\(fd) " + (n > 0 ? String(decoding: buffer[0..<n].map { UInt8(bitPattern: $0) }, as: UTF8.self) : "?"))
+        let n = readlink("/proc/self/fd/\(fd)", &buffer, 255)
+        return "\(fd) " + (n > 0 ? String(decoding: buffer[0..<n].map { UInt8(bitPattern: $0) }, as: UTF8.self) : "?")
     }
-    return out
 }

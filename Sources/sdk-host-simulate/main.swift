@@ -2,6 +2,7 @@
 // (SDKSimulation) and prints how often each kind of outcome and worker transition was reached, then
 // `N schedules, V violations`. Exits 1 naming the seed of each violation (at most 10 are printed); a seed
 // replays exactly: `sdk-host-simulate --schedules 1 --seed S`.
+import SDKHost
 import SDKPosix
 import SDKSimulation
 
@@ -17,15 +18,9 @@ let usage = """
     """
 
 func fail(_ text: String) -> Never {
-    FileHandleless.write(2, "sdk-host-simulate: \(text)\n")
+    var line = "sdk-host-simulate: \(text)\n"
+    line.withUTF8 { try? writeAll(2, UnsafeRawBufferPointer($0), detail: "stderr") }
     exit(2)
-}
-
-enum FileHandleless {
-    static func write(_ fd: Int32, _ text: String) {
-        var text = text
-        text.withUTF8 { bytes in _ = Glibc.write(fd, bytes.baseAddress, bytes.count) }
-    }
 }
 
 var schedules: Int?
@@ -52,10 +47,7 @@ while let flag = arguments.popFirst() {
 }
 guard let schedules else { fail("--schedules is required\n\(usage)") }
 // The manifest's executable: this program (never run; the simulation's launcher stands in for posix_spawn).
-var buffer = [CChar](repeating: 0, count: 4096)
-let length = readlink("/proc/self/exe", &buffer, 4095)
-guard length > 0 else { fail("cannot read /proc/self/exe") }
-let executable = String(decoding: buffer[0..<length].map { UInt8(bitPattern: $0) }, as: UTF8.self)
+guard let executable = currentExecutablePath() else { fail("cannot read /proc/self/exe") }
 let world: SimulationWorld
 do {
     world = try SimulationWorld(executable: executable)
