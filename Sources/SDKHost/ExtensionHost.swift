@@ -219,9 +219,6 @@ public final class Extension: Sendable {
         }
     }
 
-    /// Hands calls to the serial queue that handlers and `perform`'s progress run on (it runs on `callbackQueue`).
-    var callbackBatcher: CallbackBatcher { handlers.state.withLock { $0.batcher } }
-
     /// When true, handlers run directly on the host's event-loop thread (with no lock held) instead of on
     /// `callbackQueue`, saving a thread hand-off per request. They must then be quick and never block: every
     /// other request of the host waits while one runs, and waiting there for another request deadlocks.

@@ -344,23 +344,16 @@ public final class EventLoop: @unchecked Sendable {
     public func runUntilIdle() -> Bool {
         precondition(driven, "runUntilIdle is for a driven loop")
         guard !drivenStopped else { return false }
-        loopThread.store(UInt(pthread_self()), ordering: .relaxed)
-        takeTurn()
-        threadStarted = true
-        runTurns()
+        run()
         return !drivenStopped
     }
 
+    /// Runs the loop's turns on the calling thread, which becomes the loop's: its own thread's loop returns once
+    /// stopped; a driven one also when idle (with the turn released).
     private func run() {
         loopThread.store(UInt(pthread_self()), ordering: .relaxed)
         takeTurn()
         threadStarted = true
-        runTurns()
-    }
-
-    /// The loop's turns, holding the turn on entry. A thread's loop returns once stopped; a driven one also when
-    /// idle (with the turn released).
-    private func runTurns() {
         let runQueue = busyPollNanoseconds > 0 && clock == nil ? RunQueueProbe() : nil
         var fds = [Int32](repeating: 0, count: 64)
         var events = [UInt32](repeating: 0, count: 64)

@@ -37,7 +37,7 @@ import Glibc
         let started = DispatchSemaphore(value: 0)
         let bigTime = Mutex<UInt64>(0)
         let bigDone = DispatchSemaphore(value: 0)
-        Thread.detach {
+        DispatchQueue.global().async {
             started.signal()
             let t0 = Self.now()
             connection.send(reply)
@@ -55,12 +55,5 @@ import Glibc
         #expect(pongTime * 4 < big, "pong took \(pongTime / 1000) µs while the big reply took \(big / 1000) µs")
         shutdown(pair[0], Int32(SHUT_WR))
         #expect(drained.wait(timeout: .now() + 30) == .success)
-    }
-}
-
-/// A detached thread without Foundation.
-enum Thread {
-    static func detach(_ body: @escaping @Sendable () -> Void) {
-        DispatchQueue.global().async(execute: body)
     }
 }
