@@ -140,15 +140,19 @@ struct Crasher: RequestHandler {
             context.cancelRequest(withError: ExtensionError(
                 domain: "com.example.crasher", code: 42, message: "cancelled by the extension on request"))
         case "double":
+            // A buggy runtime would send a second completion: the first and a duplicate go out raw, in one write,
+            // to prove the host keeps the first and drops the rest. (Written after `completeRequest`, a raw
+            // duplicate could overtake the runtime's own completion, which another thread may still be about to
+            // write.) The runtime's completion then comes third, and is dropped too.
+            var encoder = BinaryPlistEncoder()
+            var frames: [UInt8] = []
+            for title in ["first", "duplicate"] {
+                try? Frame.encode(Message.complete(id: context.requestID, items: [ExtensionItem(title: title)]).plist,
+                                  with: &encoder, appendingTo: &frames)
+            }
+            _ = frames.withUnsafeBytes { write(3, $0.baseAddress, $0.count) }
             context.completeRequest(returningItems: [ExtensionItem(title: "first")])
             context.completeRequest(returningItems: [ExtensionItem(title: "second")])  // runtime: logged no-op
-            // A buggy runtime would send it anyway: send a raw duplicate to prove the host drops it.
-            var encoder = BinaryPlistEncoder()
-            var frame: [UInt8] = []
-            try? Frame.encode(
-                Message.complete(id: context.requestID, items: [ExtensionItem(title: "duplicate")]).plist,
-                with: &encoder, appendingTo: &frame)
-            _ = frame.withUnsafeBytes { write(3, $0.baseAddress, $0.count) }
         case let slow where slow.hasPrefix("slow:"):
             let ms = Int(slow.dropFirst(5)) ?? 100
             var waited = 0
