@@ -186,11 +186,11 @@ public struct ExtensionItem: Equatable, Sendable, CustomStringConvertible {
     }
 
     func plist(numberingFilesFrom next: inout Int) -> PlistValue {
-        var d: [String: PlistValue] = ["attachments": .array(attachments), "userInfo": .dictionary(userInfo)]
-        if let title { d["title"] = .string(title) }
-        if let text { d["text"] = .string(text) }
+        var d = [String: PlistValue](fields: [.attachments: .array(attachments), .userInfo: .dictionary(userInfo)])
+        if let title { d[.title] = .string(title) }
+        if let text { d[.text] = .string(text) }
         if !fileAttachments.isEmpty {
-            d["files"] = .array((next..<next + fileAttachments.count).map { .integer(Int64($0)) })
+            d[.files] = .array((next..<next + fileAttachments.count).map { .integer(Int64($0)) })
             next += fileAttachments.count
         }
         return .dictionary(d)
@@ -200,7 +200,7 @@ public struct ExtensionItem: Equatable, Sendable, CustomStringConvertible {
     /// indices (the descriptors of its message).
     public init(plist: PlistValue, files: [FileAttachment] = []) throws(MessageError) {
         guard case .dictionary(let d) = plist else { throw MessageError("item is a \(plist.kindName), not a dictionary") }
-        switch d["files"] {
+        switch d[.files] {
         case nil: fileAttachments = []
         case .array(let indices)?:
             var resolved: [FileAttachment] = []
@@ -213,21 +213,21 @@ public struct ExtensionItem: Equatable, Sendable, CustomStringConvertible {
             fileAttachments = resolved
         case let other?: throw MessageError("item files is a \(other.kindName), not an array")
         }
-        func optionalString(_ key: String) throws(MessageError) -> String? {
+        func optionalString(_ key: MessageKey) throws(MessageError) -> String? {
             switch d[key] {
             case nil: return nil
             case .string(let s)?: return s
-            case let other?: throw MessageError("item \(key) is a \(other.kindName), not a string")
+            case let other?: throw MessageError("item \(key.rawValue) is a \(other.kindName), not a string")
             }
         }
-        title = try optionalString("title")
-        text = try optionalString("text")
-        switch d["attachments"] {
+        title = try optionalString(.title)
+        text = try optionalString(.text)
+        switch d[.attachments] {
         case nil: attachments = []
         case .array(let a)?: attachments = a
         case let other?: throw MessageError("item attachments is a \(other.kindName), not an array")
         }
-        switch d["userInfo"] {
+        switch d[.userInfo] {
         case nil: userInfo = [:]
         case .dictionary(let u)?: userInfo = u
         case let other?: throw MessageError("item userInfo is a \(other.kindName), not a dictionary")

@@ -18,9 +18,9 @@ package enum FlatFrame {
     /// The entries of `message` if it is one of the flat messages.
     package static func entries(of message: Message) -> FlatEntries? {
         switch message {
-        case .assigned(let id, let pid): (("type", .ascii(MessageType.assigned.staticName)), ("id", .id(id)), ("pid", .integer(Int64(pid))))
-        case .cancel(let id): (("type", .ascii(MessageType.cancel.staticName)), ("id", .id(id)), nil)
-        case .credit(let id, let count): (("type", .ascii(MessageType.credit.staticName)), ("id", .id(id)), ("count", .integer(count)))
+        case .assigned(let id, let pid): ((MessageKey.type.staticName, .ascii(MessageType.assigned.staticName)), (MessageKey.id.staticName, .id(id)), (MessageKey.pid.staticName, .integer(Int64(pid))))
+        case .cancel(let id): ((MessageKey.type.staticName, .ascii(MessageType.cancel.staticName)), (MessageKey.id.staticName, .id(id)), nil)
+        case .credit(let id, let count): ((MessageKey.type.staticName, .ascii(MessageType.credit.staticName)), (MessageKey.id.staticName, .id(id)), (MessageKey.count.staticName, .integer(count)))
         default: nil
         }
     }

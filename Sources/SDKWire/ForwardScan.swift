@@ -103,12 +103,12 @@ private enum TopKey: Int {
 
     init(_ key: UnsafeRawBufferPointer) {
         switch key.count {
-        case 2 where key.spells("id"): self = .id
-        case 3 where key.spells("fds"): self = .fds
-        case 4 where key.spells("type"): self = .type
-        case 5 where key.spells("items"): self = .items
-        case 9 where key.spells("extension"): self = .extensionID
-        case 10 where key.spells("deadlineMs"): self = .deadlineMs
+        case 2 where key.spells(MessageKey.id.staticName): self = .id
+        case 3 where key.spells(MessageKey.fds.staticName): self = .fds
+        case 4 where key.spells(MessageKey.type.staticName): self = .type
+        case 5 where key.spells(MessageKey.items.staticName): self = .items
+        case 9 where key.spells(MessageKey.`extension`.staticName): self = .extensionID
+        case 10 where key.spells(MessageKey.deadlineMs.staticName): self = .deadlineMs
         default: self = .other
         }
     }
@@ -119,11 +119,11 @@ private enum ItemKey {
 
     init(_ key: UnsafeRawBufferPointer) {
         switch key.count {
-        case 4 where key.spells("text"): self = .text
-        case 5 where key.spells("title"): self = .title
-        case 5 where key.spells("files"): self = .files
-        case 8 where key.spells("userInfo"): self = .userInfo
-        case 11 where key.spells("attachments"): self = .attachments
+        case 4 where key.spells(MessageKey.text.staticName): self = .text
+        case 5 where key.spells(MessageKey.title.staticName): self = .title
+        case 5 where key.spells(MessageKey.files.staticName): self = .files
+        case 8 where key.spells(MessageKey.userInfo.staticName): self = .userInfo
+        case 11 where key.spells(MessageKey.attachments.staticName): self = .attachments
         default: self = .other
         }
     }

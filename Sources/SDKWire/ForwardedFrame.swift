@@ -61,7 +61,8 @@ package struct ForwardedFrame: Sendable {
         var found: Range<Int>?
         for k in 0..<count {
             guard let keyRef = uint(refs + k * refSize, refSize), let key = offset(ofObject: keyRef),
-                key + 3 <= trailer, p[key] == 0x52, p[key + 1] == UInt8(ascii: "i"), p[key + 2] == UInt8(ascii: "d")
+                key + 3 <= trailer, p[key] == 0x52,
+                UnsafeRawBufferPointer(rebasing: p[(key + 1)..<(key + 3)]).spells(MessageKey.id.staticName)
             else { continue }
             guard let valueRef = uint(refs + (count + k) * refSize, refSize), let value = offset(ofObject: valueRef),
                 value + 3 + 36 <= trailer, p[value] == 0x5F, p[value + 1] == 0x10, p[value + 2] == 36

@@ -86,8 +86,8 @@ struct DictionarySlots {
     }
 
     /// Emits `key` as the next entry's key; returns the index its value takes.
-    mutating func next<Sink: FieldSink>(_ key: StaticString, in sink: inout Sink) -> Int {
-        sink.ascii(key, at: first + emitted)
+    mutating func next<Sink: FieldSink>(_ key: MessageKey, in sink: inout Sink) -> Int {
+        sink.ascii(key.staticName, at: first + emitted)
         defer { emitted += 1 }
         return first + count + emitted
     }
@@ -139,24 +139,24 @@ package struct ItemsFields {
         var next = 1
         var top = sink.dictionary(count: 3 + (extensionID == nil ? 0 : 1) + (deadlineMs == nil ? 0 : 1) + (files == 0 ? 0 : 1),
                                   at: 0, next: &next)
-        var at = top.next("type", in: &sink)
+        var at = top.next(.type, in: &sink)
         sink.ascii(type, at: at)
-        at = top.next("id", in: &sink)
+        at = top.next(.id, in: &sink)
         sink.uuid(id, at: at)
-        at = top.next("items", in: &sink)
+        at = top.next(.items, in: &sink)
         let first = sink.container(0xA0, count: items.count, references: items.count, at: at, next: &next)
         var numbered = 0
         for (i, item) in items.enumerated() { emit(item, at: first + i, numberingFilesFrom: &numbered, into: &sink, next: &next) }
         if let extensionID {
-            at = top.next("extension", in: &sink)
+            at = top.next(.`extension`, in: &sink)
             sink.string(extensionID, at: at)
         }
         if let deadlineMs {
-            at = top.next("deadlineMs", in: &sink)
+            at = top.next(.deadlineMs, in: &sink)
             sink.value(.integer(deadlineMs), at: at, next: &next)
         }
         if files > 0 {
-            at = top.next("fds", in: &sink)
+            at = top.next(.fds, in: &sink)
             sink.value(.integer(Int64(files)), at: at, next: &next)
         }
         return next
@@ -168,20 +168,20 @@ package struct ItemsFields {
         let files = item.fileAttachments.count
         var entries = sink.dictionary(count: 2 + (item.title == nil ? 0 : 1) + (item.text == nil ? 0 : 1) + (files == 0 ? 0 : 1),
                                       at: index, next: &next)
-        var at = entries.next("attachments", in: &sink)
+        var at = entries.next(.attachments, in: &sink)
         sink.value(.array(item.attachments), at: at, next: &next)
-        at = entries.next("userInfo", in: &sink)
+        at = entries.next(.userInfo, in: &sink)
         sink.value(.dictionary(item.userInfo), at: at, next: &next)
         if let title = item.title {
-            at = entries.next("title", in: &sink)
+            at = entries.next(.title, in: &sink)
             sink.string(title, at: at)
         }
         if let text = item.text {
-            at = entries.next("text", in: &sink)
+            at = entries.next(.text, in: &sink)
             sink.string(text, at: at)
         }
         if files > 0 {
-            at = entries.next("files", in: &sink)
+            at = entries.next(.files, in: &sink)
             let first = sink.container(0xA0, count: files, references: files, at: at, next: &next)
             for j in 0..<files { sink.value(.integer(Int64(numbered + j)), at: first + j, next: &next) }
             numbered += files

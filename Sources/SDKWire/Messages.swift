@@ -82,11 +82,11 @@ public struct ExtensionError: Error, Hashable, Sendable, CustomStringConvertible
 
     public var description: String { "\(domain) \(code): \(message)" }
 
-    var plist: PlistValue { ["domain": .string(domain), "code": .integer(code), "message": .string(message)] }
+    var plist: PlistValue { .fields([.domain: .string(domain), .code: .integer(code), .message: .string(message)]) }
 
     init(plist: PlistValue) throws(MessageError) {
-        guard case .dictionary(let d) = plist, let domain = d["domain"]?.stringValue,
-            let code = d["code"]?.integerValue, let message = d["message"]?.stringValue
+        guard case .dictionary(let d) = plist, let domain = d[.domain]?.stringValue,
+            let code = d[.code]?.integerValue, let message = d[.message]?.stringValue
         else { throw MessageError("error must be {domain: string, code: integer, message: string}") }
         self.init(domain: domain, code: code, message: message)
     }
@@ -144,6 +144,82 @@ public enum MessageType: String, CaseIterable, Sendable {
     }
 }
 
+/// Every key of a message, of its error and of its items on the wire, declared here only: the encoder and
+/// decoder below, the flat writer (FlatFrame), the items writer (ItemsMessageEncoding), the daemon's forward
+/// scanner and its id rewriter all spell a key through this. (The C launcher writes `layers`, `skipped`, `pid`,
+/// `timings` and `reason` itself; a test checks they match.)
+public enum MessageKey: String, CaseIterable, Sendable {
+    // Messages.
+    case type, id, items, fds, `extension`, deadlineMs, version, identifier, hostPid, idleTimeoutMs, pid, count
+    case error, seq, message, app, extensions, points, event, reason, layers, skipped, timings, report, alive
+    case afterMs
+    // An error's fields (`domain`, `code` and `message`).
+    case domain, code
+    // An item's fields.
+    case title, text, attachments, userInfo, files
+
+    /// The key as static bytes, for the writers and scanners that work on bytes without a `String`. Each is the
+    /// case's own name (`MessageTypeTests` checks every one against `rawValue`).
+    package var staticName: StaticString {
+        switch self {
+        case .type: "type"
+        case .id: "id"
+        case .items: "items"
+        case .fds: "fds"
+        case .`extension`: "extension"
+        case .deadlineMs: "deadlineMs"
+        case .version: "version"
+        case .identifier: "identifier"
+        case .hostPid: "hostPid"
+        case .idleTimeoutMs: "idleTimeoutMs"
+        case .pid: "pid"
+        case .count: "count"
+        case .error: "error"
+        case .seq: "seq"
+        case .message: "message"
+        case .app: "app"
+        case .extensions: "extensions"
+        case .points: "points"
+        case .event: "event"
+        case .reason: "reason"
+        case .layers: "layers"
+        case .skipped: "skipped"
+        case .timings: "timings"
+        case .report: "report"
+        case .alive: "alive"
+        case .afterMs: "afterMs"
+        case .domain: "domain"
+        case .code: "code"
+        case .title: "title"
+        case .text: "text"
+        case .attachments: "attachments"
+        case .userInfo: "userInfo"
+        case .files: "files"
+        }
+    }
+}
+
+extension Dictionary where Key == String, Value == PlistValue {
+    /// A message's (or an item's) fields, keyed by their wire names.
+    package init(fields: KeyValuePairs<MessageKey, PlistValue>) {
+        self.init(minimumCapacity: fields.count)
+        for (key, value) in fields { self[key.rawValue] = value }
+    }
+
+    /// The field named `key`.
+    package subscript(key: MessageKey) -> PlistValue? {
+        get { self[key.rawValue] }
+        set { self[key.rawValue] = newValue }
+    }
+}
+
+extension PlistValue {
+    /// A dictionary of a message's (or an item's) fields.
+    package static func fields(_ fields: KeyValuePairs<MessageKey, PlistValue>) -> PlistValue {
+        .dictionary([String: PlistValue](fields: fields))
+    }
+}
+
 /// A protocol message. See the file header for the encoding of each.
 public enum Message: Sendable, Equatable {
     // Each case is one message `type`; the file header gives every field's encoding.
@@ -179,79 +255,79 @@ public enum Message: Sendable, Equatable {
     public var plist: PlistValue {
         switch self {
         case let .hello(version, identifier, hostPid, idle):
-            return ["type": MessageType.hello.plist, "version": .integer(version), "identifier": .string(identifier),
-                    "hostPid": .integer(Int64(hostPid)), "idleTimeoutMs": .integer(idle)]
+            return .fields([.type: MessageType.hello.plist, .version: .integer(version), .identifier: .string(identifier),
+                    .hostPid: .integer(Int64(hostPid)), .idleTimeoutMs: .integer(idle)])
         case let .welcome(version, identifier, pid):
-            return ["type": MessageType.welcome.plist, "version": .integer(version), "identifier": .string(identifier),
-                    "pid": .integer(Int64(pid))]
+            return .fields([.type: MessageType.welcome.plist, .version: .integer(version), .identifier: .string(identifier),
+                    .pid: .integer(Int64(pid))])
         case let .begin(id, items, extensionID, deadlineMs):
             var d = Self.itemsMessage(.begin, id, items)
-            if let extensionID { d["extension"] = .string(extensionID) }
-            if let deadlineMs { d["deadlineMs"] = .integer(deadlineMs) }
+            if let extensionID { d[.`extension`] = .string(extensionID) }
+            if let deadlineMs { d[.deadlineMs] = .integer(deadlineMs) }
             return .dictionary(d)
         case let .complete(id, items):
             return .dictionary(Self.itemsMessage(.complete, id, items))
         case let .partial(id, items):
             return .dictionary(Self.itemsMessage(.partial, id, items))
         case let .credit(id, count):
-            return ["type": MessageType.credit.plist, "id": .string(id.uuidString), "count": .integer(count)]
+            return .fields([.type: MessageType.credit.plist, .id: .string(id.uuidString), .count: .integer(count)])
         case let .cancel(id):
-            return ["type": MessageType.cancel.plist, "id": .string(id.uuidString)]
+            return .fields([.type: MessageType.cancel.plist, .id: .string(id.uuidString)])
         case let .cancelled(id, error):
-            return ["type": MessageType.cancelled.plist, "id": .string(id.uuidString), "error": error.plist]
+            return .fields([.type: MessageType.cancelled.plist, .id: .string(id.uuidString), .error: error.plist])
         case let .ping(seq):
-            return ["type": MessageType.ping.plist, "seq": .integer(seq)]
+            return .fields([.type: MessageType.ping.plist, .seq: .integer(seq)])
         case let .pong(seq):
-            return ["type": MessageType.pong.plist, "seq": .integer(seq)]
+            return .fields([.type: MessageType.pong.plist, .seq: .integer(seq)])
         case let .error(message, id):
-            var d: [String: PlistValue] = ["type": MessageType.error.plist, "message": .string(message)]
-            if let id { d["id"] = .string(id.uuidString) }
+            var d = [String: PlistValue](fields: [.type: MessageType.error.plist, .message: .string(message)])
+            if let id { d[.id] = .string(id.uuidString) }
             return .dictionary(d)
         case let .connect(version, app):
-            var d: [String: PlistValue] = ["type": MessageType.connect.plist, "version": .integer(version)]
-            if let app { d["app"] = .string(app) }
+            var d = [String: PlistValue](fields: [.type: MessageType.connect.plist, .version: .integer(version)])
+            if let app { d[.app] = .string(app) }
             return .dictionary(d)
         case let .prewarm(id, extensionID):
-            return ["type": MessageType.prewarm.plist, "id": .string(id.uuidString), "extension": .string(extensionID)]
+            return .fields([.type: MessageType.prewarm.plist, .id: .string(id.uuidString), .`extension`: .string(extensionID)])
         case let .prewarmed(id, pid):
-            return ["type": MessageType.prewarmed.plist, "id": .string(id.uuidString), "pid": .integer(Int64(pid))]
+            return .fields([.type: MessageType.prewarmed.plist, .id: .string(id.uuidString), .pid: .integer(Int64(pid))])
         case let .connected(version, pid, extensions, points):
-            return ["type": MessageType.connected.plist, "version": .integer(version), "pid": .integer(Int64(pid)),
-                    "extensions": .array(extensions.map(PlistValue.string)), "points": .dictionary(points.mapValues(PlistValue.string))]
+            return .fields([.type: MessageType.connected.plist, .version: .integer(version), .pid: .integer(Int64(pid)),
+                    .extensions: .array(extensions.map(PlistValue.string)), .points: .dictionary(points.mapValues(PlistValue.string))])
         case .subscribe:
-            return ["type": MessageType.subscribe.plist]
+            return .fields([.type: MessageType.subscribe.plist])
         case let .event(event):
-            return ["type": MessageType.event.plist, "event": event]
+            return .fields([.type: MessageType.event.plist, .event: event])
         case let .assigned(id, pid):
-            return ["type": MessageType.assigned.plist, "id": .string(id.uuidString), "pid": .integer(Int64(pid))]
+            return .fields([.type: MessageType.assigned.plist, .id: .string(id.uuidString), .pid: .integer(Int64(pid))])
         case let .interrupted(id, reason):
-            return ["type": MessageType.interrupted.plist, "id": .string(id.uuidString), "reason": reason]
+            return .fields([.type: MessageType.interrupted.plist, .id: .string(id.uuidString), .reason: reason])
         case let .sandboxed(layers, skipped, pid, timings):
-            var fields: [String: PlistValue] = ["type": MessageType.sandboxed.plist, "layers": .array(layers.map(PlistValue.string)),
-                                                "skipped": .array(skipped.map(PlistValue.string))]
-            if let pid { fields["pid"] = .string(String(pid)) }
-            if !timings.isEmpty { fields["timings"] = .array(timings.map(PlistValue.string)) }
+            var fields = [String: PlistValue](fields: [.type: MessageType.sandboxed.plist, .layers: .array(layers.map(PlistValue.string)),
+                                                .skipped: .array(skipped.map(PlistValue.string))])
+            if let pid { fields[.pid] = .string(String(pid)) }
+            if !timings.isEmpty { fields[.timings] = .array(timings.map(PlistValue.string)) }
             return .dictionary(fields)
         case let .launchFailed(reason):
-            return ["type": MessageType.launchFailed.plist, "reason": .string(reason)]
+            return .fields([.type: MessageType.launchFailed.plist, .reason: .string(reason)])
         case let .status(seq):
-            return ["type": MessageType.status.plist, "seq": .integer(seq)]
+            return .fields([.type: MessageType.status.plist, .seq: .integer(seq)])
         case let .statusReport(seq, report):
-            return ["type": MessageType.statusReport.plist, "seq": .integer(seq), "report": report]
+            return .fields([.type: MessageType.statusReport.plist, .seq: .integer(seq), .report: report])
         case let .leak(id, alive, afterMs):
-            return ["type": MessageType.leak.plist, "id": .string(id.uuidString), "alive": .array(alive.map(PlistValue.string)),
-                    "afterMs": .integer(afterMs)]
+            return .fields([.type: MessageType.leak.plist, .id: .string(id.uuidString), .alive: .array(alive.map(PlistValue.string)),
+                    .afterMs: .integer(afterMs)])
         case let .unknown(type):
-            return ["type": .string(type)]
+            return .fields([.type: .string(type)])
         }
     }
 
     /// `{type, id, items, fds?}` with the items' files numbered in order.
     private static func itemsMessage(_ type: MessageType, _ id: RequestID, _ items: [ExtensionItem]) -> [String: PlistValue] {
         var next = 0
-        var d: [String: PlistValue] = ["type": type.plist, "id": .string(id.uuidString)]
-        d["items"] = .array(items.map { $0.plist(numberingFilesFrom: &next) })
-        if next > 0 { d["fds"] = .integer(Int64(next)) }
+        var d = [String: PlistValue](fields: [.type: type.plist, .id: .string(id.uuidString)])
+        d[.items] = .array(items.map { $0.plist(numberingFilesFrom: &next) })
+        if next > 0 { d[.fds] = .integer(Int64(next)) }
         return d
     }
 
@@ -269,7 +345,7 @@ public enum Message: Sendable, Equatable {
     ///
     /// - Throws: `MessageError` for a value that is not an integer in 0...64.
     public static func descriptorCount(of plist: PlistValue) throws(MessageError) -> Int {
-        guard case .dictionary(let d) = plist, let raw = d["fds"] else { return 0 }
+        guard case .dictionary(let d) = plist, let raw = d[.fds] else { return 0 }
         guard let n = raw.integerValue, n >= 0 else { throw MessageError("'fds' must be a non-negative integer") }
         guard n <= maxDescriptorsPerMessage else {
             throw MessageError("message carries \(n) descriptors; at most \(maxDescriptorsPerMessage) are allowed")
@@ -284,35 +360,35 @@ public enum Message: Sendable, Equatable {
         guard case .dictionary(let d) = plist else {
             throw MessageError("message is a \(plist.kindName), not a dictionary")
         }
-        guard let type = d["type"]?.stringValue else { throw MessageError("message has no string 'type'") }
+        guard let type = d[.type]?.stringValue else { throw MessageError("message has no string 'type'") }
         let known = MessageType(rawValue: type)
         if !files.isEmpty, known != .begin, known != .complete, known != .partial {
             throw MessageError("'\(type)' cannot carry descriptors")
         }
-        func string(_ key: String) throws(MessageError) -> String {
-            guard let v = d[key]?.stringValue else { throw MessageError("'\(type)' needs a string '\(key)'") }
+        func string(_ key: MessageKey) throws(MessageError) -> String {
+            guard let v = d[key]?.stringValue else { throw MessageError("'\(type)' needs a string '\(key.rawValue)'") }
             return v
         }
-        func integer(_ key: String) throws(MessageError) -> Int64 {
-            guard let v = d[key]?.integerValue else { throw MessageError("'\(type)' needs an integer '\(key)'") }
+        func integer(_ key: MessageKey) throws(MessageError) -> Int64 {
+            guard let v = d[key]?.integerValue else { throw MessageError("'\(type)' needs an integer '\(key.rawValue)'") }
             return v
         }
         func id() throws(MessageError) -> RequestID {
-            let raw = try string("id")
+            let raw = try string(.id)
             guard let id = RequestID(uuidString: raw) else { throw MessageError("'\(type)' id '\(raw)' is not a UUID") }
             return id
         }
-        func strings(_ key: String) throws(MessageError) -> [String] {
-            guard case .array(let raw)? = d[key] else { throw MessageError("'\(type)' needs an array '\(key)'") }
+        func strings(_ key: MessageKey) throws(MessageError) -> [String] {
+            guard case .array(let raw)? = d[key] else { throw MessageError("'\(type)' needs an array '\(key.rawValue)'") }
             var out: [String] = []
             for v in raw {
-                guard let s = v.stringValue else { throw MessageError("'\(type)' \(key) must be strings") }
+                guard let s = v.stringValue else { throw MessageError("'\(type)' \(key.rawValue) must be strings") }
                 out.append(s)
             }
             return out
         }
         func items() throws(MessageError) -> [ExtensionItem] {
-            guard case .array(let raw)? = d["items"] else { throw MessageError("'\(type)' needs an array 'items'") }
+            guard case .array(let raw)? = d[.items] else { throw MessageError("'\(type)' needs an array 'items'") }
             var out: [ExtensionItem] = []
             out.reserveCapacity(raw.count)
             for item in raw { out.append(try ExtensionItem(plist: item, files: files)) }
@@ -320,39 +396,39 @@ public enum Message: Sendable, Equatable {
         }
         switch known {
         case .hello?:
-            let pid = try integer("hostPid")
-            self = .hello(version: try integer("version"), identifier: try string("identifier"),
-                          hostPid: Int32(truncatingIfNeeded: pid), idleTimeoutMs: try integer("idleTimeoutMs"))
+            let pid = try integer(.hostPid)
+            self = .hello(version: try integer(.version), identifier: try string(.identifier),
+                          hostPid: Int32(truncatingIfNeeded: pid), idleTimeoutMs: try integer(.idleTimeoutMs))
         case .welcome?:
-            let pid = try integer("pid")
+            let pid = try integer(.pid)
             guard let pid32 = Int32(exactly: pid) else { throw MessageError("'welcome' pid \(pid) is out of range") }
-            self = .welcome(version: try integer("version"), identifier: try string("identifier"), pid: pid32)
+            self = .welcome(version: try integer(.version), identifier: try string(.identifier), pid: pid32)
         case .begin?:
-            let ext: String? = d["extension"] == nil ? nil : try string("extension")
-            let deadline: Int64? = d["deadlineMs"] == nil ? nil : try integer("deadlineMs")
+            let ext: String? = d[.`extension`] == nil ? nil : try string(.`extension`)
+            let deadline: Int64? = d[.deadlineMs] == nil ? nil : try integer(.deadlineMs)
             self = .begin(id: try id(), items: try items(), extensionID: ext, deadlineMs: deadline)
         case .complete?: self = .complete(id: try id(), items: try items())
         case .partial?: self = .partial(id: try id(), items: try items())
-        case .credit?: self = .credit(id: try id(), count: try integer("count"))
+        case .credit?: self = .credit(id: try id(), count: try integer(.count))
         case .cancel?: self = .cancel(id: try id())
         case .cancelled?:
-            guard let e = d["error"] else { throw MessageError("'cancelled' needs an 'error'") }
+            guard let e = d[.error] else { throw MessageError("'cancelled' needs an 'error'") }
             self = .cancelled(id: try id(), error: try ExtensionError(plist: e))
-        case .ping?: self = .ping(seq: try integer("seq"))
-        case .pong?: self = .pong(seq: try integer("seq"))
+        case .ping?: self = .ping(seq: try integer(.seq))
+        case .pong?: self = .pong(seq: try integer(.seq))
         case .error?:
-            self = .error(message: try string("message"), id: d["id"] == nil ? nil : try id())
+            self = .error(message: try string(.message), id: d[.id] == nil ? nil : try id())
         case .connect?:
-            self = .connect(version: try integer("version"), app: d["app"] == nil ? nil : try string("app"))
-        case .prewarm?: self = .prewarm(id: try id(), extensionID: try string("extension"))
+            self = .connect(version: try integer(.version), app: d[.app] == nil ? nil : try string(.app))
+        case .prewarm?: self = .prewarm(id: try id(), extensionID: try string(.`extension`))
         case .prewarmed?:
-            let pid = try integer("pid")
+            let pid = try integer(.pid)
             guard let pid32 = Int32(exactly: pid) else { throw MessageError("'prewarmed' pid \(pid) is out of range") }
             self = .prewarmed(id: try id(), pid: pid32)
         case .connected?:
-            let pid = try integer("pid")
+            let pid = try integer(.pid)
             var points: [String: String] = [:]
-            switch d["points"] {
+            switch d[.points] {
             case nil: break
             case .dictionary(let raw)?:
                 for (key, value) in raw {
@@ -361,29 +437,29 @@ public enum Message: Sendable, Equatable {
                 }
             case let other?: throw MessageError("'connected' points is a \(other.kindName), not a dictionary")
             }
-            self = .connected(version: try integer("version"), pid: Int32(truncatingIfNeeded: pid),
-                              extensions: try strings("extensions"), extensionPoints: points)
+            self = .connected(version: try integer(.version), pid: Int32(truncatingIfNeeded: pid),
+                              extensions: try strings(.extensions), extensionPoints: points)
         case .sandboxed?:
             // The launcher writes the pid as a string (its frame writer has strings only).
-            let pid = d["pid"]?.stringValue.flatMap { Int32($0) }
-            self = .sandboxed(layers: try strings("layers"), skipped: try strings("skipped"), pid: pid,
-                              timings: d["timings"] == nil ? [] : try strings("timings"))
-        case .launchFailed?: self = .launchFailed(reason: try string("reason"))
+            let pid = d[.pid]?.stringValue.flatMap { Int32($0) }
+            self = .sandboxed(layers: try strings(.layers), skipped: try strings(.skipped), pid: pid,
+                              timings: d[.timings] == nil ? [] : try strings(.timings))
+        case .launchFailed?: self = .launchFailed(reason: try string(.reason))
         case .assigned?:
-            let pid = try integer("pid")
+            let pid = try integer(.pid)
             guard let pid32 = Int32(exactly: pid) else { throw MessageError("'assigned' pid \(pid) is out of range") }
             self = .assigned(id: try id(), pid: pid32)
         case .interrupted?:
-            guard let reason = d["reason"] else { throw MessageError("'interrupted' needs a 'reason'") }
+            guard let reason = d[.reason] else { throw MessageError("'interrupted' needs a 'reason'") }
             self = .interrupted(id: try id(), reason: reason)
-        case .status?: self = .status(seq: try integer("seq"))
+        case .status?: self = .status(seq: try integer(.seq))
         case .statusReport?:
-            guard let report = d["report"] else { throw MessageError("'statusReport' needs a 'report'") }
-            self = .statusReport(seq: try integer("seq"), report: report)
-        case .leak?: self = .leak(id: try id(), alive: try strings("alive"), afterMs: try integer("afterMs"))
+            guard let report = d[.report] else { throw MessageError("'statusReport' needs a 'report'") }
+            self = .statusReport(seq: try integer(.seq), report: report)
+        case .leak?: self = .leak(id: try id(), alive: try strings(.alive), afterMs: try integer(.afterMs))
         case .subscribe?: self = .subscribe
         case .event?:
-            guard let event = d["event"], case .dictionary = event else { throw MessageError("'event' needs a dictionary 'event'") }
+            guard let event = d[.event], case .dictionary = event else { throw MessageError("'event' needs a dictionary 'event'") }
             self = .event(event)
         case nil: self = .unknown(type: type)
         }
