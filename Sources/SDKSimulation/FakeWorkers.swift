@@ -85,13 +85,18 @@ package final class FakeWorker: WorkerChild, @unchecked Sendable {
         _ = bytes.withUnsafeBytes { Glibc.send(socket, $0.baseAddress, $0.count, Int32(MSG_NOSIGNAL | MSG_DONTWAIT)) }
     }
 
-    /// Reads what the host sent; answers hello and ping at once, records begins and cancels.
-    package func pump(identifier: String) {
-        guard alive else { return }
+    /// Reads what the host sent (its socket is readable); answers hello and ping at once, records begins and
+    /// cancels. Returns whether the host closed the socket.
+    package func pump(identifier: String) -> Bool {
+        guard alive else { return false }
+        var endOfFile = false
         while true {
             let n = recv(socket, &buffer, buffer.count, Int32(MSG_DONTWAIT))
+            if n == 0 { endOfFile = true }
             if n <= 0 { break }
             buffer.withUnsafeBytes { reader.append(UnsafeRawBufferPointer(rebasing: $0[0..<n])) }
+            // A short read emptied the socket: what arrives later is the next pump's.
+            if n < buffer.count { break }
         }
         while let value = try? reader.nextValue(), let message = try? Message(plist: value) {
             switch message {
@@ -104,6 +109,7 @@ package final class FakeWorker: WorkerChild, @unchecked Sendable {
             default: break
             }
         }
+        return endOfFile
     }
 }
 
