@@ -78,7 +78,8 @@ enum DemoCommand {
         print("Extensions found: \(host.extensionIdentifiers.joined(separator: ", "))\n")
         print(row("#", "request", "outcome", "detail", "pid", "ms"))
         let main = runSteps(steps, on: host, numberedFrom: 1)
-        let (statistics, crashes, workers) = runAsync { await host.inspect() }
+        let (status, crashes) = runAsync { (await host.status(), await host.crashReportsInMemory()) }
+        let workers = status?.extensions.flatMap(\.workers) ?? []
         BenchCommand.shutdown(host)
 
         print("\nQuarantine: a second host whose restart limit is \(quarantineLimit) crashes in 10 s.")
@@ -99,8 +100,8 @@ enum DemoCommand {
         let faults = (steps + quarantineSteps).filter(\.isFault).count
         let total = main.ids.count + quarantine.ids.count
         print("")
-        print("Workers spawned: \(statistics.spawns); crash reports recorded: \(crashes.count).")
-        let layers = workers.first?.sandboxLayers ?? []
+        print("Workers spawned: \(status?.totals.spawns ?? 0); crash reports recorded: \(crashes.count).")
+        let layers = workers.first?.sandbox ?? []
         print("Workers run sandboxed (Sandbox = strict): " + (layers.isEmpty ? "no layers reported" : layers.joined(separator: ", ")) + ".")
         if let range = crashes.first(where: { $0.stderrTail.contains("Index out of range") }) {
             print("  e.g. pid \(range.pid) (\(range.reason)): \"\(range.stderrTail.split(separator: "\n").first ?? "")\"")

@@ -227,7 +227,7 @@ enum EmbeddedBench {
             }
             settle(host)
             _ = firstRequest(echo(host))
-            let steps = runAsync { await host.inspect().2.first?.sandboxMicroseconds ?? [:] }
+            let steps = runAsync { await host.status()?.extensions.lazy.flatMap(\.workers).first?.sandboxMicroseconds ?? [:] }
             for (step, us) in steps {
                 if byStep[step] == nil { order.append(step) }
                 byStep[step, default: Samples()].add(Double(us))
@@ -299,8 +299,7 @@ enum EmbeddedBench {
 /// folder), as an app's host has long before its first request: a cold start is timed from a settled host.
 func settle(_ host: ExtensionHost) {
     let settled = DispatchSemaphore(value: 0)
-    host.inspect { _, _, _ in settled.signal() }
-    settled.wait()
+    if host.engine.loop.execute({ settled.signal() }) { settled.wait() }
 }
 
 /// One request's beginRequest → completion, in µs.

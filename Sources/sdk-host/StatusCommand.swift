@@ -30,7 +30,12 @@ enum StatusCommand {
             print(JSON.render(report))
             exit(0)
         }
-        let status = HostStatus(plist: report)
+        let status: HostStatus
+        do {
+            status = try HostStatus(plist: report)
+        } catch {
+            fail("status: the daemon's report does not read as a status: \(error)", status: 1)
+        }
         print("daemon pid \(status.pid), up \(Int(status.uptimeSeconds)) s, socket \(socket), "
             + "\(status.activeRequests) request(s) active, \(status.queuedRequests) queued")
         // Each column as wide as its widest cell.

@@ -10,38 +10,15 @@ import Testing
 import Glibc
 #endif
 
-/// The part of `status --json` these tests read; decoded with Foundation's JSONDecoder, a reader independent of
-/// the plist that produced it.
-struct StatusJSON: Decodable {
-    struct Extension: Decodable {
-        var identifier: String
-        var state: String
-        var crashCount: Int
-        var retryInSeconds: Double?
-        var requests: Int
-        var completions: Int
-        var slowRequests: Int
-        var slowRequestsPer1000: Double
-        var slowRequestSeconds: Double
-        var spawns: Int
-        var recycles: Int
-        var interruptionsByReason: [String: Int]
-        var leaks: Int
-        var workers: [Worker]
-    }
-    struct Worker: Decodable {
-        var pid: Int32
-        var app: String?
-    }
-    var extensions: [Extension]
-
-    /// Runs `sdk-host status --json` against the daemon and decodes what it printed.
-    static func read(_ daemon: DaemonProcess) async throws -> StatusJSON {
-        try await decodeOutput(StatusJSON.self, of: [sdkHostBinary, "status", "--json", "--socket", daemon.socket],
+extension HostStatus {
+    /// Runs `sdk-host status --json` against the daemon and reads what it printed back into the one status model
+    /// with Foundation's JSONDecoder: a reader independent of the plist coder that produced it.
+    static func read(_ daemon: DaemonProcess) async throws -> HostStatus {
+        try await decodeOutput(HostStatus.self, of: [sdkHostBinary, "status", "--json", "--socket", daemon.socket],
                                in: daemon.folder)
     }
 
-    subscript(_ identifier: String) -> Extension? { extensions.first { $0.identifier == identifier } }
+    subscript(_ identifier: String) -> ExtensionStatus? { extensions.first { $0.identifier == identifier } }
 }
 
 @Suite(.serialized) struct DaemonSupervisionTests {
@@ -71,13 +48,13 @@ struct StatusJSON: Decodable {
         #expect(quarantined >= 30)
         #expect(slowest < 2, "a quarantined request ends at once (took \(slowest) s)")
 
-        let status = try await StatusJSON.read(daemon)
+        let status = try await HostStatus.read(daemon)
         let entry = try #require(status[looping.identifier])
-        #expect(entry.state == "quarantined" && entry.crashCount >= 5)
+        #expect(entry.state == .quarantined && entry.crashCount >= 5)
         #expect((entry.retryInSeconds ?? 0) > 30, "\(String(describing: entry.retryInSeconds))")
         #expect(entry.spawns <= 10, "spawns: \(entry.spawns)")
         #expect(entry.interruptionsByReason["quarantined"] == quarantined)
-        #expect(status["com.example.echo"]?.state == "running", "other extensions are not touched")
+        #expect(status["com.example.echo"]?.state == .running, "other extensions are not touched")
 
         // The human table names the state and when the next try comes.
         let out = "\(daemon.folder)/status.txt"
@@ -119,7 +96,7 @@ struct StatusJSON: Decodable {
         let seconds = Double(monotonicNanoseconds() - start) / 1e9
         #expect(seconds < 9, "a stopped worker took \(seconds) s to be noticed")
 
-        let status = try await StatusJSON.read(daemon)
+        let status = try await HostStatus.read(daemon)
         let recycledEntry = try #require(status[recycled.identifier])
         #expect(recycledEntry.completions == 16 && recycledEntry.recycles >= 2, "\(recycledEntry)")
         let crasherEntry = try #require(status["com.example.crasher"])

@@ -79,10 +79,10 @@ import Glibc
             let request = spawnProgram([sdkHostBinary, "request", ext, "--socket", daemon.socket, "--text", "x"])
             #expect(await waitExit(request) == 0, "\(ext)")
         }
-        func leaks(_ status: StatusJSON, _ id: String) -> Int { status[id]?.leaks ?? -1 }
-        var report = try await StatusJSON.read(daemon)
+        func leaks(_ status: HostStatus, _ id: String) -> Int { status[id]?.leaks ?? -1 }
+        var report = try await HostStatus.read(daemon)
         let reported = await eventually(timeout: 20) {
-            guard let now = try? await StatusJSON.read(daemon) else { return false }
+            guard let now = try? await HostStatus.read(daemon) else { return false }
             report = now
             return leaks(now, "com.example.hoarder") >= 1 && leaks(now, "com.example.watcher") >= 1
         }

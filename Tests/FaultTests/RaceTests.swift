@@ -188,7 +188,7 @@ extension FaultTests {
                 #expect(await eventually(timeout: 20) { !processIsAlive(pid) }, "the worker ignoring the cancel is killed")
                 // Dead is not yet reaped: wait for the host to record it.
                 var crashes: [CrashReport] = []
-                var stats = HostStatistics()
+                var stats = StatusTotals(adding: [])
                 for _ in 0..<400 where crashes.isEmpty {
                     (stats, crashes, _) = await host.inspect()
                     try await Task.sleep(nanoseconds: 5_000_000)

@@ -170,9 +170,9 @@ extension FaultTests {
                 let snapshot = try #require(workers.first)
                 for layer in ["userNamespace", "pidNamespace", "mount, IPC, UTS and network namespaces", "root", "workerUser",
                               "seccomp"] {
-                    #expect(snapshot.sandboxLayers.contains(layer), "\(layer): \(snapshot.sandboxLayers)")
+                    #expect(snapshot.sandbox.contains(layer), "\(layer): \(snapshot.sandbox)")
                 }
-                #expect(snapshot.sandboxLayers.contains { $0.hasPrefix("landlock:") }, "\(snapshot.sandboxLayers)")
+                #expect(snapshot.sandbox.contains { $0.hasPrefix("landlock:") }, "\(snapshot.sandbox)")
                 // The pid the host reports is the process that runs the extension (the launcher's child).
                 #expect(readLink("/proc/\(snapshot.pid)/exe")?.hasSuffix("/Escaper") == true)
                 #expect(listDirectory("/proc/\(snapshot.pid)/root/dev")?.sorted() == ["null", "random", "urandom", "zero"])
@@ -379,7 +379,7 @@ extension FaultTests {
                 #expect(orphan.hasPrefix("allowed: an orphan holds"), "\(orphan)")
                 let (_, _, workers) = await host.inspect()
                 let worker = try #require(workers.first)
-                #expect(worker.sandboxLayers.contains("pidNamespace"), "\(worker.sandboxLayers)")
+                #expect(worker.sandbox.contains("pidNamespace"), "\(worker.sandbox)")
                 kill(worker.pid, SIGKILL)
                 let released = await eventually {
                     let fd = open("\(targets.folder)/lock", O_WRONLY | O_CLOEXEC)

@@ -156,6 +156,10 @@ import Glibc
             let (_, inMemory, _) = await host.inspect()
             #expect(inMemory.count == 8)
             #expect(inMemory.filter { $0.extensionIdentifier == "com.example.other-crasher" }.count == 2)
+            // The status, crash reports and all, reads back from its plist (the daemon's `statusReport`) unchanged.
+            let status = try #require(await host.status())
+            #expect(status.recentCrashes.count == 8 && status.totals.crashes == 14)
+            #expect(try HostStatus(plist: status.plist) == status)
             #expect(await eventually {
                 let onDisk = CrashReportStore.load(directory: reports)
                 return onDisk.count == 8 && onDisk.filter { $0.extensionIdentifier == "com.example.other-crasher" }.count == 2
@@ -177,7 +181,7 @@ import Glibc
             let p99 = try #require(status.latencyP99Milliseconds)
             #expect(p50 < 400 && p99 >= 380, "p50 \(p50) ms, p99 \(p99) ms")
             // The same figures, as the plist `status --json` prints.
-            let plist = HostStatus(plist: try #require(await host.status()).plist)
+            let plist = try HostStatus(plist: try #require(await host.status()).plist)
             #expect(plist.extensions.first { $0.identifier == "com.example.crasher" }?.slowRequests == 1)
         }
     }

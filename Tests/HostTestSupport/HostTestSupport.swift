@@ -359,6 +359,16 @@ public func readSmallFile(_ path: String) -> String? {
 
 import Testing
 
+extension ExtensionHost {
+    /// An embedded host's counters added up, every crash report it keeps in memory, and its live workers: what
+    /// the tests read, from `status()` (the one status model) and the uncut crash reports.
+    public func inspect() async -> (StatusTotals, [CrashReport], [WorkerStatus]) {
+        let status = await self.status()
+        let crashes = await crashReportsInMemory()
+        return (status?.totals ?? StatusTotals(adding: []), crashes, status?.extensions.flatMap(\.workers) ?? [])
+    }
+}
+
 /// Runs `body` with a fresh host, then shuts it down and expects no leaked descriptors, worker children or
 /// loop threads, and the ExtensionHost itself released (XCTAssertNoLeak style).
 public func withHost(

@@ -133,10 +133,6 @@ final class Canary: Sendable {}
         return (id, WeakBox(canary))
     }
 
-    func engineSnapshot(_ host: ExtensionHost) async -> EngineSnapshot {
-        await withCheckedContinuation { c in host.engine.snapshot { c.resume(returning: $0) } }
-    }
-
     @Test func cancelledAndTimedOutQueuedRequestsLeaveNothingBehind() async throws {
         try await withSingleSlotHost { host, ext in
             let recorder = Recorder()
@@ -160,7 +156,7 @@ final class Canary: Sendable {}
                 #expect(all[r.id] == [r.timedOut ? .interrupted(.timedOut) : .cancelled(.cancelledByHost)])
             }
             #expect(await eventually { requests.allSatisfy { $0.canary.value == nil } }, "no handler is retained")
-            let snapshot = await engineSnapshot(host)
+            let snapshot = try #require(await host.status())
             #expect(snapshot.queuedRequests == 0)
             #expect(snapshot.activeRequests == 1, "only the blocker is left")
             #expect(snapshot.totals.spawns == 1, "no worker was touched for the queued ones")

@@ -93,15 +93,11 @@ public final class ExtensionHost: Sendable {
         await withCheckedContinuation { continuation in backend.status { continuation.resume(returning: $0) } }
     }
 
-    /// Counters, crash reports kept in memory and live workers of an embedded host, read on its loop.
-    package func inspect(_ body: @escaping @Sendable (HostStatistics, [CrashReport], [WorkerSnapshot]) -> Void) {
-        engine.snapshot { snapshot in body(snapshot.totals, snapshot.crashReports, snapshot.workers) }
-    }
-
-    /// Async form of `inspect`.
-    package func inspect() async -> (HostStatistics, [CrashReport], [WorkerSnapshot]) {
+    /// Every crash report an embedded host keeps in memory (up to `crashReportLimit`, with their whole stderr
+    /// tails); `status()` carries the newest 8, cut to 2 KiB each.
+    package func crashReportsInMemory() async -> [CrashReport] {
         await withCheckedContinuation { continuation in
-            inspect { stats, crashes, workers in continuation.resume(returning: (stats, crashes, workers)) }
+            engine.crashReportsInMemory { continuation.resume(returning: $0) }
         }
     }
 }

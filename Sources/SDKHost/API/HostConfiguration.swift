@@ -214,7 +214,7 @@ public struct HostConfiguration: Sendable {
     public var allowedWritableRoots: [String]?
     /// Whether any extension may have `NetworkAllowed`. Config key `AllowNetwork`; true by default.
     public var allowNetwork = true
-    /// The launcher times each of its steps and reports them (`WorkerSnapshot.sandboxMicroseconds`): the
+    /// The launcher times each of its steps and reports them (`WorkerStatus.sandboxMicroseconds`): the
     /// bench's per-layer cost. Off by default: each step's clock read is a system call in the launcher.
     package var measuresSandboxLayers = false
     /// Drives the engine's timers by hand (tests and the simulation); nil for the monotonic clock.

@@ -1,5 +1,9 @@
-// HostStatus: what `sdk-host status` shows, as public values. The daemon sends it as a plist (`statusReport`);
-// an embedded host builds it on its loop. Both read the same engine figures.
+// HostStatus: what `sdk-host status` shows, as public values, and the one status model from the engine to the
+// screen. The engine builds it on its loop (`statusOnLoop`); an embedded host hands it to the app as it is; the
+// daemon filters it for the asking client and sends it as the plist its Codable form encodes to
+// (`statusReport`); the client library decodes that plist back; `sdk-host status --json` prints the same plist
+// as JSON, which Foundation's JSONDecoder reads back into a HostStatus (the tests do). The only hand-written
+// forms are the crash and leak reports', which are also their files on disk.
 
 #if canImport(Glibc)
 import SDKWire
@@ -8,13 +12,15 @@ import Glibc
 import SDKPosix
 
 /// A host's status: its extensions, their workers and what their requests did.
-public struct HostStatus: Sendable, Equatable {
+public struct HostStatus: Sendable, Equatable, Codable {
     /// The host's pid (the daemon's, or the app's for an embedded host).
     public var pid: Int32
     public var uptimeSeconds: Double
     /// Requests begun and not ended, and how many of them wait for a worker.
     public var activeRequests: Int
     public var queuedRequests: Int
+    /// The extensions' counters added up.
+    public var totals: StatusTotals
     /// One entry per extension that has had a request or a worker, sorted by identifier.
     public var extensions: [ExtensionStatus]
     /// The newest crash reports (at most 8, oldest first; each stderr tail cut to its last 2 KiB).
@@ -24,7 +30,7 @@ public struct HostStatus: Sendable, Equatable {
 }
 
 /// Whether an extension (or one app's pool of it) may start workers.
-public enum SupervisionState: String, Sendable, Equatable {
+public enum SupervisionState: String, Sendable, Equatable, Codable {
     /// Healthy.
     case running
     /// Its workers kept dying on their own: requests end at once as `quarantined` until the backoff passes.
@@ -33,8 +39,46 @@ public enum SupervisionState: String, Sendable, Equatable {
     case probation
 }
 
+/// Every extension's counters added up (`HostStatus.totals`); each is the `ExtensionStatus` field of its name.
+public struct StatusTotals: Sendable, Equatable, Codable {
+    public var requests = 0
+    public var completions = 0
+    public var cancellations = 0
+    public var interruptions = 0
+    public var slowRequests = 0
+    public var crashes = 0
+    public var hangKills = 0
+    public var timeouts = 0
+    public var overloads = 0
+    public var protocolViolations = 0
+    public var spawns = 0
+    public var recycles = 0
+    public var quarantines = 0
+    public var leaks = 0
+
+    /// The sums of `extensions`' counters.
+    public init(adding extensions: [ExtensionStatus]) {
+        for e in extensions {
+            requests += e.requests
+            completions += e.completions
+            cancellations += e.cancellations
+            interruptions += e.interruptions
+            slowRequests += e.slowRequests
+            crashes += e.crashes
+            hangKills += e.hangKills
+            timeouts += e.timeouts
+            overloads += e.overloads
+            protocolViolations += e.protocolViolations
+            spawns += e.spawns
+            recycles += e.recycles
+            quarantines += e.quarantines
+            leaks += e.leaks
+        }
+    }
+}
+
 /// One extension's figures since the host started.
-public struct ExtensionStatus: Sendable, Equatable {
+public struct ExtensionStatus: Sendable, Equatable, Codable {
     public var identifier: String
     /// The worst state of its pools (quarantined, then probation, then running).
     public var state: SupervisionState
@@ -74,7 +118,7 @@ public struct ExtensionStatus: Sendable, Equatable {
 }
 
 /// One pool of an extension's workers.
-public struct PoolStatus: Sendable, Equatable {
+public struct PoolStatus: Sendable, Equatable, Codable {
     /// The daemon client app it serves ("uid/name"), or nil for the extension's own (shared or warm) pool.
     public var app: String?
     public var state: SupervisionState
@@ -85,7 +129,7 @@ public struct PoolStatus: Sendable, Equatable {
 }
 
 /// One live worker.
-public struct WorkerStatus: Sendable, Equatable {
+public struct WorkerStatus: Sendable, Equatable, Codable {
     public var pid: Int32
     /// The daemon client app it serves, or nil.
     public var app: String?
@@ -98,6 +142,9 @@ public struct WorkerStatus: Sendable, Equatable {
     /// The sandbox layers its launcher reported, and what bestEffort left out.
     public var sandbox: [String]
     public var sandboxSkipped: [String]
+    /// What each step of its launcher took, in µs, when the host measures them
+    /// (`HostConfiguration.measuresSandboxLayers`); empty otherwise.
+    public var sandboxMicroseconds: [String: Int] = [:]
 }
 
 extension HostEngine {
@@ -126,7 +173,8 @@ extension HostEngine {
             let workerStates = workers.values.joined().filter { $0.extensionID == id }.map { w in
                 WorkerStatus(pid: w.pid, app: w.app, uptimeSeconds: Double(now &- w.startedAt) / 1e9,
                              inFlight: w.inFlight.count, requestsServed: w.requestsSent, recycling: w.lifecycle.recycleReason != nil,
-                             sandbox: w.sandboxLayers, sandboxSkipped: w.sandboxSkipped)
+                             sandbox: w.sandboxLayers, sandboxSkipped: w.sandboxSkipped,
+                             sandboxMicroseconds: w.sandboxMicroseconds)
             }.sorted { $0.pid < $1.pid }
             return ExtensionStatus(
                 identifier: id, state: state, crashCount: poolStates.map(\.crashCount).max() ?? 0,
@@ -148,7 +196,8 @@ extension HostEngine {
         }
         return HostStatus(pid: getpid(), uptimeSeconds: Double(monotonicNanoseconds() &- startedAt) / 1e9,
                           activeRequests: requests.count,
-                          queuedRequests: waiting.values.reduce(0) { $0 + $1.count }, extensions: extensions,
+                          queuedRequests: waiting.values.reduce(0) { $0 + $1.count },
+                          totals: StatusTotals(adding: extensions), extensions: extensions,
                           recentCrashes: Array(crashes), recentLeaks: recentLeaks)
     }
 }
@@ -156,112 +205,17 @@ extension HostEngine {
 // MARK: The plist form (status --json prints it as JSON)
 
 extension HostStatus {
-    /// The `statusReport` plist; `sdk-host status --json` prints it as JSON.
+    /// The `statusReport` plist: the Codable form; `sdk-host status --json` prints it as JSON.
     public var plist: PlistValue {
-        var totals = [String: PlistValue]()
-        for key in ExtensionStatus.counterKeys {
-            totals[key] = .integer(Int64(extensions.reduce(0) { $0 + ($1.counter(key) ?? 0) }))
-        }
-        return ["pid": .integer(Int64(pid)), "uptimeSeconds": .real(uptimeSeconds),
-                "activeRequests": .integer(Int64(activeRequests)), "queuedRequests": .integer(Int64(queuedRequests)),
-                "totals": .dictionary(totals), "extensions": .array(extensions.map(\.plist)),
-                "recentCrashes": .array(recentCrashes.map(\.plist)), "recentLeaks": .array(recentLeaks.map(\.plist))]
+        // Every field is a string, a number, a Boolean or a collection of those, and no array holds a nil: the
+        // encoder has nothing to refuse.
+        (try? PlistValueEncoder().encode(self)) ?? [:]
     }
 
-    /// Reads a `statusReport` plist; missing fields read as zero.
-    public init(plist p: PlistValue) {
-        pid = Int32(truncatingIfNeeded: p["pid"]?.integerValue ?? 0)
-        uptimeSeconds = p["uptimeSeconds"]?.doubleValue ?? 0
-        activeRequests = Int(p["activeRequests"]?.integerValue ?? 0)
-        queuedRequests = Int(p["queuedRequests"]?.integerValue ?? 0)
-        extensions = (p["extensions"]?.arrayValue ?? []).map(ExtensionStatus.init(plist:))
-        recentCrashes = (p["recentCrashes"]?.arrayValue ?? []).compactMap(CrashReport.init(plist:))
-        recentLeaks = (p["recentLeaks"]?.arrayValue ?? []).compactMap(LeakReport.init(plist:))
-    }
-}
-
-extension ExtensionStatus {
-    static let counterKeys = ["requests", "completions", "cancellations", "interruptions", "slowRequests", "crashes",
-                              "hangKills", "timeouts", "overloads", "protocolViolations", "spawns", "recycles",
-                              "quarantines", "leaks"]
-
-    func counter(_ key: String) -> Int? {
-        switch key {
-        case "requests": requests
-        case "completions": completions
-        case "cancellations": cancellations
-        case "interruptions": interruptions
-        case "slowRequests": slowRequests
-        case "crashes": crashes
-        case "hangKills": hangKills
-        case "timeouts": timeouts
-        case "overloads": overloads
-        case "protocolViolations": protocolViolations
-        case "spawns": spawns
-        case "recycles": recycles
-        case "quarantines": quarantines
-        case "leaks": leaks
-        default: nil
-        }
-    }
-
-    var plist: PlistValue {
-        var d: [String: PlistValue] = ["identifier": .string(identifier), "state": .string(state.rawValue),
-                                       "crashCount": .integer(Int64(crashCount))]
-        for key in Self.counterKeys { d[key] = .integer(Int64(counter(key) ?? 0)) }
-        if let retryInSeconds { d["retryInSeconds"] = .real(retryInSeconds) }
-        if let latencyP50Milliseconds { d["latencyP50Milliseconds"] = .real(latencyP50Milliseconds) }
-        if let latencyP99Milliseconds { d["latencyP99Milliseconds"] = .real(latencyP99Milliseconds) }
-        d["slowRequestsPer1000"] = .real(slowRequestsPer1000)
-        d["slowRequestSeconds"] = .real(slowRequestSeconds)
-        d["interruptionsByReason"] = .dictionary(interruptionsByReason.mapValues { .integer(Int64($0)) })
-        d["pools"] = .array(pools.map { p in
-            var e: [String: PlistValue] = ["state": .string(p.state.rawValue), "crashCount": .integer(Int64(p.crashCount)),
-                                           "backoffSeconds": .real(p.backoffSeconds)]
-            if let app = p.app { e["app"] = .string(app) }
-            if let retry = p.retryInSeconds { e["retryInSeconds"] = .real(retry) }
-            return .dictionary(e)
-        })
-        d["workers"] = .array(workers.map { w in
-            var e: [String: PlistValue] = [
-                "pid": .integer(Int64(w.pid)), "uptimeSeconds": .real(w.uptimeSeconds),
-                "inFlight": .integer(Int64(w.inFlight)), "requestsServed": .integer(Int64(w.requestsServed)),
-                "recycling": .bool(w.recycling), "sandbox": .array(w.sandbox.map(PlistValue.string)),
-                "sandboxSkipped": .array(w.sandboxSkipped.map(PlistValue.string)),
-            ]
-            if let app = w.app { e["app"] = .string(app) }
-            return .dictionary(e)
-        })
-        return .dictionary(d)
-    }
-
-    init(plist e: PlistValue) {
-        func int(_ key: String) -> Int { Int(e[key]?.integerValue ?? 0) }
-        func state(_ v: PlistValue?) -> SupervisionState { v?.stringValue.flatMap(SupervisionState.init(rawValue:)) ?? .running }
-        let byReason = (e["interruptionsByReason"]?.dictionaryValue ?? [:]).mapValues { Int($0.integerValue ?? 0) }
-        self.init(
-            identifier: e["identifier"]?.stringValue ?? "?", state: state(e["state"]), crashCount: int("crashCount"),
-            retryInSeconds: e["retryInSeconds"]?.doubleValue, requests: int("requests"), completions: int("completions"),
-            cancellations: int("cancellations"), interruptions: int("interruptions"), interruptionsByReason: byReason,
-            latencyP50Milliseconds: (e["latencyP50Milliseconds"] ?? e["latencyP50Ms"])?.doubleValue,
-            latencyP99Milliseconds: (e["latencyP99Milliseconds"] ?? e["latencyP99Ms"])?.doubleValue,
-            slowRequests: int("slowRequests"), slowRequestsPer1000: e["slowRequestsPer1000"]?.doubleValue ?? 0,
-            slowRequestSeconds: e["slowRequestSeconds"]?.doubleValue ?? 0, crashes: int("crashes"), hangKills: int("hangKills"),
-            timeouts: int("timeouts"), overloads: int("overloads"), protocolViolations: int("protocolViolations"),
-            spawns: int("spawns"), recycles: int("recycles"), quarantines: int("quarantines"), leaks: int("leaks"),
-            pools: (e["pools"]?.arrayValue ?? []).map { p in
-                PoolStatus(app: p["app"]?.stringValue, state: state(p["state"]),
-                           crashCount: Int(p["crashCount"]?.integerValue ?? 0), retryInSeconds: p["retryInSeconds"]?.doubleValue,
-                           backoffSeconds: p["backoffSeconds"]?.doubleValue ?? 0)
-            },
-            workers: (e["workers"]?.arrayValue ?? []).map { w in
-                WorkerStatus(pid: Int32(truncatingIfNeeded: w["pid"]?.integerValue ?? 0), app: w["app"]?.stringValue,
-                             uptimeSeconds: w["uptimeSeconds"]?.doubleValue ?? 0,
-                             inFlight: Int(w["inFlight"]?.integerValue ?? 0),
-                             requestsServed: Int(w["requestsServed"]?.integerValue ?? 0),
-                             recycling: w["recycling"]?.boolValue ?? false,
-                             sandbox: (w["sandbox"]?.arrayValue ?? []).compactMap(\.stringValue),
-                             sandboxSkipped: (w["sandboxSkipped"]?.arrayValue ?? []).compactMap(\.stringValue))
-            })
+    /// Reads a `statusReport` plist.
+    ///
+    /// - Throws: `DecodingError` naming the field that is missing or of the wrong kind.
+    public init(plist: PlistValue) throws {
+        self = try PlistValueDecoder().decode(HostStatus.self, from: plist)
     }
 }

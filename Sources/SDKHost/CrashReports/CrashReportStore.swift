@@ -24,11 +24,11 @@ extension CrashReport {
     /// Reads the on-disk form; nil if a required field is missing.
     public init?(plist: PlistValue) {
         guard let ext = plist["extension"]?.stringValue, let pid = plist["pid"]?.integerValue,
-            let reason = plist["reason"], let time = plist["time"]?.dateValue
+            let reason = plist["reason"], let time = reportTime(plist["time"])
         else { return nil }
         self.init(
             extensionIdentifier: ext, pid: Int32(truncatingIfNeeded: pid), reason: InterruptionReason(plist: reason),
-            time: time.secondsSince1970,
+            time: time,
             inFlightRequests: (plist["inFlight"]?.arrayValue ?? []).compactMap { $0.stringValue.flatMap(RequestID.init(uuidString:)) },
             stderrTail: plist["stderrTail"]?.stringValue ?? "",
             fatalErrorLine: plist["fatalError"]?.stringValue.flatMap { $0.isEmpty ? nil : $0 })
@@ -74,12 +74,44 @@ public struct LeakReport: Sendable, Equatable {
     /// Reads the on-disk form; nil if a required field is missing.
     public init?(plist: PlistValue) {
         guard let ext = plist["extension"]?.stringValue, let pid = plist["pid"]?.integerValue,
-            let id = plist["request"]?.stringValue.flatMap(RequestID.init(uuidString:)), let time = plist["time"]?.dateValue
+            let id = plist["request"]?.stringValue.flatMap(RequestID.init(uuidString:)), let time = reportTime(plist["time"])
         else { return nil }
         self.init(extensionIdentifier: ext, pid: Int32(truncatingIfNeeded: pid), requestID: id,
                   alive: (plist["alive"]?.arrayValue ?? []).compactMap(\.stringValue),
-                  afterMilliseconds: plist["afterMs"]?.integerValue ?? 0, time: time.secondsSince1970)
+                  afterMilliseconds: plist["afterMs"]?.integerValue ?? 0, time: time)
         app = plist["app"]?.stringValue
+    }
+}
+
+/// A report's `time`: a date on disk and in the `statusReport` plist; seconds since 1970 where the plist went
+/// through JSON (`status --json`).
+private func reportTime(_ value: PlistValue?) -> Double? {
+    value?.dateValue?.secondsSince1970 ?? value?.doubleValue
+}
+
+// Codable through the plist form above, which is also the file on disk: a `HostStatus` that holds reports encodes
+// and decodes them as their files have them.
+extension CrashReport: Codable {
+    public func encode(to encoder: any Encoder) throws { try plist.encode(to: encoder) }
+
+    public init(from decoder: any Decoder) throws {
+        guard let report = CrashReport(plist: try PlistValue(from: decoder)) else {
+            throw DecodingError.dataCorrupted(.init(codingPath: decoder.codingPath,
+                                                    debugDescription: "a crash report needs extension, pid, reason and time"))
+        }
+        self = report
+    }
+}
+
+extension LeakReport: Codable {
+    public func encode(to encoder: any Encoder) throws { try plist.encode(to: encoder) }
+
+    public init(from decoder: any Decoder) throws {
+        guard let report = LeakReport(plist: try PlistValue(from: decoder)) else {
+            throw DecodingError.dataCorrupted(.init(codingPath: decoder.codingPath,
+                                                    debugDescription: "a leak report needs extension, pid, request and time"))
+        }
+        self = report
     }
 }
 

@@ -145,7 +145,7 @@ final class DaemonClient: HostBackend, @unchecked Sendable {
     }
 
     func status(_ body: @escaping @Sendable (HostStatus?) -> Void) {
-        report { body($0.map(HostStatus.init(plist:))) }
+        report { body($0.flatMap { try? HostStatus(plist: $0) }) }
     }
 
     /// Asks the daemon to start a worker of `extensionID` for this app; `done` gets its pid once it is ready.

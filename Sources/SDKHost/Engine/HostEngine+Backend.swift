@@ -88,24 +88,9 @@ extension HostEngine: HostBackend {
         if !loop.execute({ self.shutdownOnLoop(completion: completion) }) { completion() }
     }
 
-    /// Counters, crash reports and live workers, read on the loop and handed to `body` there.
-    package func snapshot(_ body: @escaping @Sendable (EngineSnapshot) -> Void) {
-        let accepted = loop.execute {
-            body(self.snapshotOnLoop())
-        }
-        if !accepted { body(EngineSnapshot(totals: HostStatistics(), perExtension: [:], crashReports: [], workers: [])) }
-    }
-
-    package func snapshotOnLoop() -> EngineSnapshot {
-        let now = loop.now
-        let workers = self.workers.values.joined().map {
-            WorkerSnapshot(extensionIdentifier: $0.extensionID, pid: $0.pid,
-                           uptimeSeconds: Double(now &- $0.startedAt) / 1e9, inFlight: $0.inFlight.count,
-                           sandboxLayers: $0.sandboxLayers, sandboxSkipped: $0.sandboxSkipped,
-                           sandboxMicroseconds: $0.sandboxMicroseconds)
-        }
-        return EngineSnapshot(totals: statistics, perExtension: perExtension, crashReports: crashReports,
-                              workers: workers, activeRequests: requests.count,
-                              queuedRequests: waiting.values.reduce(0) { $0 + $1.count })
+    /// Every crash report the engine keeps in memory (up to `crashReportLimit`, uncut), read on the loop and
+    /// handed to `body` there; none once it has stopped.
+    package func crashReportsInMemory(_ body: @escaping @Sendable ([CrashReport]) -> Void) {
+        if !loop.execute({ body(self.crashReports) }) { body([]) }
     }
 }

@@ -36,31 +36,6 @@ package struct HostStatistics: Sendable, Equatable {
     package init() {}
 }
 
-/// A snapshot of one live worker.
-package struct WorkerSnapshot: Sendable, Equatable {
-    package var extensionIdentifier: String
-    package var pid: Int32
-    package var uptimeSeconds: Double
-    package var inFlight: Int
-    /// The sandbox layers the worker runs under, as its launcher reported them (empty until it has).
-    package var sandboxLayers: [String] = []
-    /// What bestEffort left out, and why.
-    package var sandboxSkipped: [String] = []
-    /// What each step of its launcher took, in µs (`HostConfiguration.measuresSandboxLayers`).
-    package var sandboxMicroseconds: [String: Int] = [:]
-}
-
-/// What `HostEngine.snapshot` reports.
-package struct EngineSnapshot: Sendable {
-    package var totals: HostStatistics
-    package var perExtension: [String: HostStatistics]
-    package var crashReports: [CrashReport]
-    package var workers: [WorkerSnapshot]
-    /// Requests begun and not ended, and how many of them wait in queues.
-    package var activeRequests: Int = 0
-    package var queuedRequests: Int = 0
-}
-
 /// The engine. `@unchecked Sendable`: all mutable state is confined to `loop`'s turn (entry points hop to its
 /// thread with `loop.execute`, or take the turn on the caller's thread with `loop.executeInline`; HostEngine+Backend),
 /// except `pids`, which sits behind a Mutex for `pid(for:)`.
@@ -113,8 +88,6 @@ package final class HostEngine: @unchecked Sendable {
     /// The newest leak reports (at most `recentLeakLimit`), for `status`.
     var recentLeaks: [LeakReport] = []
     static let recentLeakLimit = 32
-    var statistics = HostStatistics()
-    var perExtension: [String: HostStatistics] { tallies.mapValues(\.statistics) }
     var readBuffer = [UInt8](repeating: 0, count: 64 * 1024)
     var heartbeatTimer: TimerID?
     /// The uid and gid a root host's workers run as (`HostConfiguration.workerUser`), resolved once.
@@ -173,7 +146,6 @@ package final class HostEngine: @unchecked Sendable {
 
     /// Counts one event in `tally` (a request's own, so its extension is not looked up) and in the totals.
     func count(_ tally: ExtensionTally, _ counter: WritableKeyPath<HostStatistics, Int>) {
-        statistics[keyPath: counter] += 1
         tally.statistics[keyPath: counter] += 1
     }
 
