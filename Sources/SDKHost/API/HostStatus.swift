@@ -196,7 +196,7 @@ extension HostEngine {
         }
         return HostStatus(pid: getpid(), uptimeSeconds: Double(monotonicNanoseconds() &- startedAt) / 1e9,
                           activeRequests: requests.count,
-                          queuedRequests: waiting.values.reduce(0) { $0 + $1.count },
+                          queuedRequests: requests.queuedCount,
                           totals: StatusTotals(adding: extensions), extensions: extensions,
                           recentCrashes: Array(crashes), recentLeaks: recentLeaks)
     }

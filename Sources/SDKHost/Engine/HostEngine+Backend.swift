@@ -24,13 +24,13 @@ extension HostEngine: HostBackend {
     /// Requests that have begun and not ended (loop thread).
     package var activeRequestCount: Int { requests.count }
     /// Requests waiting in a queue for a worker (loop thread).
-    package var queuedRequestCount: Int { waiting.values.reduce(0) { $0 + $1.count } }
+    package var queuedRequestCount: Int { requests.queuedCount }
     /// The longest queue of any pool (loop thread).
-    package var longestQueue: Int { waiting.values.map(\.count).max() ?? 0 }
+    package var longestQueue: Int { requests.longestQueue }
     /// The host's child serving request `id` (the worker, or its launcher), if it is assigned to one (loop thread).
     package func workerPID(serving id: RequestID) -> pid_t? { requests[id]?.worker?.childPID }
     /// The requests that have begun and not ended (loop thread).
-    package var activeRequestIDs: [RequestID] { Array(requests.keys) }
+    package var activeRequestIDs: [RequestID] { requests.ids }
     /// Workers listed in any pool (loop thread).
     package var listedWorkerCount: Int { workers.values.reduce(0) { $0 + $1.count } }
 

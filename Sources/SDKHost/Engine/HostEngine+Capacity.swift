@@ -56,7 +56,7 @@ extension HostEngine {
     func retryWaitingForRoom() {
         guard waitingForRoom else { return }
         waitingForRoom = false
-        for key in Array(waiting.keys) { drainWaiting(key) }
+        for key in requests.queuedPools { drainWaiting(key) }
     }
 
     /// The daemon's app `app` has no connection left: its workers finish what they have (its requests were

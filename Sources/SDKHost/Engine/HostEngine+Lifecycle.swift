@@ -71,11 +71,10 @@ extension HostEngine {
             + (added.isEmpty ? "" : "; added \(added.joined(separator: ", "))")
             + (removed.isEmpty ? "" : "; removed \(removed.joined(separator: ", "))"))
         // Requests waiting for an extension that is gone end now rather than waiting for a worker that cannot come.
-        for (key, queue) in waiting where queue.first.map({ fresh[$0.extensionID] == nil }) == true {
-            for record in queue.removeAll() {
+        for key in requests.queuedPools where requests.firstQueued(in: key).map({ fresh[$0.extensionID] == nil }) == true {
+            for record in requests.dequeueAll(in: key) {
                 finish(record.id, .interrupted(.launchFailed("\(record.extensionID) was removed by a manifest reload")))
             }
-            waiting[key] = nil
         }
         for manifest in fresh.values.sorted(by: { $0.identifier < $1.identifier }) { topUpWarmWorkers(manifest) }
         return .success(fresh.keys.sorted())

@@ -171,10 +171,7 @@ extension HostEngine {
             self.log(.info, "\(state.extensionID): quarantine over; the next request may start a worker")
             if let manifest = self.manifests[state.extensionID], state.app == nil { self.topUpWarmWorkers(manifest) }
         }
-        if let queue = waiting[worker.poolKey] {
-            for record in queue.removeAll() { finish(record.id, .interrupted(.quarantined)) }
-            waiting[worker.poolKey] = nil
-        }
+        for record in requests.dequeueAll(in: worker.poolKey) { finish(record.id, .interrupted(.quarantined)) }
     }
 
     /// A request of `key` completed: after a quarantine's backoff, that clears it.
@@ -190,7 +187,7 @@ extension HostEngine {
     /// names that come and go leave nothing behind. Runs with the heartbeat.
     func prunePools() {
         let now = loop.now
-        for (key, state) in pools where workers[key] == nil && waiting[key] == nil && state.retryTimer == nil {
+        for (key, state) in pools where workers[key] == nil && requests.queuedCount(in: key) == 0 && state.retryTimer == nil {
             let recent = state.recentDeathCount(now: now) > 0
             let probationOver = state.backoff == 0
                 || (state.quarantinedUntil.map { now &- $0 > nanoseconds(maximumQuarantine) } ?? true)

@@ -322,7 +322,7 @@ extension HostEngine {
                 record.requeues += 1
                 record.worker = nil
                 if record.publishesPid { pids.withLock { _ = $0.removeValue(forKey: id) } }
-                waitQueue(worker.poolKey).prepend(record)
+                requests.requeueFirst(record)
             } else {
                 finish(id, .interrupted(reason))
             }

@@ -68,8 +68,8 @@ package final class HostEngine: @unchecked Sendable {
     /// Workers ended on their exit notice and not yet reaped (HostEngine+Workers): no longer in `workers`, held
     /// here until their exit descriptor fires.
     var dyingWorkers: [WorkerProcess] = []
-    var requests: [RequestID: RequestRecord] = [:]
-    var waiting: [String: RequestQueue] = [:]
+    /// Requests begun and not ended, and the queues of those waiting for a worker (RequestTable.swift).
+    let requests = RequestTable()
     /// The empty network namespace this host's workers without NetworkAllowed share (a descriptor), -1 where it
     /// cannot be made, nil until the first spawn that needs it (`networkNamespaceForWorkers`).
     var sharedNetworkNamespace: Int32?
@@ -190,12 +190,11 @@ package final class HostEngine: @unchecked Sendable {
             record.deliver?(.interrupted(.hostShutdown))
             return
         }
-        guard requests[record.id] == nil else {
+        guard requests.insert(record) else {
             log(.error, "request id \(record.id) is already in flight; the second one is refused")
             record.deliver?(.interrupted(.protocolViolation("duplicate request id \(record.id)")))
             return
         }
-        requests[record.id] = record
         record.startedAt = loop.now
         record.poolKey = poolKey(manifest, app: record.app)
         if let manifest { record.slowRequestThreshold = nanoseconds(manifest.policy.slowRequestThresholdSeconds) }
@@ -225,22 +224,13 @@ package final class HostEngine: @unchecked Sendable {
         case .launchFailed(let error):
             finish(record.id, .interrupted(.launchFailed(error.description)))
         case .none:
-            let queue = waitQueue(record.poolKey)
-            if queue.count >= configuration.maxQueuedRequests {
+            if requests.queuedCount(in: record.poolKey) >= configuration.maxQueuedRequests {
                 count(record.extensionID, \.overloads)
                 finish(record.id, .interrupted(.overloaded))
             } else {
-                queue.append(record)
+                requests.enqueue(record)
             }
         }
-    }
-
-    /// Pool `key`'s wait queue, made on first use.
-    func waitQueue(_ key: String) -> RequestQueue {
-        if let queue = waiting[key] { return queue }
-        let queue = RequestQueue()
-        waiting[key] = queue
-        return queue
     }
 
     enum Room {
@@ -321,13 +311,12 @@ package final class HostEngine: @unchecked Sendable {
     @discardableResult
     func finish(_ id: RequestID, _ outcome: RequestOutcome,
                 forwarded: (payload: UnsafeRawBufferPointer, idRange: Range<Int>)? = nil) -> Bool {
-        guard let record = requests.removeValue(forKey: id) else { return false }
+        guard let record = requests.remove(id) else { return false }
         record.move(to: .ended, because: "its outcome")
         if let timer = record.deadlineTimer {
             loop.cancelTimer(timer)
             record.deadlineTimer = nil
         }
-        if record.isQueued { waiting[record.poolKey]?.remove(record) }
         if let worker = record.worker {
             if record.publishesPid { pids.withLock { _ = $0.removeValue(forKey: id) } }
             // Partial results nobody will take now: credited back, so that a worker still running the request
@@ -408,20 +397,18 @@ package final class HostEngine: @unchecked Sendable {
 
     /// Hands queued requests to workers that have room, in order. O(1) per request handed over.
     func drainWaiting(_ key: String) {
-        guard let queue = waiting[key], !queue.isEmpty, let first = queue.first,
-            let manifest = manifests[first.extensionID]
-        else { return }
-        while !queue.isEmpty {
-            switch workerWithRoom(manifest, pool: key, app: first.app) {
+        guard let first = requests.firstQueued(in: key), let manifest = manifests[first.extensionID] else { return }
+        let app = first.app
+        while requests.queuedCount(in: key) > 0 {
+            switch workerWithRoom(manifest, pool: key, app: app) {
             case .worker(let worker):
-                if let next = queue.popFirst() { send(next, to: worker) }
+                if let next = requests.popFirst(in: key) { send(next, to: worker) }
             case .launchFailed(let error):
-                if let next = queue.popFirst() { finish(next.id, .interrupted(.launchFailed(error.description))) }
+                if let next = requests.popFirst(in: key) { finish(next.id, .interrupted(.launchFailed(error.description))) }
             case .none:
                 return
             }
         }
-        waiting[key] = nil
     }
 
     // MARK: Shutdown
@@ -440,8 +427,7 @@ package final class HostEngine: @unchecked Sendable {
         sharedNetworkNamespace = -1
         if let folder = deviceFolder, !folder.isEmpty { removeTree(folder) }
         deviceFolder = ""  // none after this: a spawn still under way would make another
-        for id in Array(requests.keys) { finish(id, .interrupted(.hostShutdown)) }
-        waiting.removeAll()
+        for id in requests.ids { finish(id, .interrupted(.hostShutdown)) }
         for state in pools.values {
             if let timer = state.retryTimer { loop.cancelTimer(timer) }
             state.retryTimer = nil
