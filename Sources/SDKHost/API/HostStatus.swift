@@ -152,15 +152,15 @@ extension HostEngine {
     package func statusOnLoop() -> HostStatus {
         let now = loop.now
         // Every installed extension, used or not, so an operator sees what could run.
-        let ids = Set(manifests.keys).union(tallies.keys).union(workers.values.joined().map(\.extensionID)).union(pools.values.map(\.extensionID))
+        let ids = Set(manifests.keys).union(metrics.extensionIDs).union(workers.values.joined().map(\.extensionID)).union(supervisor.pools.values.map(\.extensionID))
         let extensions = ids.sorted().map { id -> ExtensionStatus in
-            let c = tallies[id]?.statistics ?? HostStatistics()
-            let a = tallies[id]?.activity ?? ExtensionActivity()
+            let c = metrics.tallies[id]?.statistics ?? HostStatistics()
+            let a = metrics.tallies[id]?.activity ?? ExtensionActivity()
             // Pools with a crash record, and pools that only have workers.
-            let keys = Set(pools.values.filter { $0.extensionID == id }.map(\.key))
+            let keys = Set(supervisor.pools.values.filter { $0.extensionID == id }.map(\.key))
                 .union(workers.filter { $0.value.first?.extensionID == id }.map(\.key))
             let poolStates = keys.sorted().map { key in
-                let p = pools[key] ?? PoolState(key: key, extensionID: id, app: workers[key]?.first?.app, restartWindow: 0)
+                let p = supervisor.pools[key] ?? PoolState(key: key, extensionID: id, app: workers[key]?.first?.app, restartWindow: 0)
                 let health = p.health(now: now)
                 return PoolStatus(
                     app: p.app, state: SupervisionState(rawValue: health.rawValue) ?? .running,
@@ -189,7 +189,7 @@ extension HostEngine {
                 spawns: c.spawns, recycles: a.recycles, quarantines: a.quarantines, leaks: c.leaks, pools: poolStates,
                 workers: workerStates)
         }
-        let crashes = crashReports.suffix(8).map { report in
+        let crashes = metrics.crashReports.suffix(8).map { report in
             var report = report
             report.stderrTail = String(decoding: Array(report.stderrTail.utf8.suffix(2048)), as: UTF8.self)
             return report
@@ -198,7 +198,7 @@ extension HostEngine {
                           activeRequests: requests.count,
                           queuedRequests: requests.queuedCount,
                           totals: StatusTotals(adding: extensions), extensions: extensions,
-                          recentCrashes: Array(crashes), recentLeaks: recentLeaks)
+                          recentCrashes: Array(crashes), recentLeaks: metrics.recentLeaks)
     }
 }
 

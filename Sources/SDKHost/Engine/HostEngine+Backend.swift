@@ -23,6 +23,8 @@ extension HostEngine: HostBackend {
     func workerEvents() -> AsyncStream<WorkerEvent> { events.stream() }
     /// Requests that have begun and not ended (loop thread).
     package var activeRequestCount: Int { requests.count }
+    /// How many times each kind of worker transition ("starting→ready") happened (WorkerLifecycle).
+    package var workerTransitions: [String: Int] { metrics.transitions }
     /// Requests waiting in a queue for a worker (loop thread).
     package var queuedRequestCount: Int { requests.queuedCount }
     /// The longest queue of any pool (loop thread).
@@ -60,7 +62,7 @@ extension HostEngine: HostBackend {
     func hasWarmRoom(for request: SubmittedRequest) -> Bool {
         guard !shuttingDown, requests[request.id] == nil, let manifest = manifests[request.extensionID] else { return false }
         let key = poolKey(manifest, app: request.app)
-        if let until = pools[key]?.quarantinedUntil, until > loop.now { return false }
+        if supervisor.isQuarantined(key, now: loop.now) { return false }
         return workers[key]?.contains(where: { $0.acceptsRequests && $0.cancelTimers.isEmpty }) ?? false
     }
 
@@ -91,6 +93,6 @@ extension HostEngine: HostBackend {
     /// Every crash report the engine keeps in memory (up to `crashReportLimit`, uncut), read on the loop and
     /// handed to `body` there; none once it has stopped.
     package func crashReportsInMemory(_ body: @escaping @Sendable ([CrashReport]) -> Void) {
-        if !loop.execute({ body(self.crashReports) }) { body([]) }
+        if !loop.execute({ body(self.metrics.crashReports) }) { body([]) }
     }
 }

@@ -89,7 +89,7 @@ extension HostEngine {
             }
         }
         worker.temporaryDirectory = spawn.temporaryDirectory
-        worker.lifecycle.observer = { [unowned self] t in self.workerTransitions["\(t.from)→\(t.to)", default: 0] += 1 }
+        worker.lifecycle.observer = { [metrics] t in metrics.transitions["\(t.from)→\(t.to)", default: 0] += 1 }
         count(manifest.identifier, \.spawns)
         workers[poolKey, default: []].append(worker)
         // Through the launcher, the worker's own pid comes with its `sandboxed` frame: settled then.

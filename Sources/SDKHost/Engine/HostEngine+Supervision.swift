@@ -1,4 +1,4 @@
-// Supervision (shared/DESIGN.md "Supervision and isolation"): crash-loop quarantine, hang reports and latency,
+// Supervision (shared/DESIGN.md "Supervision and isolation"): crash-loop quarantine,
 // warm workers, recycling, the pools that keep one daemon client app's workers its own, and workers' leak reports.
 //
 // A pool is the set of workers that may serve a request: one per extension in an embedded host and for a
@@ -12,101 +12,6 @@ import Glibc
 #endif
 import SDKPosix
 
-/// Crash-loop state of one pool. Loop-confined.
-final class PoolState {
-    let key: String
-    let extensionID: String
-    /// The app (uid plus name) this pool serves; nil for the extension's base pool.
-    let app: String?
-    /// `RestartLimitIntervalSeconds` of its extension, in nanoseconds.
-    let restartWindow: UInt64
-    /// When its workers died on their own, within the restart window (oldest first).
-    var recentDeaths: [UInt64] = []
-    /// Workers of this pool that died on their own, ever.
-    var deaths = 0
-    /// While set and in the future, new requests end at once as `quarantined`.
-    var quarantinedUntil: UInt64?
-    /// The backoff of the last quarantine, in seconds; 0 once a request has succeeded after it.
-    var backoff: Double = 0
-    var quarantines = 0
-    var retryTimer: TimerID?
-
-    init(key: String, extensionID: String, app: String?, restartWindow: UInt64) {
-        self.key = key
-        self.extensionID = extensionID
-        self.app = app
-        self.restartWindow = restartWindow
-    }
-
-    /// Deaths on their own within the restart window.
-    func recentDeathCount(now: UInt64) -> Int { recentDeaths.filter { now &- $0 <= restartWindow }.count }
-
-    enum Health: String { case running, quarantined, probation }
-
-    func health(now: UInt64) -> Health {
-        if let until = quarantinedUntil, until > now { return .quarantined }
-        return backoff > 0 ? .probation : .running
-    }
-}
-
-/// Request latencies, log-linear: 16 buckets per power of two of microseconds (within about 3%). Fixed size.
-struct LatencyHistogram: Sendable, Equatable {
-    private var counts = [UInt64](repeating: 0, count: 38 * 16)
-    private(set) var total: UInt64 = 0
-
-    private static func bucket(_ microseconds: UInt64) -> Int {
-        let v = max(microseconds, 1)
-        let e = UInt64.bitWidth - v.leadingZeroBitCount - 1
-        if e < 4 { return Int(v) }
-        let index = (e - 3) * 16 + Int((v >> UInt64(e - 4)) & 15)
-        return min(index, 38 * 16 - 1)
-    }
-
-    /// The middle of a bucket, in microseconds.
-    private static func value(_ index: Int) -> Double {
-        if index < 16 { return Double(index) }
-        let e = index / 16 + 3
-        let low = Double((16 + index % 16) << (e - 4))
-        return low + Double(1 << (e - 4)) / 2
-    }
-
-    mutating func record(nanoseconds: UInt64) {
-        counts[Self.bucket(nanoseconds / 1000)] += 1
-        total += 1
-    }
-
-    /// The `p`-th percentile (0...1) in seconds, or nil with no samples.
-    func percentile(_ p: Double) -> Double? {
-        guard total > 0 else { return nil }
-        let rank = max(1, UInt64((Double(total) * p).rounded(.up)))
-        var seen: UInt64 = 0
-        for (index, count) in counts.enumerated() where count > 0 {
-            seen += count
-            if seen >= rank { return Self.value(index) / 1e6 }
-        }
-        return nil
-    }
-}
-
-/// An extension's counters and what its requests did. A class, so a request can keep its extension's and count
-/// in place.
-final class ExtensionTally {
-    var statistics = HostStatistics()
-    var activity = ExtensionActivity()
-}
-
-/// What an extension's requests did: the figures behind `status`'s per-extension report.
-struct ExtensionActivity {
-    var requests = 0
-    var interruptionsByKind: [String: Int] = [:]
-    var latency = LatencyHistogram()
-    /// Requests that ran past `SlowRequestThresholdMilliseconds`, and how long they ran in all.
-    var slowRequests = 0
-    var slowNanoseconds: UInt64 = 0
-    var recycles = 0
-    var quarantines = 0
-}
-
 extension HostEngine {
     /// The pool a request of `app` for `manifest` goes to.
     func poolKey(_ manifest: ExtensionManifest?, app: String?) -> String {
@@ -116,14 +21,6 @@ extension HostEngine {
         let key = manifest.identifier + "\u{1F}" + app
         lastPoolKey = (manifest.identifier, app, key)
         return key
-    }
-
-    func poolState(_ key: String, extensionID: String, app: String?) -> PoolState {
-        if let state = pools[key] { return state }
-        let window = nanoseconds(manifests[extensionID]?.policy.restartLimitIntervalSeconds ?? ExtensionPolicy().restartLimitIntervalSeconds)
-        let state = PoolState(key: key, extensionID: extensionID, app: key == extensionID ? nil : app, restartWindow: window)
-        pools[key] = state
-        return state
     }
 
     /// Whether `worker` counts against MaxWorkers: starting or ready, and not on its way out.
@@ -140,7 +37,7 @@ extension HostEngine {
 
     /// Ends `record` as `quarantined` if its pool is; true if it did.
     func endIfQuarantined(_ record: RequestRecord) -> Bool {
-        guard let state = pools[record.poolKey], let until = state.quarantinedUntil, until > loop.now else { return false }
+        guard supervisor.isQuarantined(record.poolKey, now: loop.now) else { return false }
         finish(record.id, .interrupted(.quarantined))
         return true
     }
@@ -149,18 +46,12 @@ extension HostEngine {
     /// limit, or once in probation after a quarantine, the pool is quarantined and what waits for it ends.
     func workerDiedOnItsOwn(_ worker: WorkerProcess) {
         let policy = worker.policy
-        let state = poolState(worker.poolKey, extensionID: worker.extensionID, app: worker.app)
-        let now = loop.now
-        state.deaths += 1
-        state.recentDeaths.append(now)
-        state.recentDeaths.removeAll { now &- $0 > state.restartWindow }
-        if state.recentDeaths.count > policy.restartLimitBurst { state.recentDeaths.removeFirst() }
-        let inProbation = state.backoff > 0 && state.health(now: now) == .probation
-        guard inProbation || state.recentDeaths.count >= policy.restartLimitBurst else { return }
-        state.backoff = state.backoff > 0 ? min(state.backoff * 2, maximumQuarantine) : policy.quarantineSeconds
-        state.quarantinedUntil = now &+ nanoseconds(state.backoff)
-        state.quarantines += 1
-        tally(worker.extensionID).activity.quarantines += 1
+        let state = supervisor.state(worker.poolKey, extensionID: worker.extensionID, app: worker.app,
+                                     restartWindow: nanoseconds(policy.restartLimitIntervalSeconds))
+        guard supervisor.diedOnItsOwn(state, restartLimitBurst: policy.restartLimitBurst,
+                                      firstQuarantine: policy.quarantineSeconds, now: loop.now)
+        else { return }
+        metrics.tally(worker.extensionID).activity.quarantines += 1
         log(.warning, "\(worker.extensionID)\(worker.app.map { " (app \($0))" } ?? ""): \(state.recentDeaths.count) "
             + "worker(s) died on their own within \(policy.restartLimitIntervalSeconds) s; quarantined for \(state.backoff) s")
         emit(.quarantined, worker, detail: "\(state.recentDeaths.count) death(s) within \(policy.restartLimitIntervalSeconds) s; for \(state.backoff) s")
@@ -176,45 +67,15 @@ extension HostEngine {
 
     /// A request of `key` completed: after a quarantine's backoff, that clears it.
     func poolSucceeded(_ key: String) {
-        guard let state = pools[key], state.backoff > 0, state.health(now: loop.now) == .probation else { return }
+        guard let state = supervisor.succeeded(key, now: loop.now) else { return }
         log(.info, "\(state.extensionID)\(state.app.map { " (app \($0))" } ?? ""): a request completed after the "
             + "quarantine; healthy again")
-        state.backoff = 0
-        state.recentDeaths.removeAll()
     }
 
     /// Forgets pools that have no worker, nothing waiting, and no crash record that still matters, so app
     /// names that come and go leave nothing behind. Runs with the heartbeat.
     func prunePools() {
-        let now = loop.now
-        for (key, state) in pools where workers[key] == nil && requests.queuedCount(in: key) == 0 && state.retryTimer == nil {
-            let recent = state.recentDeathCount(now: now) > 0
-            let probationOver = state.backoff == 0
-                || (state.quarantinedUntil.map { now &- $0 > nanoseconds(maximumQuarantine) } ?? true)
-            if !recent && probationOver { pools[key] = nil }
-        }
-    }
-
-    // MARK: Reports
-
-    /// Records how long a request ran, as latency (completions) and as a hang past the threshold, in its
-    /// extension's `tally`.
-    func recordActivity(_ record: RequestRecord, _ outcome: RequestOutcome, in tally: ExtensionTally) {
-        let elapsed = loop.now &- record.startedAt
-        let threshold = record.slowRequestThreshold
-        // Mutated in place in the tally (a class): a copy of the histogram per request would cost more than the
-        // rest of this function.
-        switch outcome {
-        case .completed: tally.activity.latency.record(nanoseconds: elapsed)
-        case .cancelled: break
-        case .interrupted(let reason): tally.activity.interruptionsByKind[reason.kind, default: 0] += 1
-        }
-        if elapsed > threshold {
-            tally.activity.slowRequests += 1
-            tally.activity.slowNanoseconds &+= elapsed
-            log(.info, "\(record.extensionID): request \(record.id) ran \(Double(elapsed) / 1e6) ms (hang threshold "
-                + "\(Double(threshold) / 1e6) ms)")
-        }
+        supervisor.prune(now: loop.now) { key in workers[key] == nil && requests.queuedCount(in: key) == 0 }
     }
 
     // MARK: Warm workers
@@ -225,7 +86,7 @@ extension HostEngine {
         let target = manifest.policy.minWarmWorkers
         guard target > 0, !shuttingDown, manifest.executablePath != nil, manifest.refusal == nil else { return }
         let key = manifest.identifier
-        if let state = pools[key], state.health(now: loop.now) == .quarantined { return }
+        if supervisor.isQuarantined(key, now: loop.now) { return }
         guard loop.onLoopThread else {
             loop.execute { [weak self] in self?.topUpWarmWorkers(manifest) }
             return
@@ -278,7 +139,7 @@ extension HostEngine {
         }
         if shuttingDown { return done(.failure(.interrupted(.hostShutdown))) }
         let key = poolKey(manifest, app: app)
-        if let state = pools[key], state.health(now: loop.now) == .quarantined { return done(.failure(.interrupted(.quarantined))) }
+        if supervisor.isQuarantined(key, now: loop.now) { return done(.failure(.interrupted(.quarantined))) }
         let pool = workers[key] ?? []
         if let ready = pool.first(where: { $0.lifecycle.phase == .ready && $0.acceptsRequests }) { return done(.success(ready.pid)) }
         let worker: WorkerProcess
@@ -314,7 +175,7 @@ extension HostEngine {
     /// Retires a worker past `MaxRequestsPerWorker` or `MaxWorkerRSSMB` once it has nothing in flight.
     func recycleIfDrained(_ worker: WorkerProcess) {
         guard worker.lifecycle.phase == .draining, worker.inFlight.isEmpty else { return }
-        tally(worker.extensionID).activity.recycles += 1
+        metrics.tally(worker.extensionID).activity.recycles += 1
         log(.info, "\(worker.extensionID): recycling worker pid \(worker.pid) after \(worker.requestsSent) request(s)"
             + (worker.lifecycle.recycleReason.map { " (\($0))" } ?? ""))
         emit(.recycled, worker, detail: worker.lifecycle.recycleReason)
@@ -332,36 +193,12 @@ extension HostEngine {
     }
 }
 
-/// Longest quarantine, in seconds (Kubernetes' CrashLoopBackOff cap).
-let maximumQuarantine: Double = 300
-
 /// A process's resident set size, from /proc/<pid>/statm.
 func residentBytes(_ pid: pid_t) -> UInt64? {
     guard let bytes = try? readFile("/proc/\(pid)/statm") else { return nil }
     let fields = String(decoding: bytes, as: UTF8.self).split(separator: " ")
     guard fields.count > 1, let pages = UInt64(fields[1]) else { return nil }
     return pages * UInt64(sysconf(Int32(_SC_PAGESIZE)))
-}
-
-/// Which reports to drop so that at most `limit` remain, each extension keeping a fair share: while over the
-/// limit, the extension with the most reports loses its oldest. `owners` are the reports' extensions, oldest
-/// first; the result is the indices to drop.
-func crashReportEvictions(_ owners: [String], limit: Int) -> Set<Int> {
-    guard owners.count > limit else { return [] }
-    var byOwner: [String: [Int]] = [:]
-    for (index, owner) in owners.enumerated() { byOwner[owner, default: []].append(index) }
-    var dropped: Set<Int> = []
-    var remaining = owners.count
-    while remaining > limit {
-        // The largest share; among equals, the one whose oldest report is oldest.
-        guard let (owner, indices) = byOwner.max(by: { a, b in
-            a.value.count != b.value.count ? a.value.count < b.value.count : a.value[0] > b.value[0]
-        }) else { break }
-        dropped.insert(indices[0])
-        byOwner[owner] = indices.count > 1 ? Array(indices.dropFirst()) : nil
-        remaining -= 1
-    }
-    return dropped
 }
 
 // MARK: Leak reports
@@ -389,8 +226,7 @@ extension HostEngine {
                                     afterMilliseconds: afterMs, time: timespec.now.seconds)
             report.app = worker.app
             crashStore?.saveLeak(report)
-            recentLeaks.append(report)
-            if recentLeaks.count > Self.recentLeakLimit { recentLeaks.removeFirst() }
+            metrics.addLeak(report)
         }
     }
 }

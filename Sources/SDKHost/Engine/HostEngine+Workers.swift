@@ -314,7 +314,7 @@ extension HostEngine {
         let requeue = ending.requeuesRequests
         // A death that quarantines the pool ends those requests as `quarantined`, like the ones waiting.
         if ending.diedOnItsOwn { workerDiedOnItsOwn(worker) }
-        let quarantined = pools[worker.poolKey].map { $0.health(now: loop.now) == .quarantined } ?? false
+        let quarantined = supervisor.isQuarantined(worker.poolKey, now: loop.now)
         for id in inFlight.reversed() {
             if requeue && quarantined {
                 finish(id, .interrupted(.quarantined))
@@ -380,13 +380,8 @@ extension HostEngine {
         report.app = worker.app
         log(.warning, "\(worker.extensionID): worker pid \(worker.pid) ended: \(reason); "
             + "\(inFlight.count) request(s) interrupted")
-        crashReports.append(report)
+        metrics.addCrashReport(report, limit: configuration.crashReportLimit)
         crashStore?.save(report)
-        // A looping extension does not push the other extensions' reports out: each keeps a fair share.
-        let evicted = crashReportEvictions(crashReports.map(\.extensionIdentifier), limit: configuration.crashReportLimit)
-        if !evicted.isEmpty {
-            crashReports = crashReports.enumerated().filter { !evicted.contains($0.offset) }.map(\.element)
-        }
     }
 
     /// Retires a worker: closing its socket tells it to exit (the runtime flushes its output and exits on EOF);

@@ -18,24 +18,6 @@ import Dispatch
 import SDKPosix
 import Synchronization
 
-/// Counters since the host started.
-package struct HostStatistics: Sendable, Equatable {
-    package var completions = 0
-    package var cancellations = 0
-    package var interruptions = 0
-    package var crashes = 0
-    /// Workers killed as hung (missed heartbeats, or ignored a cancel).
-    package var hangKills = 0
-    package var timeouts = 0
-    package var overloads = 0
-    package var protocolViolations = 0
-    package var spawns = 0
-    package var requests = 0
-    /// Requests whose context (or async Task) a worker reported alive `LeakCheckDelaySeconds` after they ended.
-    package var leaks = 0
-    package init() {}
-}
-
 /// The engine. `@unchecked Sendable`: all mutable state is confined to `loop`'s turn (entry points hop to its
 /// thread with `loop.execute`, or take the turn on the caller's thread with `loop.executeInline`; HostEngine+Backend),
 /// except `pids`, which sits behind a Mutex for `pid(for:)`.
@@ -63,8 +45,6 @@ package final class HostEngine: @unchecked Sendable {
     // Loop-confined state.
     /// Workers and waiting requests by pool (HostEngine+Supervision).
     var workers: [String: [WorkerProcess]] = [:]
-    /// How many times each kind of worker transition ("starting→ready") happened (WorkerLifecycle).
-    package internal(set) var workerTransitions: [String: Int] = [:]
     /// Workers ended on their exit notice and not yet reaped (HostEngine+Workers): no longer in `workers`, held
     /// here until their exit descriptor fires.
     var dyingWorkers: [WorkerProcess] = []
@@ -77,17 +57,13 @@ package final class HostEngine: @unchecked Sendable {
     var deviceFolder: String?
     /// A request waits for a worker cap to make room (HostEngine+Capacity).
     var waitingForRoom = false
-    var pools: [String: PoolState] = [:]
-    /// Each extension's counters and activity, made on first use; a request holds its extension's, so counting
-    /// it costs no lookup by name.
-    var tallies: [String: ExtensionTally] = [:]
+    /// Each pool's crash record, quarantine and probation (PoolSupervisor.swift).
+    let supervisor = PoolSupervisor()
+    /// Counters, latencies, crash and leak reports, worker transitions (EngineMetrics.swift).
+    let metrics = EngineMetrics()
     /// The last pool key made (extension, app, key): a daemon client's requests all ask for the same one, and
     /// building it joins two strings.
     var lastPoolKey: (extensionID: String, app: String?, key: String)?
-    var crashReports: [CrashReport] = []
-    /// The newest leak reports (at most `recentLeakLimit`), for `status`.
-    var recentLeaks: [LeakReport] = []
-    static let recentLeakLimit = 32
     var readBuffer = [UInt8](repeating: 0, count: 64 * 1024)
     var heartbeatTimer: TimerID?
     /// The uid and gid a root host's workers run as (`HostConfiguration.workerUser`), resolved once.
@@ -139,22 +115,9 @@ package final class HostEngine: @unchecked Sendable {
         }
     }
 
-    /// Counts one event for `extensionID` and in the totals.
+    /// Counts one event for `extensionID`.
     func count(_ extensionID: String, _ counter: WritableKeyPath<HostStatistics, Int>) {
-        count(tally(extensionID), counter)
-    }
-
-    /// Counts one event in `tally` (a request's own, so its extension is not looked up) and in the totals.
-    func count(_ tally: ExtensionTally, _ counter: WritableKeyPath<HostStatistics, Int>) {
-        tally.statistics[keyPath: counter] += 1
-    }
-
-    /// `extensionID`'s counters and activity, made on first use.
-    func tally(_ extensionID: String) -> ExtensionTally {
-        if let tally = tallies[extensionID] { return tally }
-        let tally = ExtensionTally()
-        tallies[extensionID] = tally
-        return tally
+        metrics.tally(extensionID).statistics[keyPath: counter] += 1
     }
 
     /// Logs a line: to the configured handler, else through the bounded stderr writer (never blocking the loop).
@@ -198,9 +161,9 @@ package final class HostEngine: @unchecked Sendable {
         record.startedAt = loop.now
         record.poolKey = poolKey(manifest, app: record.app)
         if let manifest { record.slowRequestThreshold = nanoseconds(manifest.policy.slowRequestThresholdSeconds) }
-        let tally = tally(record.extensionID)
+        let tally = metrics.tally(record.extensionID)
         record.tally = tally
-        count(tally, \.requests)
+        tally.statistics.requests += 1
         if let deadline = record.deadline {
             let id = record.id
             record.deadlineTimer = loop.schedule(afterNanoseconds: nanoseconds(deadline)) { [unowned self] in
@@ -338,15 +301,13 @@ package final class HostEngine: @unchecked Sendable {
         let deliverForwarded = record.deliverForwarded
         record.deliver = nil
         record.deliverForwarded = nil
-        let tally = record.tally ?? tally(record.extensionID)
-        switch outcome {
-        case .completed:
-            count(tally, \.completions)
-            poolSucceeded(record.poolKey)
-        case .cancelled: count(tally, \.cancellations)
-        case .interrupted: count(tally, \.interruptions)
+        let tally = record.tally ?? metrics.tally(record.extensionID)
+        if case .completed = outcome { poolSucceeded(record.poolKey) }
+        let elapsed = loop.now &- record.startedAt
+        if tally.record(outcome, elapsed: elapsed, slowThreshold: record.slowRequestThreshold) {
+            log(.info, "\(record.extensionID): request \(id) ran \(Double(elapsed) / 1e6) ms (hang threshold "
+                + "\(Double(record.slowRequestThreshold) / 1e6) ms)")
         }
-        recordActivity(record, outcome, in: tally)
         if let forwarded, let deliverForwarded {
             deliverForwarded(outcome, forwarded.payload, forwarded.idRange)
         } else if let deliver {
@@ -428,7 +389,7 @@ package final class HostEngine: @unchecked Sendable {
         if let folder = deviceFolder, !folder.isEmpty { removeTree(folder) }
         deviceFolder = ""  // none after this: a spawn still under way would make another
         for id in requests.ids { finish(id, .interrupted(.hostShutdown)) }
-        for state in pools.values {
+        for state in supervisor.pools.values {
             if let timer = state.retryTimer { loop.cancelTimer(timer) }
             state.retryTimer = nil
         }
