@@ -90,7 +90,7 @@ struct ThreadedSimulation {
         // The loop has stopped: its state can be read from here.
         if !engine.requests.isEmpty { return failure("\(engine.requests.count) request(s) still held") }
         if engine.requests.queuedCount != 0 { return failure("a queue still holds requests") }
-        if !engine.workers.values.allSatisfy(\.isEmpty) { return failure("workers still listed") }
+        if !engine.workers.isEmpty { return failure("workers still listed") }
         for worker in launcher.workers {
             let s = worker.shared.withLock { $0 }
             if worker.alive || !s.reaped || s.exitFDOpen { return failure("fake worker \(worker.pid) not reaped and closed") }

@@ -152,15 +152,15 @@ extension HostEngine {
     package func statusOnLoop() -> HostStatus {
         let now = loop.now
         // Every installed extension, used or not, so an operator sees what could run.
-        let ids = Set(manifests.keys).union(metrics.extensionIDs).union(workers.values.joined().map(\.extensionID)).union(supervisor.pools.values.map(\.extensionID))
+        let ids = Set(manifests.keys).union(metrics.extensionIDs).union(workers.all.map(\.extensionID)).union(supervisor.pools.values.map(\.extensionID))
         let extensions = ids.sorted().map { id -> ExtensionStatus in
             let c = metrics.tallies[id]?.statistics ?? HostStatistics()
             let a = metrics.tallies[id]?.activity ?? ExtensionActivity()
             // Pools with a crash record, and pools that only have workers.
             let keys = Set(supervisor.pools.values.filter { $0.extensionID == id }.map(\.key))
-                .union(workers.filter { $0.value.first?.extensionID == id }.map(\.key))
+                .union(workers.poolKeys(of: id))
             let poolStates = keys.sorted().map { key in
-                let p = supervisor.pools[key] ?? PoolState(key: key, extensionID: id, app: workers[key]?.first?.app, restartWindow: 0)
+                let p = supervisor.pools[key] ?? PoolState(key: key, extensionID: id, app: workers[key].first?.app, restartWindow: 0)
                 let health = p.health(now: now)
                 return PoolStatus(
                     app: p.app, state: SupervisionState(rawValue: health.rawValue) ?? .running,
@@ -170,7 +170,7 @@ extension HostEngine {
             }
             let state: SupervisionState = poolStates.contains { $0.state == .quarantined } ? .quarantined
                 : poolStates.contains { $0.state == .probation } ? .probation : .running
-            let workerStates = workers.values.joined().filter { $0.extensionID == id }.map { w in
+            let workerStates = workers.all.filter { $0.extensionID == id }.map { w in
                 WorkerStatus(pid: w.pid, app: w.app, uptimeSeconds: Double(now &- w.startedAt) / 1e9,
                              inFlight: w.inFlight.count, requestsServed: w.requestsSent, recycling: w.lifecycle.recycleReason != nil,
                              sandbox: w.sandboxLayers, sandboxSkipped: w.sandboxSkipped,

@@ -34,7 +34,7 @@ extension HostEngine: HostBackend {
     /// The requests that have begun and not ended (loop thread).
     package var activeRequestIDs: [RequestID] { requests.ids }
     /// Workers listed in any pool (loop thread).
-    package var listedWorkerCount: Int { workers.values.reduce(0) { $0 + $1.count } }
+    package var listedWorkerCount: Int { workers.count }
 
     func lookupProblem(_ identifier: String) -> HostError? {
         let manifests = manifestSnapshot.withLock { $0 }
@@ -63,7 +63,7 @@ extension HostEngine: HostBackend {
         guard !shuttingDown, requests[request.id] == nil, let manifest = manifests[request.extensionID] else { return false }
         let key = poolKey(manifest, app: request.app)
         if supervisor.isQuarantined(key, now: loop.now) { return false }
-        return workers[key]?.contains(where: { $0.acceptsRequests && $0.cancelTimers.isEmpty }) ?? false
+        return workers[key].contains(where: { $0.acceptsRequests && $0.cancelTimers.isEmpty })
     }
 
     package func cancel(_ id: RequestID) {

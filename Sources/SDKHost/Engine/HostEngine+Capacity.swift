@@ -19,7 +19,7 @@ extension HostEngine {
     /// Whether a new worker for pool `key` (of `app`) fits under the caps. When it does not, an idle worker in
     /// the way is retired (unless one is already on its way out) and the caller's request waits.
     func capacityAllows(pool key: String, app: String?) -> Bool {
-        let running = workers.values.joined().filter { !$0.lifecycle.isOver }
+        let running = workers.all.filter { !$0.lifecycle.isOver }
         if running.count >= configuration.maxWorkersTotal {
             makeRoom(among: running, limit: "MaxWorkersTotal \(configuration.maxWorkersTotal)")
             return false
@@ -64,7 +64,7 @@ extension HostEngine {
     /// request (`LeakCheckDelaySeconds`, plus half a second), rather than after the idle timeout.
     package func appLeft(_ app: String) {
         loop.preconditionInLoop()
-        for worker in workers.values.joined() where worker.app == app && !worker.lifecycle.isOver {
+        for worker in workers.all where worker.app == app && !worker.lifecycle.isOver {
             let idle = min(worker.policy.idleTimeoutSeconds, worker.policy.leakCheckDelaySeconds + 0.5)
             guard worker.idleTimeoutOverride == nil, idle < worker.policy.idleTimeoutSeconds else { continue }
             worker.idleTimeoutOverride = idle

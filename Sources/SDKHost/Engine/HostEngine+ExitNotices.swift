@@ -30,7 +30,7 @@ extension HostEngine {
     /// now, with the status it is exiting with, instead of once the kernel has torn it down; it is reaped when
     /// its exit descriptor fires. Anything else leaves it to that descriptor.
     func exitNoticed(pid: pid_t, _ notice: ExitNoticeWatcher.Notice) {
-        guard let worker = workers.values.joined().first(where: { $0.pid == pid && $0.exitNoticeWatched }) else { return }
+        guard let worker = workers.worker(pid: pid, where: \.exitNoticeWatched) else { return }
         worker.exitNoticeWatched = false
         switch notice {
         case .exiting(let status):
@@ -38,7 +38,7 @@ extension HostEngine {
             guard status != .exited(0) else { return }
             log(.debug, "\(worker.extensionID) pid \(pid) is exiting (\(status)): its requests end now")
             guard worker.lifecycle.noticeExit(status) else { return }
-            dyingWorkers.append(worker)
+            workers.awaitReaping(worker)
             workerEnded(worker, status: status)
             // It is exiting; should its main thread alone have ended, the rest goes too.
             worker.finishOff()

@@ -63,7 +63,7 @@ extension HostEngine {
         let before = Set(manifests.keys)
         manifests = fresh
         manifestSnapshot.withLock { $0 = fresh }
-        for worker in workers.values.joined() where worker.lifecycle.recycle("manifests reloaded") {
+        for worker in workers.all where worker.lifecycle.recycle("manifests reloaded") {
             recycleIfDrained(worker)
         }
         let added = Set(fresh.keys).subtracting(before).sorted(), removed = before.subtracting(fresh.keys).sorted()

@@ -91,7 +91,7 @@ extension HostEngine {
         worker.temporaryDirectory = spawn.temporaryDirectory
         worker.lifecycle.observer = { [metrics] t in metrics.transitions["\(t.from)→\(t.to)", default: 0] += 1 }
         count(manifest.identifier, \.spawns)
-        workers[poolKey, default: []].append(worker)
+        workers.add(worker)
         // Through the launcher, the worker's own pid comes with its `sandboxed` frame: settled then.
         if spawn.request.profile == nil { settlePid(worker) }
         do throws(SystemError) {

@@ -23,15 +23,8 @@ extension HostEngine {
         return key
     }
 
-    /// Whether `worker` counts against MaxWorkers: starting or ready, and not on its way out.
-    func isLive(_ worker: WorkerProcess) -> Bool {
-        worker.lifecycle.isLive
-    }
-
     /// Workers of pool `key` that count against MaxWorkers.
-    func liveCount(_ key: String) -> Int {
-        (workers[key] ?? []).reduce(0) { $0 + (isLive($1) ? 1 : 0) }
-    }
+    func liveCount(_ key: String) -> Int { workers.liveCount(in: key) }
 
     // MARK: Quarantine
 
@@ -75,7 +68,7 @@ extension HostEngine {
     /// Forgets pools that have no worker, nothing waiting, and no crash record that still matters, so app
     /// names that come and go leave nothing behind. Runs with the heartbeat.
     func prunePools() {
-        supervisor.prune(now: loop.now) { key in workers[key] == nil && requests.queuedCount(in: key) == 0 }
+        supervisor.prune(now: loop.now) { key in !workers.hasWorkers(in: key) && requests.queuedCount(in: key) == 0 }
     }
 
     // MARK: Warm workers
@@ -106,18 +99,15 @@ extension HostEngine {
     /// A worker of the base pool that has never served a request, moved into the app pool `key`.
     func adoptSpare(_ manifest: ExtensionManifest, into key: String, app: String?) -> WorkerProcess? {
         let base = manifest.identifier
-        guard key != base, let index = workers[base]?.firstIndex(where: {
+        guard key != base, let worker = workers[base].first(where: {
             $0.requestsSent == 0 && $0.inFlight.isEmpty && $0.acceptsRequests
         }) else { return nil }
-        let worker = workers[base]!.remove(at: index)
-        if workers[base]?.isEmpty == true { workers[base] = nil }
-        worker.poolKey = key
+        workers.move(worker, to: key)
         worker.app = app
         if let timer = worker.idleTimer {
             loop.cancelTimer(timer)
             worker.idleTimer = nil
         }
-        workers[key, default: []].append(worker)
         log(.info, "\(base): warm worker pid \(worker.pid) now serves app \(app ?? "?")")
         topUpWarmWorkers(manifest)
         return worker
@@ -140,7 +130,7 @@ extension HostEngine {
         if shuttingDown { return done(.failure(.interrupted(.hostShutdown))) }
         let key = poolKey(manifest, app: app)
         if supervisor.isQuarantined(key, now: loop.now) { return done(.failure(.interrupted(.quarantined))) }
-        let pool = workers[key] ?? []
+        let pool = workers[key]
         if let ready = pool.first(where: { $0.lifecycle.phase == .ready && $0.acceptsRequests }) { return done(.success(ready.pid)) }
         let worker: WorkerProcess
         if let starting = pool.first(where: { $0.lifecycle.phase == .starting && $0.acceptsRequests }) {

@@ -277,7 +277,7 @@ extension HostEngine {
         let endedEarly = worker.lifecycle.phase == .exiting
         worker.lifecycle.reaped(status)
         if endedEarly {
-            dyingWorkers.removeAll { $0 === worker }
+            workers.reaped(worker)
             removeTemporaryDirectory(worker)
             log(.debug, "\(worker.extensionID) pid \(worker.pid) reaped (\(status.map(String.init(describing:)) ?? "status unavailable"))")
             stopIfIdle()
@@ -291,8 +291,7 @@ extension HostEngine {
     func workerEnded(_ worker: WorkerProcess, status: ExitStatus?) {
         unwatchExitNotice(worker)
         assert(worker.lifecycle.isOver, "workerEnded of a worker that is \(worker.lifecycle.phase)")
-        workers[worker.poolKey]?.removeAll { $0 === worker }
-        if workers[worker.poolKey]?.isEmpty == true { workers[worker.poolKey] = nil }
+        workers.remove(worker)
         for timer in [worker.idleTimer, worker.exitTimer, worker.reapPollTimer].compactMap({ $0 }) { loop.cancelTimer(timer) }
         for timer in worker.cancelTimers.values { loop.cancelTimer(timer) }
         worker.cancelTimers.removeAll()
@@ -361,7 +360,7 @@ extension HostEngine {
         if let manifest = manifests[worker.extensionID], worker.poolKey == worker.extensionID {
             topUpWarmWorkers(manifest)
         }
-        if workers[worker.poolKey] == nil { prunePools() }
+        if !workers.hasWorkers(in: worker.poolKey) { prunePools() }
         stopIfIdle()
     }
 
@@ -415,7 +414,7 @@ extension HostEngine {
         prunePools()
         let now = loop.now
         var any = false
-        for worker in workers.values.joined() where worker.connection.isOpen && worker.lifecycle.kill == nil {
+        for worker in workers.all where worker.connection.isOpen && worker.lifecycle.kill == nil {
             any = true
             checkResidentMemory(worker)
             if let sent = worker.pingSentAt {

@@ -43,11 +43,8 @@ package final class HostEngine: @unchecked Sendable {
     package let startedAt = monotonicNanoseconds()
 
     // Loop-confined state.
-    /// Workers and waiting requests by pool (HostEngine+Supervision).
-    var workers: [String: [WorkerProcess]] = [:]
-    /// Workers ended on their exit notice and not yet reaped (HostEngine+Workers): no longer in `workers`, held
-    /// here until their exit descriptor fires.
-    var dyingWorkers: [WorkerProcess] = []
+    /// Workers by pool, and those ended on their exit notice that wait to be reaped (WorkerTable.swift).
+    let workers = WorkerTable<WorkerProcess>()
     /// Requests begun and not ended, and the queues of those waiting for a worker (RequestTable.swift).
     let requests = RequestTable()
     /// The empty network namespace this host's workers without NetworkAllowed share (a descriptor), -1 where it
@@ -206,7 +203,7 @@ package final class HostEngine: @unchecked Sendable {
     /// worker that has not acknowledged a cancel yet comes last: it may be killed for ignoring it, and a request
     /// sent there would be interrupted with it.
     func workerWithRoom(_ manifest: ExtensionManifest, pool key: String, app: String?) -> Room {
-        let pool = workers[key] ?? []
+        let pool = workers[key]
         if let worker = pool.first(where: { $0.acceptsRequests && $0.cancelTimers.isEmpty }) { return .worker(worker) }
         if liveCount(key) < manifest.policy.maxWorkers {
             if let spare = adoptSpare(manifest, into: key, app: app) { return .worker(spare) }
@@ -395,13 +392,13 @@ package final class HostEngine: @unchecked Sendable {
         }
         // Ask every worker to exit (its socket closes; the runtime exits on EOF and flushes its output), and
         // kill those that have not exited after the grace period.
-        for worker in workers.values.joined() { retire(worker, grace: configuration.workerExitGracePeriodSeconds, because: "host stopping") }
+        for worker in workers.all { retire(worker, grace: configuration.workerExitGracePeriodSeconds, because: "host stopping") }
         stopIfIdle()
     }
 
     /// Once shutting down and every worker is reaped, stops the loop.
     func stopIfIdle() {
-        guard shuttingDown, workers.values.allSatisfy(\.isEmpty), dyingWorkers.isEmpty else { return }
+        guard shuttingDown, workers.isEmpty else { return }
         if let timer = heartbeatTimer { loop.cancelTimer(timer) }
         // The loop runs this after its last task, when no handler or timer can reach the engine any more. The
         // completions are read there, not here: a second `shutdown` accepted by the loop before it stopped (the

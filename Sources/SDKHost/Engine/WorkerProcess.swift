@@ -207,3 +207,7 @@ func parentPID(of pid: pid_t) -> pid_t? {
     guard fields.count > 1 else { return nil }
     return pid_t(String(decoding: fields[1], as: UTF8.self))
 }
+
+extension WorkerProcess: PooledWorker {
+    var countsAgainstMaxWorkers: Bool { lifecycle.isLive }
+}
