@@ -41,7 +41,7 @@ public final class ExitNoticePage: @unchecked Sendable {
     private init(word: UnsafeMutablePointer<UInt32>) { self.word = word }
 
     /// A new page and its memfd (close-on-exec) for the child.
-    static func create() throws(SystemError) -> (ExitNoticePage, Int32) {
+    package static func create() throws(SystemError) -> (ExitNoticePage, Int32) {
         var raw: UnsafeMutableRawPointer?
         let fd = sdk_exit_notice_create(&raw)
         guard fd >= 0, let raw else { throw SystemError("memfd_create", errno: errno, detail: "exit-notice page") }
@@ -82,9 +82,18 @@ public final class ExitNoticePage: @unchecked Sendable {
     }
 }
 
+/// What watches exit-notice pages for the engine: `ExitNoticeWatcher.shared`, or the simulation's stand-in,
+/// which reports notices when its seeded schedule says.
+public protocol ExitNoticeWatching: AnyObject, Sendable {
+    /// Watches `page`; `notice` runs once when the word changes or the watch gives up. False if not watched.
+    func watch(_ page: ExitNoticePage, notice: @escaping @Sendable (ExitNoticeWatcher.Notice) -> Void) -> Bool
+    /// Ends a watch; its `notice` will not run after this returns (unless it is running now).
+    func unwatch(_ page: ExitNoticePage)
+}
+
 /// The thread that waits on every watched exit-notice word. One per process, started by the first `watch` and
 /// ended after `idleSeconds` with nothing to watch, so a process that stops hosting keeps no thread.
-public final class ExitNoticeWatcher: @unchecked Sendable {
+public final class ExitNoticeWatcher: ExitNoticeWatching, @unchecked Sendable {
     /// What a watch reports, once, on the watcher's thread; the watch has ended when it is called.
     public enum Notice: Sendable, Equatable {
         /// The word changed and the process is exiting (its main thread is), with this status.

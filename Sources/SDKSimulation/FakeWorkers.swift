@@ -1,6 +1,8 @@
 // Fake workers for the engine's simulations (FoundationDB's and TigerBeetle's idea): a fake worker is a socketpair,
-// two pipes and an eventfd that stands for its exit, living in the simulating process; the simulation decides,
-// from a seeded generator, what each does and when. SimLauncher makes them in place of posix_spawn.
+// two pipes, an eventfd that stands for its exit and an exit-notice page, living in the simulating process; the
+// simulation decides, from a seeded generator, what each does and when. SimLauncher makes them in place of
+// posix_spawn; SimExitNotices stands in for the exit-notice watcher thread. Descriptors travel for real
+// (SCM_RIGHTS over the socketpair): a worker answers a begin that brought files with those files.
 import SDKWire
 import SDKHost
 import CSDKShim
@@ -29,7 +31,15 @@ package final class FakeWorker: WorkerChild, @unchecked Sendable {
     package var stdoutWrite: Int32
     package var stderrWrite: Int32
     package var reader = FrameReader()
+    /// Descriptors received and not yet claimed by a frame.
+    private var incoming = IncomingDescriptors()
     package var pending: [RequestID] = []
+    /// The files a pending request's begin brought: its completion sends them back.
+    package var files: [RequestID: [FileAttachment]] = [:]
+    /// Its exit-notice page (the engine watches it once the worker has said hello).
+    package let exitNotice: ExitNoticePage?
+    /// The status its exit notice announced: what it dies with.
+    package var noticedStatus: SDKPosix.ExitStatus?
     package var cancelRequested: Set<RequestID> = []
     /// Every id this worker was sent a begin for, in order.
     package var begins: [RequestID] = []
@@ -37,8 +47,9 @@ package final class FakeWorker: WorkerChild, @unchecked Sendable {
     /// What `pump` reads into, kept between calls.
     private var buffer = [UInt8](repeating: 0, count: 16384)
 
-    package init(pid: pid_t, socket: Int32, stdoutWrite: Int32, stderrWrite: Int32) {
+    package init(pid: pid_t, socket: Int32, stdoutWrite: Int32, stderrWrite: Int32, exitNotice: ExitNoticePage?) {
         self.pid = pid
+        self.exitNotice = exitNotice
         exitDescriptor = sdk_eventfd()
         self.socket = socket
         self.stdoutWrite = stdoutWrite
@@ -74,7 +85,9 @@ package final class FakeWorker: WorkerChild, @unchecked Sendable {
         socket = -1
         stdoutWrite = -1
         stderrWrite = -1
-        shared.withLock { $0.status = $0.status ?? status }
+        files = [:]
+        let final = noticedStatus ?? status
+        shared.withLock { $0.status = $0.status ?? final }
         var one: UInt64 = 1
         _ = write(exitDescriptor, &one, 8)
     }
@@ -82,7 +95,8 @@ package final class FakeWorker: WorkerChild, @unchecked Sendable {
     package func send(_ message: Message) {
         guard alive else { return }
         let bytes = try! Frame.encode(message.plist)
-        _ = bytes.withUnsafeBytes { Glibc.send(socket, $0.baseAddress, $0.count, Int32(MSG_NOSIGNAL | MSG_DONTWAIT)) }
+        let descriptors = message.fileAttachments.map(\.rawDescriptor)
+        _ = bytes.withUnsafeBytes { try? sendNonBlocking(socket, $0, descriptors: descriptors) }
     }
 
     /// Reads what the host sent (its socket is readable); answers hello and ping at once, records begins and
@@ -90,21 +104,30 @@ package final class FakeWorker: WorkerChild, @unchecked Sendable {
     package func pump(identifier: String) -> Bool {
         guard alive else { return false }
         var endOfFile = false
+        var received: [Int32] = []
         while true {
-            let n = recv(socket, &buffer, buffer.count, Int32(MSG_DONTWAIT))
-            if n == 0 { endOfFile = true }
-            if n <= 0 { break }
+            var truncated = false
+            let result = buffer.withUnsafeMutableBytes { raw in
+                Result { () throws(SystemError) in try receiveNonBlocking(socket, into: raw, descriptors: &received, truncated: &truncated) }
+            }
+            _ = incoming.adopt(&received, truncated: truncated)
+            guard case .success(.bytes(let n)) = result else {
+                if case .success(.endOfFile) = result { endOfFile = true }
+                break
+            }
             buffer.withUnsafeBytes { reader.append(UnsafeRawBufferPointer(rebasing: $0[0..<n])) }
             // A short read emptied the socket: what arrives later is the next pump's.
             if n < buffer.count { break }
         }
-        while let value = try? reader.nextValue(), let message = try? Message(plist: value) {
+        while let message = try? incoming.nextMessage(from: &reader) {
             switch message {
             case .hello: send(.welcome(version: protocolVersion, identifier: identifier, pid: pid))
             case .ping(let seq): send(.pong(seq: seq))
-            case .begin(let id, _, _, _):
+            case .begin(let id, let items, _, _):
                 pending.append(id)
                 begins.append(id)
+                let brought = items.flatMap(\.fileAttachments)
+                if !brought.isEmpty { files[id] = brought }
             case .cancel(let id): cancelRequested.insert(id)
             default: break
             }
@@ -117,6 +140,9 @@ package final class FakeWorker: WorkerChild, @unchecked Sendable {
 package final class SimLauncher: WorkerLauncher, @unchecked Sendable {
     // @unchecked Sendable: `workers` and `failNext` are behind the Mutex.
     private let state = Mutex<(workers: [FakeWorker], failNext: Bool, nextPid: pid_t)>(([], false, 900_000))
+
+    /// The exit-notice watcher the engine is given (`HostConfiguration.exitNoticeWatcher`).
+    package let notices = SimExitNotices()
 
     package init() {}
 
@@ -138,9 +164,44 @@ package final class SimLauncher: WorkerLauncher, @unchecked Sendable {
             s.nextPid += 1
             return s.nextPid
         }
-        let worker = FakeWorker(pid: pid, socket: sv[1], stdoutWrite: out[1], stderrWrite: err[1])
+        // The page alone: its memfd would be the worker's descriptor 5, and this worker has no process.
+        let page = try? ExitNoticePage.create()
+        if let fd = page?.1 { Glibc.close(fd) }
+        let worker = FakeWorker(pid: pid, socket: sv[1], stdoutWrite: out[1], stderrWrite: err[1], exitNotice: page?.0)
         state.withLock { $0.workers.append(worker) }
         return LaunchedWorker(child: worker, socket: FileDescriptor(adopting: sv[0]),
-                              stdout: FileDescriptor(adopting: out[0]), stderr: FileDescriptor(adopting: err[0]))
+                              stdout: FileDescriptor(adopting: out[0]), stderr: FileDescriptor(adopting: err[0]),
+                              exitNotice: worker.exitNotice)
     }
+}
+
+/// Stands in for the exit-notice watcher thread: it keeps each watch, and the schedule reports a notice when it
+/// chooses (`fire`), on its own thread, as the watcher would from its.
+package final class SimExitNotices: ExitNoticeWatching, @unchecked Sendable {
+    // @unchecked Sendable: `watches` is behind the Mutex.
+    private let watches = Mutex<[ObjectIdentifier: @Sendable (ExitNoticeWatcher.Notice) -> Void]>([:])
+
+    package init() {}
+
+    package func watch(_ page: ExitNoticePage, notice: @escaping @Sendable (ExitNoticeWatcher.Notice) -> Void) -> Bool {
+        watches.withLock { $0[ObjectIdentifier(page)] = notice }
+        return true
+    }
+
+    package func unwatch(_ page: ExitNoticePage) {
+        _ = watches.withLock { $0.removeValue(forKey: ObjectIdentifier(page)) }
+    }
+
+    /// Whether `page` is watched.
+    package func isWatched(_ page: ExitNoticePage) -> Bool { watches.withLock { $0[ObjectIdentifier(page)] != nil } }
+
+    /// Reports `notice` for `page`, ending its watch (as the watcher does); false if it was not watched.
+    package func fire(_ page: ExitNoticePage, _ notice: ExitNoticeWatcher.Notice) -> Bool {
+        guard let report = watches.withLock({ $0.removeValue(forKey: ObjectIdentifier(page)) }) else { return false }
+        report(notice)
+        return true
+    }
+
+    /// Watches still held (none once every worker has ended).
+    package var count: Int { watches.withLock { $0.count } }
 }

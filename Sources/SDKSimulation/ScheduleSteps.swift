@@ -18,6 +18,8 @@ package final class ScheduleState: @unchecked Sendable {
     package private(set) var begun: [RequestID] = []
     package var trace: [String] = []
     package let outcomes = Mutex<[RequestID: [RequestOutcome]]>([:])
+    /// Completions that brought files back.
+    package let filesReturned = Mutex(0)
     /// Partial results the app took per request, and the first request that had one after its outcome.
     package let partials = Mutex<(taken: [RequestID: Int], afterEnd: RequestID?)>(([:], nil))
     /// A request that was sent to a worker after it had ended, if any.
@@ -60,10 +62,11 @@ package final class ScheduleState: @unchecked Sendable {
         }
     }
 
-    /// One step drawn from `rng`: a begin (with or without a deadline; with `apps`, half from one of three
-    /// daemon apps), a cancel, a worker that completes (sometimes twice), acknowledges a cancel, sends a partial
-    /// result (sometimes a burst past the credit window), crashes, exits or replies for an unknown id, a spawn
-    /// that fails, or the clock moving.
+    /// One step drawn from `rng`: a begin (with or without a deadline, one in eight bringing a file; with
+    /// `apps`, half from one of three daemon apps), a cancel, a worker that completes (sending back its begin's
+    /// files; sometimes twice), acknowledges a cancel, sends a partial result (sometimes a burst past the credit
+    /// window), crashes, starts exiting with an exit notice, gets a notice that is not an exit, exits or replies
+    /// for an unknown id, a spawn that fails, or the clock moving.
     package func step(_ rng: inout SimulationRandom, engine: HostEngine, launcher: SimLauncher, clock: ManualClock,
                       apps: Bool)
     {
@@ -77,15 +80,26 @@ package final class ScheduleState: @unchecked Sendable {
             let id = RequestID(high: rng.next(), low: rng.next())
             let deadline: Double? = rng.next() % 10 < 3 ? Double(rng.next() % 3000 + 1) / 1000 : nil
             let app: String? = apps && rng.next() % 2 == 0 ? "0/app\(rng.next() % 3)" : nil
+            // One in eight brings a file (a sealed memfd), which its worker's completion sends back.
+            let files = rng.next() % 8 == 0 ? [try? FileAttachment(bytes: [UInt8](repeating: 7, count: 16))].compactMap { $0 } : []
             let handle = Handle()
             handles.append(Weak(handle))
             begun.append(id)
-            trace.append("begin \(short(id)) deadline \(deadline.map { "\($0)" } ?? "-")" + (app.map { " app \($0)" } ?? ""))
+            trace.append("begin \(short(id)) deadline \(deadline.map { "\($0)" } ?? "-")" + (app.map { " app \($0)" } ?? "")
+                + (files.isEmpty ? "" : " with a file"))
             engine.submit(SubmittedRequest(
-                id: id, extensionID: identifier, items: [ExtensionItem(title: "sim")], deadline: deadline,
-                onWorkerAssigned: nil,
+                id: id, extensionID: identifier, items: [ExtensionItem(title: "sim", fileAttachments: files)],
+                deadline: deadline, onWorkerAssigned: nil,
                 deliver: { [self, handle] outcome in
-                    withExtendedLifetime(handle) { self.outcomes.withLock { $0[id, default: []].append(outcome) } }
+                    // Kept without its items: the files a completion brought close with them.
+                    let kept: RequestOutcome
+                    if case .completed(let items) = outcome {
+                        kept = .completed([])
+                        if items.contains(where: { !$0.fileAttachments.isEmpty }) { self.filesReturned.withLock { $0 += 1 } }
+                    } else {
+                        kept = outcome
+                    }
+                    withExtendedLifetime(handle) { self.outcomes.withLock { $0[id, default: []].append(kept) } }
                 },
                 progress: { [self, handle, engine] _ in
                     withExtendedLifetime(handle) {
@@ -106,8 +120,9 @@ package final class ScheduleState: @unchecked Sendable {
         case 35..<60:
             guard let worker = randomWorker({ !$0.pending.isEmpty }) else { break }
             let id = worker.pending.remove(at: Int(rng.next() % UInt64(worker.pending.count)))
-            trace.append("worker \(worker.pid) completes \(short(id))")
-            worker.send(.complete(id: id, items: [ExtensionItem(title: "done")]))
+            let files = worker.files.removeValue(forKey: id) ?? []
+            trace.append("worker \(worker.pid) completes \(short(id))" + (files.isEmpty ? "" : " with its \(files.count) file(s)"))
+            worker.send(.complete(id: id, items: [ExtensionItem(title: "done", fileAttachments: files)]))
             if rng.next() % 10 == 0 {
                 trace.append("worker \(worker.pid) completes \(short(id)) again")
                 worker.send(.complete(id: id, items: [ExtensionItem(title: "again")]))
@@ -116,17 +131,39 @@ package final class ScheduleState: @unchecked Sendable {
             guard let worker = randomWorker({ !$0.cancelRequested.isEmpty }) else { break }
             let id = worker.cancelRequested.removeFirst()
             worker.pending.removeAll { $0 == id }
+            worker.files[id] = nil
             trace.append("worker \(worker.pid) acknowledges the cancel of \(short(id))")
             worker.send(.cancelled(id: id, error: .cancelledByHost))
-        case 65..<70:
+        case 65..<68:
             guard let worker = randomWorker({ _ in true }) else { break }
             trace.append("worker \(worker.pid) crashes")
             worker.die(.signaled(SIGSEGV))
+        case 68..<70:
+            // The kernel starts the worker's exit and its exit notice fires before the teardown: the engine ends
+            // its requests now and reaps it when its exit descriptor fires, here or at a later step.
+            guard let worker = randomWorker({ w in w.exitNotice.map(launcher.notices.isWatched) ?? false }),
+                let page = worker.exitNotice
+            else { break }
+            let status: SDKPosix.ExitStatus = rng.next() % 2 == 0 ? .signaled(SIGABRT) : .exited(3)
+            let diesNow = rng.next() % 2 == 0
+            trace.append("worker \(worker.pid) starts exiting (\(status)); exit notice" + (diesNow ? ", gone at once" : ""))
+            worker.noticedStatus = status
+            _ = launcher.notices.fire(page, .exiting(status))
+            if diesNow { worker.die(status) }
         case 70..<73:
             guard let worker = randomWorker({ _ in true }) else { break }
             trace.append("worker \(worker.pid) exits")
             worker.die(.exited(0))
-        case 73..<75:
+        case 73..<74:
+            // A notice that is not an exit: the watch ends and the worker goes on.
+            guard let worker = randomWorker({ w in w.exitNotice.map(launcher.notices.isWatched) ?? false }),
+                let page = worker.exitNotice
+            else { break }
+            let notices: [ExitNoticeWatcher.Notice] = [.notExiting, .tooManyWakeups, .unreadable(EIO)]
+            let notice = notices[Int(rng.next() % 3)]
+            trace.append("worker \(worker.pid): exit notice \(notice), not exiting")
+            _ = launcher.notices.fire(page, notice)
+        case 74..<75:
             guard let worker = randomWorker({ _ in true }) else { break }
             trace.append("worker \(worker.pid) replies for an unknown id")
             worker.send(.complete(id: RequestID(high: rng.next(), low: rng.next()), items: []))

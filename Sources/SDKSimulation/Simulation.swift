@@ -1,15 +1,16 @@
 // A seeded, single-threaded simulation of the engine: the real HostEngine on a driven event loop (no thread of
 // its own: `runUntilIdle` after every step), a manual clock, and fake workers (FakeWorkers.swift). One seeded
-// generator decides every step: a begin (with or without a deadline), a cancel, a worker that completes (once
-// or twice), acknowledges a cancel, crashes, exits, replies for an unknown id, a spawn that fails, the clock
-// moving, a partial result (sometimes past the credit window); requests come from a few daemon apps, each with
-// its own pool, and workers are recycled after five requests; then a shutdown. Nothing else runs, so a seed
-// replays exactly.
+// generator decides every step (ScheduleSteps.swift): begins (some bringing files), cancels, completions (some
+// twice, sending the files back), cancel acknowledgements, partial results (some past the credit window),
+// crashes, exits, exit notices (and notices that are not exits), replies for unknown ids, failed spawns, the
+// clock moving; requests come from a few daemon apps, each with its own pool, and workers are recycled after
+// five requests; then a shutdown. Nothing else runs, so a seed replays exactly (with deterministic hashing:
+// sdk-host-simulate's main.swift).
 //
 // After every step it checks that no request ended twice, none was sent to a worker after it ended, and the wait
 // queue stays within its bound; after the shutdown, that every request ended exactly once, the engine holds no
-// request, queue entry or worker, every fake worker was reaped and its exit descriptor closed, no handler of a
-// request is retained, and the descriptors the schedule opened are closed.
+// request, queue entry or worker, every fake worker was reaped and its exit descriptor closed, no exit-notice
+// watch is left, no handler of a request is retained, and the descriptors the schedule opened are closed.
 import SDKWire
 import SDKHost
 import SDKPosix
@@ -40,6 +41,8 @@ package struct SimulationTally {
     /// Worker lifecycle transitions by kind ("ready→killed", …).
     package var transitions: [String: Int] = [:]
     package var steps = 0
+    /// Completions that brought files back to the app (descriptors passed both ways).
+    package var filesReturned = 0
 
     package init() {}
 
@@ -101,10 +104,13 @@ package struct SimulationWorld {
         } catch {
             throw HostError(.system, "cannot write the simulation's manifest: \(error)")
         }
-        // Dispatch opens its own epoll, eventfd and timerfd the first time work goes to a global queue (an
-        // engine's start does): open them now, or the first schedule counts them as its leak.
+        // Dispatch opens its own epoll and eventfd the first time work goes to a global queue (an engine's start
+        // does): open them now, or the first schedule counts them as its leak.
+        // Its timerfd opens the first time a timer is set: set one too.
         let done = DispatchSemaphore(value: 0)
         DispatchQueue.global(qos: .utility).async { done.signal() }
+        done.wait()
+        DispatchQueue.global(qos: .utility).asyncAfter(deadline: .now() + .milliseconds(1)) { done.signal() }
         done.wait()
     }
 
@@ -135,6 +141,7 @@ package struct Simulation {
         var configuration = HostConfiguration(extensionSearchPaths: [world.root],
                                               executableSearchPaths: [world.executableDirectory])
         configuration.clock = clock
+        configuration.exitNoticeWatcher = launcher.notices
         configuration.drivenLoop = true
         configuration.launcher = launcher
         configuration.allowedSandboxModes = [.strict, .bestEffort, .none]
@@ -226,12 +233,21 @@ package struct Simulation {
                 let s = worker.shared.withLock { $0 }
                 if worker.alive || !s.reaped || s.exitFDOpen { return failure("fake worker \(worker.pid) not reaped and closed") }
             }
+            if launcher.notices.count != 0 { return failure("\(launcher.notices.count) exit-notice watch(es) outlived their workers") }
             for outcome in all.values.compactMap(\.first) { tally.add(outcome) }
+            tally.filesReturned += state.filesReturned.withLock { $0 }
             for (kind, count) in engine.workerTransitions { tally.transitions[kind, default: 0] += count }
             return nil
         }()
         if problem == nil, state.retainsAHandler { return failure("a request's handler is still retained") }
         if problem == nil {
+            // Another thread may hold a descriptor for a moment (the engine's first spawn in this process sweeps
+            // the temp folder on a Dispatch queue): a leak is one still open a second later.
+            var waited = 0
+            while openDescriptorCount() > descriptorsBefore, waited < 1000 {
+                usleep(1000)
+                waited += 1
+            }
             if openDescriptorCount() > descriptorsBefore {
                 return failure("\(openDescriptorCount() - descriptorsBefore) descriptor(s) left open; open now: "
                     + openDescriptors().sorted().joined(separator: ", "))

@@ -10,6 +10,22 @@ import SDKSimulation
 import Glibc
 #endif
 
+func fail(_ text: String) -> Never {
+    var line = "sdk-host-simulate: \(text)\n"
+    line.withUTF8 { try? writeAll(2, UnsafeRawBufferPointer($0), detail: "stderr") }
+    exit(2)
+}
+
+// Swift seeds its hashing per process, so a Dictionary's order (the engine's pools and queues are walked in it)
+// differs from run to run, and so would a schedule. A seed replays exactly only with one hashing seed: this
+// program runs itself again with the runtime's deterministic hashing.
+if getenv("SWIFT_DETERMINISTIC_HASHING") == nil {
+    setenv("SWIFT_DETERMINISTIC_HASHING", "1", 1)
+    var argv = CommandLine.arguments.map { strdup($0) } + [nil]
+    execv("/proc/self/exe", &argv)
+    fail("cannot run itself again with deterministic hashing: \(String(cString: strerror(errno)))")
+}
+
 let usage = """
     usage: sdk-host-simulate --schedules N [--seed S] [--steps K]
       --schedules N  how many schedules (seeds S, S+1, …)
@@ -17,11 +33,6 @@ let usage = """
       --steps K      steps per schedule before the shutdown (default 80)
     """
 
-func fail(_ text: String) -> Never {
-    var line = "sdk-host-simulate: \(text)\n"
-    line.withUTF8 { try? writeAll(2, UnsafeRawBufferPointer($0), detail: "stderr") }
-    exit(2)
-}
 
 var schedules: Int?
 var seed: UInt64 = 0x5D4_0000
@@ -83,6 +94,7 @@ let seconds = Double(monotonicNanoseconds() - start) / 1e9
 world.remove()
 print("outcomes:")
 for (kind, count) in tally.outcomes.sorted(by: { $0.key < $1.key }) { print("  \(kind): \(count)") }
+print("completions that brought files back: \(tally.filesReturned)")
 print("worker transitions:")
 for (kind, count) in tally.transitions.sorted(by: { $0.key < $1.key }) { print("  \(kind): \(count)") }
 print("\(tally.steps) steps in \(Int(seconds * 1000)) ms: \(Int(Double(schedules) / max(seconds, 1e-9))) schedules/s on one thread")

@@ -31,6 +31,7 @@ struct ThreadedSimulation {
         let launcher = SimLauncher()
         var configuration = HostConfiguration(extensionSearchPaths: [manifestRoot])
         configuration.clock = clock
+        configuration.exitNoticeWatcher = launcher.notices
         configuration.launcher = launcher
         configuration.logLevel = .error
         configuration.logHandler = { _, _ in }

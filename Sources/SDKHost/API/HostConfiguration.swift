@@ -219,6 +219,8 @@ public struct HostConfiguration: Sendable {
     package var measuresSandboxLayers = false
     /// Drives the engine's timers by hand (tests and the simulation); nil for the monotonic clock.
     package var clock: ManualClock?
+    /// Who watches workers' exit notices; nil: `ExitNoticeWatcher.shared` (the simulation brings its own).
+    package var exitNoticeWatcher: (any ExitNoticeWatching)?
     /// The engine's loop has no thread: its owner runs it with `loop.runUntilIdle()` (the simulation, which runs
     /// everything on one thread). Needs `clock`.
     package var drivenLoop = false

@@ -14,16 +14,19 @@ extension HostEngine {
     func watchExitNotice(_ worker: WorkerProcess) {
         guard let page = worker.exitNotice, worker.exitWatched, !worker.lifecycle.isOver, !worker.exitNoticeWatched else { return }
         let pid = worker.pid
-        worker.exitNoticeWatched = ExitNoticeWatcher.shared.watch(page) { [weak self] notice in
+        worker.exitNoticeWatched = exitNotices.watch(page) { [weak self] notice in
             guard let self else { return }
             self.loop.executeInline(asLoop: true) { [weak self] in self?.exitNoticed(pid: pid, notice) }
         }
     }
 
+    /// Who watches exit notices (`HostConfiguration.exitNoticeWatcher`).
+    var exitNotices: any ExitNoticeWatching { configuration.exitNoticeWatcher ?? ExitNoticeWatcher.shared }
+
     func unwatchExitNotice(_ worker: WorkerProcess) {
         guard worker.exitNoticeWatched, let page = worker.exitNotice else { return }
         worker.exitNoticeWatched = false
-        ExitNoticeWatcher.shared.unwatch(page)
+        exitNotices.unwatch(page)
     }
 
     /// A worker's exit notice changed: if /proc says the process is exiting, and not cleanly, its requests end
