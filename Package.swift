@@ -82,7 +82,7 @@ let package = Package(
             linkerSettings: [.unsafeFlags(["-static-executable", "-use-ld=lld", "-Xclang-linker", "-nostdlib"])]),
         // The engine's seeded simulation: fake workers and schedules on one thread (`sdk-host-simulate`, and a
         // short run in the suite).
-        .target(name: "SDKSimulation", dependencies: ["SDKWire", "SDKHost", "SDKPosix", "CSDKShim"]),
+        .target(name: "SDKSimulation", dependencies: ["SDKWire", "SDKHost", "SDKDaemon", "SDKPosix", "CSDKShim"]),
         .executableTarget(name: "sdk-host-simulate", dependencies: ["SDKSimulation", "SDKHost", "SDKPosix"], linkerSettings: staticExecutable),
         // The daemon: the engine behind a Unix socket, its configuration file.
         .target(name: "SDKDaemon", dependencies: ["SDKWire", "SDKHost", "SDKPosix"]),

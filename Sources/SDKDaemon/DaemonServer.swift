@@ -25,11 +25,13 @@ import Glibc
 package final class DaemonServer: @unchecked Sendable {
     // @unchecked Sendable: everything below `engine` is touched only on the engine's loop thread.
     let configuration: DaemonConfiguration
-    let engine: HostEngine
+    package let engine: HostEngine
     private var listener: FileDescriptor?
     private var signals: FileDescriptor?
     var sessions: [ObjectIdentifier: ClientSession] = [:]
     private(set) var draining = false
+    /// Its engine has stopped (loop thread; the simulation reads it).
+    package private(set) var stopped = false
     private let finished = DispatchSemaphore(value: 0)
     private let inputBudget: InputBudget
     /// Frame bytes and descriptors of all clients' requests that have not ended (DaemonServer+Sessions).
@@ -92,6 +94,35 @@ package final class DaemonServer: @unchecked Sendable {
         }
     }
 
+    /// A daemon for the simulation (SDKSimulation): no socket, no signals; its engine's loop is driven by the
+    /// caller, and clients come in through `admit`. `startSimulated` starts it, `stopSimulated` drains and stops it.
+    package init(simulating configuration: DaemonConfiguration) throws(HostError) {
+        socketActivated = false
+        socketPath = configuration.socketPath
+        self.configuration = configuration
+        inputBudget = InputBudget(limit: configuration.inputBudgetBytes)
+        var host = configuration.host
+        host.forwardsPayloads = true
+        engine = try HostEngine(configuration: host)
+    }
+
+    /// Starts serving clients admitted with `admit` (loop's turn).
+    package func startSimulated() {
+        startServing()
+    }
+
+    /// As SIGTERM would: drains, then stops (loop's turn); the engine's shutdown completes as it would.
+    package func stopSimulated() {
+        beginDrain(0)
+    }
+
+    /// Clients connected now.
+    package var sessionCount: Int { sessions.count }
+    /// Requests of connected clients that have not ended.
+    package var clientRequestCount: Int { sessions.values.reduce(0) { $0 + $1.internalIDs.count } }
+    /// Bytes and descriptors all clients' requests hold (0 once every request has ended).
+    package var heldByClientRequests: (bytes: Int, descriptors: Int) { (pendingRequestBytes, pendingDescriptors) }
+
     /// Binds `path`, replacing a stale socket left by a dead daemon but never a live one.
     static func bind(_ path: String, mode: mode_t, log: HostEngine) throws(HostError) -> FileDescriptor {
         var st = stat()
@@ -148,23 +179,28 @@ package final class DaemonServer: @unchecked Sendable {
                     if signal == SIGHUP { self.reload() } else { self.beginDrain(signal) }
                 }
             }
-            scheduleSweep()
-            engine.eventObserver = { [unowned self] event in
-                let message = Message.event(event.plist)
-                for session in self.sessions.values where session.subscribed && session.maySee(app: event.app) {
-                    session.send(message)
-                }
-            }
         } catch {
             engine.log(.error, "cannot watch the listening socket: \(error)")
             beginDrain(0)
             return
         }
+        startServing()
         engine.log(.info, "serving \(engine.manifestIdentifiers.joined(separator: ", ")) on \(socketPath) "
             + "(pid \(getpid()), uids \(configuration.allowedUIDs.map(String.init).joined(separator: ","))"
             + (socketActivated ? ", socket from systemd" : "") + ")")
         Systemd.notify("READY=1\nMAINPID=\(getpid())\nSTATUS=\(statusLine)")
         if let interval = Systemd.watchdogPingInterval() { pingWatchdog(every: interval) }
+    }
+
+    /// What serving needs besides the listener and the signals: the sweep and the event fan-out.
+    private func startServing() {
+        scheduleSweep()
+        engine.eventObserver = { [unowned self] event in
+            let message = Message.event(event.plist)
+            for session in self.sessions.values where session.subscribed && session.maySee(app: event.app) {
+                session.send(message)
+            }
+        }
     }
 
     /// The one-line STATUS= for systemctl status.
@@ -225,51 +261,58 @@ package final class DaemonServer: @unchecked Sendable {
             }
             acceptBackoff = 0
             let credentials = try? peerCredentials(fd.rawValue)
-            let connection = FramedConnection(fd, loop: engine.loop, limits: configuration.host.wireLimits)
-            connection.keepsPayloads = true  // begins go to workers as the clients wrote them
-            guard let credentials, configuration.allowedUIDs.contains(credentials.uid) else {
-                let who = credentials.map { "uid \($0.uid) (pid \($0.pid))" } ?? "a peer without credentials"
-                engine.log(.warning, "refused \(who): not in AllowedUIDs")
-                try? connection.send(.error(message: "\(who) is not allowed to use this daemon", id: nil))
-                connection.close()
-                continue
-            }
-            if let refusal = makeRoom(for: credentials.uid) {
-                refusedWhileFull += 1
-                if refusedWhileFull == 1 || refusedWhileFull % 1000 == 0 {
-                    engine.log(.warning, "refused a client (uid \(credentials.uid) pid \(credentials.pid)): \(refusal); "
-                        + "\(refusedWhileFull) refused so far")
-                }
-                try? connection.send(.error(message: refusal, id: nil))
-                connection.close()
-                continue
-            }
-            connection.outputLimit = configuration.maxClientOutputBytes
-            connection.unreadDescriptorLimit = configuration.maxUnreadDescriptorsPerClient
-            connection.inputBudget = inputBudget
-            let session = ClientSession(connection: connection, credentials: credentials, connectedAt: engine.loop.now)
-            // A well-formed begin is checked in place and forwarded without being decoded (ForwardScan).
-            connection.onForwardable = { [unowned self, unowned session] scanned in
-                guard scanned.kind == .begin, session.handshaken,
-                    let forwarded = session.connection.withForwardablePayload({ payload in
-                        payload.map { ForwardedFrame(payload: $0, idRange: scanned.idRange) }
-                    })
-                else { return false }
-                self.begin(session, clientID: scanned.id, items: [], extensionID: scanned.extensionID,
-                           deadlineMs: scanned.deadlineMs, forwarded: forwarded)
-                return true
-            }
-            do {
-                try connection.start(
-                    onMessage: { [unowned self, unowned session] in self.handle($0, from: session) },
-                    onEnd: { [unowned self, unowned session] in self.sessionEnded(session, $0) })
-            } catch {
-                connection.close()
-                continue
-            }
-            sessions[ObjectIdentifier(session)] = session
-            engine.log(.debug, "client uid \(credentials.uid) pid \(credentials.pid) connected")
+            admit(fd, credentials: credentials)
         }
+    }
+
+    /// A new connection from a peer with `credentials` (nil: the kernel gave none): refused if its uid is not
+    /// allowed or there is no room, else a session. The listener's accepts come here, and the simulation's
+    /// clients.
+    package func admit(_ fd: consuming FileDescriptor, credentials: PeerCredentials?) {
+        let connection = FramedConnection(fd, loop: engine.loop, limits: configuration.host.wireLimits)
+        connection.keepsPayloads = true  // begins go to workers as the clients wrote them
+        guard let credentials, configuration.allowedUIDs.contains(credentials.uid) else {
+            let who = credentials.map { "uid \($0.uid) (pid \($0.pid))" } ?? "a peer without credentials"
+            engine.log(.warning, "refused \(who): not in AllowedUIDs")
+            try? connection.send(.error(message: "\(who) is not allowed to use this daemon", id: nil))
+            connection.close()
+            return
+        }
+        if let refusal = makeRoom(for: credentials.uid) {
+            refusedWhileFull += 1
+            if refusedWhileFull == 1 || refusedWhileFull % 1000 == 0 {
+                engine.log(.warning, "refused a client (uid \(credentials.uid) pid \(credentials.pid)): \(refusal); "
+                    + "\(refusedWhileFull) refused so far")
+            }
+            try? connection.send(.error(message: refusal, id: nil))
+            connection.close()
+            return
+        }
+        connection.outputLimit = configuration.maxClientOutputBytes
+        connection.unreadDescriptorLimit = configuration.maxUnreadDescriptorsPerClient
+        connection.inputBudget = inputBudget
+        let session = ClientSession(connection: connection, credentials: credentials, connectedAt: engine.loop.now)
+        // A well-formed begin is checked in place and forwarded without being decoded (ForwardScan).
+        connection.onForwardable = { [unowned self, unowned session] scanned in
+            guard scanned.kind == .begin, session.handshaken,
+                let forwarded = session.connection.withForwardablePayload({ payload in
+                    payload.map { ForwardedFrame(payload: $0, idRange: scanned.idRange) }
+                })
+            else { return false }
+            self.begin(session, clientID: scanned.id, items: [], extensionID: scanned.extensionID,
+                       deadlineMs: scanned.deadlineMs, forwarded: forwarded)
+            return true
+        }
+        do {
+            try connection.start(
+                onMessage: { [unowned self, unowned session] in self.handle($0, from: session) },
+                onEnd: { [unowned self, unowned session] in self.sessionEnded(session, $0) })
+        } catch {
+            connection.close()
+            return
+        }
+        sessions[ObjectIdentifier(session)] = session
+        engine.log(.debug, "client uid \(credentials.uid) pid \(credentials.pid) connected")
     }
 
     /// Makes room for a new connection from `uid` under MaxClientsPerUID and MaxClients: at either limit the
@@ -358,18 +401,22 @@ package final class DaemonServer: @unchecked Sendable {
         }
         if let timer = watchdogTimer { engine.loop.cancelTimer(timer) }
         if let timer = acceptBackoffTimer { engine.loop.cancelTimer(timer) }
-        let deadline = monotonicNanoseconds() + UInt64(configuration.drainTimeout * 1e9)
+        // On the loop's clock (the monotonic one, or the simulation's).
+        let deadline = engine.loop.now + UInt64(configuration.drainTimeout * 1e9)
         waitForDrain(until: deadline)
     }
 
     private func waitForDrain(until deadline: UInt64) {
-        if engine.activeRequestCount == 0 || monotonicNanoseconds() >= deadline { return stop() }
+        if engine.activeRequestCount == 0 || engine.loop.now >= deadline { return stop() }
         engine.loop.schedule(afterNanoseconds: 20_000_000) { [unowned self] in self.waitForDrain(until: deadline) }
     }
 
     private func stop() {
         // Interrupts what is left (each client is told), kills and reaps workers, then ends the loop.
-        engine.shutdownOnLoop { [finished] in finished.signal() }
+        engine.shutdownOnLoop { [finished, unowned self] in
+            self.stopped = true
+            finished.signal()
+        }
         for session in Array(sessions.values) { closeSession(session, reason: nil) }
         if let fd = signals.take() {
             engine.loop.unregister(fd.rawValue)

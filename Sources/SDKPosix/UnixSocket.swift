@@ -38,6 +38,13 @@ public struct PeerCredentials: Sendable, Equatable {
     public var pid: pid_t
     public var uid: uid_t
     public var gid: gid_t
+
+    /// Credentials as given (the simulation's clients have no kernel to ask).
+    package init(pid: pid_t, uid: uid_t, gid: gid_t) {
+        self.pid = pid
+        self.uid = uid
+        self.gid = gid
+    }
 }
 
 /// SO_PEERCRED for a connected Unix socket.

@@ -116,8 +116,8 @@ package final class FakeWorker: WorkerChild, @unchecked Sendable {
                 break
             }
             buffer.withUnsafeBytes { reader.append(UnsafeRawBufferPointer(rebasing: $0[0..<n])) }
-            // A short read emptied the socket: what arrives later is the next pump's.
-            if n < buffer.count { break }
+            // Read until the socket says EAGAIN: a short read does not mean it is empty (a read stops where a
+            // message with descriptors begins), and the late-begin check needs everything written so far read.
         }
         while let message = try? incoming.nextMessage(from: &reader) {
             switch message {
@@ -159,7 +159,8 @@ package final class SimLauncher: WorkerLauncher, @unchecked Sendable {
         socketpair(AF_UNIX, Int32(SOCK_STREAM.rawValue | SOCK_CLOEXEC.rawValue), 0, &sv)
         _ = sdk_pipe_cloexec(&out)
         _ = sdk_pipe_cloexec(&err)
-        for fd in [sv[0], out[0], err[0]] { _ = fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK) }
+        // Both ends of the socket: the engine's, and the fake worker's, which reads until EAGAIN.
+        for fd in [sv[0], sv[1], out[0], err[0]] { _ = fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK) }
         let pid = state.withLock { s -> pid_t in
             s.nextPid += 1
             return s.nextPid

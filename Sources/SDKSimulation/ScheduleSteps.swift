@@ -75,11 +75,10 @@ package final class ScheduleState: @unchecked Sendable {
             return candidates.isEmpty ? nil : candidates[Int(rng.next() % UInt64(candidates.count))]
         }
         func short(_ id: RequestID) -> Substring { id.uuidString.prefix(8) }
-        switch rng.next() % 100 {
-        case 0..<25:
+        /// Begins one request for `app`.
+        func begin(app: String?) {
             let id = RequestID(high: rng.next(), low: rng.next())
             let deadline: Double? = rng.next() % 10 < 3 ? Double(rng.next() % 3000 + 1) / 1000 : nil
-            let app: String? = apps && rng.next() % 2 == 0 ? "0/app\(rng.next() % 3)" : nil
             // One in eight brings a file (a sealed memfd), which its worker's completion sends back.
             let files = rng.next() % 8 == 0 ? [try? FileAttachment(bytes: [UInt8](repeating: 7, count: 16))].compactMap { $0 } : []
             let handle = Handle()
@@ -112,6 +111,14 @@ package final class ScheduleState: @unchecked Sendable {
                     }
                 },
                 app: app))
+        }
+        switch rng.next() % 100 {
+        case 0..<25:
+            let app: String? = apps && rng.next() % 2 == 0 ? "0/app\(rng.next() % 3)" : nil
+            // One in twelve is a burst of ten for one pool: past MaxQueuedRequests, some end `overloaded`.
+            let burst = rng.next() % 12 == 0
+            if burst { trace.append("a burst of 10 begins" + (app.map { " for \($0)" } ?? "")) }
+            for _ in 0..<(burst ? 10 : 1) { begin(app: app) }
         case 25..<35:
             guard !begun.isEmpty else { break }
             let id = begun[Int(rng.next() % UInt64(begun.count))]

@@ -4,7 +4,8 @@
 // twice, sending the files back), cancel acknowledgements, partial results (some past the credit window),
 // crashes, exits, exit notices (and notices that are not exits), replies for unknown ids, failed spawns, the
 // clock moving; requests come from a few daemon apps, each with its own pool, and workers are recycled after
-// five requests; then a shutdown. Nothing else runs, so a seed replays exactly (with deterministic hashing:
+// five requests; one step in four is a daemon client's (SimClients.swift: the engine is a simulated daemon's);
+// then the daemon's drain and stop. Nothing else runs, so a seed replays exactly (with deterministic hashing:
 // sdk-host-simulate's main.swift).
 //
 // After every step it checks that no request ended twice, none was sent to a worker after it ended, and the wait
@@ -13,6 +14,7 @@
 // watch is left, no handler of a request is retained, and the descriptors the schedule opened are closed.
 import SDKWire
 import SDKHost
+import SDKDaemon
 import SDKPosix
 import Synchronization
 import Dispatch
@@ -43,6 +45,10 @@ package struct SimulationTally {
     package var steps = 0
     /// Completions that brought files back to the app (descriptors passed both ways).
     package var filesReturned = 0
+    /// Daemon clients, the requests they began, and the outcomes they read.
+    package var clients = 0
+    package var clientRequests = 0
+    package var clientOutcomes = 0
 
     package init() {}
 
@@ -114,6 +120,14 @@ package struct SimulationWorld {
         done.wait()
     }
 
+    /// Runs one schedule whose result is not counted: what the process makes once and keeps (Dispatch's timer
+    /// descriptors, which it opens and swaps as its threads need them; the temp-folder sweep) is made before the
+    /// first counted schedule, which would otherwise see it as its leak.
+    package func warmUp() {
+        var scratch = SimulationTally()
+        _ = Simulation(seed: 0, steps: 80).run(in: self, tally: &scratch)
+    }
+
     package func remove() {
         _ = unlink("\(root)/Sim/Info.plist")
         rmdir("\(root)/Sim")
@@ -125,6 +139,8 @@ package struct SimulationWorld {
 package struct Simulation {
     package let seed: UInt64
     package let steps: Int
+    /// A failure's report lists every step, not the last 25 (`sdk-host-simulate --trace`).
+    package var fullTrace = false
     static let maxQueued = 6
 
     package init(seed: UInt64, steps: Int) {
@@ -156,15 +172,28 @@ package struct Simulation {
         if access("/dev/shm", W_OK) == 0 { configuration.temporaryDirectory = "/dev/shm" }
         let state = ScheduleState(identifier: SimulationWorld.identifier)
         func failure(_ what: String) -> String {
-            "seed \(seed): \(what)\n  last steps:\n    " + state.trace.suffix(25).joined(separator: "\n    ")
+            "seed \(seed): \(what)\n  \(fullTrace ? "steps" : "last steps"):\n    "
+                + state.trace.suffix(fullTrace ? state.trace.count : 25).joined(separator: "\n    ")
         }
+        let clients = SimClients()
         let problem: String? = {
-            let engine: HostEngine
+            // The daemon's engine serves both the embedded app's requests (`submit`) and the daemon's clients.
+            var daemonConfiguration = DaemonConfiguration(defaultExtensionSearchPaths: [world.root])
+            daemonConfiguration.host = configuration
+            daemonConfiguration.drainTimeout = 2
+            daemonConfiguration.handshakeTimeout = 2
+            daemonConfiguration.partialFrameTimeout = 2
+            daemonConfiguration.maxInFlightRequests = 6
+            daemonConfiguration.maxClientOutputBytes = 4096
+            daemonConfiguration.maxUnreadDescriptorsPerClient = 4
+            let daemon: DaemonServer
             do {
-                engine = try HostEngine(configuration: configuration)
+                daemon = try DaemonServer(simulating: daemonConfiguration)
             } catch {
-                return "seed \(seed): cannot create the engine: \(error)"
+                return "seed \(seed): cannot create the daemon: \(error)"
             }
+            let engine = daemon.engine
+            engine.loop.execute { daemon.startSimulated() }
             func checkStep() -> String? {
                 if let late = state.lateBegin { return failure("request \(late) was sent to a worker after it had ended") }
                 if let late = state.partials.withLock({ $0.afterEnd }) {
@@ -179,9 +208,11 @@ package struct Simulation {
                 if engine.longestQueue > Self.maxQueued + 4 {
                     return failure("a queue of \(engine.longestQueue) requests, past MaxQueuedRequests \(Self.maxQueued) + 4 requeued")
                 }
-                if engine.activeRequestCount + ended.count != state.begun.count {
-                    return failure("\(state.begun.count) begun, \(ended.count) ended, \(engine.activeRequestCount) held")
+                if engine.activeRequestCount - daemon.clientRequestCount + ended.count != state.begun.count {
+                    return failure("\(state.begun.count) begun, \(ended.count) ended, \(engine.activeRequestCount) held "
+                        + "(\(daemon.clientRequestCount) of them the daemon's clients')")
                 }
+                if let problem = clients.problem { return failure(problem) }
                 // A worker's death, once reaped, ends what it was running (or sends it on): nothing stays with it.
                 let workers = launcher.workers
                 for id in engine.activeRequestIDs {
@@ -198,7 +229,13 @@ package struct Simulation {
             for _ in 0..<steps {
                 // What the workers answer and the step's own action are handled in one run of the loop.
                 state.pumpWorkers(launcher)
-                state.step(&rng, engine: engine, launcher: launcher, clock: clock, apps: true)
+                clients.pump()
+                // One step in four is a daemon client's.
+                if rng.next() % 4 == 0 {
+                    clients.step(&rng, daemon: daemon, identifier: SimulationWorld.identifier, trace: &state.trace)
+                } else {
+                    state.step(&rng, engine: engine, launcher: launcher, clock: clock, apps: true)
+                }
                 engine.loop.runUntilIdle()
                 tally.steps += 1
                 // After every step. A violation ends the schedule, after the shutdown below (which releases
@@ -209,18 +246,25 @@ package struct Simulation {
                 }
             }
 
-            // Shutdown, with workers that exit when their socket closes and a clock that moves.
+            // Shutdown as SIGTERM does it (the daemon drains, then stops the engine), with workers that exit when
+            // their socket closes, clients that read, and a clock that moves.
             state.trace.append("shutdown")
-            let stopped = Mutex(false)
-            engine.shutdown { stopped.withLock { $0 = true } }
+            engine.loop.execute { daemon.stopSimulated() }
             var rounds = 0
             while engine.loop.runUntilIdle(), rounds < 500 {
                 rounds += 1
                 state.pumpWorkers(launcher)
+                clients.pump()
                 clock.advance(by: 200_000_000)
             }
-            guard stopped.withLock({ $0 }) else { return violation ?? failure("shutdown never completed") }
+            let clientProblem = clients.finish()
+            guard daemon.stopped else { return violation ?? failure("shutdown never completed") }
             if let violation { return violation }
+            if let clientProblem { return failure(clientProblem) }
+            if daemon.sessionCount != 0 { return failure("\(daemon.sessionCount) client session(s) left") }
+            if daemon.heldByClientRequests != (0, 0) {
+                return failure("the daemon still counts \(daemon.heldByClientRequests) bytes and descriptors of requests")
+            }
             if let late = state.lateBegin { return failure("request \(late) was sent to a worker after it had ended") }
             let all = state.outcomes.withLock { $0 }
             for id in state.begun where all[id]?.count != 1 {
@@ -236,6 +280,11 @@ package struct Simulation {
             if launcher.notices.count != 0 { return failure("\(launcher.notices.count) exit-notice watch(es) outlived their workers") }
             for outcome in all.values.compactMap(\.first) { tally.add(outcome) }
             tally.filesReturned += state.filesReturned.withLock { $0 }
+            tally.clients += clients.clients.count
+            for client in clients.clients {
+                tally.clientRequests += client.requests.count
+                tally.clientOutcomes += client.outcomes.values.reduce(0, +)
+            }
             for (kind, count) in engine.workerTransitions { tally.transitions[kind, default: 0] += count }
             return nil
         }()

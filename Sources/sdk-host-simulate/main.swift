@@ -27,18 +27,24 @@ if getenv("SWIFT_DETERMINISTIC_HASHING") == nil {
 }
 
 let usage = """
-    usage: sdk-host-simulate --schedules N [--seed S] [--steps K]
+    usage: sdk-host-simulate --schedules N [--seed S] [--steps K] [--trace]
       --schedules N  how many schedules (seeds S, S+1, …)
       --seed S       the first seed (default 0x5D40000)
       --steps K      steps per schedule before the shutdown (default 80)
+      --trace        a violation's report lists every step, not the last 25
     """
 
 
 var schedules: Int?
 var seed: UInt64 = 0x5D4_0000
 var steps = 80
+var fullTrace = false
 var arguments = CommandLine.arguments.dropFirst()
 while let flag = arguments.popFirst() {
+    if flag == "--trace" {
+        fullTrace = true
+        continue
+    }
     guard let value = arguments.popFirst() else { fail("\(flag) needs a value\n\(usage)") }
     switch flag {
     case "--schedules":
@@ -82,10 +88,13 @@ for sig in [SIGILL, SIGTRAP, SIGSEGV, SIGABRT, SIGBUS] {
 var tally = SimulationTally()
 var violations = 0
 let start = monotonicNanoseconds()
+world.warmUp()
 for n in 0..<schedules {
     let s = seed &+ UInt64(n)
     currentSeed = s
-    if let problem = Simulation(seed: s, steps: steps).run(in: world, tally: &tally) {
+    var simulation = Simulation(seed: s, steps: steps)
+    simulation.fullTrace = fullTrace
+    if let problem = simulation.run(in: world, tally: &tally) {
         violations += 1
         if violations <= 10 { print("VIOLATION " + problem) }
     }
@@ -95,6 +104,7 @@ world.remove()
 print("outcomes:")
 for (kind, count) in tally.outcomes.sorted(by: { $0.key < $1.key }) { print("  \(kind): \(count)") }
 print("completions that brought files back: \(tally.filesReturned)")
+print("daemon clients: \(tally.clients), their requests: \(tally.clientRequests), outcomes they read: \(tally.clientOutcomes)")
 print("worker transitions:")
 for (kind, count) in tally.transitions.sorted(by: { $0.key < $1.key }) { print("  \(kind): \(count)") }
 print("\(tally.steps) steps in \(Int(seconds * 1000)) ms: \(Int(Double(schedules) / max(seconds, 1e-9))) schedules/s on one thread")

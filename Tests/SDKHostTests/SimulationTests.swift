@@ -146,6 +146,7 @@ struct ThreadedSimulation {
     @Test func theSingleThreadedSimulationFindsNoViolation() throws {
         let world = try SimulationWorld(executable: "\(currentExecutableDirectory() ?? ".")/sdk-host-launcher")
         defer { world.remove() }
+        world.warmUp()
         var tally = SimulationTally()
         var problems: [String] = []
         for seed in UInt64(0x5D4_0000)..<UInt64(0x5D4_0000 + 300) {
@@ -157,13 +158,17 @@ struct ThreadedSimulation {
                      "host shut down", "quarantined"] {
             #expect(tally.outcomes[kind, default: 0] > 0, "no schedule ended a request as \(kind): \(tally.outcomes)")
         }
-        for kind in ["starting→ready", "ready→killed", "killed→dead", "ready→retiring", "retiring→dead", "ready→dead"] {
+        for kind in ["starting→ready", "ready→killed", "killed→dead", "ready→retiring", "retiring→dead", "ready→dead",
+                     "ready→exiting", "exiting→dead", "ready→draining"] {
             #expect(tally.transitions[kind, default: 0] > 0, "no worker went \(kind): \(tally.transitions)")
         }
+        #expect(tally.filesReturned > 0, "no completion brought a file back")
+        #expect(tally.clientOutcomes > 100, "daemon clients read \(tally.clientOutcomes) outcomes")
         // The same seed, run again, replays the same schedule.
         var first = SimulationTally(), second = SimulationTally()
         _ = Simulation(seed: 0x5D4_0007, steps: 80).run(in: world, tally: &first)
         _ = Simulation(seed: 0x5D4_0007, steps: 80).run(in: world, tally: &second)
         #expect(first.outcomes == second.outcomes && first.transitions == second.transitions)
+        #expect(first.clientOutcomes == second.clientOutcomes && first.clientRequests == second.clientRequests)
     }
 }
