@@ -30,9 +30,8 @@ package final class FakeWorker: WorkerChild, @unchecked Sendable {
     package var socket: Int32
     package var stdoutWrite: Int32
     package var stderrWrite: Int32
-    package var reader = FrameReader()
-    /// Descriptors received and not yet claimed by a frame.
-    private var incoming = IncomingDescriptors()
+    /// What the host sent and the worker has not handled yet.
+    private var inbox = SocketInbox()
     package var pending: [RequestID] = []
     /// The files a pending request's begin brought: its completion sends them back.
     package var files: [RequestID: [FileAttachment]] = [:]
@@ -44,8 +43,6 @@ package final class FakeWorker: WorkerChild, @unchecked Sendable {
     /// Every id this worker was sent a begin for, in order.
     package var begins: [RequestID] = []
     package var alive = true
-    /// What `pump` reads into, kept between calls.
-    private var buffer = [UInt8](repeating: 0, count: 16384)
 
     package init(pid: pid_t, socket: Int32, stdoutWrite: Int32, stderrWrite: Int32, exitNotice: ExitNoticePage?) {
         self.pid = pid
@@ -103,23 +100,8 @@ package final class FakeWorker: WorkerChild, @unchecked Sendable {
     /// cancels. Returns whether the host closed the socket.
     package func pump(identifier: String) -> Bool {
         guard alive else { return false }
-        var endOfFile = false
-        var received: [Int32] = []
-        while true {
-            var truncated = false
-            let result = buffer.withUnsafeMutableBytes { raw in
-                Result { () throws(SystemError) in try receiveNonBlocking(socket, into: raw, descriptors: &received, truncated: &truncated) }
-            }
-            _ = incoming.adopt(&received, truncated: truncated)
-            guard case .success(.bytes(let n)) = result else {
-                if case .success(.endOfFile) = result { endOfFile = true }
-                break
-            }
-            buffer.withUnsafeBytes { reader.append(UnsafeRawBufferPointer(rebasing: $0[0..<n])) }
-            // Read until the socket says EAGAIN: a short read does not mean it is empty (a read stops where a
-            // message with descriptors begins), and the late-begin check needs everything written so far read.
-        }
-        while let message = try? incoming.nextMessage(from: &reader) {
+        let endOfFile = inbox.readAll(from: socket)
+        while let message = inbox.nextMessage() {
             switch message {
             case .hello: send(.welcome(version: protocolVersion, identifier: identifier, pid: pid))
             case .ping(let seq): send(.pong(seq: seq))
@@ -134,6 +116,39 @@ package final class FakeWorker: WorkerChild, @unchecked Sendable {
         }
         return endOfFile
     }
+}
+
+/// Frames and descriptors read from a simulated peer's socket, as a runtime or the client library would take
+/// them: descriptors owned from the moment they arrive, each frame's claimed with it.
+struct SocketInbox {
+    private var reader = FrameReader()
+    private var incoming = IncomingDescriptors()
+    private var buffer = [UInt8](repeating: 0, count: 16384)
+
+    /// Reads everything `socket` (non-blocking) holds, until EAGAIN. Returns whether the peer has gone (end of
+    /// file, or a reset: it closed with something of ours unread). A short read does not mean the socket is
+    /// empty: a read stops where a message with descriptors begins.
+    mutating func readAll(from socket: Int32) -> Bool {
+        var received: [Int32] = []
+        while true {
+            var truncated = false
+            let result = buffer.withUnsafeMutableBytes { raw in
+                Result { () throws(SystemError) in try receiveNonBlocking(socket, into: raw, descriptors: &received, truncated: &truncated) }
+            }
+            _ = incoming.adopt(&received, truncated: truncated)
+            switch result {
+            case .success(.bytes(let n)):
+                buffer.withUnsafeBytes { reader.append(UnsafeRawBufferPointer(rebasing: $0[0..<n])) }
+            case .success(.endOfFile), .failure:
+                return true
+            case .success(.wouldBlock):
+                return false
+            }
+        }
+    }
+
+    /// The next whole message read, or nil (none, or one that does not decode).
+    mutating func nextMessage() -> Message? { try? incoming.nextMessage(from: &reader) }
 }
 
 /// Creates fake workers; can be told to fail the next spawn.

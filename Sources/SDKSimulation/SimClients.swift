@@ -25,8 +25,7 @@ package final class SimClient {
     let number: Int
     /// Our end of the socketpair; -1 once closed.
     var socket: Int32
-    var reader = FrameReader()
-    var incoming = IncomingDescriptors()
+    var inbox = SocketInbox()
     var encoder = BinaryPlistEncoder()
     /// It said `connect`.
     var connected = false
@@ -47,7 +46,6 @@ package final class SimClient {
     var reused: Set<RequestID> = []
     /// What went wrong, first only.
     var problem: String?
-    private var buffer = [UInt8](repeating: 0, count: 16384)
 
     init(number: Int, socket: Int32) {
         self.number = number
@@ -85,28 +83,8 @@ package final class SimClient {
     /// results. Until end-of-file with `toTheEnd`.
     func pump(toTheEnd: Bool = false) {
         guard isOpen, !ended, !slow || toTheEnd else { return }
-        var received: [Int32] = []
-        while true {
-            var truncated = false
-            let result = buffer.withUnsafeMutableBytes { raw in
-                Result { () throws(SystemError) in try receiveNonBlocking(socket, into: raw, descriptors: &received, truncated: &truncated) }
-            }
-            _ = incoming.adopt(&received, truncated: truncated)
-            guard case .success(.bytes(let n)) = result else {
-                switch result {
-                case .success(.endOfFile):
-                    ended = true
-                case .failure:
-                    // ECONNRESET: the daemon closed with something of ours unread. Its end all the same.
-                    ended = true
-                default:
-                    break
-                }
-                break
-            }
-            buffer.withUnsafeBytes { reader.append(UnsafeRawBufferPointer(rebasing: $0[0..<n])) }
-        }
-        while let message = try? incoming.nextMessage(from: &reader) {
+        if inbox.readAll(from: socket) { ended = true }
+        while let message = inbox.nextMessage() {
             switch message {
             case .complete(let id, _), .cancelled(let id, _), .interrupted(let id, _):
                 guard requests.contains(id) else {

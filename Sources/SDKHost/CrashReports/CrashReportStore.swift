@@ -95,11 +95,7 @@ extension CrashReport: Codable {
     public func encode(to encoder: any Encoder) throws { try plist.encode(to: encoder) }
 
     public init(from decoder: any Decoder) throws {
-        guard let report = CrashReport(plist: try PlistValue(from: decoder)) else {
-            throw DecodingError.dataCorrupted(.init(codingPath: decoder.codingPath,
-                                                    debugDescription: "a crash report needs extension, pid, reason and time"))
-        }
-        self = report
+        self = try decodeReport(from: decoder, CrashReport.init(plist:), needs: "extension, pid, reason and time")
     }
 }
 
@@ -107,12 +103,16 @@ extension LeakReport: Codable {
     public func encode(to encoder: any Encoder) throws { try plist.encode(to: encoder) }
 
     public init(from decoder: any Decoder) throws {
-        guard let report = LeakReport(plist: try PlistValue(from: decoder)) else {
-            throw DecodingError.dataCorrupted(.init(codingPath: decoder.codingPath,
-                                                    debugDescription: "a leak report needs extension, pid, request and time"))
-        }
-        self = report
+        self = try decodeReport(from: decoder, LeakReport.init(plist:), needs: "extension, pid, request and time")
     }
+}
+
+/// A report read from its plist form under any decoder.
+private func decodeReport<Report>(from decoder: any Decoder, _ read: (PlistValue) -> Report?, needs: String) throws -> Report {
+    guard let report = read(try PlistValue(from: decoder)) else {
+        throw DecodingError.dataCorrupted(.init(codingPath: decoder.codingPath, debugDescription: "a report needs \(needs)"))
+    }
+    return report
 }
 
 /// Crash and leak reports on disk: the daemon's `CrashReportDirectory`, or an embedded host's. Read them with
