@@ -103,7 +103,7 @@ extension DaemonServer {
         pendingRequestBytes += bytes
         session.pendingDescriptors += descriptors
         pendingDescriptors += descriptors
-        let internalID = RequestID.distinct()  // the worker's id for it: distinct is enough, and needs no getrandom
+        let internalID = makeRequestID()  // the worker's id for it: distinct is enough, and needs no getrandom
         session.internalIDs[clientID] = internalID
         // Clamped: a peer's deadline is any Int64; negative is "now", huge is the host's maximum.
         let deadline = deadlineMs.map { Double(min(max($0, 0), Int64(maximumSeconds) * 1000)) / 1000 }
@@ -155,7 +155,7 @@ extension DaemonServer {
 
     /// Closes a client and cancels its in-flight requests at the workers.
     func closeSession(_ session: ClientSession, reason: String?) {
-        guard sessions.removeValue(forKey: ObjectIdentifier(session)) != nil else { return }
+        guard sessions.removeValue(forKey: session.number) != nil else { return }
         if let reason { engine.log(.warning, "closing client pid \(session.credentials.pid): \(reason)") }
         session.connection.close()
         let orphans = Array(session.internalIDs.values)
@@ -195,6 +195,8 @@ extension HostStatus {
 final class ClientSession: @unchecked Sendable {
     let connection: FramedConnection
     let credentials: PeerCredentials
+    /// Its key in `DaemonServer.sessions`, set when admitted.
+    var number = 0
     let connectedAt: UInt64
     var handshaken = false
     /// Whether the client asked for worker events (`subscribe`).

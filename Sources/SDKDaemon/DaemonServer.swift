@@ -28,7 +28,13 @@ package final class DaemonServer: @unchecked Sendable {
     package let engine: HostEngine
     private var listener: FileDescriptor?
     private var signals: FileDescriptor?
-    var sessions: [ObjectIdentifier: ClientSession] = [:]
+    /// Connected clients by their session number (increasing: walking them is the same on every run, which the
+    /// simulation's replay needs; heap addresses are not).
+    var sessions: [Int: ClientSession] = [:]
+    private var sessionsAdmitted = 0
+    /// Makes the id a client's request has towards the workers: distinct is enough (`RequestID.distinct`). The
+    /// simulation makes them from its seed.
+    package var makeRequestID: () -> RequestID = { RequestID.distinct() }
     private(set) var draining = false
     /// Its engine has stopped (loop thread; the simulation reads it).
     package private(set) var stopped = false
@@ -118,6 +124,8 @@ package final class DaemonServer: @unchecked Sendable {
 
     /// Clients connected now.
     package var sessionCount: Int { sessions.count }
+    /// The most requests one connected client has in flight.
+    package var largestClientInFlight: Int { sessions.values.map(\.internalIDs.count).max() ?? 0 }
     /// Requests of connected clients that have not ended.
     package var clientRequestCount: Int { sessions.values.reduce(0) { $0 + $1.internalIDs.count } }
     /// Bytes and descriptors all clients' requests hold (0 once every request has ended).
@@ -311,7 +319,9 @@ package final class DaemonServer: @unchecked Sendable {
             connection.close()
             return
         }
-        sessions[ObjectIdentifier(session)] = session
+        sessionsAdmitted += 1
+        session.number = sessionsAdmitted
+        sessions[session.number] = session
         engine.log(.debug, "client uid \(credentials.uid) pid \(credentials.pid) connected")
     }
 

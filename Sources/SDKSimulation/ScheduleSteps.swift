@@ -18,12 +18,29 @@ package final class ScheduleState: @unchecked Sendable {
     package private(set) var begun: [RequestID] = []
     package var trace: [String] = []
     package let outcomes = Mutex<[RequestID: [RequestOutcome]]>([:])
+    /// Partial results the app has taken and not yet credited (`giveCredits`).
+    private let credits = Mutex<[RequestID]>([])
     /// Completions that brought files back.
     package let filesReturned = Mutex(0)
     /// Partial results the app took per request, and the first request that had one after its outcome.
     package let partials = Mutex<(taken: [RequestID: Int], afterEnd: RequestID?)>(([:], nil))
     /// A request that was sent to a worker after it had ended, if any.
     package private(set) var lateBegin: RequestID?
+    /// How many workers were sent each request, and the first request sent to more than three (a request goes
+    /// back to the queue at most twice when its worker dies before its handshake).
+    private var sends: [RequestID: Int] = [:]
+    package private(set) var sentTooOften: RequestID?
+    /// Requests whose worker sent a burst of partial results past the credit window while they ran, and the
+    /// pump count then: each must end once the killed worker's death has been seen (by two pumps later).
+    private var overran: [(id: RequestID, pump: Int)] = []
+    private var pumps = 0
+    /// An overrun request (the app's, or a daemon client's) the engine still holds two pumps after its burst.
+    package func overrunStillRunning(_ engine: HostEngine) -> RequestID? {
+        let due = overran.filter { $0.pump < pumps - 1 }
+        guard !due.isEmpty else { return nil }
+        let active = Set(engine.activeRequestIDs)
+        return due.first { active.contains($0.id) }?.id
+    }
     private var handles: [Weak] = []
     /// Requests that had ended when the previous pump started: a begin read now was written after that pump
     /// (everything before it was flushed), so it must not be for one of these.
@@ -34,29 +51,30 @@ package final class ScheduleState: @unchecked Sendable {
     /// Whether a handler of a request is still retained.
     package var retainsAHandler: Bool { handles.contains { $0.value != nil } }
 
+    /// Credits the partial results the app took since the last step.
+    package func giveCredits(to engine: HostEngine) {
+        for id in credits.withLock({ c in defer { c = [] }; return c }) { engine.credit(id, 1) }
+    }
+
     /// Lets every live fake worker read what the host sent and answer what a runtime answers by itself (hello,
     /// ping); a worker the host killed dies, one whose socket the host closed exits.
     package func pumpWorkers(_ launcher: SimLauncher) {
         let endedNow = Set(outcomes.withLock { $0.keys })
         defer { endedBeforeLastPump = endedNow }
-        // One poll for all of them: most have nothing to read at a given step, and asking each (a read that says
-        // EAGAIN, then a peek for end-of-file) was most of the simulation's system calls.
-        var alive: [FakeWorker] = []
+        pumps += 1
         for worker in launcher.workers where worker.alive {
             if worker.shared.withLock({ $0.killRequested }) {
                 worker.die(.signaled(SIGKILL))
-            } else {
-                alive.append(worker)
+                continue
             }
-        }
-        guard !alive.isEmpty else { return }
-        var polled = alive.map { pollfd(fd: $0.socket, events: Int16(POLLIN), revents: 0) }
-        _ = poll(&polled, nfds_t(polled.count), 0)
-        for (worker, entry) in zip(alive, polled) where entry.revents != 0 {
             let seen = worker.begins.count
             let endOfFile = worker.pump(identifier: identifier)
             if lateBegin == nil, let late = worker.begins[seen...].first(where: endedBeforeLastPump.contains) {
                 lateBegin = late
+            }
+            for id in worker.begins[seen...] {
+                sends[id, default: 0] += 1
+                if sends[id]! > 3, sentTooOften == nil { sentTooOften = id }
             }
             if endOfFile { worker.die(.exited(0)) }
         }
@@ -100,14 +118,15 @@ package final class ScheduleState: @unchecked Sendable {
                     }
                     withExtendedLifetime(handle) { self.outcomes.withLock { $0[id, default: []].append(kept) } }
                 },
-                progress: { [self, handle, engine] _ in
+                progress: { [self, handle] _ in
                     withExtendedLifetime(handle) {
                         let over = self.outcomes.withLock { $0[id] != nil }
                         self.partials.withLock { p in
                             p.taken[id, default: 0] += 1
                             if over, p.afterEnd == nil { p.afterEnd = id }
                         }
-                        engine.credit(id, 1)  // the app has it
+                        // The app has it; it says so at the next step, as an app busy with it would, later.
+                        self.credits.withLock { $0.append(id) }
                     }
                 },
                 app: app))
@@ -183,6 +202,7 @@ package final class ScheduleState: @unchecked Sendable {
             // Now and then a burst past the window of 16 uncredited: a protocol violation.
             let count = rng.next() % 20 == 0 ? 20 : 1
             trace.append("worker \(worker.pid) sends \(count) partial result(s) for \(short(id))")
+            if count == 20, outcomes.withLock({ $0[id] == nil }) { overran.append((id, pumps)) }
             for _ in 0..<count { worker.send(.partial(id: id, items: [ExtensionItem(title: "part")])) }
         default:
             let ms = rng.next() % 1500

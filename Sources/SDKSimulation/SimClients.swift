@@ -134,6 +134,21 @@ package final class SimClients {
         let open = clients.filter { $0.isOpen && !$0.ended }
         func pick() -> SimClient? { open.isEmpty ? nil : open[Int(rng.next() % UInt64(open.count))] }
         func short(_ id: RequestID) -> Substring { id.uuidString.prefix(8) }
+        /// Begins one request of `client`.
+        func begin(_ client: SimClient) {
+            let c = client.number
+            if !client.connected { client.misbehaved = true }
+            let id = RequestID(high: rng.next(), low: rng.next())
+            let known = rng.next() % 15 != 0
+            let deadline: Int64? = rng.next() % 5 == 0 ? Int64(rng.next() % 3000) : nil
+            let files = rng.next() % 8 == 0 ? [try? FileAttachment(bytes: [UInt8](repeating: 9, count: 8))].compactMap { $0 } : []
+            let plain = rng.next() % 4 == 0
+            client.requests.append(id)
+            trace.append("client \(c) begins \(short(id))" + (known ? "" : " for an unknown extension")
+                + (deadline.map { " deadline \($0) ms" } ?? "") + (files.isEmpty ? "" : " with a file") + (plain ? " (plain)" : ""))
+            client.send(.begin(id: id, items: [ExtensionItem(title: "sim", fileAttachments: files)],
+                               extensionID: known ? identifier : "com.example.none", deadlineMs: deadline), plain: plain)
+        }
         let roll = rng.next() % 100
         if open.isEmpty || (roll < 8 && open.count < Self.maxOpen) {
             var pair: [Int32] = [-1, -1]
@@ -165,17 +180,10 @@ package final class SimClients {
             client.connected = true
             client.send(.connect(version: version, app: "c\(c % 3)"))
         case 12..<55:
-            if !client.connected { client.misbehaved = true }
-            let id = RequestID(high: rng.next(), low: rng.next())
-            let known = rng.next() % 15 != 0
-            let deadline: Int64? = rng.next() % 5 == 0 ? Int64(rng.next() % 3000) : nil
-            let files = rng.next() % 8 == 0 ? [try? FileAttachment(bytes: [UInt8](repeating: 9, count: 8))].compactMap { $0 } : []
-            let plain = rng.next() % 4 == 0
-            client.requests.append(id)
-            trace.append("client \(c) begins \(short(id))" + (known ? "" : " for an unknown extension")
-                + (deadline.map { " deadline \($0) ms" } ?? "") + (files.isEmpty ? "" : " with a file") + (plain ? " (plain)" : ""))
-            client.send(.begin(id: id, items: [ExtensionItem(title: "sim", fileAttachments: files)],
-                               extensionID: known ? identifier : "com.example.none", deadlineMs: deadline), plain: plain)
+            // One in ten is a burst of eight: past the daemon's in-flight cap (6 here), some end `overloaded`.
+            let burst = rng.next() % 10 == 0
+            if burst { trace.append("client \(c): a burst of 8 begins") }
+            for _ in 0..<(burst ? 8 : 1) { begin(client) }
         case 55..<63:
             guard let id = client.requests.last(where: { client.outcomes[$0] == nil }) ?? client.requests.last else { break }
             trace.append("client \(c) cancels \(short(id))")

@@ -49,6 +49,15 @@ package struct SimulationTally {
     package var clients = 0
     package var clientRequests = 0
     package var clientOutcomes = 0
+    /// FNV-1a over every step of every schedule run: the same seeds give the same digest on every run.
+    package var traceDigest: UInt64 = 0xCBF2_9CE4_8422_2325
+
+    mutating func digest(_ trace: [String]) {
+        for line in trace {
+            for byte in line.utf8 { traceDigest = (traceDigest ^ UInt64(byte)) &* 0x100_0000_01B3 }
+            traceDigest = (traceDigest ^ 0x0A) &* 0x100_0000_01B3
+        }
+    }
 
     package init() {}
 
@@ -135,6 +144,17 @@ package struct SimulationWorld {
     }
 }
 
+/// Request ids from a seed: the same on every run.
+final class IDCounter {
+    private let seed: UInt64
+    private var count: UInt64 = 0
+    init(seed: UInt64) { self.seed = seed }
+    func next() -> RequestID {
+        count += 1
+        return RequestID(high: seed ^ 0xD1CE, low: count)
+    }
+}
+
 /// One schedule.
 package struct Simulation {
     package let seed: UInt64
@@ -162,7 +182,12 @@ package struct Simulation {
         configuration.launcher = launcher
         configuration.allowedSandboxModes = [.strict, .bestEffort, .none]
         configuration.logLevel = .error
-        configuration.logHandler = { _, _ in }
+        if getenv("SIM_LOG") != nil {
+            configuration.logLevel = .debug
+            configuration.logHandler = { @Sendable level, line in print("LOG \(level) \(line)") }
+        } else {
+            configuration.logHandler = { _, _ in }
+        }
         configuration.maxQueuedRequests = Self.maxQueued
         configuration.cancelGracePeriodSeconds = 1
         configuration.heartbeatIntervalSeconds = 1
@@ -192,6 +217,9 @@ package struct Simulation {
             } catch {
                 return "seed \(seed): cannot create the daemon: \(error)"
             }
+            // Its requests' ids towards the workers from the seed, not from the process's random key.
+            let ids = IDCounter(seed: seed)
+            daemon.makeRequestID = { ids.next() }
             let engine = daemon.engine
             engine.loop.execute { daemon.startSimulated() }
             func checkStep() -> String? {
@@ -213,6 +241,14 @@ package struct Simulation {
                         + "(\(daemon.clientRequestCount) of them the daemon's clients')")
                 }
                 if let problem = clients.problem { return failure(problem) }
+                if let id = state.sentTooOften { return failure("request \(id) was sent to more than three workers") }
+                if let id = state.overrunStillRunning(engine) {
+                    return failure("request \(id) still runs after its worker sent 20 partial results without credit")
+                }
+                if daemon.largestClientInFlight > daemonConfiguration.maxInFlightRequests {
+                    return failure("a client has \(daemon.largestClientInFlight) requests in flight, past MaxInFlightRequests "
+                        + "\(daemonConfiguration.maxInFlightRequests)")
+                }
                 // A worker's death, once reaped, ends what it was running (or sends it on): nothing stays with it.
                 let workers = launcher.workers
                 for id in engine.activeRequestIDs {
@@ -228,6 +264,7 @@ package struct Simulation {
             engine.loop.runUntilIdle()
             for _ in 0..<steps {
                 // What the workers answer and the step's own action are handled in one run of the loop.
+                state.giveCredits(to: engine)
                 state.pumpWorkers(launcher)
                 clients.pump()
                 // One step in four is a daemon client's.
@@ -288,6 +325,9 @@ package struct Simulation {
             for (kind, count) in engine.workerTransitions { tally.transitions[kind, default: 0] += count }
             return nil
         }()
+        // Every step, and how each request ended.
+        let ends = state.outcomes.withLock { $0 }
+        tally.digest(state.trace + state.begun.map { "\($0): \(ends[$0] ?? [])" })
         if problem == nil, state.retainsAHandler { return failure("a request's handler is still retained") }
         if problem == nil {
             // Another thread may hold a descriptor for a moment (the engine's first spawn in this process sweeps

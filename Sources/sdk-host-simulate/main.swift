@@ -107,6 +107,7 @@ print("completions that brought files back: \(tally.filesReturned)")
 print("daemon clients: \(tally.clients), their requests: \(tally.clientRequests), outcomes they read: \(tally.clientOutcomes)")
 print("worker transitions:")
 for (kind, count) in tally.transitions.sorted(by: { $0.key < $1.key }) { print("  \(kind): \(count)") }
+print("trace digest: 0x\(String(tally.traceDigest, radix: 16)) (the same seeds give the same digest)")
 print("\(tally.steps) steps in \(Int(seconds * 1000)) ms: \(Int(Double(schedules) / max(seconds, 1e-9))) schedules/s on one thread")
 if violations > 0 { print("replay one with: sdk-host-simulate --schedules 1 --seed <seed>") }
 print("\(schedules) schedules, \(violations) violations")

@@ -55,6 +55,7 @@ struct ThreadedSimulation {
             }
         }
         for _ in 0..<steps {
+            state.giveCredits(to: engine)
             state.pumpWorkers(launcher)
             state.step(&rng, engine: engine, launcher: launcher, clock: clock, apps: false)
             engine.loop.wake()  // the clock may have moved
@@ -170,5 +171,6 @@ struct ThreadedSimulation {
         _ = Simulation(seed: 0x5D4_0007, steps: 80).run(in: world, tally: &second)
         #expect(first.outcomes == second.outcomes && first.transitions == second.transitions)
         #expect(first.clientOutcomes == second.clientOutcomes && first.clientRequests == second.clientRequests)
+        #expect(first.traceDigest == second.traceDigest, "every step the same")
     }
 }

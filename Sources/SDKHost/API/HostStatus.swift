@@ -202,6 +202,46 @@ extension HostEngine {
     }
 }
 
+// MARK: Reading another version's status
+
+extension HostStatus {
+    /// Reads what any daemon of this protocol version writes: a crash or leak report that does not read is
+    /// skipped, not the whole status.
+    public init(from decoder: any Decoder) throws {
+        let c = try decoder.container(keyedBy: CodingKeys.self)
+        pid = try c.decode(Int32.self, forKey: .pid)
+        uptimeSeconds = try c.decode(Double.self, forKey: .uptimeSeconds)
+        activeRequests = try c.decode(Int.self, forKey: .activeRequests)
+        queuedRequests = try c.decode(Int.self, forKey: .queuedRequests)
+        totals = try c.decode(StatusTotals.self, forKey: .totals)
+        extensions = try c.decode([ExtensionStatus].self, forKey: .extensions)
+        recentCrashes = (try c.decodeIfPresent([Skippable<CrashReport>].self, forKey: .recentCrashes) ?? []).compactMap(\.value)
+        recentLeaks = (try c.decodeIfPresent([Skippable<LeakReport>].self, forKey: .recentLeaks) ?? []).compactMap(\.value)
+    }
+}
+
+extension WorkerStatus {
+    /// `sandboxMicroseconds` is newer than the rest: a daemon that does not send it is read with none.
+    public init(from decoder: any Decoder) throws {
+        let c = try decoder.container(keyedBy: CodingKeys.self)
+        pid = try c.decode(Int32.self, forKey: .pid)
+        app = try c.decodeIfPresent(String.self, forKey: .app)
+        uptimeSeconds = try c.decode(Double.self, forKey: .uptimeSeconds)
+        inFlight = try c.decode(Int.self, forKey: .inFlight)
+        requestsServed = try c.decode(Int.self, forKey: .requestsServed)
+        recycling = try c.decode(Bool.self, forKey: .recycling)
+        sandbox = try c.decode([String].self, forKey: .sandbox)
+        sandboxSkipped = try c.decode([String].self, forKey: .sandboxSkipped)
+        sandboxMicroseconds = try c.decodeIfPresent([String: Int].self, forKey: .sandboxMicroseconds) ?? [:]
+    }
+}
+
+/// An element of an array that is dropped, not fatal, when it does not decode.
+private struct Skippable<Value: Decodable>: Decodable {
+    let value: Value?
+    init(from decoder: any Decoder) throws { value = try? Value(from: decoder) }
+}
+
 // MARK: The plist form (status --json prints it as JSON)
 
 extension HostStatus {

@@ -89,10 +89,11 @@ private func reportTime(_ value: PlistValue?) -> Double? {
     value?.dateValue?.secondsSince1970 ?? value?.doubleValue
 }
 
-// Codable through the plist form above, which is also the file on disk: a `HostStatus` that holds reports encodes
-// and decodes them as their files have them.
+// Codable through the plist form above, which is also the file on disk, with one change: `time` is a number of
+// seconds since 1970, as `time` is in Swift, not a date (a date under JSON and other encoders is seconds since
+// 2001). A `HostStatus` that holds reports encodes and decodes them so; `reportTime` reads either.
 extension CrashReport: Codable {
-    public func encode(to encoder: any Encoder) throws { try plist.encode(to: encoder) }
+    public func encode(to encoder: any Encoder) throws { try codable(plist, time: time).encode(to: encoder) }
 
     public init(from decoder: any Decoder) throws {
         self = try decodeReport(from: decoder, CrashReport.init(plist:), needs: "extension, pid, reason and time")
@@ -100,11 +101,18 @@ extension CrashReport: Codable {
 }
 
 extension LeakReport: Codable {
-    public func encode(to encoder: any Encoder) throws { try plist.encode(to: encoder) }
+    public func encode(to encoder: any Encoder) throws { try codable(plist, time: time).encode(to: encoder) }
 
     public init(from decoder: any Decoder) throws {
         self = try decodeReport(from: decoder, LeakReport.init(plist:), needs: "extension, pid, request and time")
     }
+}
+
+/// A report's plist form with `time` as seconds since 1970.
+private func codable(_ plist: PlistValue, time: Double) -> PlistValue {
+    guard case .dictionary(var fields) = plist else { return plist }
+    fields["time"] = .real(time)
+    return .dictionary(fields)
 }
 
 /// A report read from its plist form under any decoder.

@@ -145,7 +145,15 @@ final class DaemonClient: HostBackend, @unchecked Sendable {
     }
 
     func status(_ body: @escaping @Sendable (HostStatus?) -> Void) {
-        report { body($0.flatMap { try? HostStatus(plist: $0) }) }
+        report { [self] report in
+            guard let report else { return body(nil) }
+            do {
+                body(try HostStatus(plist: report))
+            } catch {
+                writeLog("the daemon's status does not read: \(error)")
+                body(nil)
+            }
+        }
     }
 
     /// Asks the daemon to start a worker of `extensionID` for this app; `done` gets its pid once it is ready.

@@ -1,5 +1,5 @@
 // PoolSupervisor: the engine's supervision job, crash-loop quarantine per pool (shared/DESIGN.md "Supervision
-// and isolation"). Each pool keeps when its workers died on their own; past `RestartLimitBurst` deaths within
+// and isolation"). Each pool keeps when its workers died on their own; at the `RestartLimitBurst`th death within
 // `RestartLimitIntervalSeconds` it is quarantined for `QuarantineSeconds`, then on probation: the next success
 // clears it, the next death quarantines it for twice as long, up to `maximumQuarantine`. Loop-confined. It only
 // decides; the engine ends the requests, logs, and runs the retry timer (HostEngine+Supervision.swift).
