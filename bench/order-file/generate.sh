@@ -16,7 +16,7 @@ command -v valgrind >/dev/null || { echo "generate.sh: needs valgrind" >&2; exit
 swift build -c release >/dev/null
 bin=$root/.build/release
 work=$(mktemp -d /tmp/sdk-host-order.XXXXXX)
-trap 'rm -rf "$work"' EXIT
+[ -n "${KEEP_WORK:-}" ] || trap 'rm -rf "$work"' EXIT
 mkdir -p "$work/bin" "$work/cg"
 
 # Each bundled extension, run under callgrind by a wrapper the host finds first on its executable search path.
@@ -32,10 +32,15 @@ cat > "$work/config.plist" <<PLIST
 <key>ExtensionSearchPaths</key><array><string>$root/Extensions</string></array>
 <key>HeartbeatTimeoutSeconds</key><real>120</real>
 <key>DefaultPolicy</key><dict><key>Sandbox</key><string>none</string></dict>
+<key>AllowedSandboxModes</key><array><string>strict</string><string>bestEffort</string><string>none</string></array>
 </dict></plist>
 PLIST
 echo "attachment" > "$work/attachment.txt"
-request() { timeout 120 "$bin/sdk-host" request "$@" --embedded --config "$work/config.plist" --timeout 60 >/dev/null 2>&1 || true; }
+# A request that fails (a refused manifest, say) leaves no profile behind: say so, or the order loses its names.
+request() {
+    timeout 120 "$bin/sdk-host" request "$@" --embedded --config "$work/config.plist" --timeout 60 >/dev/null 2>"$work/err" || true
+    grep -h 'refused\|not found\|cannot' "$work/err" | sed 's/^/generate.sh: /' >&2 || true
+}
 request com.example.echo --text hello
 request com.example.echo --text hello --attach "$work/attachment.txt"
 for t in slow:10 cancel double segv abort exit; do request com.example.crasher --text "$t"; done
@@ -54,6 +59,7 @@ else
 fi
 
 toolchain=$(dirname "$(dirname "$(readlink -f "$(command -v swift)")")")
+ls "$work/cg"/*.out >/dev/null 2>&1 || { echo "generate.sh: no worker ran under callgrind" >&2; exit 1; }
 python3 "$root/bench/order-file/compose.py" "$work/cg" "$work/native.txt" \
     "$toolchain/lib/swift_static/linux" > "$root/Extensions/hot-text.order"
 # SwiftPM does not see the order file as an input of the link: relink the extensions with the new one.
