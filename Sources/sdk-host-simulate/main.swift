@@ -32,6 +32,7 @@ let usage = """
       --seed S       the first seed (default 0x5D40000)
       --steps K      steps per schedule before the shutdown (default 80)
       --trace        a violation's report lists every step, not the last 25
+    SIM_LOG=1 in the environment prints the engine's log (debug level) as it runs.
     """
 
 
