@@ -8,6 +8,7 @@
 # Neither the build nor the tests need this script or its tools; a stale order file only costs layout.
 #
 #   bash bench/order-file/generate.sh          # builds release, profiles, writes Extensions/hot-text.order
+#   KEEP_WORK=1 bash bench/order-file/generate.sh   # the same, keeping the profiles in /tmp/sdk-host-order.*
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 root=$PWD
