@@ -74,9 +74,7 @@ package final class DaemonServer: @unchecked Sendable {
             throw HostError(.system, "cannot watch SIGTERM/SIGINT: \(error)")
         }
         do throws(HostError) {
-            var host = configuration.host
-            host.forwardsPayloads = true  // completions go to clients as the workers wrote them
-            engine = try HostEngine(configuration: host)
+            engine = try Self.makeEngine(configuration)
         } catch {
             signals.close()
             if let inherited { close(inherited) }
@@ -107,9 +105,14 @@ package final class DaemonServer: @unchecked Sendable {
         socketPath = configuration.socketPath
         self.configuration = configuration
         inputBudget = InputBudget(limit: configuration.inputBudgetBytes)
+        engine = try Self.makeEngine(configuration)
+    }
+
+    /// The daemon's engine: completions go to clients as the workers wrote them (`forwardsPayloads`).
+    private static func makeEngine(_ configuration: DaemonConfiguration) throws(HostError) -> HostEngine {
         var host = configuration.host
         host.forwardsPayloads = true
-        engine = try HostEngine(configuration: host)
+        return try HostEngine(configuration: host)
     }
 
     /// Starts serving clients admitted with `admit` (loop's turn).

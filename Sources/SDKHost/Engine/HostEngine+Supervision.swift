@@ -23,9 +23,6 @@ extension HostEngine {
         return key
     }
 
-    /// Workers of pool `key` that count against MaxWorkers.
-    func liveCount(_ key: String) -> Int { workers.liveCount(in: key) }
-
     // MARK: Quarantine
 
     /// Ends `record` as `quarantined` if its pool is; true if it did.
@@ -84,7 +81,7 @@ extension HostEngine {
             loop.execute { [weak self] in self?.topUpWarmWorkers(manifest) }
             return
         }
-        var live = liveCount(key)
+        var live = workers.liveCount(in: key)
         while live < target, capacityAllows(pool: key, app: nil) {
             do {
                 _ = try spawnWorker(manifest, poolKey: key, app: nil)
@@ -116,7 +113,7 @@ extension HostEngine {
     /// Whether an idle worker may be retired: not if that would leave its base pool below `MinWarmWorkers`.
     func mayRetireIdle(_ worker: WorkerProcess) -> Bool {
         guard worker.poolKey == worker.extensionID, worker.policy.minWarmWorkers > 0 else { return true }
-        return liveCount(worker.poolKey) > worker.policy.minWarmWorkers
+        return workers.liveCount(in: worker.poolKey) > worker.policy.minWarmWorkers
     }
 
     /// Starts (or finds) a handshaken worker for `extensionID`'s pool of `app`, and tells `done` its pid, or why
@@ -138,7 +135,7 @@ extension HostEngine {
         } else if let spare = adoptSpare(manifest, into: key, app: app) {
             if spare.lifecycle.phase == .ready { return done(.success(spare.pid)) }
             worker = spare
-        } else if liveCount(key) < manifest.policy.maxWorkers {
+        } else if workers.liveCount(in: key) < manifest.policy.maxWorkers {
             guard capacityAllows(pool: key, app: app) else { return done(.failure(.interrupted(.overloaded))) }
             guard loop.onLoopThread else {
                 let queued = loop.execute { [weak self] in

@@ -205,7 +205,7 @@ package final class HostEngine: @unchecked Sendable {
     func workerWithRoom(_ manifest: ExtensionManifest, pool key: String, app: String?) -> Room {
         let pool = workers[key]
         if let worker = pool.first(where: { $0.acceptsRequests && $0.cancelTimers.isEmpty }) { return .worker(worker) }
-        if liveCount(key) < manifest.policy.maxWorkers {
+        if workers.liveCount(in: key) < manifest.policy.maxWorkers {
             if let spare = adoptSpare(manifest, into: key, app: app) { return .worker(spare) }
             guard capacityAllows(pool: key, app: app) else {
                 return pool.first(where: { $0.acceptsRequests }).map(Room.worker) ?? .none
