@@ -277,11 +277,18 @@ import Glibc
             let ext = try host.extension(identifier: "com.example.fat")
             // A leak the extension keeps: glibc returns big freed blocks, so "alloc" alone would not stay
             // resident. The next heartbeat sees the resident memory past the limit and recycles the idle worker.
-            _ = try await ext.perform([ExtensionItem(title: "leak:96")])
-            let before = try #require(await host.status(of: "com.example.fat")?.workers.first?.pid)
-            #expect(await eventually { (await host.status(of: "com.example.fat")?.recycles ?? 0) == 1 })
+            // The pid is noted as the request is sent: read from `status` after it completes, the worker may
+            // already be recycled (a heartbeat comes every 0.1 s) and none listed.
             let recorder = Recorder()
             recorder.attach(to: ext)
+            let (leak, leakServed) = beginNotingPid(ext, "leak:96")
+            guard case .completed? = await recorder.wait(for: leak) else {
+                Issue.record("the leaking request did not complete")
+                return
+            }
+            let before = leakServed.pid
+            #expect(before > 0)
+            #expect(await eventually { (await host.status(of: "com.example.fat")?.recycles ?? 0) == 1 })
             let (id, served) = beginNotingPid(ext, "echo")
             #expect(await recorder.wait(for: id) == .completed([ExtensionItem(title: "echo")]))
             #expect(served.pid != before, "a new worker took over")
