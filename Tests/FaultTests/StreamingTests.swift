@@ -224,15 +224,22 @@ extension FaultTests {
                 _ = try await openCount(0)
                 let (before, _, beforeList) = try await openCount(0)
                 let (during, sizes, duringList) = try await openCount(5)
+                // Dispatch opens its timerfd the first time one of its timers is armed, which a loaded run has seen
+                // happen between two of these requests: it is counted on neither side. Every other descriptor is.
+                func dispatchTimers(_ list: String) -> Int {
+                    list.split(separator: " ").filter { $0.hasSuffix("anon_inode:[timerfd]") }.count
+                }
+                #expect(before == beforeList.split(separator: " ").count && during == duringList.split(separator: " ").count)
                 #expect(sizes == Array(repeating: .integer(3), count: 5))
-                #expect(during == before + 5, "open while the request runs: \(duringList); before: \(beforeList)")
+                #expect(during - dispatchTimers(duringList) == before - dispatchTimers(beforeList) + 5,
+                        "open while the request runs: \(duringList); before: \(beforeList)")
                 #expect(duringList.split(separator: " ").filter { $0.hasSuffix("\(folder.path)/f") }.count == 5)
                 // The context is released just after the reply; give it a moment.
                 var afterList = ""
                 #expect(await eventually(timeout: 10) {
                     guard let (count, _, list) = try? await openCount(0) else { return false }
                     afterList = list
-                    return count == before
+                    return count - dispatchTimers(list) == before - dispatchTimers(beforeList)
                 }, "after: \(afterList); before: \(beforeList)")
             }
         }
