@@ -106,7 +106,11 @@ import Glibc
             let id = ext.beginRequest(withInputItems: [ExtensionItem(title: "slow:300")])
             #expect(await eventually { ext.pid(for: id) != nil })
             let pid = try #require(ext.pid(for: id))
-            #expect(readLink("/proc/\(pid)/exe")?.hasSuffix("/Crasher") == true)
+            // The pid is the worker's process from the moment its launcher names it, which may be just before that
+            // process has finished exec'ing Crasher (a loaded run saw the launcher's image there): the same process
+            // must become Crasher.
+            #expect(await eventually { readLink("/proc/\(pid)/exe")?.hasSuffix("/Crasher") == true })
+            #expect(ext.pid(for: id) == pid, "one pid for the request while it runs")
             #expect(await recorder.wait(for: id) == .completed([ExtensionItem(title: "slow:300")]))
             #expect(ext.pid(for: id) == nil)
             #expect(ext.pid(for: RequestID()) == nil)
