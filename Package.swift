@@ -83,7 +83,7 @@ let package = Package(
         // The engine's seeded simulation: fake workers and schedules on one thread (`sdk-host-simulate`, and a
         // short run in the suite).
         .target(name: "SDKSimulation", dependencies: ["SDKWire", "SDKHost", "SDKDaemon", "SDKPosix", "CSDKShim"]),
-        .executableTarget(name: "sdk-host-simulate", dependencies: ["SDKSimulation", "SDKHost", "SDKPosix"], linkerSettings: staticExecutable),
+        .executableTarget(name: "sdk-host-simulate", dependencies: ["SDKSimulation", "SDKHost", "SDKPosix", "CSDKShim"], linkerSettings: staticExecutable),
         // The daemon: the engine behind a Unix socket, its configuration file.
         .target(name: "SDKDaemon", dependencies: ["SDKWire", "SDKHost", "SDKPosix"]),
         // The CLI and daemon. No Foundation (daemon RSS is a target) and a static stdlib (spawn and RSS).

@@ -14,6 +14,12 @@ package struct Deque<Element> {
     /// The element `popFirst` would return, left in place.
     package var first: Element? { count > 0 ? storage[head] : nil }
 
+    /// Runs `body` on the first element in place (there must be one).
+    package mutating func withFirst<R>(_ body: (inout Element) -> R) -> R {
+        precondition(count > 0, "withFirst on an empty Deque")
+        return body(&storage[head]!)
+    }
+
     package mutating func append(_ element: Element) {
         if count == storage.count { grow() }
         storage[(head + count) % storage.count] = element

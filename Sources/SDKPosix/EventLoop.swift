@@ -43,6 +43,11 @@ public final class EventLoop: @unchecked Sendable {
     /// When `timerFD` expires (0: not armed). A timer cancelled since leaves it early, which only costs a turn.
     private var armedAt: UInt64 = 0
     private var handlers: [Int32: Handler] = [:]
+    /// What is watched on each simulated descriptor (SimulatedKernel.swift), which no epoll set can hold; in
+    /// descriptor order, so that readiness is reported in an order that does not depend on hashing.
+    private var simulatedInterest: [(fd: Int32, events: UInt32)] = []
+    /// Real descriptors registered besides the loop's own: a driven loop with none skips epoll_wait.
+    private var realRegistrations = 0
     private var timers = TimerHeap()
     private var beforeSleep: [() -> Void] = []
     private let inbox = SpinningMutex<Inbox>(Inbox())
@@ -231,6 +236,8 @@ public final class EventLoop: @unchecked Sendable {
     public func wake() { signalWake() }
 
     private func signalWake() {
+        // A driven loop looks at its queue each time it is run, and it runs on its caller's thread: no wake-up.
+        if driven { return }
         var one: UInt64 = 1
         _ = write(wakeFD, &one, 8)  // EAGAIN means the counter is already non-zero: the loop will wake anyway
     }
@@ -240,13 +247,29 @@ public final class EventLoop: @unchecked Sendable {
     /// Watches `fd` for `events`, calling `handler` on the loop thread.
     public func register(_ fd: Int32, events: UInt32, handler: @escaping Handler) throws(SystemError) {
         preconditionInLoop()
-        try retryingEINTR("epoll_ctl(ADD)", detail: "fd \(fd)") { sdk_epoll_ctl(epfd, SDK_EPOLL_CTL_ADD, fd, events) }
+        if SimulatedKernel.isSimulated(fd) {
+            let at = simulatedInterest.firstIndex { $0.fd >= fd } ?? simulatedInterest.endIndex
+            guard at == simulatedInterest.endIndex || simulatedInterest[at].fd != fd else {
+                throw SystemError("epoll_ctl(ADD)", errno: EEXIST, detail: "simulated fd \(fd)")
+            }
+            simulatedInterest.insert((fd, events), at: at)
+        } else {
+            try retryingEINTR("epoll_ctl(ADD)", detail: "fd \(fd)") { sdk_epoll_ctl(epfd, SDK_EPOLL_CTL_ADD, fd, events) }
+            realRegistrations += 1
+        }
         handlers[fd] = handler
     }
 
     /// Changes the events watched on `fd`.
     public func modify(_ fd: Int32, events: UInt32) throws(SystemError) {
         preconditionInLoop()
+        if SimulatedKernel.isSimulated(fd) {
+            guard let at = simulatedInterest.firstIndex(where: { $0.fd == fd }) else {
+                throw SystemError("epoll_ctl(MOD)", errno: ENOENT, detail: "simulated fd \(fd)")
+            }
+            simulatedInterest[at].events = events
+            return
+        }
         try retryingEINTR("epoll_ctl(MOD)", detail: "fd \(fd)") { sdk_epoll_ctl(epfd, SDK_EPOLL_CTL_MOD, fd, events) }
     }
 
@@ -254,7 +277,12 @@ public final class EventLoop: @unchecked Sendable {
     public func unregister(_ fd: Int32) {
         preconditionInLoop()
         if handlers.removeValue(forKey: fd) != nil {
-            _ = sdk_epoll_ctl(epfd, SDK_EPOLL_CTL_DEL, fd, 0)
+            if SimulatedKernel.isSimulated(fd) {
+                simulatedInterest.removeAll { $0.fd == fd }
+            } else {
+                _ = sdk_epoll_ctl(epfd, SDK_EPOLL_CTL_DEL, fd, 0)
+                realRegistrations -= 1
+            }
         }
     }
 
@@ -394,8 +422,12 @@ public final class EventLoop: @unchecked Sendable {
             var n: Int32 = 0
             if driven {
                 // Nothing is queued and no timer is due: if no descriptor is ready either, the caller gets its
-                // turn back.
-                n = wait(0)
+                // turn back. Only the loop's own descriptors in its epoll set: none can be ready (no wake-ups, no
+                // timerfd under a manual clock), so it is not asked.
+                n = realRegistrations > 0 ? wait(0) : 0
+                if n >= 0, !simulatedInterest.isEmpty {
+                    n = simulatedReadiness(into: &fds, &events, after: Int(n))
+                }
                 if n == 0 && timeout != 0 { return }
             } else if timeout != 0, busyPollNanoseconds > 0, clock == nil, lastWaitFoundWork {
                 n = busyPoll(nanoseconds: busyPollNanoseconds, stopsWhen: { runQueue?.oversubscribed() ?? false }) {
@@ -450,6 +482,7 @@ public final class EventLoop: @unchecked Sendable {
         // What the last turn and the leftovers left for the end of the turn still runs: it may hand outcomes on.
         runBeforeSleepHooks()
         handlers.removeAll()
+        simulatedInterest.removeAll()
         timers = TimerHeap()
         beforeSleep.removeAll()
         let callbacks = inbox.withLock { inbox -> [@Sendable () -> Void] in
@@ -465,6 +498,25 @@ public final class EventLoop: @unchecked Sendable {
         if driven { drivenStopped = true }
         releaseTurn()
         for callback in callbacks { callback() }
+    }
+}
+
+extension EventLoop {
+    /// Appends the simulated descriptors that are ready for what they are watched for (and hang-ups and errors,
+    /// which epoll always reports) to the `count` real ones in `fds` and `events`, in descriptor order; returns the
+    /// new count. At most 64 in all, as epoll_wait's: the rest are ready again next turn (level-triggered).
+    fileprivate func simulatedReadiness(into fds: inout [Int32], _ events: inout [UInt32], after count: Int) -> Int32 {
+        guard let kernel = SimulatedKernel.current else { return Int32(count) }
+        var n = count
+        for (fd, watched) in simulatedInterest where n < fds.count {
+            let ready = kernel.readiness(fd) & (watched | Self.hangUp)
+            if ready != 0 {
+                fds[n] = fd
+                events[n] = ready
+                n += 1
+            }
+        }
+        return Int32(n)
     }
 }
 

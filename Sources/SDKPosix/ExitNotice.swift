@@ -48,6 +48,15 @@ public final class ExitNoticePage: @unchecked Sendable {
         return (ExitNoticePage(word: raw.assumingMemoryBound(to: UInt32.self)), fd)
     }
 
+    /// A page no process shares (anonymous memory, no memfd): the simulation's fake workers', which have no
+    /// process to pass a memfd to.
+    package static func unshared() throws(SystemError) -> ExitNoticePage {
+        guard let raw = mmap(nil, Int(SDK_EXIT_NOTICE_BYTES), PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0),
+            raw != MAP_FAILED
+        else { throw SystemError("mmap", errno: errno, detail: "exit-notice page") }
+        return ExitNoticePage(word: raw.assumingMemoryBound(to: UInt32.self))
+    }
+
     deinit { munmap(UnsafeMutableRawPointer(word), Int(SDK_EXIT_NOTICE_BYTES)) }
 
     /// What the word holds now.

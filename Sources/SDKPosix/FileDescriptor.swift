@@ -19,6 +19,7 @@ public struct FileDescriptor: ~Copyable {
     public consuming func close() {
         let fd = rawValue
         discard self
+        if SimulatedKernel.isSimulated(fd) { return kernel(fd).close(fd) }
         if Glibc.close(fd) == -1 {
             let e = errno
             if e == EBADF { fatalError("close(\(fd)): EBADF — closed twice or never open") }

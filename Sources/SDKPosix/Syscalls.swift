@@ -48,6 +48,7 @@ public func monotonicNanoseconds() -> UInt64 {
 
 /// Puts a descriptor in non-blocking mode (a status flag of the open file, not a descriptor flag).
 public func setNonBlocking(_ fd: Int32) throws(SystemError) {
+    if SimulatedKernel.isSimulated(fd) { return }  // always non-blocking
     let flags = try retryingEINTR("fcntl(F_GETFL)") { fcntl(fd, F_GETFL) }
     try retryingEINTR("fcntl(F_SETFL)") { fcntl(fd, F_SETFL, flags | O_NONBLOCK) }
 }
@@ -64,6 +65,10 @@ public enum IOResult: Equatable, Sendable {
 
 /// read(2) on a non-blocking descriptor.
 public func readNonBlocking(_ fd: Int32, into buffer: UnsafeMutableRawBufferPointer) throws(SystemError) -> IOResult {
+    if SimulatedKernel.isSimulated(fd) {
+        var none: [Int32] = [], truncated = false
+        return try simulatedResult("read", fd, reading: true, kernel(fd).receive(fd, into: buffer, descriptors: &none, maxDescriptors: 0, truncated: &truncated))
+    }
     while true {
         let n = read(fd, buffer.baseAddress, buffer.count)
         if n > 0 { return .bytes(n) }
@@ -74,6 +79,7 @@ public func readNonBlocking(_ fd: Int32, into buffer: UnsafeMutableRawBufferPoin
 
 /// send(2) with MSG_NOSIGNAL on a non-blocking socket (a closed peer is an error, never SIGPIPE).
 public func sendNonBlocking(_ fd: Int32, _ buffer: UnsafeRawBufferPointer) throws(SystemError) -> IOResult {
+    if SimulatedKernel.isSimulated(fd) { return try simulatedResult("send", fd, kernel(fd).send(fd, buffer, descriptors: [])) }
     while true {
         let n = send(fd, buffer.baseAddress, buffer.count, Int32(MSG_NOSIGNAL))
         if n >= 0 { return .bytes(n) }
@@ -84,6 +90,7 @@ public func sendNonBlocking(_ fd: Int32, _ buffer: UnsafeRawBufferPointer) throw
 /// Writes all of `buffer` to a blocking descriptor (a file, or a pipe with room for it). `detail` names it in
 /// the error.
 public func writeAll(_ fd: Int32, _ buffer: UnsafeRawBufferPointer, detail: String) throws(SystemError) {
+    if SimulatedKernel.isSimulated(fd) { return try simulatedWriteAll("write", fd, buffer, descriptors: []) }
     var offset = 0
     while offset < buffer.count {
         let n = try retryingEINTR("write", detail: detail) { write(fd, buffer.baseAddress! + offset, buffer.count - offset) }
@@ -93,6 +100,7 @@ public func writeAll(_ fd: Int32, _ buffer: UnsafeRawBufferPointer, detail: Stri
 
 /// Writes all of `buffer` to a blocking descriptor with MSG_NOSIGNAL.
 public func sendAll(_ fd: Int32, _ buffer: UnsafeRawBufferPointer) throws(SystemError) {
+    if SimulatedKernel.isSimulated(fd) { return try simulatedWriteAll("send", fd, buffer, descriptors: []) }
     var offset = 0
     while offset < buffer.count {
         let n = try retryingEINTR("send", detail: "fd \(fd)") {
@@ -108,6 +116,10 @@ public func sendAll(_ fd: Int32, _ buffer: UnsafeRawBufferPointer) throws(System
 public func receiveNonBlocking(_ fd: Int32, into buffer: UnsafeMutableRawBufferPointer, descriptors: inout [Int32],
                                truncated: inout Bool) throws(SystemError) -> IOResult
 {
+    if SimulatedKernel.isSimulated(fd) {
+        return try simulatedResult("recvmsg", fd, reading: true, kernel(fd).receive(fd, into: buffer, descriptors: &descriptors,
+                                                                     maxDescriptors: Int(SDK_MAX_MESSAGE_FDS), truncated: &truncated))
+    }
     var count: Int32 = 0
     var cut: Int32 = 0
     while true {
@@ -128,6 +140,7 @@ public func receiveNonBlocking(_ fd: Int32, into buffer: UnsafeMutableRawBufferP
 /// They have been sent once any byte has.
 public func sendNonBlocking(_ fd: Int32, _ buffer: UnsafeRawBufferPointer, descriptors: [Int32]) throws(SystemError) -> IOResult {
     if descriptors.isEmpty { return try sendNonBlocking(fd, buffer) }
+    if SimulatedKernel.isSimulated(fd) { return try simulatedResult("sendmsg", fd, kernel(fd).send(fd, buffer, descriptors: descriptors)) }
     while true {
         let n = descriptors.withUnsafeBufferPointer { fds in
             sdk_send_with_fds(fd, buffer.baseAddress, buffer.count, fds.baseAddress, Int32(fds.count), 0)
@@ -140,12 +153,52 @@ public func sendNonBlocking(_ fd: Int32, _ buffer: UnsafeRawBufferPointer, descr
 /// Writes all of `buffer` to a blocking socket, `descriptors` (at most 64) attached to its first byte.
 public func sendAll(_ fd: Int32, _ buffer: UnsafeRawBufferPointer, descriptors: [Int32]) throws(SystemError) {
     guard !descriptors.isEmpty, buffer.count > 0 else { return try sendAll(fd, buffer) }
+    if SimulatedKernel.isSimulated(fd) { return try simulatedWriteAll("sendmsg", fd, buffer, descriptors: descriptors) }
     let first = try retryingEINTR("sendmsg", detail: "fd \(fd), \(descriptors.count) descriptor(s)") {
         descriptors.withUnsafeBufferPointer { fds in
             sdk_send_with_fds(fd, buffer.baseAddress, buffer.count, fds.baseAddress, Int32(fds.count), 0)
         }
     }
     if first < buffer.count { try sendAll(fd, UnsafeRawBufferPointer(rebasing: buffer[first...])) }
+}
+
+/// Bytes written to socket `fd` that its peer has not read yet (SIOCOUTQ); -1 if the kernel will not say.
+public func unreadOutputBytes(_ fd: Int32) -> Int {
+    if SimulatedKernel.isSimulated(fd) { return kernel(fd).unreadOutput(fd) }
+    return Int(sdk_unread_output_bytes(fd))
+}
+
+// MARK: Simulated descriptors (SimulatedKernel.swift)
+
+@inline(never)
+func kernel(_ fd: Int32) -> SimulatedKernel {
+    guard let kernel = SimulatedKernel.current else { fatalError("fd \(fd) is a simulated descriptor, and no simulation runs") }
+    return kernel
+}
+
+/// A simulated call's result (a count, or -errno) as the wrappers return a real one's.
+@inline(never)
+func simulatedResult(_ operation: String, _ fd: Int32, reading: Bool = false, _ n: Int) throws(SystemError) -> IOResult {
+    if n > 0 { return .bytes(n) }
+    if n == 0 { return reading ? .endOfFile : .bytes(0) }
+    if n == -Int(EAGAIN) { return .wouldBlock }
+    checkBadDescriptor(Int32(-n), operation)
+    throw SystemError(operation, errno: Int32(-n), detail: "simulated fd \(fd)")
+}
+
+@inline(never)
+func simulatedWriteAll(_ operation: String, _ fd: Int32, _ buffer: UnsafeRawBufferPointer, descriptors: [Int32]) throws(SystemError) {
+    var offset = 0
+    var carried = descriptors
+    while offset < buffer.count {
+        // A blocking write that would wait: nothing else runs in a simulation to make room, so it is an error.
+        guard case .bytes(let n) = try simulatedResult(operation, fd,
+                                                       kernel(fd).send(fd, UnsafeRawBufferPointer(rebasing: buffer[offset...]), descriptors: carried)),
+            n > 0
+        else { throw SystemError(operation, errno: EAGAIN, detail: "simulated fd \(fd) is full") }
+        offset += n
+        carried = []
+    }
 }
 
 /// Where `struct dirent`'s name starts within an entry.

@@ -1,8 +1,9 @@
-// Fake workers for the engine's simulations (FoundationDB's and TigerBeetle's idea): a fake worker is a socketpair,
-// two pipes, an eventfd that stands for its exit and an exit-notice page, living in the simulating process; the
+// Fake workers for the engine's simulations (FoundationDB's and TigerBeetle's idea): a fake worker is a socket pair,
+// two pipes, a counter that stands for its exit and an exit-notice page, living in the simulating process; the
 // simulation decides, from a seeded generator, what each does and when. SimLauncher makes them in place of
-// posix_spawn; SimExitNotices stands in for the exit-notice watcher thread. Descriptors travel for real
-// (SCM_RIGHTS over the socketpair): a worker answers a begin that brought files with those files.
+// posix_spawn, with simulated descriptors (SimulatedKernel.swift) for the single-threaded simulation, or real
+// ones for an engine on its own loop thread; SimExitNotices stands in for the exit-notice watcher thread. The files
+// a begin brings are real descriptors, passed as SCM_RIGHTS passes them: a worker answers with those files.
 import SDKWire
 import SDKHost
 import CSDKShim
@@ -44,10 +45,15 @@ package final class FakeWorker: WorkerChild, @unchecked Sendable {
     package var begins: [RequestID] = []
     package var alive = true
 
-    package init(pid: pid_t, socket: Int32, stdoutWrite: Int32, stderrWrite: Int32, exitNotice: ExitNoticePage?) {
+    /// Where its descriptors live: the simulated kernel, or (nil) the real one.
+    let kernel: SimulatedKernel?
+
+    package init(pid: pid_t, socket: Int32, stdoutWrite: Int32, stderrWrite: Int32, exitNotice: ExitNoticePage?,
+                 kernel: SimulatedKernel?) {
         self.pid = pid
         self.exitNotice = exitNotice
-        exitDescriptor = sdk_eventfd()
+        self.kernel = kernel
+        exitDescriptor = kernel?.counter() ?? sdk_eventfd()
         self.socket = socket
         self.stdoutWrite = stdoutWrite
         self.stderrWrite = stderrWrite
@@ -69,7 +75,7 @@ package final class FakeWorker: WorkerChild, @unchecked Sendable {
 
     package func close() {
         shared.withLock { $0.exitFDOpen = false }
-        Glibc.close(exitDescriptor)
+        closeDescriptor(exitDescriptor)
     }
 
     // MARK: Simulation side
@@ -78,15 +84,20 @@ package final class FakeWorker: WorkerChild, @unchecked Sendable {
     package func die(_ status: SDKPosix.ExitStatus) {
         guard alive else { return }
         alive = false
-        for fd in [socket, stdoutWrite, stderrWrite] where fd >= 0 { Glibc.close(fd) }
+        for fd in [socket, stdoutWrite, stderrWrite] where fd >= 0 { closeDescriptor(fd) }
         socket = -1
         stdoutWrite = -1
         stderrWrite = -1
         files = [:]
         let final = noticedStatus ?? status
         shared.withLock { $0.status = $0.status ?? final }
-        var one: UInt64 = 1
-        _ = write(exitDescriptor, &one, 8)
+        _ = withUnsafeBytes(of: UInt64(1)) { one in
+            if let kernel { kernel.send(exitDescriptor, one, descriptors: []) } else { write(exitDescriptor, one.baseAddress, 8) }
+        }
+    }
+
+    private func closeDescriptor(_ fd: Int32) {
+        if let kernel { kernel.close(fd) } else { Glibc.close(fd) }
     }
 
     package func send(_ message: Message) {
@@ -159,7 +170,13 @@ package final class SimLauncher: WorkerLauncher, @unchecked Sendable {
     /// The exit-notice watcher the engine is given (`HostConfiguration.exitNoticeWatcher`).
     package let notices = SimExitNotices()
 
-    package init() {}
+    /// Where the workers' descriptors live: a simulated kernel (the single-threaded simulation's: no syscalls), or
+    /// (nil) the real one, for an engine on a loop thread of its own.
+    let kernel: SimulatedKernel?
+
+    package init(kernel: SimulatedKernel? = nil) {
+        self.kernel = kernel
+    }
 
     package var workers: [FakeWorker] { state.withLock { $0.workers } }
     package func failNextSpawn() { state.withLock { $0.failNext = true } }
@@ -171,19 +188,25 @@ package final class SimLauncher: WorkerLauncher, @unchecked Sendable {
         }
         if fail { throw SystemError("posix_spawn", errno: EAGAIN, detail: "simulated") }
         var sv: [Int32] = [-1, -1], out: [Int32] = [-1, -1], err: [Int32] = [-1, -1]
-        socketpair(AF_UNIX, Int32(SOCK_STREAM.rawValue | SOCK_CLOEXEC.rawValue), 0, &sv)
-        _ = sdk_pipe_cloexec(&out)
-        _ = sdk_pipe_cloexec(&err)
-        // Both ends of the socket: the engine's, and the fake worker's, which reads until EAGAIN.
-        for fd in [sv[0], sv[1], out[0], err[0]] { _ = fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK) }
+        if let kernel {
+            // Simulated descriptors (SimulatedKernel.swift): non-blocking, and no syscalls.
+            (sv[0], sv[1]) = kernel.socketPair()
+            (out[0], out[1]) = kernel.pipe()
+            (err[0], err[1]) = kernel.pipe()
+        } else {
+            socketpair(AF_UNIX, Int32(SOCK_STREAM.rawValue | SOCK_CLOEXEC.rawValue), 0, &sv)
+            _ = sdk_pipe_cloexec(&out)
+            _ = sdk_pipe_cloexec(&err)
+            // Both ends of the socket: the engine's, and the fake worker's, which reads until EAGAIN.
+            for fd in [sv[0], sv[1], out[0], err[0]] { _ = fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK) }
+        }
         let pid = state.withLock { s -> pid_t in
             s.nextPid += 1
             return s.nextPid
         }
-        // The page alone: its memfd would be the worker's descriptor 5, and this worker has no process.
-        let page = try? ExitNoticePage.create()
-        if let fd = page?.1 { Glibc.close(fd) }
-        let worker = FakeWorker(pid: pid, socket: sv[1], stdoutWrite: out[1], stderrWrite: err[1], exitNotice: page?.0)
+        // The page alone, with no memfd: that would be the worker's descriptor 5, and this worker has no process.
+        let page = try? ExitNoticePage.unshared()
+        let worker = FakeWorker(pid: pid, socket: sv[1], stdoutWrite: out[1], stderrWrite: err[1], exitNotice: page, kernel: kernel)
         state.withLock { $0.workers.append(worker) }
         return LaunchedWorker(child: worker, socket: FileDescriptor(adopting: sv[0]),
                               stdout: FileDescriptor(adopting: out[0]), stderr: FileDescriptor(adopting: err[0]),

@@ -75,7 +75,7 @@ package final class SimClient {
 
     func close() {
         guard isOpen else { return }
-        Glibc.close(socket)
+        SimulatedKernel.current!.close(socket)
         socket = -1
     }
 
@@ -151,8 +151,8 @@ package final class SimClients {
         }
         let roll = rng.next() % 100
         if open.isEmpty || (roll < 8 && open.count < Self.maxOpen) {
-            var pair: [Int32] = [-1, -1]
-            guard socketpair(AF_UNIX, Int32(SOCK_STREAM.rawValue | SOCK_CLOEXEC.rawValue | SOCK_NONBLOCK.rawValue), 0, &pair) == 0 else { return }
+            let (daemonEnd, clientEnd) = SimulatedKernel.current!.socketPair()
+            let pair = [daemonEnd, clientEnd]
             opened += 1
             let client = SimClient(number: opened, socket: pair[1])
             clients.append(client)

@@ -49,19 +49,62 @@ package struct SimulationTally {
     package var clients = 0
     package var clientRequests = 0
     package var clientOutcomes = 0
-    /// FNV-1a over every step of every schedule run: the same seeds give the same digest on every run.
-    package var traceDigest: UInt64 = 0xCBF2_9CE4_8422_2325
+    /// The sum of each schedule's FNV-1a over its steps: the same seeds give the same digest on every run, split
+    /// over any number of processes.
+    package var traceDigest: UInt64 = 0
 
     mutating func digest(_ trace: [String]) {
+        var hash: UInt64 = 0xCBF2_9CE4_8422_2325
         for line in trace {
-            for byte in line.utf8 { traceDigest = (traceDigest ^ UInt64(byte)) &* 0x100_0000_01B3 }
-            traceDigest = (traceDigest ^ 0x0A) &* 0x100_0000_01B3
+            for byte in line.utf8 { hash = (hash ^ UInt64(byte)) &* 0x100_0000_01B3 }
+            hash = (hash ^ 0x0A) &* 0x100_0000_01B3
         }
+        traceDigest &+= hash
     }
 
     package init() {}
 
+    /// The tally as lines `kind<TAB>name<TAB>count`, for a process that ran part of the schedules to hand to the one
+    /// that adds them up (`merge(_:)`).
+    package var lines: [String] {
+        outcomes.sorted { $0.key < $1.key }.map { "outcome\t\($0.key)\t\($0.value)" }
+            + transitions.sorted { $0.key < $1.key }.map { "transition\t\($0.key)\t\($0.value)" }
+            + [("steps", steps), ("files", filesReturned), ("clients", clients), ("clientRequests", clientRequests),
+               ("clientOutcomes", clientOutcomes)].map { "count\t\($0.0)\t\($0.1)" }
+            + ["digest\t-\t\(traceDigest)"]
+    }
+
+    /// Adds a tally's `lines`; false (adding nothing more) at the first line that is not one.
+    package mutating func merge(_ lines: some Sequence<Substring>) -> Bool {
+        for line in lines {
+            let fields = line.split(separator: "\t", omittingEmptySubsequences: false)
+            guard fields.count == 3, let value = UInt64(fields[2]) else { return false }
+            let name = String(fields[1]), count = Int(truncatingIfNeeded: value)
+            switch fields[0] {
+            case "outcome": outcomes[name, default: 0] += count
+            case "transition": transitions[name, default: 0] += count
+            case "digest": traceDigest &+= value
+            case "count":
+                switch name {
+                case "steps": steps += count
+                case "files": filesReturned += count
+                case "clients": clients += count
+                case "clientRequests": clientRequests += count
+                case "clientOutcomes": clientOutcomes += count
+                default: return false
+                }
+            default: return false
+            }
+        }
+        return true
+    }
+
     package mutating func add(_ outcome: RequestOutcome) {
+        outcomes[Self.kind(of: outcome), default: 0] += 1
+    }
+
+    /// An outcome's kind, as the tally and the trace digest name it (cheaper than describing it by reflection).
+    static func kind(of outcome: RequestOutcome) -> String {
         let key: String
         switch outcome {
         case .completed: key = "completed"
@@ -75,7 +118,7 @@ package struct SimulationTally {
             default: key = "\(reason)"
             }
         }
-        outcomes[key, default: 0] += 1
+        return key
     }
 }
 
@@ -172,8 +215,13 @@ package struct Simulation {
     package func run(in world: SimulationWorld, tally: inout SimulationTally) -> String? {
         var rng = SimulationRandom(seed: seed)
         let descriptorsBefore = openDescriptorCount()
+        // The workers' and clients' sockets, pipes and exit descriptors are simulated: no syscalls, and a
+        // leak check of their own.
+        let kernel = SimulatedKernel()
+        SimulatedKernel.current = kernel
+        defer { SimulatedKernel.current = nil }
         let clock = ManualClock()
-        let launcher = SimLauncher()
+        let launcher = SimLauncher(kernel: kernel)
         var configuration = HostConfiguration(extensionSearchPaths: [world.root],
                                               executableSearchPaths: [world.executableDirectory])
         configuration.clock = clock
@@ -327,8 +375,13 @@ package struct Simulation {
         }()
         // Every step, and how each request ended.
         let ends = state.outcomes.withLock { $0 }
-        tally.digest(state.trace + state.begun.map { "\($0): \(ends[$0] ?? [])" })
+        tally.digest(state.trace + state.begun.map { id in
+            "\(id): " + (ends[id] ?? []).map(SimulationTally.kind(of:)).joined(separator: ", ")
+        })
         if problem == nil, state.retainsAHandler { return failure("a request's handler is still retained") }
+        if problem == nil, kernel.openCount > 0 {
+            return failure("\(kernel.openCount) simulated descriptor(s) left open: \(kernel.openDescriptors.map(String.init).joined(separator: ", "))")
+        }
         if problem == nil {
             // Another thread may hold a descriptor for a moment (the engine's first spawn in this process sweeps
             // the temp folder on a Dispatch queue): a leak is one still open a second later.

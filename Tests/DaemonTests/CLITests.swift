@@ -27,6 +27,24 @@ import Glibc
                 String(decoding: try readFile("\(folder)/err"), as: UTF8.self))
     }
 
+    /// sdk-host-simulate split over processes (one per job, each taking every J-th seed) reaches the same steps as
+    /// one process running them all: the same trace digest and counts; a bad option is a usage error.
+    @Test func theSimulationSplitOverProcessesReplaysTheSameSchedules() async throws {
+        let simulate = sdkHostBinary.replacingLastPathComponent(with: "sdk-host-simulate")
+        let (one, oneOut, oneErr) = try await run([simulate, "--schedules", "6", "--seed", "77", "--jobs", "1"], raw: true)
+        let (three, threeOut, threeErr) = try await run([simulate, "--schedules", "6", "--seed", "77", "--jobs", "3"], raw: true)
+        #expect(one == 0 && three == 0, "\(oneErr)\(threeErr)")
+        func summary(_ out: String) -> [Substring] {
+            out.split(separator: "\n").filter { !$0.contains("schedules/s") }
+        }
+        #expect(oneOut.hasSuffix("6 schedules, 0 violations\n"), "\(oneOut)")
+        #expect(oneOut.contains("trace digest: 0x"), "\(oneOut)")
+        #expect(summary(oneOut) == summary(threeOut), "one process:\n\(oneOut)\nthree:\n\(threeOut)")
+        #expect(threeOut.contains("in 3 process(es)"), "\(threeOut)")
+        let (bad, _, badErr) = try await run([simulate, "--schedules", "6", "--jobs", "0"], raw: true)
+        #expect(bad == 2 && badErr.contains("--jobs: '0'"), "\(badErr)")
+    }
+
     @Test func requestAttachesSavesAndStreams() async throws {
         let folder = try TemporaryFolder()
         let bytes = (0..<(4 << 20)).map { UInt8(truncatingIfNeeded: $0 &* 7 &+ 3) }
@@ -389,5 +407,13 @@ import Glibc
         #expect(fork.contains("refused"), "\(fork)")
         let (_, shadow) = try await withoutLandlock("com.example.escaper-best-effort", "read:\(folder)/no-landlock.py")
         #expect(shadow.contains("refused: errno 2"), "without Landlock the new root still holds only grants: \(shadow)")
+    }
+}
+
+extension String {
+    /// The path with its last component replaced.
+    fileprivate func replacingLastPathComponent(with name: String) -> String {
+        guard let slash = lastIndex(of: "/") else { return name }
+        return String(self[...slash]) + name
     }
 }

@@ -96,7 +96,7 @@ package final class FramedConnection {
     /// Descriptors queued here or written and not yet read by the peer (SIOCOUTQ says how far it has read).
     package var unreadDescriptors: Int {
         if descriptorsWrittenCount > 0 {
-            let unreadBytes = Int(sdk_unread_output_bytes(fd))
+            let unreadBytes = unreadOutputBytes(fd)
             let readUpTo = written - max(unreadBytes, 0)
             while let first = descriptorsWritten.first, first.start < readUpTo {
                 _ = descriptorsWritten.popFirst()

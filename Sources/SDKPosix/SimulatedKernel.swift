@@ -1,0 +1,269 @@
+// SimulatedKernel: in-memory stand-ins for the descriptors a worker's or a daemon client's connection uses
+// (stream socket pairs that carry descriptors, pipes, event counters), for the engine's simulation
+// (sdk-host-simulate). Each syscall on a real descriptor costs a microsecond or more; a schedule makes about
+// two thousand of them, which capped the simulation at a tenth of its target speed. swift-system's
+// MockingDriver has the idea: the code under test keeps calling its usual wrappers, and the wrappers hand a
+// simulated descriptor to the simulation instead of the kernel.
+//
+// A simulated descriptor is a number at or above `SimulatedKernel.firstDescriptor` (2^30), which the kernel never
+// hands out (its limit, fs.nr_open, is at most 2^30 - 64 on a 64-bit machine). The wrappers in Syscalls.swift,
+// FileDescriptor.close and EventLoop test the number and do nothing else differently: with no simulation running
+// no such number exists, and the test is one compare against a constant.
+//
+// What it models, after Linux's unix stream sockets: a send is queued as one segment with the descriptors it
+// carries (duplicated, as SCM_RIGHTS does) and fails with EAGAIN once the peer holds `capacity` bytes unread; a
+// read takes whole or partial segments and stops after the first segment that carries descriptors (and before
+// one, if it already has bytes), as unix_stream_read_generic does; closing an end with bytes unread makes the
+// peer's next read fail with ECONNRESET once its queue is empty; a closed peer reads as end of file and polls as
+// EPOLLIN | EPOLLRDHUP | EPOLLHUP; sending to one fails with EPIPE. A pipe is a one-way stream without
+// descriptors; a counter reads as eventfd does. A kernel belongs to the one thread it is `current` on.
+
+#if canImport(Glibc)
+import Glibc
+#endif
+import CSDKShim
+
+package final class SimulatedKernel: @unchecked Sendable {
+    // @unchecked Sendable: used only on the thread it is `current` on.
+
+    /// The first simulated descriptor number.
+    package static let firstDescriptor: Int32 = 1 << 30
+
+    /// Whether `fd` is a simulated descriptor.
+    @inline(__always)
+    package static func isSimulated(_ fd: Int32) -> Bool { fd >= firstDescriptor }
+
+    /// The kernel the calling thread's simulated descriptors belong to, set by a simulation for the length of a
+    /// schedule. Per thread: simulations (and tests) on other threads have kernels of their own.
+    package static var current: SimulatedKernel? {
+        get { pthread_getspecific(currentKey).map { Unmanaged<SimulatedKernel>.fromOpaque($0).takeUnretainedValue() } }
+        set {
+            if let old = pthread_getspecific(currentKey) { Unmanaged<SimulatedKernel>.fromOpaque(old).release() }
+            pthread_setspecific(currentKey, newValue.map { Unmanaged.passRetained($0).toOpaque() })
+        }
+    }
+
+    private static let currentKey: pthread_key_t = {
+        var key = pthread_key_t()
+        precondition(pthread_key_create(&key, nil) == 0, "pthread_key_create")
+        return key
+    }()
+
+    /// Bytes a peer may hold unread before a send fails with EAGAIN.
+    package let capacity: Int
+
+    /// One direction of a socket pair or pipe.
+    final class Channel {
+        struct Segment {
+            var bytes: [UInt8]
+            var offset = 0
+            /// Owned by the channel until read (then by the reader) or closed.
+            var descriptors: [Int32]
+        }
+        var segments = Deque<Segment>()
+        var unread = 0
+        var writerClosed = false
+        var readerClosed = false
+        /// The writer closed with bytes of the reader's unread: the reader's next read past its queue fails.
+        var reset = false
+    }
+
+    final class Endpoint {
+        enum Kind { case socket, pipeReader, pipeWriter, counter }
+        let kind: Kind
+        let inbound: Channel?
+        let outbound: Channel?
+        var counter: UInt64 = 0
+        var references = 1
+        init(_ kind: Kind, inbound: Channel?, outbound: Channel?) {
+            self.kind = kind
+            self.inbound = inbound
+            self.outbound = outbound
+        }
+    }
+
+    private var table: [Int32: Endpoint] = [:]
+    private var nextDescriptor = SimulatedKernel.firstDescriptor
+
+    package init(capacity: Int = 32 * 1024) {
+        self.capacity = capacity
+    }
+
+    /// Simulated descriptors open now (a schedule ends with none).
+    package var openCount: Int { table.count }
+
+    /// The open simulated descriptors, for a failure's report.
+    package var openDescriptors: [Int32] { table.keys.sorted() }
+
+    private func install(_ endpoint: Endpoint) -> Int32 {
+        let fd = nextDescriptor
+        nextDescriptor += 1
+        table[fd] = endpoint
+        return fd
+    }
+
+    private func endpoint(_ fd: Int32, _ operation: String) -> Endpoint {
+        guard let endpoint = table[fd] else { fatalError("\(operation): simulated descriptor \(fd) is not open — a descriptor bug") }
+        return endpoint
+    }
+
+    // MARK: Making descriptors
+
+    /// A connected pair of stream sockets (socketpair(AF_UNIX, SOCK_STREAM)).
+    package func socketPair() -> (Int32, Int32) {
+        let ab = Channel(), ba = Channel()
+        return (install(Endpoint(.socket, inbound: ba, outbound: ab)), install(Endpoint(.socket, inbound: ab, outbound: ba)))
+    }
+
+    /// A pipe: its read end, then its write end.
+    package func pipe() -> (read: Int32, write: Int32) {
+        let channel = Channel()
+        return (install(Endpoint(.pipeReader, inbound: channel, outbound: nil)),
+                install(Endpoint(.pipeWriter, inbound: nil, outbound: channel)))
+    }
+
+    /// A counter that reads as an eventfd: readable while non-zero.
+    package func counter() -> Int32 { install(Endpoint(.counter, inbound: nil, outbound: nil)) }
+
+    /// Another descriptor for the same end (dup(2)); the end closes with its last descriptor.
+    package func duplicate(_ fd: Int32) -> Int32 {
+        let endpoint = endpoint(fd, "dup")
+        endpoint.references += 1
+        return install(endpoint)
+    }
+
+    // MARK: Syscalls
+
+    /// close(2).
+    package func close(_ fd: Int32) {
+        guard let endpoint = table.removeValue(forKey: fd) else {
+            fatalError("close(\(fd)): EBADF — a simulated descriptor closed twice or never open")
+        }
+        endpoint.references -= 1
+        guard endpoint.references == 0 else { return }
+        if let inbound = endpoint.inbound {
+            inbound.readerClosed = true
+            if inbound.unread > 0, let peerOutbound = endpoint.kind == .socket ? endpoint.outbound : nil {
+                // Linux: closing a socket with unread data resets its peer.
+                peerOutbound.reset = true
+            }
+            while let segment = inbound.segments.popFirst() { closeAll(segment.descriptors) }
+            inbound.unread = 0
+        }
+        endpoint.outbound?.writerClosed = true
+    }
+
+    private func closeAll(_ descriptors: [Int32]) {
+        for fd in descriptors {
+            if Self.isSimulated(fd) { close(fd) } else { _ = Glibc.close(fd) }
+        }
+    }
+
+    /// recvmsg(2) / read(2): bytes into `buffer`, descriptors (at most `maxDescriptors`, the rest closed and
+    /// `truncated` set) appended to `descriptors`. Returns the count, 0 at end of file, or -errno.
+    package func receive(_ fd: Int32, into buffer: UnsafeMutableRawBufferPointer, descriptors: inout [Int32],
+                         maxDescriptors: Int, truncated: inout Bool) -> Int
+    {
+        let endpoint = endpoint(fd, "recvmsg")
+        if endpoint.kind == .counter {
+            guard buffer.count >= 8 else { return -Int(EINVAL) }
+            guard endpoint.counter > 0 else { return -Int(EAGAIN) }
+            buffer.storeBytes(of: endpoint.counter, as: UInt64.self)
+            endpoint.counter = 0
+            return 8
+        }
+        guard let channel = endpoint.inbound else { return -Int(EBADF) }
+        var copied = 0
+        while copied < buffer.count, var segment = channel.segments.first {
+            if !segment.descriptors.isEmpty && copied > 0 { break }
+            let n = min(buffer.count - copied, segment.bytes.count - segment.offset)
+            segment.bytes.withUnsafeBytes { raw in
+                (buffer.baseAddress! + copied).copyMemory(from: raw.baseAddress! + segment.offset, byteCount: n)
+            }
+            copied += n
+            segment.offset += n
+            channel.unread -= n
+            let carried = segment.descriptors
+            segment.descriptors = []
+            if segment.offset == segment.bytes.count {
+                _ = channel.segments.popFirst()
+            } else {
+                channel.segments.withFirst { $0 = segment }
+            }
+            if !carried.isEmpty {
+                descriptors.append(contentsOf: carried.prefix(maxDescriptors))
+                if carried.count > maxDescriptors {
+                    truncated = true
+                    closeAll(Array(carried[maxDescriptors...]))
+                }
+                break
+            }
+        }
+        if copied > 0 || buffer.count == 0 { return copied }
+        if channel.reset {
+            channel.reset = false
+            return -Int(ECONNRESET)
+        }
+        return channel.writerClosed ? 0 : -Int(EAGAIN)
+    }
+
+    /// sendmsg(2) / write(2): queues what fits of `buffer` for the peer, with `descriptors` (duplicated) on its
+    /// first byte. Returns the count or -errno.
+    package func send(_ fd: Int32, _ buffer: UnsafeRawBufferPointer, descriptors: [Int32]) -> Int {
+        let endpoint = endpoint(fd, "sendmsg")
+        if endpoint.kind == .counter {
+            guard buffer.count == 8 else { return -Int(EINVAL) }
+            endpoint.counter &+= buffer.load(as: UInt64.self)
+            return 8
+        }
+        guard let channel = endpoint.outbound else { return -Int(EBADF) }
+        if channel.readerClosed { return -Int(EPIPE) }
+        let n = min(buffer.count, capacity - channel.unread)
+        guard n > 0 else { return buffer.count == 0 ? 0 : -Int(EAGAIN) }
+        var carried: [Int32] = []
+        for fd in descriptors {
+            if Self.isSimulated(fd) {
+                carried.append(duplicate(fd))
+            } else {
+                let copy = fcntl(fd, F_DUPFD_CLOEXEC, 0)
+                if copy < 0 {
+                    let e = errno
+                    closeAll(carried)
+                    return -Int(e)
+                }
+                carried.append(copy)
+            }
+        }
+        channel.segments.append(Channel.Segment(bytes: Array(UnsafeRawBufferPointer(rebasing: buffer[..<n])), descriptors: carried))
+        channel.unread += n
+        return n
+    }
+
+    /// Bytes this end sent that its peer has not read (SIOCOUTQ).
+    package func unreadOutput(_ fd: Int32) -> Int { endpoint(fd, "ioctl(SIOCOUTQ)").outbound?.unread ?? 0 }
+
+    /// What epoll would report for `fd` now (level-triggered), before masking with what is watched.
+    package func readiness(_ fd: Int32) -> UInt32 {
+        guard let endpoint = table[fd] else { return 0 }
+        let readable = SDK_EPOLLIN, writable = SDK_EPOLLOUT, peerClosed = SDK_EPOLLRDHUP
+        let hangUp: UInt32 = 0x10, error: UInt32 = 0x08
+        switch endpoint.kind {
+        case .counter:
+            return (endpoint.counter > 0 ? readable : 0) | writable
+        case .pipeReader:
+            let channel = endpoint.inbound!
+            return (channel.unread > 0 || channel.writerClosed ? readable : 0) | (channel.writerClosed ? hangUp : 0)
+        case .pipeWriter:
+            let channel = endpoint.outbound!
+            return channel.readerClosed ? error | writable : (channel.unread < capacity ? writable : 0)
+        case .socket:
+            let inbound = endpoint.inbound!, outbound = endpoint.outbound!
+            var events: UInt32 = 0
+            if inbound.unread > 0 || inbound.writerClosed || inbound.reset { events |= readable }
+            if inbound.writerClosed { events |= peerClosed | hangUp }
+            if inbound.reset { events |= error }
+            if outbound.readerClosed || outbound.unread < capacity { events |= writable }
+            return events
+        }
+    }
+}
