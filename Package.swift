@@ -66,6 +66,9 @@ let package = Package(
         .executableTarget(
             name: "Ticker", dependencies: ["SDKExtension"], path: "Extensions/Ticker", exclude: ["Info.plist"],
             linkerSettings: extensionExecutable),
+        .executableTarget(
+            name: "Renderer", dependencies: ["SDKExtension"], path: "Extensions/Renderer", exclude: ["Info.plist"],
+            linkerSettings: extensionExecutable),
         // Tries every sandbox escape (Extensions/Escaper). Linked the ordinary way, dynamically against the
         // toolchain's Swift runtime, as an extension in another package would be.
         .executableTarget(
@@ -91,7 +94,7 @@ let package = Package(
             name: "sdk-host",
             // Depending on the extensions and the Foundation codec helper makes `swift run sdk-host …` build them
             // next to it.
-            dependencies: ["SDKWire", "SDKPosix", "SDKHost", "SDKDaemon", "Echo", "Crasher", "AsyncEcho", "Ticker", "Escaper", "foundation-codec-bench", "sdk-host-launcher"],
+            dependencies: ["SDKWire", "SDKPosix", "SDKHost", "SDKDaemon", "Echo", "Crasher", "AsyncEcho", "Ticker", "Renderer", "Escaper", "foundation-codec-bench", "sdk-host-launcher"],
             linkerSettings: staticExecutable),
         // Times Foundation's PropertyListSerialization for `sdk-host bench`, in its own process.
         .executableTarget(name: "foundation-codec-bench", dependencies: ["SDKPosix"]),

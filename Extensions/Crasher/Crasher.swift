@@ -106,6 +106,21 @@ struct Crasher: RequestHandler {
             }
             _ = frames.withUnsafeBytes { write(3, $0.baseAddress, $0.count) }
             while true { sleep(60) }
+        case "call-other", "call-reuse", "call-flood":
+            // Host calls that break the rules, written past the runtime: for a request this worker does not run,
+            // a call number used twice, and 17 calls at once (MaxHostCallsInFlight is 16 unless the manifest says).
+            var encoder = BinaryPlistEncoder()
+            var frames: [UInt8] = []
+            let calls: [(RequestID, Int64)] = command == "call-other" ? [(RequestID(), Int64(1))]
+                : command == "call-reuse" ? [(context.requestID, Int64(7)), (context.requestID, Int64(7))]
+                : (1...17).map { (context.requestID, Int64($0)) }
+            for (id, call) in calls {
+                try? Frame.encode(Message.hostCall(id: id, call: call, service: "document.part",
+                                                   items: [ExtensionItem(title: "hold-\(call)")]).plist,
+                                  with: &encoder, appendingTo: &frames)
+            }
+            _ = frames.withUnsafeBytes { write(3, $0.baseAddress, $0.count) }
+            while true { sleep(60) }
         case "fd-pipe":
             // A pipe as a "file" attachment: a reader could block on it for good, so the host must refuse it.
             var fds: [Int32] = [-1, -1]

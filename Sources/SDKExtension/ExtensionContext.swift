@@ -19,6 +19,8 @@ public final class ExtensionContext: Sendable {
     private let partialBody: (@Sendable (Message) -> Void)?
     /// Called when the context is released, after its request ended (the runtime's leak check).
     private let onRelease: (@Sendable (RequestID) -> Void)?
+    /// Makes this request's calls to the host's services (HostCalls.swift); nil in a context made without a host.
+    package let hostCaller: HostCaller?
 
     struct State {
         var finished = false
@@ -43,8 +45,10 @@ public final class ExtensionContext: Sendable {
     }
 
     package init(requestID: RequestID, inputItems: [ExtensionItem], finish: @escaping @Sendable (Message) -> Void,
-                 partial: (@Sendable (Message) -> Void)? = nil, onRelease: (@Sendable (RequestID) -> Void)? = nil)
+                 partial: (@Sendable (Message) -> Void)? = nil, onRelease: (@Sendable (RequestID) -> Void)? = nil,
+                 hostCaller: HostCaller? = nil)
     {
+        self.hostCaller = hostCaller
         self.requestID = requestID
         self.inputItems = inputItems
         self.finishBody = finish
@@ -52,7 +56,10 @@ public final class ExtensionContext: Sendable {
         self.onRelease = onRelease
     }
 
-    deinit { onRelease?(requestID) }
+    deinit {
+        hostCaller?.forget(requestID)
+        onRelease?(requestID)
+    }
 
     /// True once the host has cancelled this request. Long-running work should check it and stop with
     /// `cancelRequest(withError:)`. Async handlers also see Task cancellation.
@@ -153,6 +160,8 @@ public final class ExtensionContext: Sendable {
             return
         }
         wakeCreditWaiters()
+        // Its calls still waiting end now; the host cancels them on its side when it reads this message.
+        hostCaller?.end(requestID, cancelled: false, tellHost: false)
         finishBody(message)
     }
 
@@ -175,6 +184,7 @@ public final class ExtensionContext: Sendable {
         }
         task?.cancel()
         wakeCreditWaiters()
+        hostCaller?.end(requestID, cancelled: true, tellHost: true)
     }
 
     package func attach(_ task: Task<Void, Never>) {

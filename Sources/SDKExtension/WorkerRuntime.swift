@@ -238,6 +238,7 @@ enum WorkerRuntime {
             if error != 0 { WorkerLog.write("exit notice unavailable: \(String(cString: strerror(error)))") }
         }
         let connection = HostConnection(fd: env.ipcFD)
+        let hostCaller = HostCaller(maxInFlight: env.maxHostCalls) { [connection] message in connection.send(message) }
         var reader = FrameReader()
         // Not zero-filled: only the bytes a read returns are used, and a filled 64 KiB buffer was 16 page faults
         // at every worker's start.
@@ -343,7 +344,7 @@ enum WorkerRuntime {
                             connection.send(message)
                         },
                         partial: { [connection] message in connection.send(message) },
-                        onRelease: onRelease)
+                        onRelease: onRelease, hostCaller: hostCaller)
                     connection.register(context)
                     if let sync {
                         if inline {
@@ -362,7 +363,9 @@ enum WorkerRuntime {
                     connection.context(for: id)?.credit(Int(clamping: count))
                 case .ping(let seq):
                     connection.send(.pong(seq: seq))
-                case .pong, .welcome, .complete, .partial, .cancelled, .connect, .connected, .subscribe, .event, .assigned, .interrupted, .status,
+                case .hostCallResult, .hostCallError:
+                    hostCaller.answer(message)
+                case .hostCall, .hostCallCancel, .pong, .welcome, .complete, .partial, .cancelled, .connect, .connected, .subscribe, .event, .assigned, .interrupted, .status,
                     .statusReport, .sandboxed, .launchFailed, .prewarm, .prewarmed, .leak:
                     WorkerLog.write("unexpected '\(message.typeName)' from host; ignored")
                 case .error(let text, _):
@@ -391,6 +394,8 @@ struct Environment {
     let busyPollMicroseconds: Int
     /// The exit-notice page's descriptor, when the host passed one.
     let exitNoticeFD: Int32?
+    /// MaxHostCallsInFlight: calls of one request to the host's services that may wait at once.
+    let maxHostCalls: Int
 
     init() {
         func value(_ name: String) -> String? { getenv(name).map { String(cString: $0) } }
@@ -399,6 +404,7 @@ struct Environment {
         idleTimeoutMs = value("SDKHOST_IDLE_TIMEOUT_MS").flatMap { Int64($0) } ?? 0
         leakCheckMs = value("SDKHOST_LEAK_CHECK_MS").flatMap { Int64($0) } ?? 0
         exitNoticeFD = value("SDKHOST_EXIT_NOTICE_FD").flatMap { Int32($0) }.flatMap { $0 > 2 ? $0 : nil }
+        maxHostCalls = value("SDKHOST_MAX_HOST_CALLS").flatMap { Int($0) }.map { (1...1024).contains($0) ? $0 : 16 } ?? 16
         busyPollMicroseconds = value("SDKHOST_BUSY_POLL_US").flatMap { Int($0) }.map { (0...1000).contains($0) ? $0 : 0 } ?? 0
         var st = stat()
         if fstat(ipcFD, &st) != 0 {

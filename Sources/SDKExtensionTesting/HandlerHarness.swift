@@ -1,5 +1,6 @@
 // Runs a handler in the test's own process: no host, no worker, no socket. The handler gets a real
-// ExtensionContext, as the worker runtime would give it; the harness plays the host (cancel, wait, time out).
+// ExtensionContext, as the worker runtime would give it; the harness plays the host (cancel, wait, time out) and
+// the app's host services (fakes the test gives, each answering `context.callHost`).
 import SDKWire
 import Synchronization
 @_exported import SDKExtension
@@ -14,6 +15,10 @@ public enum HandlerOutcome: Sendable, Equatable {
     case timedOut
 }
 
+/// A fake of one of the app's host services: what `context.callHost(name, items)` gets back (or throws; an
+/// `ExtensionError` reaches the handler as it is). Runs in a Task of its own, cancelled if the handler gives up.
+public typealias FakeHostService = @Sendable (_ items: [ExtensionItem]) async throws -> [ExtensionItem]
+
 /// One request running under the harness.
 public final class HandlerRun: Sendable {
     /// The request's identifier, as its context has it.
@@ -27,13 +32,49 @@ public final class HandlerRun: Sendable {
         var context: ExtensionContext?
         var waiters: [Int: CheckedContinuation<HandlerOutcome, Never>] = [:]
         var nextWaiter = 0
+        var calls: [(service: String, items: [ExtensionItem])] = []
+        var running: [Int64: Task<Void, Never>] = [:]
     }
 
     private final class WeakContext: @unchecked Sendable {
         weak var value: ExtensionContext?
     }
 
-    init(items: [ExtensionItem], start: (ExtensionContext) -> Void) {
+    init(items: [ExtensionItem], services: [String: FakeHostService], maxHostCalls: Int,
+         start: (ExtensionContext) -> Void)
+    {
+        // The app's side of host calls: each call runs its fake (or fails as an unprovided service does).
+        let callerBox = CallerBox()
+        let requestID = self.requestID
+        let caller = HostCaller(maxInFlight: maxHostCalls) { [weak self] message in
+            guard let self else { return }
+            switch message {
+            case .hostCall(_, let call, let service, let items):
+                self.state.withLock { $0.calls.append((service, items)) }
+                let fake = services[service]
+                let task = Task {
+                    let answer: Message
+                    do {
+                        guard let fake else {
+                            throw ExtensionError(domain: "SDKHost", code: 11, message: "the app provides no service '\(service)'")
+                        }
+                        answer = .hostCallResult(id: requestID, call: call, items: try await fake(items))
+                    } catch let error as ExtensionError {
+                        answer = .hostCallError(id: requestID, call: call, error: error)
+                    } catch {
+                        answer = .hostCallError(id: requestID, call: call, error: ExtensionError(
+                            domain: "SDKHost", code: 13, message: "service '\(service)' failed: \(error)"))
+                    }
+                    callerBox.value?.answer(answer)
+                }
+                self.state.withLock { $0.running[call] = task }
+            case .hostCallCancel(_, let call):
+                self.state.withLock { $0.running.removeValue(forKey: call) }?.cancel()
+            default:
+                break
+            }
+        }
+        callerBox.value = caller
         let context = ExtensionContext(
             requestID: requestID, inputItems: items,
             finish: { [weak self] message in self?.finished(message) },
@@ -42,10 +83,19 @@ public final class HandlerRun: Sendable {
                 // Taken at once, as by an app that keeps up: the context gets its credit back.
                 self.state.withLock { $0.partials.append(items) }
                 self.state.withLock { $0.context }?.credit(1)
-            })
+            },
+            hostCaller: caller)
         weakContext.value = context
         state.withLock { $0.context = context }
         start(context)
+    }
+
+    /// The host calls the handler made (`context.callHost`) so far, in order: each service's name and items.
+    public var hostCalls: [(service: String, items: [ExtensionItem])] { state.withLock { $0.calls } }
+
+    private final class CallerBox: @unchecked Sendable {
+        // Set once, before the context exists; read by the fakes' Tasks.
+        var value: HostCaller?
     }
 
     /// The partial results the handler sent (`context.send`) so far, in order.
@@ -61,6 +111,8 @@ public final class HandlerRun: Sendable {
         let waiters = state.withLock { s -> [CheckedContinuation<HandlerOutcome, Never>] in
             s.outcome = outcome
             s.context = nil  // from here on, only the handler can keep the context alive
+            for task in s.running.values { task.cancel() }  // as the host cancels a request's calls at its end
+            s.running = [:]
             defer { s.waiters = [:] }
             return Array(s.waiters.values)
         }
@@ -115,8 +167,13 @@ public final class HandlerRun: Sendable {
 public enum HandlerHarness {
     /// Starts one request on a synchronous handler (on a global queue, as the runtime does unless the handler
     /// `runsInline`, in which case on this thread).
-    public static func start<Handler: RequestHandler>(_ handler: Handler, items: [ExtensionItem]) -> HandlerRun {
-        HandlerRun(items: items) { context in
+    ///
+    /// `services` fake the app's host services by name (`context.callHost`); a call to any other fails as a call
+    /// to a service the app does not provide. `maxHostCalls` is the manifest's MaxHostCallsInFlight.
+    public static func start<Handler: RequestHandler>(_ handler: Handler, items: [ExtensionItem],
+                                                      services: [String: FakeHostService] = [:],
+                                                      maxHostCalls: Int = 16) -> HandlerRun {
+        HandlerRun(items: items, services: services, maxHostCalls: maxHostCalls) { context in
             if Handler.runsInline {
                 handler.beginRequest(with: context)
             } else {
@@ -127,24 +184,26 @@ public enum HandlerHarness {
 
     /// Starts one request on an async handler, in a Task of its own that `HandlerRun.cancel()` cancels. A handler
     /// that returns without finishing has the request finished for it, as in a worker.
-    public static func start<Handler: AsyncRequestHandler>(_ handler: Handler, items: [ExtensionItem]) -> HandlerRun {
-        HandlerRun(items: items) { context in
+    public static func start<Handler: AsyncRequestHandler>(_ handler: Handler, items: [ExtensionItem],
+                                                           services: [String: FakeHostService] = [:],
+                                                           maxHostCalls: Int = 16) -> HandlerRun {
+        HandlerRun(items: items, services: services, maxHostCalls: maxHostCalls) { context in
             context.runAsync { await handler.beginRequest(with: $0) }
         }
     }
 
     /// Runs one request to its outcome (or `.timedOut`).
     public static func run<Handler: RequestHandler>(
-        _ handler: Handler, items: [ExtensionItem], timeout: Duration = .seconds(5)
+        _ handler: Handler, items: [ExtensionItem], services: [String: FakeHostService] = [:], timeout: Duration = .seconds(5)
     ) async -> HandlerOutcome {
-        await start(handler, items: items).outcome(timeout: timeout)
+        await start(handler, items: items, services: services).outcome(timeout: timeout)
     }
 
     /// Runs one request of an async handler to its outcome (or `.timedOut`).
     public static func run<Handler: AsyncRequestHandler>(
-        _ handler: Handler, items: [ExtensionItem], timeout: Duration = .seconds(5)
+        _ handler: Handler, items: [ExtensionItem], services: [String: FakeHostService] = [:], timeout: Duration = .seconds(5)
     ) async -> HandlerOutcome {
-        await start(handler, items: items).outcome(timeout: timeout)
+        await start(handler, items: items, services: services).outcome(timeout: timeout)
     }
 }
 

@@ -8,7 +8,7 @@
 public enum MessageType: String, CaseIterable, Sendable {
     case hello, welcome, begin, complete, partial, credit, cancel, cancelled, ping, pong, error, connect, connected
     case assigned, interrupted, status, statusReport, sandboxed, launchFailed, prewarm, prewarmed, leak, subscribe
-    case event
+    case event, hostCall, hostCallResult, hostCallError, hostCallCancel
 
     /// The name as a property-list string.
     public var plist: PlistValue { .string(rawValue) }
@@ -41,6 +41,10 @@ public enum MessageType: String, CaseIterable, Sendable {
         case .leak: "leak"
         case .subscribe: "subscribe"
         case .event: "event"
+        case .hostCall: "hostCall"
+        case .hostCallResult: "hostCallResult"
+        case .hostCallError: "hostCallError"
+        case .hostCallCancel: "hostCallCancel"
         }
     }
 }
@@ -53,7 +57,7 @@ public enum MessageKey: String, CaseIterable, Sendable {
     // Messages.
     case type, id, items, fds, `extension`, deadlineMs, version, identifier, hostPid, idleTimeoutMs, pid, count
     case error, seq, message, app, extensions, points, event, reason, layers, skipped, timings, report, alive
-    case afterMs
+    case afterMs, call, service
     // An error's fields (`domain`, `code` and `message`).
     case domain, code
     // An item's fields.
@@ -89,6 +93,8 @@ public enum MessageKey: String, CaseIterable, Sendable {
         case .report: "report"
         case .alive: "alive"
         case .afterMs: "afterMs"
+        case .call: "call"
+        case .service: "service"
         case .domain: "domain"
         case .code: "code"
         case .title: "title"

@@ -18,6 +18,20 @@
 //   worker -> host   leak      {type, id, alive: [string], afterMs}   the request ended afterMs ago and these
 //                              still live: "context" (its ExtensionContext), "task" (an async handler's Task)
 //
+// Host services (version 2): a worker running request `id` asks the app for something, under a call number of
+// its own choosing (positive, not in use by another of the request's calls):
+//   worker -> host   hostCall       {type, id, call, service, items, fds?}
+//   host -> worker   hostCallResult {type, id, call, items, fds?}    the app's handler returned these
+//   host -> worker   hostCallError  {type, id, call, error: {domain, code, message}}
+//                                   the service is not listed (HostServices) or not provided, the handler threw,
+//                                   or the request ended on the host
+//   worker -> host   hostCallCancel {type, id, call}   the extension gave up on the call; no answer follows
+// Each call gets at most one answer, and none after a hostCallCancel; an answer for a call the worker no longer
+// waits for is dropped. Every call of a request ends with it: the host cancels the app's handlers, the worker
+// fails its waiting calls. A worker keeps at most SDKHOST_MAX_HOST_CALLS (the manifest's MaxHostCallsInFlight)
+// calls of one request in flight; one more is a protocol violation. Between daemon and client the same four,
+// daemon -> client for hostCall and hostCallCancel, client -> daemon for the answers.
+//
 // Between a client library and the daemon, additionally:
 //   client -> daemon connect     {type, version, app?}         app: the client's name (default: its executable's)
 //   daemon -> client connected   {type, version, pid, extensions: [string], points?: {id: extension point}}
@@ -52,8 +66,9 @@
 // logs and ignores it. A payload that is not a dictionary, lacks `type`, or has a known type with missing or
 // ill-typed fields is a protocol error.
 
-/// The protocol version sent in `hello` and `welcome`.
-public let protocolVersion: Int64 = 1
+/// The protocol version sent in `hello` and `welcome`, and in `connect` and `connected`. 2 added host services:
+/// a peer of version 1 would not know their messages, so the handshake refuses it.
+public let protocolVersion: Int64 = 2
 
 /// How many partial results of one request a worker may send before the host credits any back.
 public let streamWindow = 16
@@ -129,6 +144,10 @@ public enum Message: Sendable, Equatable {
     case leak(id: RequestID, alive: [String], afterMs: Int64)
     case subscribe
     case event(PlistValue)
+    case hostCall(id: RequestID, call: Int64, service: String, items: [ExtensionItem])
+    case hostCallResult(id: RequestID, call: Int64, items: [ExtensionItem])
+    case hostCallError(id: RequestID, call: Int64, error: ExtensionError)
+    case hostCallCancel(id: RequestID, call: Int64)
     /// A type this version does not know; ignored by receivers.
     case unknown(type: String)
 
@@ -198,6 +217,20 @@ public enum Message: Sendable, Equatable {
         case let .leak(id, alive, afterMs):
             return .fields([.type: MessageType.leak.plist, .id: .string(id.uuidString), .alive: .array(alive.map(PlistValue.string)),
                     .afterMs: .integer(afterMs)])
+        case let .hostCall(id, call, service, items):
+            var d = Self.itemsMessage(.hostCall, id, items)
+            d[.call] = .integer(call)
+            d[.service] = .string(service)
+            return .dictionary(d)
+        case let .hostCallResult(id, call, items):
+            var d = Self.itemsMessage(.hostCallResult, id, items)
+            d[.call] = .integer(call)
+            return .dictionary(d)
+        case let .hostCallError(id, call, error):
+            return .fields([.type: MessageType.hostCallError.plist, .id: .string(id.uuidString), .call: .integer(call),
+                            .error: error.plist])
+        case let .hostCallCancel(id, call):
+            return .fields([.type: MessageType.hostCallCancel.plist, .id: .string(id.uuidString), .call: .integer(call)])
         case let .unknown(type):
             return .fields([.type: .string(type)])
         }
@@ -215,7 +248,8 @@ public enum Message: Sendable, Equatable {
     /// The descriptors this message carries, in the order its `files` indices number them.
     public var fileAttachments: [FileAttachment] {
         switch self {
-        case .begin(_, let items, _, _), .complete(_, let items), .partial(_, let items):
+        case .begin(_, let items, _, _), .complete(_, let items), .partial(_, let items), .hostCall(_, _, _, let items),
+            .hostCallResult(_, _, let items):
             return items.flatMap(\.fileAttachments)
         default:
             return []
@@ -243,7 +277,9 @@ public enum Message: Sendable, Equatable {
         }
         guard let type = d[.type]?.stringValue else { throw MessageError("message has no string 'type'") }
         let known = MessageType(rawValue: type)
-        if !files.isEmpty, known != .begin, known != .complete, known != .partial {
+        if !files.isEmpty, known != .begin, known != .complete, known != .partial, known != .hostCall,
+            known != .hostCallResult
+        {
             throw MessageError("'\(type)' cannot carry descriptors")
         }
         func string(_ key: MessageKey) throws(MessageError) -> String {
@@ -342,6 +378,13 @@ public enum Message: Sendable, Equatable {
         case .event?:
             guard let event = d[.event], case .dictionary = event else { throw MessageError("'event' needs a dictionary 'event'") }
             self = .event(event)
+        case .hostCall?:
+            self = .hostCall(id: try id(), call: try integer(.call), service: try string(.service), items: try items())
+        case .hostCallResult?: self = .hostCallResult(id: try id(), call: try integer(.call), items: try items())
+        case .hostCallError?:
+            guard let e = d[.error] else { throw MessageError("'hostCallError' needs an 'error'") }
+            self = .hostCallError(id: try id(), call: try integer(.call), error: try ExtensionError(plist: e))
+        case .hostCallCancel?: self = .hostCallCancel(id: try id(), call: try integer(.call))
         case nil: self = .unknown(type: type)
         }
     }
@@ -379,6 +422,10 @@ extension Message {
         case .leak: .leak
         case .subscribe: .subscribe
         case .event: .event
+        case .hostCall: .hostCall
+        case .hostCallResult: .hostCallResult
+        case .hostCallError: .hostCallError
+        case .hostCallCancel: .hostCallCancel
         case .unknown: nil
         }
     }

@@ -15,7 +15,8 @@ import Glibc
         let daemon = try await DaemonProcess()
         defer { daemon.remove() }
         let host = try await ExtensionHost.connect(socketPath: daemon.socket)
-        #expect(host.extensionIdentifiers == ["com.example.async-echo", "com.example.crasher", "com.example.echo", "com.example.escaper", "com.example.ticker"])
+        #expect(host.extensionIdentifiers == ["com.example.async-echo", "com.example.crasher", "com.example.echo", "com.example.escaper", "com.example.renderer",
+                                                 "com.example.ticker"])
         #expect(throws: HostError.self) { _ = try host.extension(identifier: "com.example.nope") }
         let echo = try host.extension(identifier: "com.example.echo")
         #expect(try await echo.perform([ExtensionItem(title: "via daemon", userInfo: ["n": 1])])

@@ -499,3 +499,39 @@ public final class Timeline: Sendable {
         return !all[end...].contains { if case .partial = $0 { true } else { false } }
     }
 }
+
+// MARK: Host services
+
+/// What the app's service handlers saw.
+public final class ServiceLog: Sendable {
+    public init() {}
+    private let state = Mutex<(started: [String], cancelled: [String], finished: [String])>(([], [], []))
+    private let gate = Mutex(false)
+    /// Lets the handlers waiting for it answer.
+    public func release() { gate.withLock { $0 = true } }
+    public var released: Bool { gate.withLock { $0 } }
+    public func started(_ name: String) { state.withLock { $0.started.append(name) } }
+    public func cancelled(_ name: String) { state.withLock { $0.cancelled.append(name) } }
+    public func finished(_ name: String) { state.withLock { $0.finished.append(name) } }
+    public var started: [String] { state.withLock { $0.started } }
+    public var cancelled: [String] { state.withLock { $0.cancelled } }
+    public var finished: [String] { state.withLock { $0.finished } }
+}
+
+/// A `document.part` service: answers part `name` with "<NAME>", or (for names starting "hold", "crash" and
+/// "cap") waits until its Task is cancelled or the log is released.
+public func partService(_ log: ServiceLog) -> HostServiceHandler {
+    { call in
+        let name = call.items.first?.title ?? ""
+        log.started(name)
+        if name.hasPrefix("hold") || name.hasPrefix("crash") || name.hasPrefix("cap") {
+            while !Task.isCancelled, !log.released { try? await Task.sleep(nanoseconds: 5_000_000) }
+            if Task.isCancelled {
+                log.cancelled(name)
+                throw CancellationError()
+            }
+        }
+        log.finished(name)
+        return [ExtensionItem(text: "<\(name.uppercased())>")]
+    }
+}

@@ -109,3 +109,52 @@ struct AsyncReturnsEarly: AsyncRequestHandler {
         #expect(error.domain == "SDKExtension" && error.code == 2, "\(error)")
     }
 }
+
+/// Asks the app's `lookup` service for each input item's title and completes with the answers.
+struct Looker: AsyncRequestHandler {
+    func beginRequest(with context: ExtensionContext) async {
+        do {
+            var out: [ExtensionItem] = []
+            for item in context.inputItems { out += try await context.callHost("lookup", [item]) }
+            context.completeRequest(returningItems: out)
+        } catch let error as ExtensionError {
+            context.cancelRequest(withError: error)
+        } catch {
+            context.cancelRequest(withError: .cancelledByHost)
+        }
+    }
+}
+
+@Suite struct HarnessHostServiceTests {
+    @Test func fakeServicesAnswerAHandlersHostCalls() async {
+        let run = HandlerHarness.start(Looker(), items: [ExtensionItem(title: "a"), ExtensionItem(title: "b")],
+                                       services: ["lookup": { items in [ExtensionItem(text: "found \(items[0].title ?? "")")] }])
+        #expect(await run.outcome() == .completed([ExtensionItem(text: "found a"), ExtensionItem(text: "found b")]))
+        #expect(run.hostCalls.map(\.service) == ["lookup", "lookup"])
+        #expect(await run.contextIsReleased())
+    }
+
+    @Test func aServiceNotFakedFailsAsAnUnprovidedOne() async {
+        let outcome = await HandlerHarness.run(Looker(), items: [ExtensionItem(title: "a")])
+        guard case .cancelled(let error) = outcome else {
+            Issue.record("\(outcome)")
+            return
+        }
+        #expect(error.domain == "SDKHost" && error.code == 11 && error.message.contains("lookup"))
+    }
+
+    @Test func cancellingTheRequestCancelsTheFakesCall() async {
+        let fakeCancelled = Mutex(false)
+        let run = HandlerHarness.start(Looker(), items: [ExtensionItem(title: "slow")], services: ["lookup": { _ in
+            while !Task.isCancelled { try? await Task.sleep(nanoseconds: 2_000_000) }
+            fakeCancelled.withLock { $0 = true }
+            throw CancellationError()
+        }])
+        for _ in 0..<500 where run.hostCalls.isEmpty { try? await Task.sleep(nanoseconds: 2_000_000) }
+        #expect(run.hostCalls.count == 1)
+        run.cancel()
+        #expect(await run.outcome() == .cancelled(.cancelledByHost))
+        for _ in 0..<500 where !fakeCancelled.withLock({ $0 }) { try? await Task.sleep(nanoseconds: 2_000_000) }
+        #expect(fakeCancelled.withLock { $0 }, "the fake's Task was not cancelled")
+    }
+}

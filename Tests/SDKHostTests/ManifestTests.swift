@@ -9,7 +9,8 @@ import Testing
         let configuration = HostConfiguration(extensionSearchPaths: ["\(packageRoot)/Extensions"])
         let (manifests, problems) = try ExtensionManifest.discover(in: configuration)
         #expect(problems.isEmpty)
-        #expect(manifests.keys.sorted() == ["com.example.async-echo", "com.example.crasher", "com.example.echo", "com.example.escaper", "com.example.ticker"])
+        #expect(manifests.keys.sorted() == ["com.example.async-echo", "com.example.crasher", "com.example.echo", "com.example.escaper", "com.example.renderer",
+                                                 "com.example.ticker"])
         let echo = try #require(manifests["com.example.echo"])
         #expect(echo.executableName == "Echo")
         #expect(echo.executablePath?.hasSuffix("/Echo") == true)

@@ -63,6 +63,8 @@ import Testing
             .statusReport(seq: 1, report: [:]), .sandboxed(layers: [], skipped: [], pid: 3, timings: ["t"]), .launchFailed(reason: "r"),
             .prewarm(id: id, extensionID: "x"), .prewarmed(id: id, pid: 1), .leak(id: id, alive: [], afterMs: 1),
             .subscribe, .event(["kind": "spawned"]),
+            .hostCall(id: id, call: 1, service: "s", items: [item]), .hostCallResult(id: id, call: 1, items: [item]),
+            .hostCallError(id: id, call: 1, error: .cancelledByHost), .hostCallCancel(id: id, call: 1),
         ]
     }
 

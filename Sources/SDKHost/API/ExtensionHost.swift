@@ -160,6 +160,8 @@ public final class Extension: Sendable {
     public let identifier: String
     let host: ExtensionHost
     private let handlers: HandlerBox
+    /// The services its requests may call (HostServices.swift).
+    let services = HostServiceTable()
 
     init(identifier: String, host: ExtensionHost) {
         self.identifier = identifier
@@ -386,8 +388,10 @@ public final class Extension: Sendable {
                 deliver: @escaping @Sendable (RequestOutcome) -> Void,
                 progress: (@Sendable ([ExtensionItem]) -> Void)? = nil)
     {
-        host.backend.submit(SubmittedRequest(
+        var request = SubmittedRequest(
             id: id, extensionID: identifier, items: items, deadline: deadline, onWorkerAssigned: onWorkerAssigned,
-            deliver: deliver, progress: progress))
+            deliver: deliver, progress: progress)
+        request.services = services
+        host.backend.submit(request)
     }
 }

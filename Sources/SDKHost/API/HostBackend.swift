@@ -28,6 +28,8 @@ package struct SubmittedRequest: Sendable {
     /// in place of `deliver` (which still takes every other outcome, and a completion whose id cannot be
     /// rewritten in place). Called on the loop thread, exactly once if at all.
     package var deliverForwarded: (@Sendable (RequestOutcome, UnsafeRawBufferPointer, Range<Int>) -> Void)?
+    /// Answers the host calls its worker makes (HostServices.swift); nil: every call ends with an error.
+    package var services: (any HostServiceProvider)?
     /// Whether the engine's `pid(for:)` answers for it. The daemon turns it off: its clients learn the pid from
     /// `assigned`, and each request then saves the engine a locked table insert and removal.
     package var publishesPid = true

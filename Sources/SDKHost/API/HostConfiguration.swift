@@ -92,6 +92,12 @@ public struct ExtensionPolicy: Sendable, Equatable {
         set { leakCheckDelaySeconds = seconds(newValue) }
     }
     package var leakCheckDelaySeconds: Double = 2
+    /// The app's services (`Extension.registerService`) the extension may call; a call to any other ends at once
+    /// with an error and never reaches the app. Manifest key `HostServices` (an array of names); none by default.
+    public var hostServices: Set<String> = []
+    /// Calls to host services one request may have in flight; the worker runtime fails one more at once, and a
+    /// worker that sends it anyway breaks the protocol. Manifest key `MaxHostCallsInFlight` (1...1024, 16).
+    public var maxHostCallsInFlight = 16
 
     /// Creates the default policy.
     public init() {}

@@ -31,6 +31,7 @@ extension HostEngine {
             "SDKHOST_IPC_FD=3", "SDKHOST_EXTENSION_ID=\(manifest.identifier)",
             "SDKHOST_IDLE_TIMEOUT_MS=\(idleMs)",
             "SDKHOST_LEAK_CHECK_MS=\(Int64(manifest.policy.leakCheckDelaySeconds * 1000))",
+            "SDKHOST_MAX_HOST_CALLS=\(manifest.policy.maxHostCallsInFlight)",
             "SDKHOST_BUSY_POLL_US=\(configuration.busyPollMicroseconds)",
         ]
         // The exit notice (ExitNotice.swift). A sandboxed worker runs in its own pid namespace under its launcher;

@@ -105,10 +105,14 @@ extension HostEngine {
             worker.launchFailure = String(decoding: Array(reason.utf8.prefix(1024)), as: UTF8.self)
         case .leak(let id, let alive, let afterMs):
             leakReported(id, alive: alive, afterMs: afterMs, by: worker)
+        case .hostCall(let id, let call, let service, let items):
+            hostCall(id, call, service, items, from: worker)
+        case .hostCallCancel(let id, let call):
+            hostCallCancelled(id, call, by: worker)
         case .unknown(let type):
             log(.info, "\(worker.extensionID): unknown message type '\(OutputLines.escape(Array(type.utf8.prefix(64))))'; ignored")
         case .hello, .begin, .cancel, .credit, .connect, .connected, .assigned, .interrupted, .status, .statusReport, .prewarm,
-            .prewarmed, .subscribe, .event:
+            .prewarmed, .subscribe, .event, .hostCallResult, .hostCallError:
             protocolViolation(worker, "worker sent '\(message.typeName)', which is not a worker's to send")
         }
     }

@@ -141,6 +141,7 @@ package final class HostEngine: @unchecked Sendable {
         record.forwardedBegin = request.forwardedBegin
         record.deliverForwarded = request.deliverForwarded
         record.publishesPid = request.publishesPid
+        record.services = request.services
         start(record, manifest)
     }
 
@@ -292,6 +293,8 @@ package final class HostEngine: @unchecked Sendable {
         record.worker = nil
         record.onWorkerAssigned = nil
         record.progress = nil
+        record.services = nil
+        if !record.hostCalls.isEmpty { cancelHostCalls(record) }
         record.items = []
         record.forwardedBegin = nil
         let deliver = record.deliver
@@ -311,6 +314,14 @@ package final class HostEngine: @unchecked Sendable {
             loop.runOutsideInlineTask { deliver(outcome) }
         }
         return true
+    }
+
+    /// Ends `id` with `outcome` as a cancel does: at once, its worker told to cancel it (loop thread). The daemon's
+    /// requests of a client that went away end `disconnected`.
+    package func endOnLoop(_ id: RequestID, _ outcome: RequestOutcome) {
+        loop.preconditionInLoop()
+        guard requests[id] != nil else { return }
+        abandon(id, outcome)
     }
 
     /// Cancels `id` (loop thread).

@@ -80,6 +80,11 @@ final class RequestRecord {
     /// The daemon's forwarding (SubmittedRequest); dropped with `items` and `deliver`.
     var forwardedBegin: ForwardedFrame?
     var deliverForwarded: (@Sendable (RequestOutcome, UnsafeRawBufferPointer, Range<Int>) -> Void)?
+    /// Answers its worker's host calls; dropped with `deliver`.
+    var services: (any HostServiceProvider)?
+    /// Its host calls running in the app, by the worker's call number: what cancels each. Emptied (each
+    /// cancelled) when it ends.
+    var hostCalls: [Int64: @Sendable () -> Void] = [:]
     /// `SubmittedRequest.publishesPid`.
     var publishesPid = true
     let deadline: Double?

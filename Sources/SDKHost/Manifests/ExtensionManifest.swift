@@ -27,6 +27,8 @@
 //       TempSizeMB                integer 1...65536 (64): the worker's own TMPDIR tmpfs
 //       MaxThreads                integer 4...32768 (512): threads and processes at once
 //       ExecutableSHA256          64 hex digits: checked on the descriptor the launcher execs
+//       HostServices              [name] (none): the app's services the extension may call
+//       MaxHostCallsInFlight      integer 1...1024 (16): host calls of one request at once
 // Other top-level and NSExtension keys are allowed, as in Apple's Info.plist files.
 //
 // An extension is refused (listed, but every request to it ends `launch failed: <why>`) when the manifest, its
@@ -162,7 +164,7 @@ extension ExtensionPolicy {
         "NetworkAllowed", "AllowSubprocesses", "ReadablePaths", "WritablePaths", "Sandbox",
         "RestartLimitBurst", "RestartLimitIntervalSeconds", "QuarantineSeconds", "SlowRequestThresholdMilliseconds", "HangThresholdMilliseconds",
         "MinWarmWorkers", "MaxRequestsPerWorker", "MaxWorkerRSSMB", "WorkerSharing", "Environment",
-        "LeakCheckDelaySeconds", "TempSizeMB", "MaxThreads", "ExecutableSHA256",
+        "LeakCheckDelaySeconds", "TempSizeMB", "MaxThreads", "ExecutableSHA256", "HostServices", "MaxHostCallsInFlight",
     ]
 
     /// Overrides the keys present in `p` (a manifest's SDKHostPolicy or the config's DefaultPolicy).
@@ -214,6 +216,22 @@ extension ExtensionPolicy {
             executableSHA256 = hex
         }
         guard leakCheckDelaySeconds <= 3600 else { throw p.fail("LeakCheckDelaySeconds", "at most 3600") }
+        if let names = try p.stringArray("HostServices") {
+            guard names.count <= 64 else { throw p.fail("HostServices", "\(names.count) services; at most 64") }
+            for name in names where !Self.isServiceName(name) {
+                throw p.fail("HostServices", "'\(name)' is not a service name (1 to 128 letters, digits, '.', '-' and '_')")
+            }
+            hostServices = Set(names)
+        }
+        maxHostCallsInFlight = try p.integer("MaxHostCallsInFlight", in: 1...1024) ?? maxHostCallsInFlight
+    }
+
+    /// A service name: 1 to 128 ASCII letters, digits, '.', '-' and '_' (it is logged and shown as it is).
+    package static func isServiceName(_ name: String) -> Bool {
+        let bytes = Array(name.utf8)
+        return (1...128).contains(bytes.count) && bytes.allSatisfy {
+            ($0 >= 0x30 && $0 <= 0x39) || ($0 >= 0x41 && $0 <= 0x5A) || ($0 >= 0x61 && $0 <= 0x7A) || $0 == 0x2E || $0 == 0x2D || $0 == 0x5F
+        }
     }
 
     /// Names of letters, digits and `_` (not first a digit, not `SDKHOST_`); values without NUL; at most 256

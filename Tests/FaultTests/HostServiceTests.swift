@@ -1,0 +1,164 @@
+// Host services (issue 40), embedded: a sandboxed extension (Renderer) asks the app for what it cannot reach. A
+// call ends exactly once for the extension; a call the manifest does not list, or the app does not provide, never
+// reaches the app's code; MaxHostCallsInFlight holds; and when a request ends (cancelled with three calls out, or
+// its worker crashing mid-call) the app's handlers see their Task cancelled and nothing of them is kept. A worker
+// that breaks the rules (calls for a request it does not run, reuses a number, floods past the limit) is a
+// protocol violation. Real workers throughout.
+import SDKWire
+import HostTestSupport
+import SDKHost
+import SDKPosix
+import Synchronization
+import Testing
+
+#if canImport(Glibc)
+import Glibc
+#endif
+
+@Suite(.serialized) struct HostServiceTests {
+    @Test func anExtensionRendersADocumentWithPartsOnlyTheAppHas() async throws {
+        try await withHost { host, _ in
+            let renderer = try host.extension(identifier: "com.example.renderer")
+            let log = ServiceLog()
+            try renderer.registerService("document.part", partService(log))
+            let out = try await renderer.perform([ExtensionItem(text: "Dear {{name}}, see {{page}}.")])
+            #expect(out.first?.text == "Dear <NAME>, see <PAGE>.")
+            #expect(log.finished == ["name", "page"])
+            // The blocking form, from a synchronous thread, reaches the same service.
+            let blocking = try await renderer.perform([ExtensionItem(title: "blocking", text: "[{{a}}|{{b}}]")])
+            #expect(blocking.first?.text == "[<A>|<B>]")
+        }
+    }
+
+    @Test func aServiceTheAppDoesNotProvideOrTheManifestDoesNotListNeverReachesTheApp() async throws {
+        try await withHost { host, _ in
+            let renderer = try host.extension(identifier: "com.example.renderer")
+            // Nothing registered: the extension's call ends with the error, and the request with it.
+            do {
+                _ = try await renderer.perform([ExtensionItem(text: "{{x}}")])
+                Issue.record("rendered without the service")
+            } catch let failure as RequestFailure {
+                guard case .cancelled(let error) = failure else { throw failure }
+                #expect(error.domain == "SDKHost" && error.code == 11 && error.message.contains("document.part"), "\(error)")
+            }
+            // `secret.key` is provided by the app but not listed by the manifest: refused before the app's code.
+            let log = ServiceLog()
+            try renderer.registerService("secret.key") { call in
+                log.started(call.service)
+                return [ExtensionItem(text: "hunter2")]
+            }
+            let out = try await renderer.perform([ExtensionItem(title: "unlisted")])
+            #expect(out.first?.text?.contains("is not in this extension's HostServices") == true, "\(out)")
+            #expect(log.started.isEmpty, "the app's handler ran: \(log.started)")
+            // A handler's own error reaches the extension as it is.
+            try renderer.registerService("document.part") { _ in
+                throw ExtensionError(domain: "com.example.app", code: 7, message: "no such part")
+            }
+            do {
+                _ = try await renderer.perform([ExtensionItem(text: "{{x}}")])
+                Issue.record("rendered although the service threw")
+            } catch let failure as RequestFailure {
+                guard case .cancelled(let error) = failure else { throw failure }
+                #expect(error == ExtensionError(domain: "com.example.app", code: 7, message: "no such part"))
+            }
+            #expect(throws: HostError.self) { try renderer.registerService("bad name!") { _ in [] } }
+        }
+    }
+
+    @Test func aRequestCancelledWithThreeCallsOutCancelsEachHandlerAndKeepsNothing() async throws {
+        try await withHost { host, _ in
+            let (renderer, recorder) = try recordedExtension(host, "com.example.renderer")
+            let log = ServiceLog()
+            try renderer.registerService("document.part", partService(log))
+            let id = renderer.beginRequest(withInputItems: [ExtensionItem(title: "hold:3")])
+            #expect(await eventually(timeout: 30) { log.started.count == 3 }, "calls started: \(log.started)")
+            renderer.cancelRequest(id)
+            #expect(await recorder.wait(for: id) == .cancelled(.cancelledByHost))
+            #expect(await eventually(timeout: 10) { log.cancelled.count == 3 }, "handlers cancelled: \(log.cancelled)")
+            #expect(log.finished.isEmpty)
+            #expect(recorder.callbacks(id).count == 1)
+            // The worker serves on: its calls ended with the request (none left waiting on either side).
+            #expect(try await renderer.perform([ExtensionItem(text: "{{after}}")]).first?.text == "<AFTER>")
+        }
+    }
+
+    @Test func aWorkerThatCrashesMidCallCancelsTheCall() async throws {
+        try await withHost { host, _ in
+            let (renderer, recorder) = try recordedExtension(host, "com.example.renderer")
+            let log = ServiceLog()
+            try renderer.registerService("document.part", partService(log))
+            let id = renderer.beginRequest(withInputItems: [ExtensionItem(title: "crash-in-call")])
+            let outcome = await recorder.wait(for: id)
+            #expect(outcome == .interrupted(.signal(SIGABRT)), "\(String(describing: outcome))")
+            #expect(log.started == ["crash"])
+            #expect(await eventually(timeout: 10) { log.cancelled == ["crash"] }, "handler not cancelled: \(log.cancelled)")
+        }
+    }
+
+    @Test func callsPastMaxHostCallsInFlightFailAtOnceInTheWorker() async throws {
+        let capped = TemporaryExtension(identifier: "com.example.renderer-capped", executable: "Renderer", policy: """
+            <key>HostServices</key><array><string>document.part</string></array>
+            <key>MaxHostCallsInFlight</key><integer>3</integer>
+            """)
+        defer { capped.remove() }
+        try await withHost(extraSearchPaths: [capped.root]) { host, _ in
+            let renderer = try host.extension(identifier: capped.identifier)
+            let log = ServiceLog()
+            try renderer.registerService("document.part", partService(log))
+            let task = renderer.start([ExtensionItem(title: "over-cap:5")])
+            // Three reach the app; two fail in the worker at once, never sent.
+            #expect(await eventually(timeout: 30) { log.started.count == 3 })
+            try await Task.sleep(nanoseconds: 200_000_000)
+            #expect(log.started.count == 3, "\(log.started)")
+            log.release()
+            #expect(try await task.value.first?.text == "2 failed")
+        }
+    }
+
+    @Test(arguments: [("call-other", "for a request it is not running"), ("call-reuse", "reused host call number 7"),
+                      ("call-flood", "more than 16 host calls")])
+    func aWorkerThatBreaksTheCallRulesIsAProtocolViolation(_ command: String, _ expected: String) async throws {
+        let hostile = TemporaryExtension(identifier: "com.example.hostile-caller", executable: "Crasher",
+                                         policy: "<key>HostServices</key><array><string>document.part</string></array>")
+        defer { hostile.remove() }
+        try await withHost(extraSearchPaths: [hostile.root]) { host, log in
+            let (crasher, recorder) = try recordedExtension(host, hostile.identifier)
+            let services = ServiceLog()
+            try crasher.registerService("document.part", partService(services))
+            let id = crasher.beginRequest(withInputItems: [ExtensionItem(title: command)])
+            let outcome = await recorder.wait(for: id)
+            guard case .interrupted(.protocolViolation(let detail))? = outcome else {
+                Issue.record("\(command): \(String(describing: outcome))")
+                return
+            }
+            #expect(detail.contains(expected), "\(detail)")
+            // Whatever reached the app before the violation was cancelled with the request.
+            #expect(await eventually(timeout: 10) { services.cancelled.count == services.started.count },
+                    "started \(services.started), cancelled \(services.cancelled)")
+            if command == "call-other" { #expect(services.started.isEmpty) }
+            if command == "call-flood" { #expect(services.started.count <= 16) }
+            #expect(log.contains("broke the protocol"))
+            #expect(try await bystanderEcho(host, "after \(command)") == .completed([ExtensionItem(title: "after \(command)")]))
+        }
+    }
+
+    @Test func theCallsManifestKeysAreChecked() {
+        expectManifestErrors([
+            ("<key>HostServices</key><string>document.part</string>", "HostServices"),
+            ("<key>HostServices</key><array><string>has space</string></array>", "is not a service name"),
+            ("<key>MaxHostCallsInFlight</key><integer>0</integer>", "MaxHostCallsInFlight"),
+            ("<key>MaxHostCallsInFlight</key><integer>2000</integer>", "MaxHostCallsInFlight"),
+        ], executable: "Renderer")
+    }
+
+    @Test func aMainActorHandlerServesCalls() async throws {
+        try await withHost { host, _ in
+            let renderer = try host.extension(identifier: "com.example.renderer")
+            try renderer.registerService("document.part") { @MainActor call in
+                MainActor.assertIsolated()
+                return [ExtensionItem(text: "main:\(call.items.first?.title ?? "")")]
+            }
+            #expect(try await renderer.perform([ExtensionItem(text: "{{a}}")]).first?.text == "main:a")
+        }
+    }
+}
