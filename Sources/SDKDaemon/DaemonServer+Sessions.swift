@@ -57,6 +57,16 @@ extension DaemonServer {
             session.subscribed = true
         case .ping(let seq):
             session.send(.pong(seq: seq))
+        case .hostCallResult(let clientID, let call, _), .hostCallError(let clientID, let call, _):
+            // The app answered a host call: to the engine, which sends it to the worker if it still waits. An
+            // answer to a call this client was not asked, or no longer is, crossed a cancel: dropped.
+            guard let pending = session.calls[call], pending.clientID == clientID else { return }
+            session.calls[call] = nil
+            switch message {
+            case .hostCallResult(_, _, let items): pending.done(.success(items))
+            case .hostCallError(_, _, let error): pending.done(.failure(error))
+            default: break
+            }
         case .pong, .unknown:
             break
         default:
@@ -135,6 +145,8 @@ extension DaemonServer {
             progress: { [session] items in session.send(.partial(id: clientID, items: items)) },
             app: session.app)
         request.deliverForwarded = { outcome, payload, idRange in ended(outcome, (payload, idRange)) }
+        // Its worker's host calls go to this client, which runs the app's services; the daemon runs no app code.
+        request.services = ClientServiceLink(session: session, clientID: clientID)
         request.forwardedBegin = forwarded
         request.publishesPid = false
         engine.start(request)
@@ -158,9 +170,13 @@ extension DaemonServer {
         guard sessions.removeValue(forKey: session.number) != nil else { return }
         if let reason { engine.log(.warning, "closing client pid \(session.credentials.pid): \(reason)") }
         session.connection.close()
+        // Host calls waiting for this app fail (their workers learn so), then its requests end `disconnected`.
+        let calls = session.calls
+        session.calls.removeAll()
+        for (_, pending) in calls.sorted(by: { $0.key < $1.key }) { pending.done(.failure(.appGone)) }
         let orphans = Array(session.internalIDs.values)
         session.internalIDs.removeAll()
-        for id in orphans { engine.cancelOnLoop(id) }
+        for id in orphans { engine.endOnLoop(id, .interrupted(.disconnected)) }
         // The app's last connection: its workers go now, not after the idle timeout.
         if let app = session.app, !sessions.values.contains(where: { $0.app == app }) { engine.appLeft(app) }
     }
@@ -210,6 +226,9 @@ final class ClientSession: @unchecked Sendable {
     /// Descriptor attachments of this client's requests that have not ended.
     var pendingDescriptors = 0
     var overloads = 0
+    /// Host calls sent to this client and not answered, by the daemon's number for them.
+    var calls: [Int64: (clientID: RequestID, done: @Sendable (Result<[ExtensionItem], ExtensionError>) -> Void)] = [:]
+    var lastCall: Int64 = 0
 
     init(connection: FramedConnection, credentials: PeerCredentials, connectedAt: UInt64) {
         self.connection = connection
@@ -233,5 +252,36 @@ final class ClientSession: @unchecked Sendable {
     /// Sends a worker's payload on as it is, with the client's request id.
     func sendForwarded(_ payload: UnsafeRawBufferPointer, id: RequestID, idRange: Range<Int>) {
         try? connection.sendForwarded(payload, id: id, idRange: idRange)
+    }
+}
+
+/// A client request's host services: each call goes to the client that owns the request, under a number of the
+/// daemon's for that client, and comes back through `handle`. `@unchecked Sendable`: used on the engine's loop
+/// thread only (the engine starts and cancels calls there).
+final class ClientServiceLink: HostServiceProvider, @unchecked Sendable {
+    private weak var session: ClientSession?
+    private let clientID: RequestID
+
+    init(session: ClientSession, clientID: RequestID) {
+        self.session = session
+        self.clientID = clientID
+    }
+
+    func start(_ call: HostServiceCall, done: @escaping @Sendable (Result<[ExtensionItem], ExtensionError>) -> Void)
+        -> @Sendable () -> Void
+    {
+        guard let session, session.connection.isOpen else {
+            done(.failure(.appGone))
+            return {}
+        }
+        session.lastCall += 1
+        let number = session.lastCall
+        session.calls[number] = (clientID, done)
+        session.send(.hostCall(id: clientID, call: number, service: call.service, items: call.items))
+        let clientID = clientID
+        return { [weak session] in
+            guard let session, session.calls.removeValue(forKey: number) != nil else { return }
+            session.send(.hostCallCancel(id: clientID, call: number))
+        }
     }
 }

@@ -35,6 +35,8 @@ final class DaemonClient: HostBackend, @unchecked Sendable {
     private var statusWaiters: [Int64: (PlistValue?) -> Void] = [:]
     private var statusSeq: Int64 = 0
     private var prewarmWaiters: [RequestID: @Sendable (Result<pid_t, RequestFailure>) -> Void] = [:]
+    /// The daemon's host calls running in the app, by request and the daemon's call number: what cancels each.
+    private var hostCalls: [RequestID: [Int64: @Sendable () -> Void]] = [:]
     private var shuttingDown = false
     /// The app name sent in `connect`: with the peer's uid, it picks this app's own workers in the daemon.
     let appName: String
@@ -317,6 +319,22 @@ final class DaemonClient: HostBackend, @unchecked Sendable {
             statusWaiters.removeValue(forKey: seq)?(report)
         case .ping(let seq):
             try? connection?.send(.pong(seq: seq))
+        case .hostCall(let id, let call, let service, let items):
+            // A worker of one of this app's requests asks one of its services (only this app's requests' calls
+            // come here: the daemon sends each to the connection that owns the request).
+            guard let services = inFlight[id]?.services else {
+                try? connection?.send(.hostCallError(id: id, call: call, error: inFlight[id] == nil
+                    ? .hostCallRequestEnded : .serviceNotProvided(service)))
+                return
+            }
+            hostCalls[id, default: [:]].removeValue(forKey: call)?()
+            hostCalls[id, default: [:]][call] = services.start(HostServiceCall(service: service, requestID: id, items: items)) {
+                [weak self] result in
+                guard let self else { return }
+                _ = self.loop.execute { self.hostCallAnswered(id, call, result) }
+            }
+        case .hostCallCancel(let id, let call):
+            hostCalls[id]?.removeValue(forKey: call)?()
         case .error(let text, _):
             if !ready { refusal = text }
             writeLog("daemon \(socketPath): \(text)")
@@ -336,7 +354,29 @@ final class DaemonClient: HostBackend, @unchecked Sendable {
         }
     }
 
+    /// The app answered a host call: to the daemon, if the call is still the request's.
+    private func hostCallAnswered(_ id: RequestID, _ call: Int64, _ result: Result<[ExtensionItem], ExtensionError>) {
+        guard hostCalls[id]?.removeValue(forKey: call) != nil else { return }
+        if hostCalls[id]?.isEmpty == true { hostCalls[id] = nil }
+        switch result {
+        case .success(let items):
+            do {
+                try connection?.send(.hostCallResult(id: id, call: call, items: items))
+            } catch {
+                try? connection?.send(.hostCallError(id: id, call: call, error: .serviceFailed("answer", error)))
+            }
+        case .failure(let error): try? connection?.send(.hostCallError(id: id, call: call, error: error))
+        }
+    }
+
+    /// The request ended: the app's handlers of its calls still running are cancelled.
+    private func cancelHostCalls(_ id: RequestID) {
+        guard let calls = hostCalls.removeValue(forKey: id) else { return }
+        for (_, cancel) in calls.sorted(by: { $0.key < $1.key }) { cancel() }
+    }
+
     private func finish(_ id: RequestID, _ outcome: RequestOutcome) {
+        cancelHostCalls(id)
         guard let request = inFlight.removeValue(forKey: id) else {
             writeLog("daemon \(socketPath): reply for unknown or finished request \(id); dropped")
             return
@@ -348,6 +388,7 @@ final class DaemonClient: HostBackend, @unchecked Sendable {
     private func failInFlight(_ reason: InterruptionReason) {
         let lost = inFlight
         inFlight.removeAll()
+        for id in Array(hostCalls.keys) { cancelHostCalls(id) }
         pids.withLock { $0.removeAll() }
         for request in lost.values { request.deliver(.interrupted(reason)) }
         let waiters = statusWaiters
