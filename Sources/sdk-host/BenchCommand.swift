@@ -14,13 +14,15 @@ import Glibc
 
 enum BenchCommand {
     static let usage = """
-        usage: sdk-host bench [api | codec | cold | daemon | drain | kill | stream | throughput] [--json] [--quick] [--config PATH]
+        usage: sdk-host bench [api | calls | codec | cold | daemon | drain | kill | stream | throughput] [--json] [--quick] [--config PATH]
                               [--peer PATH] [--extension ID]
                sdk-host bench --soak N [--json]
           (none)     raw socketpair round trip, then embedded and daemon echo, throughput, cold starts, kills,
                      drain: every figure also as a ratio to the raw round trip (build with -c release)
           api        what beginRequest and pid(for:) cost their caller with 64 requests in flight: p50, p99.9,
                      max, and how many calls slept (the calling thread's voluntary context switches went up)
+          calls      a host call's round trip beside its request's (the Renderer with 0 and 8 calls, paired),
+                     embedded and through a daemon
           codec      the wire codec beside Foundation's
           cold       cold starts alone: default sandbox, Sandbox = none, no launcher, AllowSubprocesses, and
                      each step of the sandboxed launch as the launcher times it; with --extension ID, that
@@ -51,7 +53,7 @@ enum BenchCommand {
         }
         let mode = options.positionals.first
         guard options.positionals.count <= 1, mode == nil || mode == "api" || mode == "codec" || mode == "drain" || mode == "stream"
-            || mode == "throughput" || mode == "cold" || mode == "daemon" || mode == "kill" else {
+            || mode == "throughput" || mode == "cold" || mode == "daemon" || mode == "kill" || mode == "calls" else {
             fail("unexpected argument '\(options.positionals.last ?? "")'\n\(usage)", status: ExitStatus.usage)
         }
         var results = Results()
@@ -91,6 +93,12 @@ enum BenchCommand {
             let host = EmbeddedBench.hostForKills()
             (results.kill, results.killExit) = EmbeddedBench.killToInterruption(host, samples: quick ? 20 : 100)
             shutdown(host)
+        } else if mode == "calls" {
+            results.raw = RawBench.measure(roundTrips: 4000)
+            let host = EmbeddedHost.make { $0.logHandler = { _, _ in } }
+            results.hostCalls = HostCallBench.measure(host, pairs: quick ? 500 : 2500)
+            shutdown(host)
+            DaemonBench.measure(into: &results, scale: quick ? 1 : 5, onlyHostCalls: true)
         } else if mode == "drain" {
             results.raw = RawBench.measure(roundTrips: 4000)
             for queued in [2000, 32000] { results.drain[queued] = EmbeddedBench.shutdownDrain(queued: queued) }
@@ -103,6 +111,7 @@ enum BenchCommand {
             results.warmOnLoop = EmbeddedBench.warmRoundTrips(host, count: 4000 * scale, onHostLoop: true)
             EmbeddedBench.measureThroughput(host, into: &results, scale: scale)
             results.api = APIBench.measure(host, total: 4000 * scale)
+            results.hostCalls = HostCallBench.measure(host, pairs: 500 * scale)
             (results.echoWorkerRSSKB, results.echoWorkerTextRSSKB) = EmbeddedBench.echoWorkerRSS(host)
             (results.kill, results.killExit) = EmbeddedBench.killToInterruption(host, samples: 20 * scale)
             shutdown(host)
@@ -191,7 +200,7 @@ enum RawBench {
 
 /// The same figures through a daemon this command starts (its own socket and config, errors-only log).
 enum DaemonBench {
-    static func measure(into results: inout Results, scale: Int) {
+    static func measure(into results: inout Results, scale: Int, onlyHostCalls: Bool = false) {
         let folder = "/tmp/sdkhost-bench-\(getpid())"
         mkdir(folder, 0o700)
         let socket = "\(folder)/d.sock"
@@ -208,19 +217,21 @@ enum DaemonBench {
         // A bench stopped midway (Ctrl-C, SIGTERM) takes its daemon with it.
         let daemonPid = daemon.process.pid
         KillOnTermination.add(daemonPid)
-        measure(daemonPid: daemonPid, socket: socket, into: &results, scale: scale)
+        measure(daemonPid: daemonPid, socket: socket, into: &results, scale: scale, onlyHostCalls: onlyHostCalls)
         daemon.terminate(signal: SIGTERM)  // waits until it is reaped
         KillOnTermination.remove(daemonPid)
         for path in [config, "\(folder)/crashes", folder] { if unlink(path) != 0 { rmdir(path) } }
     }
 
-    static func measure(daemonPid: pid_t, socket: String, into results: inout Results, scale: Int) {
+    static func measure(daemonPid: pid_t, socket: String, into results: inout Results, scale: Int, onlyHostCalls: Bool = false) {
         var host: ExtensionHost?
         for _ in 0..<500 where host == nil {
             host = runAsync { try? await ExtensionHost.connect(socketPath: socket) }
             if host == nil { usleep(10_000) }
         }
         guard let host else { fail("bench: the daemon did not come up") }
+        results.daemonHostCalls = HostCallBench.measure(host, pairs: 500 * scale)
+        if onlyHostCalls { return BenchCommand.shutdown(host) }
         results.daemonRSSIdleKB = rssKB(of: daemonPid)
         results.daemonWarm = EmbeddedBench.warmRoundTrips(host, count: 4000 * scale)
         results.daemonWarmOnLoop = EmbeddedBench.warmRoundTrips(host, count: 4000 * scale, onHostLoop: true)

@@ -68,6 +68,9 @@ struct Results {
     var codecResult: CodecBench.Result?
     var attachment: StreamBench.AttachmentResult?
     var stream: StreamBench.StreamResult?
+    /// A host call's round trip beside its request's, embedded and through the daemon (HostCallBench).
+    var hostCalls: HostCallBench.Result?
+    var daemonHostCalls: HostCallBench.Result?
     /// Another host's figures (`--peer`), e.g. go-plugin's `go_plugin_rtt_p50_us` and `go_plugin_rps_64`.
     var peer: [(key: String, value: Double)] = []
 
@@ -104,6 +107,14 @@ struct Results {
                 }
                 out.append(("api_\(name)_sleeps", Double(sleeps), "", "\(call) calls that slept, of \(samples.values.count)"))
             }
+        }
+        for (prefix, where_, r) in [("embedded", "embedded", hostCalls), ("daemon", "through the daemon", daemonHostCalls)] {
+            guard let r else { continue }
+            let request = r.request.percentile(0.5), call = r.call.percentile(0.5)
+            out.append(("\(prefix)_call_request_p50_us", request, ratio(request, rawP50), "Renderer request, no host calls, \(where_), p50 (µs)"))
+            out.append(("\(prefix)_host_call_p50_us", call, ratio(call, rawP50), "one host call's round trip, \(where_), p50 (µs)"))
+            out.append(("\(prefix)_host_call_p99_us", r.call.percentile(0.99), ratio(r.call.percentile(0.99), rawP50),
+                        "one host call's round trip, \(where_), p99 (µs)"))
         }
         for depth in rps.keys.sorted() {
             out.append(("embedded_rps_\(depth)", rps[depth]!, ratio(rps[depth]!, rawRPS), "embedded requests/s, \(depth) in flight"))

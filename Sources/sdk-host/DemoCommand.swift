@@ -1,5 +1,6 @@
 // `sdk-host demo`: the first thing a newcomer runs. An embedded host with the bundled extensions runs echo,
-// every Crasher fault, a deadline, an app's cancel, echo again and the sandbox escapes; a second host shows a
+// every Crasher fault, a deadline, an app's cancel, echo again, the sandbox escapes and a host service (the
+// Renderer asks the app for the parts of a document it cannot read itself); a second host shows a
 // crash loop ending in quarantine. It prints what happened to each request and checks that every request got
 // exactly one terminal callback.
 import Dispatch
@@ -35,7 +36,12 @@ enum DemoCommand {
         Step(label: "escaper signal pid 1", extensionID: "com.example.escaper", input: "signal:1"),
         Step(label: "escaper fork", extensionID: "com.example.escaper", input: "fork"),
         Step(label: "escaper tcp 127.0.0.1:9", extensionID: "com.example.escaper", input: "tcp:9"),
+        // A host service: the sandboxed Renderer cannot read the document's parts; it asks the app (`demoParts`).
+        Step(label: "renderer calls app twice", extensionID: "com.example.renderer", input: "Dear {{name}}, see {{page}}"),
     ]
+
+    /// The parts the demo's app gives the Renderer through its `document.part` service.
+    static let demoParts = ["name": "Ada", "page": "page 2"]
 
     /// Quarantine, on a host of its own with the default restart limit lowered to 3: three crashes in a row,
     /// then a request that ends at once without a worker.
@@ -129,6 +135,15 @@ enum DemoCommand {
                     fail("demo: \(error) (build the extensions with `swift build`)", status: ExitStatus.usage)
                 }
                 waiter = OutcomeWaiter(attachingTo: ext)
+                if step.extensionID == "com.example.renderer" {
+                    try? ext.registerService("document.part") { call in
+                        let name = call.items.first?.title ?? ""
+                        guard let part = demoParts[name] else {
+                            throw ExtensionError(domain: "sdk-host.demo", code: 1, message: "no part '\(name)'")
+                        }
+                        return [ExtensionItem(text: part)]
+                    }
+                }
                 extensions[step.extensionID] = (ext, waiter)
                 run.waiters.append(waiter)
             }
@@ -163,7 +178,7 @@ enum DemoCommand {
     /// The outcome column and its detail.
     static func describe(_ outcome: RequestOutcome) -> (String, String) {
         switch outcome {
-        case .completed(let items): ("completed", items.map { $0.title ?? "-" }.joined(separator: ", "))
+        case .completed(let items): ("completed", items.map { $0.title ?? $0.text.map { "\"\($0)\"" } ?? "-" }.joined(separator: ", "))
         case .cancelled(let error): ("cancelled", error.description)
         case .interrupted(let reason): ("interrupted", reason.description)
         }

@@ -1,5 +1,5 @@
-// `sdk-host request <ext-id> [--text S]… [--payload JSON]… [--file FILE]… [--save DIR] [--stream] [--embedded |
-// --socket P] [--app NAME] [--timeout S] [--config P]`: one request; prints which host served it, the outcome and
+// `sdk-host request <ext-id> [--text S]… [--payload JSON]… [--file FILE]… [--save DIR] [--serve NAME=PATH]…
+// [--stream] [--embedded | --socket P] [--app NAME] [--timeout S] [--config P]`: one request; prints which host served it, the outcome and
 // the items (and with --stream each partial result as it arrives); --payload sends a value (an item's
 // `attachments`, what a Codable extension decodes), --file sends a file as a descriptor (`fileAttachments`),
 // --save writes what comes back. Exit status (main.swift's table): 0 completed,
@@ -16,8 +16,8 @@ import Glibc
 enum RequestCommand {
     static let usage = """
         usage: sdk-host request <extension-id> [--text S]... [--payload JSON]... [--file FILE]... [--save DIR]
-                                [--stream] [--embedded | --socket PATH] [--app NAME] [--timeout SECONDS]
-                                [--config PATH]
+                                [--serve NAME=PATH]... [--stream] [--embedded | --socket PATH] [--app NAME]
+                                [--timeout SECONDS] [--config PATH]
           --text S        an input item with title S (repeatable; default: one empty item)
           --payload JSON  a value for the first item's payloads (`attachments`): what ExtensionItem(encoding:)
                           sends and a Codable extension reads with decode(_:) (repeatable; JSON without null)
@@ -25,6 +25,9 @@ enum RequestCommand {
                           as a descriptor: its bytes are never copied through the socket; repeatable, at most 64)
           --save DIR      write what the request returns into DIR (made if missing): each payload that is data
                           as itemN-attachmentK.bin and each file as itemN-fileK; never overwrites
+          --serve NAME=PATH  answer the extension's calls to host service NAME (its manifest's HostServices):
+                          with PATH's text for every call, or, when PATH is a folder, with the text of the file
+                          in it that the call's first item's title names (a plain file name; no other path)
           --stream        print each partial result as it arrives, with the time since the request began
           --embedded      run the worker in this process's own host, from --config's extension paths
           --socket PATH   use the daemon at PATH (an error if none answers)
@@ -41,7 +44,7 @@ enum RequestCommand {
 
     static func run(_ arguments: [String]) -> Never {
         let options = Options(arguments, valued: ["--text", "--timeout", "--socket", "--config", "--app", "--file", "--attach",
-                                                  "--payload", "--save"],
+                                                  "--payload", "--save", "--serve"],
                               boolean: ["--embedded", "--stream"], usage: usage)
         guard options.positionals.count == 1 else {
             fail(options.positionals.isEmpty ? "missing extension identifier\n\(usage)" : "unexpected argument '\(options.positionals[1])'\n\(usage)", status: ExitStatus.usage)
@@ -87,6 +90,7 @@ enum RequestCommand {
         } catch {
             fail("\(error)", status: ExitStatus.usage)
         }
+        for spec in options.values["--serve"] ?? [] { serve(spec, on: ext) }
         let texts = options.values["--text"] ?? []
         var items = texts.isEmpty ? [ExtensionItem()] : texts.map { ExtensionItem(title: $0) }
         for json in options.values["--payload"] ?? [] {
@@ -163,6 +167,39 @@ extension RequestCommand {
             + (item.text.map { " text=\"\($0)\"" } ?? "")
             + " attachments=\(PlistValue.array(item.attachments)) userInfo=\(PlistValue.dictionary(item.userInfo))").displaySafe()
             + (item.fileAttachments.isEmpty ? "" : " files=[\(item.fileAttachments.map { "\($0.size) bytes" }.joined(separator: ", "))]")
+    }
+
+    /// `--serve NAME=PATH`: registers service NAME on `ext`, answered from PATH (checked now: a bad one is a usage
+    /// error before the request runs).
+    static func serve(_ spec: String, on ext: Extension) {
+        guard let equals = spec.firstIndex(of: "="), equals != spec.startIndex, spec.index(after: equals) != spec.endIndex else {
+            fail("--serve: '\(spec)' is not NAME=PATH", status: ExitStatus.usage)
+        }
+        let name = String(spec[..<equals]), path = String(spec[spec.index(after: equals)...])
+        var st = stat()
+        guard stat(path, &st) == 0 else {
+            fail("--serve \(name): \(path): \(String(cString: strerror(errno)))", status: ExitStatus.usage)
+        }
+        let folder = st.st_mode & S_IFMT == S_IFDIR
+        do {
+            try ext.registerService(name) { call in
+                var file = path
+                if folder {
+                    let part = call.items.first?.title ?? ""
+                    guard !part.isEmpty, !part.contains("/"), part != ".", part != "..", !part.utf8.contains(0) else {
+                        throw ExtensionError(domain: "sdk-host.serve", code: 1, message: "'\(part)' is not a file name in \(path)")
+                    }
+                    file = "\(path)/\(part)"
+                }
+                do {
+                    return [ExtensionItem(title: call.items.first?.title, text: String(decoding: try readFile(file), as: UTF8.self))]
+                } catch {
+                    throw ExtensionError(domain: "sdk-host.serve", code: 2, message: "cannot read \(file): \(error)")
+                }
+            }
+        } catch {
+            fail("--serve: \(error)", status: ExitStatus.usage)
+        }
     }
 
     static func formatSeconds(_ seconds: Double) -> String {

@@ -45,6 +45,27 @@ import Glibc
         #expect(bad == 2 && badErr.contains("--jobs: '0'"), "\(badErr)")
     }
 
+    /// `request --serve NAME=PATH` answers the extension's host calls from files: a folder's file per call, or
+    /// one file for every call; a path that is not there is a usage error before anything runs.
+    @Test func requestServesAHostServiceFromFiles() async throws {
+        let folder = try TemporaryFolder()
+        try SDKHost.writeFile("\(folder.path)/name", Array("Ada".utf8), mode: 0o600)
+        try SDKHost.writeFile("\(folder.path)/one", Array("X".utf8), mode: 0o600)
+        let (status, out, err) = try await run(["request", "com.example.renderer", "--embedded", "--text", "Dear {{name}}!",
+                                                "--serve", "document.part=\(folder.path)"])
+        #expect(status == 0 && out.contains("text=\"Dear Ada!\""), "\(out)\(err)")
+        let (same, sameOut, _) = try await run(["request", "com.example.renderer", "--embedded", "--text", "{{a}}{{b}}",
+                                                "--serve", "document.part=\(folder.path)/one"])
+        #expect(same == 0 && sameOut.contains("text=\"XX\""), "\(sameOut)")
+        let (escape, escapeOut, _) = try await run(["request", "com.example.renderer", "--embedded", "--text", "{{../x}}",
+                                                    "--serve", "document.part=\(folder.path)"])
+        #expect(escape == 3 && escapeOut.contains("is not a file name"), "\(escapeOut)")
+        let (missing, _, missingErr) = try await run(["request", "com.example.renderer", "--embedded", "--serve", "document.part=\(folder.path)/nope"])
+        #expect(missing == 2 && missingErr.contains("\(folder.path)/nope"), "\(missingErr)")
+        let (bad, _, badErr) = try await run(["request", "com.example.renderer", "--embedded", "--serve", "document.part"])
+        #expect(bad == 2 && badErr.contains("is not NAME=PATH"), "\(badErr)")
+    }
+
     @Test func requestAttachesSavesAndStreams() async throws {
         let folder = try TemporaryFolder()
         let bytes = (0..<(4 << 20)).map { UInt8(truncatingIfNeeded: $0 &* 7 &+ 3) }

@@ -47,6 +47,9 @@ import Glibc
         let text = readSmallFile(out) ?? ""
         #expect(status == 0, "\(text)")
         #expect(text.contains("greeter: Bonjour, Ada!") && text.contains("greeter: Bonjour, Grace!"), "\(text)")
+        // Host services: the extension package's Greeter asks the app package for nicknames.
+        #expect(text.contains("greeter via service: Bonjour, Countess Ada!") && text.contains("greeter via service: Bonjour, Amazing Grace!"),
+                "\(text)")
         #expect(text.contains("greeter stream: 1\ngreeter stream: cancelled after 1 result"), "\(text)")
         // The app set no logHandler: the host writes nothing to the app's stderr, however its workers ended.
         #expect(!text.contains("sdk-host"), "\(text)")
@@ -75,6 +78,14 @@ import Glibc
             </array>
             """, extraSearchPaths: ["\(extensionPackage)/Manifests"])
         defer { daemon.remove() }
+        // The app package again, its Greeter calls now through the daemon: each goes back to this app's connection.
+        let viaDaemon = "\(folder)/app-daemon.out"
+        let appThroughDaemon = spawnProgram(["\(folder)/build/debug/greeter-app", extensionPackage, "--executables", "\(folder)/build/debug",
+                                            "--daemon", daemon.socket, "Ada"], stdout: viaDaemon, stderr: viaDaemon)
+        let daemonAppStatus = await waitExit(appThroughDaemon, timeout: 120)
+        let daemonAppText = readSmallFile(viaDaemon) ?? ""
+        #expect(daemonAppStatus == 0, "\(daemonAppText)")
+        #expect(daemonAppText.contains("greeter via service through the daemon: Bonjour, Countess Ada!"), "\(daemonAppText)")
         for ext in ["com.example.hoarder", "com.example.watcher", "com.example.greeter"] {
             let request = spawnProgram([sdkHostBinary, "request", ext, "--socket", daemon.socket, "--text", "x"])
             #expect(await waitExit(request) == 0, "\(ext)")

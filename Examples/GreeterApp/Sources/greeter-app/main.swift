@@ -3,8 +3,10 @@
 //
 //   swift build --package-path Examples/GreeterExtension
 //   swift run --package-path Examples/GreeterApp greeter-app "$PWD/Examples/GreeterExtension" Ada Grace
+//   ... greeter-app "$PWD/Examples/GreeterExtension" --daemon /run/sdk-host/sdk-host.sock Ada
 //
-// It greets each name through Greeter, then lets Snoop (an untrusted SDK) try its escapes under the default
+// It greets each name through Greeter, then by the nickname it gives Greeter through its `nickname` host service
+// (with --daemon, through that daemon as well), then lets Snoop (an untrusted SDK) try its escapes under the default
 // sandbox and prints what each attempt got. Exit status 0 if every escape was refused, the controls worked and
 // the host still served afterwards; 1 otherwise.
 import SDKHost
@@ -24,6 +26,21 @@ var executables = ["\(extensionPackage)/.build/debug", "\(extensionPackage)/.bui
 if arguments.first == "--executables", arguments.count > 1 {
     executables = [arguments[1]]
     arguments.removeFirst(2)
+}
+var daemonSocket: String?
+if arguments.first == "--daemon", arguments.count > 1 {
+    daemonSocket = arguments[1]
+    arguments.removeFirst(2)
+}
+
+/// The app's `nickname` service: Greeter asks it for a name's nickname (the sandbox keeps the app's address
+/// book from the extension; the app answers what it chooses to).
+let nicknames = ["Ada": "Countess Ada", "Grace": "Amazing Grace"]
+func provideNicknames(_ greeter: Extension) throws {
+    try greeter.registerService("nickname") { call in
+        let name = call.items.first?.title ?? ""
+        return [ExtensionItem(title: nicknames[name] ?? name)]
+    }
 }
 let names = arguments.isEmpty ? ["world"] : arguments
 
@@ -61,6 +78,23 @@ do {
     let replies = try await greeter.perform(names.map { ExtensionItem(title: $0) })
     for reply in replies { print("greeter: \(reply.title ?? "")") }
     ok = ok && replies.count == names.count
+
+    // Host services: Greeter asks this app for each name's nickname.
+    try provideNicknames(greeter)
+    for name in names {
+        let reply = try await greeter.perform([ExtensionItem(title: "nick:\(name)")])
+        print("greeter via service: \(reply.first?.title ?? "")")
+    }
+    if let daemonSocket {
+        let remote = try await ExtensionHost.connect(socketPath: daemonSocket, appName: "greeter-app")
+        let remoteGreeter = try remote.extension(identifier: "com.example.greeter")
+        try provideNicknames(remoteGreeter)
+        for name in names {
+            let reply = try await remoteGreeter.perform([ExtensionItem(title: "nick:\(name)")])
+            print("greeter via service through the daemon: \(reply.first?.title ?? "")")
+        }
+        await remote.shutdown()
+    }
 
     // A stream read from top-level code, left after its first result: `cancel()` ends the request (the loop's
     // iterator may live as long as the program here, so dropping it is not enough).

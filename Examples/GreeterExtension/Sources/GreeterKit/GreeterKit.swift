@@ -65,6 +65,19 @@ public struct GreeterHandler: RequestHandler {
             return
         }
         let helper = GreetingDelegate(greeting: greeting)
+        // "nick:NAME" greets NAME by the nickname the app knows for it: asked with the host service `nickname`
+        // (the manifest's HostServices), the blocking form of callHost from this handler's own thread.
+        if let spec = context.inputItems.first?.title, spec.hasPrefix("nick:") {
+            do {
+                let answer = try context.callHost("nickname", [ExtensionItem(title: String(spec.dropFirst(5)))])
+                context.completeRequest(returningItems: [ExtensionItem(title: helper.formatter.greet(answer.first?.title ?? "stranger"))])
+            } catch let error as ExtensionError {
+                context.cancelRequest(withError: error)
+            } catch {
+                context.cancelRequest(withError: .cancelledByHost)
+            }
+            return
+        }
         let replies = context.inputItems.map { ExtensionItem(title: helper.formatter.greet($0.title ?? "stranger")) }
         context.completeRequest(returningItems: replies)
     }

@@ -16,6 +16,14 @@ import Testing
         #expect(await run.contextIsReleased(), "the handler keeps nothing of the request")
     }
 
+    @Test func theHandlerAsksTheAppForANickname() async {
+        // The app's `nickname` service, faked: what the handler asked, and what it made of the answer.
+        let run = HandlerHarness.start(GreeterHandler(), items: [ExtensionItem(title: "nick:Ada")],
+                                       services: ["nickname": { items in [ExtensionItem(title: "Countess \(items[0].title ?? "")")] }])
+        #expect(await run.outcome() == .completed([ExtensionItem(title: "Hello, Countess Ada!")]))
+        #expect(run.hostCalls.map(\.service) == ["nickname"])
+    }
+
     @Test func theHelpersLeakNothing() async {
         await expectNoLeaks { GreetingDelegate(greeting: "Hi") }
     }
