@@ -24,6 +24,15 @@ struct Crasher: RequestHandler {
         let fault = String(cString: raw)
         if fault == "abort" { abort() }
         if fault.hasPrefix("abort-while:"), access(String(fault.dropFirst(12)), F_OK) == 0 { abort() }
+        // `welcome-v1`: a welcome of protocol 1 before the runtime's own, as an extension built against the old SDK
+        // would answer.
+        if fault == "welcome-v1" {
+            var encoder = BinaryPlistEncoder()
+            var frame: [UInt8] = []
+            try? Frame.encode(Message.welcome(version: 1, identifier: "com.example.crasher", pid: getpid()).plist,
+                              with: &encoder, appendingTo: &frame)
+            _ = frame.withUnsafeBytes { write(3, $0.baseAddress, $0.count) }
+        }
         // `sleep:<ms>`: a slow start, so that a test can kill the worker before its handshake for certain.
         if fault.hasPrefix("sleep:"), let ms = UInt32(fault.dropFirst(6)) { usleep(ms * 1000) }
     }

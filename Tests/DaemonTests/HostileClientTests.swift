@@ -269,6 +269,16 @@ func expectHealthy(_ daemon: DaemonProcess, maxLogBytes: Int = 2 << 20, sourceLo
         twice.handshake()
         twice.handshake()
         #expect(twice.isClosedByDaemon())
+        // A client library of protocol 1 (before host services) is told which version this daemon speaks.
+        let old = try HostileClient(daemon.socket)
+        old.send(.connect(version: 1))
+        let refusal = old.receive()
+        guard case .error(let text, _)? = refusal else {
+            Issue.record("\(String(describing: refusal))")
+            return
+        }
+        #expect(text.contains("protocol 1 is not supported; this daemon speaks \(protocolVersion)"), "\(text)")
+        #expect(old.isClosedByDaemon())
         for junk: [UInt8] in [[0xFF, 0xFF, 0xFF, 0xFF], frame(Array("bplist00 but not really".utf8)), frame([])] {
             let client = try HostileClient(daemon.socket)
             client.handshake()

@@ -82,6 +82,23 @@ import Glibc
         }
     }
 
+    @Test func aDeadlineOrAShutdownWithCallsOutCancelsTheirHandlers() async throws {
+        try await withHost { host, _ in
+            let (renderer, recorder) = try recordedExtension(host, "com.example.renderer")
+            let log = ServiceLog()
+            try renderer.registerService("document.part", partService(log))
+            let late = renderer.beginRequest(withInputItems: [ExtensionItem(title: "hold:2")], deadline: .seconds(1))
+            #expect(await recorder.wait(for: late) == .interrupted(.timedOut))
+            #expect(await eventually(timeout: 10) { log.cancelled.count == 2 }, "\(log.cancelled)")
+            let running = renderer.beginRequest(withInputItems: [ExtensionItem(title: "hold:2")])
+            #expect(await eventually(timeout: 30) { log.started.count == 4 }, "\(log.started)")
+            await host.shutdown()
+            #expect(await recorder.wait(for: running) == .interrupted(.hostShutdown))
+            #expect(await eventually(timeout: 10) { log.cancelled.count == 4 }, "\(log.cancelled)")
+            #expect(log.finished.isEmpty)
+        }
+    }
+
     @Test func aWorkerThatCrashesMidCallCancelsTheCall() async throws {
         try await withHost { host, _ in
             let (renderer, recorder) = try recordedExtension(host, "com.example.renderer")

@@ -71,6 +71,37 @@ import Glibc
         #expect(stderr.contains("protocol error from host"), "\(stderr)")
     }
 
+    /// Protocol 2 added host services: a runtime of one version and a host of another refuse each other at the
+    /// handshake, each saying which versions met.
+    @Test func aHelloOfAnotherProtocolVersionEndsTheWorkerClearly() throws {
+        let echo = "\(try #require(currentExecutableDirectory()))/Echo"
+        let hello = try Frame.encode(Message.hello(version: 1, identifier: "com.example.echo", hostPid: getpid(), idleTimeoutMs: 0).plist)
+        let channels = try spawnWithChannels(SpawnRequest(
+            path: echo, arguments: [echo], environment: ["SDKHOST_IPC_FD=3", "SDKHOST_EXTENSION_ID=com.example.echo"]))
+        _ = hello.withUnsafeBytes { send(channels.socket.rawValue, $0.baseAddress, $0.count, Int32(MSG_NOSIGNAL)) }
+        let replies = readToEnd(channels.socket.rawValue)
+        let status = try waitForExit(channels.process)
+        let stderr = String(decoding: readToEnd(channels.stderr.rawValue, timeout: 5), as: UTF8.self)
+        channels.close()
+        #expect(replies.isEmpty, "no welcome to a host of another version")
+        #expect(status == .exited(2))
+        #expect(stderr.contains("host speaks protocol 1, we speak \(protocolVersion)"), "\(stderr)")
+    }
+
+    @Test func aWorkerOfAnotherProtocolVersionIsRefusedAtItsWelcome() async throws {
+        try await withHost({ $0.workerEnvironment = ["CRASHER_FAULT_AT_START=welcome-v1"] }) { host, log in
+            let (crasher, recorder) = try recordedExtension(host, "com.example.crasher")
+            let id = crasher.beginRequest(withInputItems: [ExtensionItem(title: "echo")])
+            let outcome = await recorder.wait(for: id)
+            guard case .interrupted(.protocolViolation(let detail))? = outcome else {
+                Issue.record("\(String(describing: outcome))")
+                return
+            }
+            #expect(detail.contains("the worker speaks protocol 1; this host speaks \(protocolVersion)"), "\(detail)")
+            #expect(log.contains("rebuild the extension"), "\(log.all)")
+        }
+    }
+
     @Test func theWelcomeIsWrittenBeforeAnInlineHandlerReadWithTheHelloCanCrash() throws {
         // A worker that dies before its welcome reaches the host died "before its handshake", and the host sends
         // its requests to the next worker: a request that crashes its worker would run up to three times. The

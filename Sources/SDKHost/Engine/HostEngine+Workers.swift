@@ -35,7 +35,13 @@ extension HostEngine {
     func handle(_ message: Message, from worker: WorkerProcess) {
         switch message {
         case .welcome(let version, let identifier, _):
-            guard version == protocolVersion, identifier == worker.extensionID, worker.lifecycle.welcome() else {
+            guard version == protocolVersion else {
+                // An extension built against another SDK: say which, rather than only that the welcome was odd.
+                protocolViolation(worker, "the worker speaks protocol \(version); this host speaks \(protocolVersion) "
+                    + "(rebuild the extension against this SDK)")
+                return
+            }
+            guard identifier == worker.extensionID, worker.lifecycle.welcome() else {
                 protocolViolation(worker, "unexpected welcome (version \(version), identifier \(identifier))")
                 return
             }
