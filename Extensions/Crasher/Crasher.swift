@@ -33,6 +33,14 @@ struct Crasher: RequestHandler {
                               with: &encoder, appendingTo: &frame)
             _ = frame.withUnsafeBytes { write(3, $0.baseAddress, $0.count) }
         }
+        // `call-early`: a host call before the handshake (no request can be running yet).
+        if fault == "call-early" {
+            var encoder = BinaryPlistEncoder()
+            var frame: [UInt8] = []
+            try? Frame.encode(Message.hostCall(id: RequestID(), call: 1, service: "document.part", items: []).plist,
+                              with: &encoder, appendingTo: &frame)
+            _ = frame.withUnsafeBytes { write(3, $0.baseAddress, $0.count) }
+        }
         // `sleep:<ms>`: a slow start, so that a test can kill the worker before its handshake for certain.
         if fault.hasPrefix("sleep:"), let ms = UInt32(fault.dropFirst(6)) { usleep(ms * 1000) }
     }
@@ -115,6 +123,16 @@ struct Crasher: RequestHandler {
             }
             _ = frames.withUnsafeBytes { write(3, $0.baseAddress, $0.count) }
             while true { sleep(60) }
+        case "call-after-end":
+            // Completes, then a call for the request it just completed: what a handler's stray thread may send as
+            // the request ends. The host answers that the request has ended, and the worker serves on.
+            context.completeRequest(returningItems: [ExtensionItem(title: "done")])
+            usleep(50_000)
+            var encoder = BinaryPlistEncoder()
+            var frame: [UInt8] = []
+            try? Frame.encode(Message.hostCall(id: context.requestID, call: 1, service: "document.part", items: []).plist,
+                              with: &encoder, appendingTo: &frame)
+            _ = frame.withUnsafeBytes { write(3, $0.baseAddress, $0.count) }
         case "call-other", "call-reuse", "call-flood":
             // Host calls that break the rules, written past the runtime: for a request this worker does not run,
             // a call number used twice, and 17 calls at once (MaxHostCallsInFlight is 16 unless the manifest says).

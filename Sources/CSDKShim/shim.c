@@ -10,6 +10,7 @@
 #include <signal.h>
 #include <spawn.h>
 #include <pthread.h>
+#include <sched.h>
 #include <sys/epoll.h>
 #include <sys/mman.h>
 #include <sys/sendfile.h>
@@ -158,6 +159,12 @@ int sdk_timerfd_arm(int fd, uint64_t deadline_ns) {
 }
 
 int sdk_pipe_cloexec(int fds[2]) { return pipe2(fds, O_CLOEXEC); }
+
+int sdk_available_cpus(void) {
+    cpu_set_t set;
+    if (sched_getaffinity(0, sizeof set, &set) != 0) return -1;
+    return CPU_COUNT(&set);
+}
 
 const uint32_t SDK_EPOLLIN = EPOLLIN, SDK_EPOLLOUT = EPOLLOUT, SDK_EPOLLRDHUP = EPOLLRDHUP;
 const int SDK_EPOLL_CTL_ADD = EPOLL_CTL_ADD, SDK_EPOLL_CTL_MOD = EPOLL_CTL_MOD, SDK_EPOLL_CTL_DEL = EPOLL_CTL_DEL;

@@ -170,7 +170,8 @@ extension DaemonServer {
         guard sessions.removeValue(forKey: session.number) != nil else { return }
         if let reason { engine.log(.warning, "closing client pid \(session.credentials.pid): \(reason)") }
         session.connection.close()
-        // Host calls waiting for this app fail (their workers learn so), then its requests end `disconnected`.
+        // Host calls waiting for this app fail (the engine sends each worker the error at once, on this turn), then
+        // its requests end `disconnected`.
         let calls = session.calls
         session.calls.removeAll()
         for (_, pending) in calls.sorted(by: { $0.key < $1.key }) { pending.done(.failure(.appGone)) }
@@ -276,8 +277,13 @@ final class ClientServiceLink: HostServiceProvider, @unchecked Sendable {
         }
         session.lastCall += 1
         let number = session.lastCall
+        do {
+            try session.connection.send(.hostCall(id: clientID, call: number, service: call.service, items: call.items))
+        } catch {
+            done(.failure(.callNotForwarded(error.detail)))
+            return {}
+        }
         session.calls[number] = (clientID, done)
-        session.send(.hostCall(id: clientID, call: number, service: call.service, items: call.items))
         let clientID = clientID
         return { [weak session] in
             guard let session, session.calls.removeValue(forKey: number) != nil else { return }

@@ -10,8 +10,9 @@ import Dispatch
 /// The calls of one worker's requests to the host's services. Call numbers are the worker's: unique across its
 /// requests, so an answer names one call only.
 package final class HostCaller: Sendable {
-    /// Sends `hostCall` and `hostCallCancel` (the runtime: to the host; the test harness: to its fake services).
-    private let send: @Sendable (Message) -> Void
+    /// Sends `hostCall` and `hostCallCancel` (the runtime: to the host; the test harness: to its fake services);
+    /// false if it could not (a call too large for a frame).
+    private let send: @Sendable (Message) -> Bool
     /// Calls one request may have in flight (the manifest's MaxHostCallsInFlight).
     package let maxInFlight: Int
 
@@ -27,7 +28,7 @@ package final class HostCaller: Sendable {
     }
     private let state = Mutex(State())
 
-    package init(maxInFlight: Int, send: @escaping @Sendable (Message) -> Void) {
+    package init(maxInFlight: Int, send: @escaping @Sendable (Message) -> Bool) {
         self.maxInFlight = max(1, maxInFlight)
         self.send = send
     }
@@ -51,7 +52,11 @@ package final class HostCaller: Sendable {
             resolve(.failure(error))
             return nil
         case .success(let call):
-            send(.hostCall(id: requestID, call: call, service: service, items: items))
+            guard send(.hostCall(id: requestID, call: call, service: service, items: items)) else {
+                // Never sent (too large for a frame, say): it ends here, unless its request's end took it first.
+                state.withLock { $0.waiting.removeValue(forKey: call) }?.resolve(.failure(ExtensionError.callNotSent))
+                return nil
+            }
             return call
         }
     }
@@ -71,7 +76,7 @@ package final class HostCaller: Sendable {
     /// The extension gave up on `call` (its Task was cancelled): it ends cancelled, and the host is told.
     package func cancel(_ call: Int64) {
         guard let waiting = state.withLock({ $0.waiting.removeValue(forKey: call) }) else { return }
-        send(.hostCallCancel(id: waiting.requestID, call: call))
+        _ = send(.hostCallCancel(id: waiting.requestID, call: call))
         waiting.resolve(.failure(CancellationError()))
     }
 
@@ -87,7 +92,7 @@ package final class HostCaller: Sendable {
             return mine.sorted { $0.key < $1.key }
         }
         for (call, waiting) in ended {
-            if tellHost { send(.hostCallCancel(id: requestID, call: call)) }
+            if tellHost { _ = send(.hostCallCancel(id: requestID, call: call)) }
             waiting.resolve(.failure(cancelled ? CancellationError() : ExtensionError.requestEnded))
         }
     }
@@ -107,6 +112,9 @@ extension ExtensionError {
     package static func tooManyHostCalls(_ limit: Int) -> ExtensionError {
         ExtensionError(domain: "SDKExtension", code: 4, message: "more than \(limit) host calls in flight (MaxHostCallsInFlight)")
     }
+
+    /// A call that could not be sent (too large for a frame: see the worker's log).
+    package static let callNotSent = ExtensionError(domain: "SDKExtension", code: 7, message: "the call cannot be sent (too large for a frame)")
 
     /// A context made without a host (no caller): no service can answer.
     package static let noHost = ExtensionError(domain: "SDKExtension", code: 6, message: "no host to call")

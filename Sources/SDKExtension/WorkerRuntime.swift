@@ -59,25 +59,32 @@ final class HostConnection: Sendable {
     init(fd: Int32) { self.fd = fd }
 
     /// Sends one message; a host that has gone away ends the process.
-    func send(_ message: Message) {
+    /// Returns whether the message was queued (false: it could not be encoded, e.g. too large for a frame).
+    @discardableResult
+    func send(_ message: Message) -> Bool {
         let me = UInt(pthread_self())
-        if me != reader, case .complete = message { return sendEncodedApart(message) }
-        if me != reader, case .partial = message { return sendEncodedApart(message) }
-        let (queued, failure) = outbox.withLock { (o: inout Outbox) -> (Bool, String?) in
+        if me != reader {
+            switch message {
+            case .complete, .partial, .hostCall: return sendEncodedApart(message)
+            default: break
+            }
+        }
+        let (appended, queued, failure) = outbox.withLock { (o: inout Outbox) -> (Bool, Bool, String?) in
             let (appended, failure) = Self.encode(message, with: &o.encoder, onto: &o.pending, descriptors: &o.outgoing)
-            guard appended, !o.writing, o.corkedBy != me else { return (false, failure) }
+            guard appended, !o.writing, o.corkedBy != me else { return (appended, false, failure) }
             o.writing = true
-            return (true, failure)
+            return (appended, true, failure)
         }
         if let failure { WorkerLog.write(failure) }
         if queued { writePending() }
+        return appended
     }
 
-    /// A handler thread's reply or partial result, which may be large: encoded into a buffer of its own before
+    /// A handler thread's reply, partial result or host call, which may be large: encoded into a buffer of its own before
     /// the outbox is locked, so that the reader's pongs never wait for it (encoding a 17 MiB reply took over the
     /// host's 10 s heartbeat timeout on a loaded machine, and the worker was killed as hung). Only the
     /// appending is done under the lock.
-    private func sendEncodedApart(_ message: Message) {
+    private func sendEncodedApart(_ message: Message) -> Bool {
         var encoder = BinaryPlistEncoder()
         var bytes: [UInt8] = []
         var descriptors = OutgoingDescriptors()
@@ -91,6 +98,7 @@ final class HostConnection: Sendable {
         }
         if let failure { WorkerLog.write(failure) }
         if queued { writePending() }
+        return appended
     }
 
     /// Encodes `message` as a frame onto `bytes`, noting its descriptors. A reply too large for a frame still

@@ -34,6 +34,10 @@ public final class HandlerRun: Sendable {
         var nextWaiter = 0
         var calls: [(service: String, items: [ExtensionItem])] = []
         var running: [Int64: Task<Void, Never>] = [:]
+        /// Calls whose cancel came before the call itself.
+        var cancelledEarly: Set<Int64> = []
+        /// Calls whose fake finished before its Task was recorded in `running`.
+        var finishedEarly: Set<Int64> = []
     }
 
     private final class WeakContext: @unchecked Sendable {
@@ -47,12 +51,17 @@ public final class HandlerRun: Sendable {
         let callerBox = CallerBox()
         let requestID = self.requestID
         let caller = HostCaller(maxInFlight: maxHostCalls) { [weak self] message in
-            guard let self else { return }
+            guard let self else { return true }
             switch message {
             case .hostCall(_, let call, let service, let items):
-                self.state.withLock { $0.calls.append((service, items)) }
+                // A cancel may overtake its call (the handler's Task was cancelled as the call started).
+                let overtaken = self.state.withLock { s -> Bool in
+                    s.calls.append((service, items))
+                    return s.cancelledEarly.remove(call) != nil
+                }
+                if overtaken { return true }
                 let fake = services[service]
-                let task = Task {
+                let task = Task { [weak self] in
                     let answer: Message
                     do {
                         guard let fake else {
@@ -66,13 +75,27 @@ public final class HandlerRun: Sendable {
                             domain: "SDKHost", code: 13, message: "service '\(service)' failed: \(error)"))
                     }
                     callerBox.value?.answer(answer)
+                    // Done: it leaves `running`, or, if it finished before it was put there, says so.
+                    self?.state.withLock { s in
+                        if s.running.removeValue(forKey: call) == nil { s.finishedEarly.insert(call) }
+                    }
                 }
-                self.state.withLock { $0.running[call] = task }
+                self.state.withLock { s in
+                    if s.finishedEarly.remove(call) == nil { s.running[call] = task }
+                }
             case .hostCallCancel(_, let call):
-                self.state.withLock { $0.running.removeValue(forKey: call) }?.cancel()
+                let task = self.state.withLock { s -> Task<Void, Never>? in
+                    guard let task = s.running.removeValue(forKey: call) else {
+                        s.cancelledEarly.insert(call)
+                        return nil
+                    }
+                    return task
+                }
+                task?.cancel()
             default:
                 break
             }
+            return true
         }
         callerBox.value = caller
         let context = ExtensionContext(

@@ -46,6 +46,9 @@ public final class EventLoop: @unchecked Sendable {
     /// What is watched on each simulated descriptor (SimulatedKernel.swift), which no epoll set can hold; in
     /// descriptor order, so that readiness is reported in an order that does not depend on hashing.
     private var simulatedInterest: [(fd: Int32, events: UInt32)] = []
+    /// Where the next scan of `simulatedInterest` starts: after the last descriptor a full turn reported, so that
+    /// more than 64 ready descriptors take turns, as epoll's ready list does.
+    private var simulatedScanAfter: Int32 = -1
     /// Real descriptors registered besides the loop's own: a driven loop with none skips epoll_wait.
     private var realRegistrations = 0
     private var timers = TimerHeap()
@@ -503,12 +506,15 @@ public final class EventLoop: @unchecked Sendable {
 
 extension EventLoop {
     /// Appends the simulated descriptors that are ready for what they are watched for (and hang-ups and errors,
-    /// which epoll always reports) to the `count` real ones in `fds` and `events`, in descriptor order; returns the
-    /// new count. At most 64 in all, as epoll_wait's: the rest are ready again next turn (level-triggered).
+    /// which epoll always reports) to the `count` real ones in `fds` and `events`, in descriptor order from where
+    /// the last full turn stopped; returns the new count. At most 64 in all, as epoll_wait's: the rest are ready
+    /// again next turn (level-triggered), and go first then.
     fileprivate func simulatedReadiness(into fds: inout [Int32], _ events: inout [UInt32], after count: Int) -> Int32 {
         guard let kernel = SimulatedKernel.current else { return Int32(count) }
         var n = count
-        for (fd, watched) in simulatedInterest where n < fds.count {
+        let start = simulatedInterest.firstIndex { $0.fd > simulatedScanAfter } ?? 0
+        for i in 0..<simulatedInterest.count where n < fds.count {
+            let (fd, watched) = simulatedInterest[(start + i) % simulatedInterest.count]
             let ready = kernel.readiness(fd) & (watched | Self.hangUp)
             if ready != 0 {
                 fds[n] = fd
@@ -516,6 +522,7 @@ extension EventLoop {
                 n += 1
             }
         }
+        simulatedScanAfter = n == fds.count ? fds[n - 1] : -1
         return Int32(n)
     }
 }

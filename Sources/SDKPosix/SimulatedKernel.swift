@@ -5,15 +5,16 @@
 // MockingDriver has the idea: the code under test keeps calling its usual wrappers, and the wrappers hand a
 // simulated descriptor to the simulation instead of the kernel.
 //
-// A simulated descriptor is a number at or above `SimulatedKernel.firstDescriptor` (2^30), which the kernel never
-// hands out (its limit, fs.nr_open, is at most 2^30 - 64 on a 64-bit machine). The wrappers in Syscalls.swift,
-// FileDescriptor.close and EventLoop test the number and do nothing else differently: with no simulation running
-// no such number exists, and the test is one compare against a constant.
+// A simulated descriptor is a number at or above `SimulatedKernel.firstDescriptor` (2^30) on a thread where a
+// simulation runs (`current`). The kernel could hand out such a number only with fs.nr_open and RLIMIT_NOFILE both
+// raised past a billion (their defaults are 2^20 and 1024); even then it is taken for a simulated one only on a
+// simulation's thread. The wrappers in Syscalls.swift, FileDescriptor.close and EventLoop test the number and do
+// nothing else differently: for a real descriptor the test is one compare against a constant.
 //
 // What it models, after Linux's unix stream sockets: a send is queued as one segment with the descriptors it
 // carries (duplicated, as SCM_RIGHTS does) and fails with EAGAIN once the peer holds `capacity` bytes unread; a
-// read takes whole or partial segments and stops after the first segment that carries descriptors (and before
-// one, if it already has bytes), as unix_stream_read_generic does; closing an end with bytes unread makes the
+// read takes whole or partial segments and stops after the first segment that carries descriptors (which it
+// takes with that segment's first byte, after any bytes it read before it), as unix_stream_read_generic does; closing an end with bytes unread makes the
 // peer's next read fail with ECONNRESET once its queue is empty; a closed peer reads as end of file and polls as
 // EPOLLIN | EPOLLRDHUP | EPOLLHUP; sending to one fails with EPIPE. A pipe is a one-way stream without
 // descriptors; a counter reads as eventfd does. A kernel belongs to the one thread it is `current` on.
@@ -31,7 +32,7 @@ package final class SimulatedKernel: @unchecked Sendable {
 
     /// Whether `fd` is a simulated descriptor.
     @inline(__always)
-    package static func isSimulated(_ fd: Int32) -> Bool { fd >= firstDescriptor }
+    package static func isSimulated(_ fd: Int32) -> Bool { fd >= firstDescriptor && current != nil }
 
     /// The kernel the calling thread's simulated descriptors belong to, set by a simulation for the length of a
     /// schedule. Per thread: simulations (and tests) on other threads have kernels of their own.
@@ -175,7 +176,6 @@ package final class SimulatedKernel: @unchecked Sendable {
         guard let channel = endpoint.inbound else { return -Int(EBADF) }
         var copied = 0
         while copied < buffer.count, var segment = channel.segments.first {
-            if !segment.descriptors.isEmpty && copied > 0 { break }
             let n = min(buffer.count - copied, segment.bytes.count - segment.offset)
             segment.bytes.withUnsafeBytes { raw in
                 (buffer.baseAddress! + copied).copyMemory(from: raw.baseAddress! + segment.offset, byteCount: n)

@@ -138,7 +138,7 @@ struct SocketInbox {
 
     /// Reads everything `socket` (non-blocking) holds, until EAGAIN. Returns whether the peer has gone (end of
     /// file, or a reset: it closed with something of ours unread). A short read does not mean the socket is
-    /// empty: a read stops where a message with descriptors begins.
+    /// empty: a read stops after the bytes that brought descriptors.
     mutating func readAll(from socket: Int32) -> Bool {
         var received: [Int32] = []
         while true {

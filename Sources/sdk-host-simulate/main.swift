@@ -115,6 +115,12 @@ func coordinate(jobs: Int, firstSeed seed: UInt64, schedules: Int) -> Never {
     report(tally, schedules: schedules, violations: violations, seconds: seconds, processes: jobs)
 }
 
+/// The CPUs this process may run on (its affinity mask: taskset and cpusets narrow it), at least 1.
+func availableCPUs() -> Int {
+    let count = Int(sdk_available_cpus())
+    return count > 0 ? count : max(1, sysconf(Int32(_SC_NPROCESSORS_ONLN)))
+}
+
 let usage = """
     usage: sdk-host-simulate --schedules N [--seed S] [--steps K] [--jobs J] [--trace]
       --schedules N  how many schedules (seeds S, S+1, …)
@@ -129,7 +135,7 @@ var schedules: Int?
 var seed: UInt64 = 0x5D4_0000
 var steps = 80
 var fullTrace = false
-var jobs = max(1, sysconf(Int32(_SC_NPROCESSORS_ONLN)))
+var jobs = availableCPUs()
 /// This process runs every `of`-th seed from the `index`-th, for the process `parent` (which it outlives by nothing).
 var shard: (index: Int, of: Int, parent: pid_t)?
 var arguments = CommandLine.arguments.dropFirst()

@@ -159,6 +159,36 @@ import Glibc
         }
     }
 
+    @Test func aCallThatCrossesItsRequestsEndIsAnsweredAndACallBeforeTheHandshakeIsNot() async throws {
+        let caller = TemporaryExtension(identifier: "com.example.late-caller", executable: "Crasher",
+                                        policy: "<key>HostServices</key><array><string>document.part</string></array>")
+        defer { caller.remove() }
+        try await withHost(extraSearchPaths: [caller.root]) { host, log in
+            let crasher = try host.extension(identifier: caller.identifier)
+            let services = ServiceLog()
+            try crasher.registerService("document.part", partService(services))
+            let (_, first) = beginNotingPid(crasher, "call-after-end")
+            #expect(await eventually(timeout: 30) { first.pid != 0 })
+            try await Task.sleep(nanoseconds: 300_000_000)
+            // Not a protocol violation: the same worker serves the next request; the app saw no call.
+            let (_, second) = beginNotingPid(crasher, "echo")
+            #expect(await eventually(timeout: 30) { second.pid != 0 })
+            #expect(second.pid == first.pid, "the worker was replaced: \(log.all)")
+            #expect(!log.contains("broke the protocol"), "\(log.all)")
+            #expect(services.started.isEmpty)
+        }
+        try await withHost({ $0.workerEnvironment = ["CRASHER_FAULT_AT_START=call-early"] }) { host, _ in
+            let (crasher, recorder) = try recordedExtension(host, "com.example.crasher")
+            let id = crasher.beginRequest(withInputItems: [ExtensionItem(title: "echo")])
+            let outcome = await recorder.wait(for: id)
+            guard case .interrupted(.protocolViolation(let detail))? = outcome else {
+                Issue.record("\(String(describing: outcome))")
+                return
+            }
+            #expect(detail.contains("before its handshake"), "\(detail)")
+        }
+    }
+
     @Test func theCallsManifestKeysAreChecked() {
         expectManifestErrors([
             ("<key>HostServices</key><string>document.part</string>", "HostServices"),

@@ -97,6 +97,8 @@ int sdk_timerfd(void);
 int sdk_timerfd_arm(int fd, uint64_t deadline_ns);
 /// pipe2(fds, O_CLOEXEC).
 int sdk_pipe_cloexec(int fds[2]);
+/// The CPUs this process may run on (its affinity mask), or -1.
+int sdk_available_cpus(void);
 
 /// setvbuf(stdout, NULL, _IOLBF, 0): line-buffered stdout (Swift cannot touch the `stdout` global safely).
 void sdk_line_buffer_stdout(void);

@@ -6,6 +6,7 @@
 // and runs there (DaemonClient); the daemon never runs app code.
 import SDKWire
 import Synchronization
+import Dispatch
 
 /// One call from an extension to a service the app provides.
 public struct HostServiceCall: Sendable {
@@ -57,6 +58,16 @@ extension ExtensionError {
         ExtensionError(domain: "SDKHost", code: 13, message: "service '\(name)' failed: \(error)")
     }
 
+    /// The app's answer could not be sent to the worker (too large for a frame).
+    package static func answerNotSent(_ why: String) -> ExtensionError {
+        ExtensionError(domain: "SDKHost", code: 15, message: "the service's answer cannot be sent: \(why)")
+    }
+
+    /// Through the daemon: the call could not be sent on to the app (too large for the client's frames).
+    package static func callNotForwarded(_ why: String) -> ExtensionError {
+        ExtensionError(domain: "SDKHost", code: 16, message: "the call cannot be sent to the app: \(why)")
+    }
+
     /// Through the daemon: the app that owns the request has gone.
     package static let appGone = ExtensionError(domain: "SDKHost", code: 14, message: "the app that made the request has gone")
 }
@@ -88,7 +99,9 @@ package final class HostServiceTable: HostServiceProvider {
                 done(.failure(.serviceFailed(call.service, error)))
             }
         }
-        return { task.cancel() }
+        // Cancelled from the engine's loop (or the client's): the Task's cancellation handlers are the app's code,
+        // and run inside `cancel()`, so it is called from elsewhere.
+        return { DispatchQueue.global().async { task.cancel() } }
     }
 }
 

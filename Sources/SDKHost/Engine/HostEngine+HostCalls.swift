@@ -1,10 +1,11 @@
 // Host calls on the engine's loop: a worker asks the app's service for something on behalf of a request it runs
 // (HostServices.swift; the wire: Messages.swift, "Host services"). A call is checked here, and only a call that
-// passes reaches the app: it must belong to a request this worker runs, use a new number, stay within
-// MaxHostCallsInFlight, and name a service the manifest lists (else it ends at once with an error to the worker).
-// Its answer comes back through the loop and goes to the worker only if the call is still the request's: a
-// request that ends (`finish`, however it ends) cancels its calls still running and forgets them, so a late
-// answer finds nothing and is dropped.
+// passes reaches the app: it must come after the worker's handshake, belong to a request this worker runs, use a
+// new number, stay within the MaxHostCallsInFlight the worker was started with, and name a service its manifest
+// listed (else it ends at once with an error to the worker). Its answer comes back through the loop and goes to
+// the worker only if the call is still the request's: a request that ends (`finish`, however it ends) or goes
+// back to the queue cancels its calls still running and forgets them, so a late answer finds nothing and is
+// dropped.
 
 #if canImport(Glibc)
 import SDKWire
@@ -14,9 +15,19 @@ import SDKPosix
 
 extension HostEngine {
     func hostCall(_ id: RequestID, _ call: Int64, _ service: String, _ items: [ExtensionItem], from worker: WorkerProcess) {
+        let named = "service '\(OutputLines.escape(Array(service.utf8.prefix(128))))'"
+        guard !worker.lifecycle.beforeWelcome else {
+            protocolViolation(worker, "worker called \(named) before its handshake")
+            return
+        }
         guard worker.inFlight.contains(id) else {
-            protocolViolation(worker, "worker called service '\(OutputLines.escape(Array(service.utf8.prefix(128))))' for a "
-                + "request it is not running")
+            // The worker finished the request while one of its threads was starting a call: the runtime ends
+            // such a call itself, and the frames crossed. Any other id is a request it was never given.
+            if worker.recentlyFinished.contains(id) {
+                send(.hostCallError(id: id, call: call, error: .hostCallRequestEnded), to: worker)
+            } else {
+                protocolViolation(worker, "worker called \(named) for a request it is not running")
+            }
             return
         }
         guard let record = requests[id], record.worker === worker else {
@@ -28,16 +39,15 @@ extension HostEngine {
             protocolViolation(worker, "worker reused host call number \(call) of request \(id)")
             return
         }
-        // The manifest as it is now (a rescan may have changed it); one that has gone allows nothing.
-        let policy = manifests[worker.extensionID]?.policy
-        let limit = policy?.maxHostCallsInFlight ?? ExtensionPolicy().maxHostCallsInFlight
+        // The policy the worker was started with, and told (SDKHOST_MAX_HOST_CALLS): a rescan since changes the
+        // next workers, not this one.
+        let limit = worker.policy.maxHostCallsInFlight
         guard record.hostCalls.count < limit else {
             protocolViolation(worker, "worker made more than \(limit) host calls of request \(id) at once (MaxHostCallsInFlight)")
             return
         }
-        guard policy?.hostServices.contains(service) == true else {
-            log(.info, "\(worker.extensionID): call to service '\(OutputLines.escape(Array(service.utf8.prefix(128))))', "
-                + "which its HostServices does not list; refused")
+        guard worker.policy.hostServices.contains(service) else {
+            log(.info, "\(worker.extensionID): call to \(named), which its HostServices does not list; refused")
             send(.hostCallError(id: id, call: call, error: .serviceNotAllowed(service)), to: worker)
             return
         }
@@ -45,22 +55,35 @@ extension HostEngine {
             send(.hostCallError(id: id, call: call, error: .serviceNotProvided(service)), to: worker)
             return
         }
-        // Held until the answer is sent or the request ends. The answer always comes back through the loop (even
-        // one made at once, for a service the app does not provide), so it finds the call recorded.
-        record.hostCalls[call] = services.start(HostServiceCall(service: service, requestID: id, items: items)) {
-            [weak self] result in
+        // Held until the answer is sent or the request ends. An answer made on this thread (a service the app
+        // does not provide; the daemon's client that has gone) is handled at once, here: it may come before
+        // `start` returns, so the call is recorded first.
+        record.hostCalls[call] = {}
+        let cancel = services.start(HostServiceCall(service: service, requestID: id, items: items)) { [weak self] result in
             guard let self else { return }
-            _ = self.loop.execute { self.hostCallAnswered(id, call, result) }
+            if self.loop.inLoop && !self.loop.runningInline {
+                self.hostCallAnswered(id, call, result)
+            } else {
+                _ = self.loop.execute { self.hostCallAnswered(id, call, result) }
+            }
         }
+        if record.hostCalls[call] != nil { record.hostCalls[call] = cancel }
     }
 
     /// The app answered call `call` of request `id` (loop thread): to the worker, if the call is still waited for.
+    /// An answer too large for a frame becomes an error, so that the call still ends.
     func hostCallAnswered(_ id: RequestID, _ call: Int64, _ result: Result<[ExtensionItem], ExtensionError>) {
         guard let record = requests[id], record.hostCalls.removeValue(forKey: call) != nil, let worker = record.worker,
             worker.inFlight.contains(id), !worker.lifecycle.isOver
         else { return }
         switch result {
-        case .success(let items): send(.hostCallResult(id: id, call: call, items: items), to: worker)
+        case .success(let items):
+            do {
+                try worker.connection.send(.hostCallResult(id: id, call: call, items: items))
+            } catch {
+                log(.warning, "\(worker.extensionID): the answer to host call \(call) of \(id) cannot be sent: \(error)")
+                send(.hostCallError(id: id, call: call, error: .answerNotSent(error.detail)), to: worker)
+            }
         case .failure(let error): send(.hostCallError(id: id, call: call, error: error), to: worker)
         }
     }
@@ -73,7 +96,8 @@ extension HostEngine {
         cancel()
     }
 
-    /// The request ended: every call still running in the app is cancelled, and none is remembered.
+    /// The request ended or went back to the queue: every call still running in the app is cancelled, and none
+    /// is remembered.
     func cancelHostCalls(_ record: RequestRecord) {
         let calls = record.hostCalls
         record.hostCalls = [:]

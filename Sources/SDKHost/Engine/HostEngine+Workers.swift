@@ -330,6 +330,7 @@ extension HostEngine {
             } else if requeue, let record = requests[id], record.requeues < 2 {
                 record.requeues += 1
                 record.worker = nil
+                if !record.hostCalls.isEmpty { cancelHostCalls(record) }
                 if record.publishesPid { pids.withLock { _ = $0.removeValue(forKey: id) } }
                 requests.requeueFirst(record)
             } else {
