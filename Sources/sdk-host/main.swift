@@ -9,14 +9,14 @@ import Glibc
 
 let usage = """
     usage: sdk-host <command> [options]        (sdk-host <command> --help for one command's options)
-      demo [--config P]         echo, every crash fault, a deadline, a cancel, the sandbox escapes and a
-                                quarantine, through an embedded host
-      request <ext-id> [--text S]... [--payload JSON]... [--file FILE]... [--save DIR] [--stream]
-              [--embedded | --socket P] [--app NAME] [--timeout S] [--config P]
+      demo [--config P]         echo, every crash fault, a deadline, a cancel, the sandbox escapes, a host
+                                service and a quarantine, through an embedded host
+      request <ext-id> [--text S]... [--payload JSON]... [--file FILE]... [--save DIR] [--serve NAME=PATH]...
+              [--stream] [--embedded | --socket P] [--app NAME] [--timeout S] [--config P]
                                 one request; prints which host served it, the outcome and the items (and
                                 with --stream each partial result as it comes); --payload sends a value a
                                 Codable extension decodes, --file sends a file as a descriptor, --save
-                                writes what comes back
+                                writes what comes back, --serve answers the extension's host calls from files
       serve [--config P] [--socket P]
                                 the daemon; SIGTERM/SIGINT drain in-flight requests, then stop; SIGHUP rescans
                                 manifests; systemd socket activation and sd_notify when started by systemd
@@ -27,7 +27,7 @@ let usage = """
       crashes [--leaks] [--json] [--config P] [--dir D]
                                 the crash (or leak) reports the daemon wrote, each with its fatal-error line
       plist encode|decode       XML plist on stdin -> bplist00 on stdout, and back
-      bench [api|codec|cold|daemon|drain|kill|stream|throughput] [--json] [--quick] [--config P] [--peer P]
+      bench [api|calls|codec|cold|daemon|drain|kill|stream|throughput] [--json] [--quick] [--config P] [--peer P]
                                 performance figures next to the raw socketpair round trip (use -c release)
       bench --soak N [--json]   N requests with crashes, cancels and deadlines: RSS, descriptors, threads, slope
       --version                 the version
