@@ -9,6 +9,9 @@
 //   "unlisted"       call `secret.key`, which the manifest does not list, and complete with the error's text
 //   "over-cap:<n>"   make n calls at once (more than MaxHostCallsInFlight) and complete with how many failed at once
 //   "blocking"       as the default, with the blocking form of callHost, from a synchronous thread
+//   "file"           send the app a file (the bytes "sealed part") with the call; complete with the text of the
+//                    file the app sends back
+//   "end-with-call"  start a call in a Task of its own and complete at once, with the call still out
 import SDKExtension
 #if canImport(Glibc)
 import Glibc
@@ -52,6 +55,15 @@ struct Renderer: AsyncRequestHandler {
                     return await group.reduce(0) { $0 + ($1 ? 1 : 0) }
                 }
                 context.completeRequest(returningItems: [ExtensionItem(text: "\(failed) failed")])
+            case "file":
+                let file = try FileAttachment(bytes: Array("sealed part".utf8))
+                let answer = try await context.callHost("document.part", [ExtensionItem(title: "file", fileAttachments: [file])])
+                let back = try answer.first?.fileAttachments.first?.readAll() ?? []
+                context.completeRequest(returningItems: [ExtensionItem(text: String(decoding: back, as: UTF8.self))])
+            case "end-with-call":
+                Task { _ = try? await part("hold-end", context) }
+                try await Task.sleep(nanoseconds: 100_000_000)  // the call is in the app by now
+                context.completeRequest(returningItems: [ExtensionItem(text: "ended")])
             case "blocking":
                 let document = context.inputItems.first?.text ?? ""
                 let rendered = try await withCheckedThrowingContinuation { (c: CheckedContinuation<String, any Error>) in

@@ -50,6 +50,19 @@ import Glibc
         #expect(await daemon.stop() == 0)
     }
 
+    @Test func filesTravelBothWaysWithACallThroughTheDaemon() async throws {
+        let daemon = try await DaemonProcess()
+        defer { daemon.remove() }
+        let host = try await ExtensionHost.connect(socketPath: daemon.socket)
+        let renderer = try host.extension(identifier: "com.example.renderer")
+        try renderer.registerService("document.part", fileService(ServiceLog()))
+        #expect(try await renderer.perform([ExtensionItem(title: "file")]).first?.text == "TRAP DELAES")
+        await host.shutdown()
+        let released = await eventually(timeout: 10) { StreamingDaemonTests.heldFiles(daemon.pid, "/nonexistent").isEmpty }
+        #expect(released, "the daemon keeps a call's file: \(StreamingDaemonTests.heldFiles(daemon.pid, "/nonexistent"))")
+        #expect(await daemon.stop() == 0)
+    }
+
     @Test func cancelledWithThreeCallsOutAndCrashedMidCallBothCancelTheHandlers() async throws {
         let daemon = try await DaemonProcess()
         defer { daemon.remove() }

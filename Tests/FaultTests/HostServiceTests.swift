@@ -82,6 +82,19 @@ import Glibc
         }
     }
 
+    @Test func callsCarryFilesBothWaysAndARequestThatCompletesCancelsItsCallsStillOut() async throws {
+        try await withHost { host, _ in
+            let (renderer, recorder) = try recordedExtension(host, "com.example.renderer")
+            try renderer.registerService("document.part", fileService(ServiceLog()))
+            #expect(try await renderer.perform([ExtensionItem(title: "file")]).first?.text == "TRAP DELAES")
+            let log = ServiceLog()
+            try renderer.registerService("document.part", partService(log))
+            let id = renderer.beginRequest(withInputItems: [ExtensionItem(title: "end-with-call")])
+            #expect(await recorder.wait(for: id) == .completed([ExtensionItem(text: "ended")]))
+            #expect(await eventually(timeout: 10) { log.cancelled == ["hold-end"] }, "\(log.started) \(log.cancelled)")
+        }
+    }
+
     @Test func aDeadlineOrAShutdownWithCallsOutCancelsTheirHandlers() async throws {
         try await withHost { host, _ in
             let (renderer, recorder) = try recordedExtension(host, "com.example.renderer")

@@ -535,3 +535,17 @@ public func partService(_ log: ServiceLog) -> HostServiceHandler {
         return [ExtensionItem(text: "<\(name.uppercased())>")]
     }
 }
+
+/// A `document.part` service for files: reads the file the call brought and answers with a new file holding its
+/// bytes upper-cased and reversed.
+public func fileService(_ log: ServiceLog) -> HostServiceHandler {
+    { call in
+        log.started(call.items.first?.title ?? "")
+        guard let file = call.items.first?.fileAttachments.first else {
+            throw ExtensionError(domain: "test", code: 1, message: "no file came with the call")
+        }
+        let bytes = try file.readAll()
+        let answer = String(decoding: bytes, as: UTF8.self).uppercased().reversed()
+        return [ExtensionItem(fileAttachments: [try FileAttachment(bytes: Array(String(answer).utf8))])]
+    }
+}
