@@ -104,22 +104,6 @@ package final class HostCaller: Sendable {
     package var waitingCount: Int { state.withLock { $0.waiting.count } }
 }
 
-extension ExtensionError {
-    /// A call made after its request finished (or one the request's end cut short).
-    package static let requestEnded = ExtensionError(domain: "SDKExtension", code: 5, message: "the request has ended")
-
-    /// A call past MaxHostCallsInFlight.
-    package static func tooManyHostCalls(_ limit: Int) -> ExtensionError {
-        ExtensionError(domain: "SDKExtension", code: 4, message: "more than \(limit) host calls in flight (MaxHostCallsInFlight)")
-    }
-
-    /// A call that could not be sent (too large for a frame: see the worker's log).
-    package static let callNotSent = ExtensionError(domain: "SDKExtension", code: 7, message: "the call cannot be sent (too large for a frame)")
-
-    /// A context made without a host (no caller): no service can answer.
-    package static let noHost = ExtensionError(domain: "SDKExtension", code: 6, message: "no host to call")
-}
-
 /// One call's state between the waiting code and its cancellation handler, which may run in either order.
 private final class PendingCall: Sendable {
     private let state = Mutex<(call: Int64?, cancelled: Bool)>((nil, false))

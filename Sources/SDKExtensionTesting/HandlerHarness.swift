@@ -64,15 +64,10 @@ public final class HandlerRun: Sendable {
                 let task = Task { [weak self] in
                     let answer: Message
                     do {
-                        guard let fake else {
-                            throw ExtensionError(domain: "SDKHost", code: 11, message: "the app provides no service '\(service)'")
-                        }
+                        guard let fake else { throw ExtensionError.serviceNotProvided(service) }
                         answer = .hostCallResult(id: requestID, call: call, items: try await fake(items))
-                    } catch let error as ExtensionError {
-                        answer = .hostCallError(id: requestID, call: call, error: error)
                     } catch {
-                        answer = .hostCallError(id: requestID, call: call, error: ExtensionError(
-                            domain: "SDKHost", code: 13, message: "service '\(service)' failed: \(error)"))
+                        answer = .hostCallError(id: requestID, call: call, error: .thrown(by: service, error))
                     }
                     callerBox.value?.answer(answer)
                     // Done: it leaves `running`, or, if it finished before it was put there, says so.

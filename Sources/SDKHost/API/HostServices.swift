@@ -39,39 +39,6 @@ package protocol HostServiceProvider: Sendable {
         -> @Sendable () -> Void
 }
 
-extension ExtensionError {
-    /// A call to a service the extension's manifest does not list under `HostServices`.
-    package static func serviceNotAllowed(_ name: String) -> ExtensionError {
-        ExtensionError(domain: "SDKHost", code: 10, message: "service '\(name)' is not in this extension's HostServices")
-    }
-
-    /// A call to a service the app did not register.
-    package static func serviceNotProvided(_ name: String) -> ExtensionError {
-        ExtensionError(domain: "SDKHost", code: 11, message: "the app provides no service '\(name)'")
-    }
-
-    /// A call made while its request was ending on the host (cancelled, timed out).
-    package static let hostCallRequestEnded = ExtensionError(domain: "SDKHost", code: 12, message: "the request has ended")
-
-    /// The app's handler threw an error that is not an `ExtensionError`.
-    package static func serviceFailed(_ name: String, _ error: any Error) -> ExtensionError {
-        ExtensionError(domain: "SDKHost", code: 13, message: "service '\(name)' failed: \(error)")
-    }
-
-    /// The app's answer could not be sent to the worker (too large for a frame).
-    package static func answerNotSent(_ why: String) -> ExtensionError {
-        ExtensionError(domain: "SDKHost", code: 15, message: "the service's answer cannot be sent: \(why)")
-    }
-
-    /// Through the daemon: the call could not be sent on to the app (too large for the client's frames).
-    package static func callNotForwarded(_ why: String) -> ExtensionError {
-        ExtensionError(domain: "SDKHost", code: 16, message: "the call cannot be sent to the app: \(why)")
-    }
-
-    /// Through the daemon: the app that owns the request has gone.
-    package static let appGone = ExtensionError(domain: "SDKHost", code: 14, message: "the app that made the request has gone")
-}
-
 /// The services one `Extension` provides, by name.
 package final class HostServiceTable: HostServiceProvider {
     private let handlers = Mutex<[String: HostServiceHandler]>([:])
@@ -91,12 +58,9 @@ package final class HostServiceTable: HostServiceProvider {
         }
         let task = Task.detached {
             do {
-                let items = try await handler(call)
-                done(.success(items))
-            } catch let error as ExtensionError {
-                done(.failure(error))
+                done(.success(try await handler(call)))
             } catch {
-                done(.failure(.serviceFailed(call.service, error)))
+                done(.failure(.thrown(by: call.service, error)))
             }
         }
         // Cancelled from the engine's loop (or the client's): the Task's cancellation handlers are the app's code,

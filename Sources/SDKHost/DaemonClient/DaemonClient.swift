@@ -363,7 +363,7 @@ final class DaemonClient: HostBackend, @unchecked Sendable {
             do {
                 try connection?.send(.hostCallResult(id: id, call: call, items: items))
             } catch {
-                try? connection?.send(.hostCallError(id: id, call: call, error: .serviceFailed("answer", error)))
+                try? connection?.send(.hostCallError(id: id, call: call, error: .answerNotSent(error.detail)))
             }
         case .failure(let error): try? connection?.send(.hostCallError(id: id, call: call, error: error))
         }
