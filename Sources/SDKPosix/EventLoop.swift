@@ -43,12 +43,8 @@ public final class EventLoop: @unchecked Sendable {
     /// When `timerFD` expires (0: not armed). A timer cancelled since leaves it early, which only costs a turn.
     private var armedAt: UInt64 = 0
     private var handlers: [Int32: Handler] = [:]
-    /// What is watched on each simulated descriptor (SimulatedKernel.swift), which no epoll set can hold; in
-    /// descriptor order, so that readiness is reported in an order that does not depend on hashing.
-    private var simulatedInterest: [(fd: Int32, events: UInt32)] = []
-    /// Where the next scan of `simulatedInterest` starts: after the last descriptor a full turn reported, so that
-    /// more than 64 ready descriptors take turns, as epoll's ready list does.
-    private var simulatedScanAfter: Int32 = -1
+    /// What is watched on simulated descriptors (SimulatedKernel.swift), which no epoll set can hold.
+    private var simulated = SimulatedWatchList()
     /// Real descriptors registered besides the loop's own: a driven loop with none skips epoll_wait.
     private var realRegistrations = 0
     private var timers = TimerHeap()
@@ -251,11 +247,7 @@ public final class EventLoop: @unchecked Sendable {
     public func register(_ fd: Int32, events: UInt32, handler: @escaping Handler) throws(SystemError) {
         preconditionInLoop()
         if SimulatedKernel.isSimulated(fd) {
-            let at = simulatedInterest.firstIndex { $0.fd >= fd } ?? simulatedInterest.endIndex
-            guard at == simulatedInterest.endIndex || simulatedInterest[at].fd != fd else {
-                throw SystemError("epoll_ctl(ADD)", errno: EEXIST, detail: "simulated fd \(fd)")
-            }
-            simulatedInterest.insert((fd, events), at: at)
+            try simulated.add(fd, events)
         } else {
             try retryingEINTR("epoll_ctl(ADD)", detail: "fd \(fd)") { sdk_epoll_ctl(epfd, SDK_EPOLL_CTL_ADD, fd, events) }
             realRegistrations += 1
@@ -266,13 +258,7 @@ public final class EventLoop: @unchecked Sendable {
     /// Changes the events watched on `fd`.
     public func modify(_ fd: Int32, events: UInt32) throws(SystemError) {
         preconditionInLoop()
-        if SimulatedKernel.isSimulated(fd) {
-            guard let at = simulatedInterest.firstIndex(where: { $0.fd == fd }) else {
-                throw SystemError("epoll_ctl(MOD)", errno: ENOENT, detail: "simulated fd \(fd)")
-            }
-            simulatedInterest[at].events = events
-            return
-        }
+        if SimulatedKernel.isSimulated(fd) { return try simulated.modify(fd, events) }
         try retryingEINTR("epoll_ctl(MOD)", detail: "fd \(fd)") { sdk_epoll_ctl(epfd, SDK_EPOLL_CTL_MOD, fd, events) }
     }
 
@@ -281,7 +267,7 @@ public final class EventLoop: @unchecked Sendable {
         preconditionInLoop()
         if handlers.removeValue(forKey: fd) != nil {
             if SimulatedKernel.isSimulated(fd) {
-                simulatedInterest.removeAll { $0.fd == fd }
+                simulated.remove(fd)
             } else {
                 _ = sdk_epoll_ctl(epfd, SDK_EPOLL_CTL_DEL, fd, 0)
                 realRegistrations -= 1
@@ -428,8 +414,8 @@ public final class EventLoop: @unchecked Sendable {
                 // turn back. Only the loop's own descriptors in its epoll set: none can be ready (no wake-ups, no
                 // timerfd under a manual clock), so it is not asked.
                 n = realRegistrations > 0 ? wait(0) : 0
-                if n >= 0, !simulatedInterest.isEmpty {
-                    n = simulatedReadiness(into: &fds, &events, after: Int(n))
+                if n >= 0, !simulated.isEmpty {
+                    n = simulated.ready(into: &fds, &events, after: Int(n), hangUp: Self.hangUp)
                 }
                 if n == 0 && timeout != 0 { return }
             } else if timeout != 0, busyPollNanoseconds > 0, clock == nil, lastWaitFoundWork {
@@ -485,7 +471,7 @@ public final class EventLoop: @unchecked Sendable {
         // What the last turn and the leftovers left for the end of the turn still runs: it may hand outcomes on.
         runBeforeSleepHooks()
         handlers.removeAll()
-        simulatedInterest.removeAll()
+        simulated = SimulatedWatchList()
         timers = TimerHeap()
         beforeSleep.removeAll()
         let callbacks = inbox.withLock { inbox -> [@Sendable () -> Void] in
@@ -501,29 +487,6 @@ public final class EventLoop: @unchecked Sendable {
         if driven { drivenStopped = true }
         releaseTurn()
         for callback in callbacks { callback() }
-    }
-}
-
-extension EventLoop {
-    /// Appends the simulated descriptors that are ready for what they are watched for (and hang-ups and errors,
-    /// which epoll always reports) to the `count` real ones in `fds` and `events`, in descriptor order from where
-    /// the last full turn stopped; returns the new count. At most 64 in all, as epoll_wait's: the rest are ready
-    /// again next turn (level-triggered), and go first then.
-    fileprivate func simulatedReadiness(into fds: inout [Int32], _ events: inout [UInt32], after count: Int) -> Int32 {
-        guard let kernel = SimulatedKernel.current else { return Int32(count) }
-        var n = count
-        let start = simulatedInterest.firstIndex { $0.fd > simulatedScanAfter } ?? 0
-        for i in 0..<simulatedInterest.count where n < fds.count {
-            let (fd, watched) = simulatedInterest[(start + i) % simulatedInterest.count]
-            let ready = kernel.readiness(fd) & (watched | Self.hangUp)
-            if ready != 0 {
-                fds[n] = fd
-                events[n] = ready
-                n += 1
-            }
-        }
-        simulatedScanAfter = n == fds.count ? fds[n - 1] : -1
-        return Int32(n)
     }
 }
 

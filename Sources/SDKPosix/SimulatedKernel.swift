@@ -267,3 +267,56 @@ package final class SimulatedKernel: @unchecked Sendable {
         }
     }
 }
+
+/// What a driven EventLoop watches on simulated descriptors, in descriptor order (so that readiness is reported
+/// in an order that does not depend on hashing), and where its next scan starts. Loop-confined, as the loop's
+/// handlers are.
+struct SimulatedWatchList {
+    private var interest: [(fd: Int32, events: UInt32)] = []
+    /// After the last descriptor a full turn reported: more than 64 ready descriptors take turns, as epoll's
+    /// ready list does.
+    private var scanAfter: Int32 = -1
+
+    var isEmpty: Bool { interest.isEmpty }
+
+    /// epoll_ctl(ADD).
+    mutating func add(_ fd: Int32, _ events: UInt32) throws(SystemError) {
+        let at = interest.firstIndex { $0.fd >= fd } ?? interest.endIndex
+        guard at == interest.endIndex || interest[at].fd != fd else {
+            throw SystemError("epoll_ctl(ADD)", errno: EEXIST, detail: "simulated fd \(fd)")
+        }
+        interest.insert((fd, events), at: at)
+    }
+
+    /// epoll_ctl(MOD).
+    mutating func modify(_ fd: Int32, _ events: UInt32) throws(SystemError) {
+        guard let at = interest.firstIndex(where: { $0.fd == fd }) else {
+            throw SystemError("epoll_ctl(MOD)", errno: ENOENT, detail: "simulated fd \(fd)")
+        }
+        interest[at].events = events
+    }
+
+    /// epoll_ctl(DEL).
+    mutating func remove(_ fd: Int32) { interest.removeAll { $0.fd == fd } }
+
+    /// Appends the descriptors that are ready for what they are watched for (and `hangUp`, which epoll always
+    /// reports) to the `count` real ones in `fds` and `events`, in descriptor order from where the last full turn
+    /// stopped; returns the new count. At most `fds.count` in all, as epoll_wait's: the rest are ready again next
+    /// turn (level-triggered), and go first then.
+    mutating func ready(into fds: inout [Int32], _ events: inout [UInt32], after count: Int, hangUp: UInt32) -> Int32 {
+        guard let kernel = SimulatedKernel.current else { return Int32(count) }
+        var n = count
+        let start = interest.firstIndex { $0.fd > scanAfter } ?? 0
+        for i in 0..<interest.count where n < fds.count {
+            let (fd, watched) = interest[(start + i) % interest.count]
+            let ready = kernel.readiness(fd) & (watched | hangUp)
+            if ready != 0 {
+                fds[n] = fd
+                events[n] = ready
+                n += 1
+            }
+        }
+        scanAfter = n == fds.count ? fds[n - 1] : -1
+        return Int32(n)
+    }
+}
