@@ -8,11 +8,12 @@
 //   "crash-in-call"  make one call, then die with SIGABRT while it runs in the app
 //   "unlisted"       call `secret.key`, which the manifest does not list, and complete with the error's text
 //   "over-cap:<n>"   make n calls at once (more than MaxHostCallsInFlight) and complete with how many failed at once
-//   "blocking"       as the default, with the blocking form of callHost, from a synchronous thread
+//   "blocking"       as the default, with the blocking form of callHost, from a thread of a global queue
 //   "file"           send the app a file (the bytes "sealed part") with the call; complete with the text of the
 //                    file the app sends back
 //   "end-with-call"  start a call in a Task of its own and complete at once, with the call still out
 import SDKExtension
+import Dispatch
 #if canImport(Glibc)
 import Glibc
 #endif
@@ -67,7 +68,7 @@ struct Renderer: AsyncRequestHandler {
             case "blocking":
                 let document = context.inputItems.first?.text ?? ""
                 let rendered = try await withCheckedThrowingContinuation { (c: CheckedContinuation<String, any Error>) in
-                    Thread.run { c.resume(with: Result { try render(document) { try blockingPart($0, context) } }) }
+                    DispatchQueue.global().async { c.resume(with: Result { try render(document) { try blockingPart($0, context) } }) }
                 }
                 context.completeRequest(returningItems: [ExtensionItem(text: rendered)])
             default:
@@ -124,19 +125,4 @@ func render(_ document: String, _ part: (String) throws -> String) rethrows -> S
         case .part(let name): try part(name)
         }
     }.joined()
-}
-
-/// A thread of its own, for the blocking form of callHost.
-enum Thread {
-    static func run(_ body: @escaping @Sendable () -> Void) {
-        final class Box { let body: @Sendable () -> Void; init(_ b: @escaping @Sendable () -> Void) { body = b } }
-        var thread = pthread_t()
-        let box = Unmanaged.passRetained(Box(body)).toOpaque()
-        _ = pthread_create(&thread, nil, { raw in
-            let box = Unmanaged<Box>.fromOpaque(raw!).takeRetainedValue()
-            box.body()
-            return nil
-        }, box)
-        pthread_detach(thread)
-    }
 }

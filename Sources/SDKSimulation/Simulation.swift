@@ -49,6 +49,8 @@ package struct SimulationTally {
     package var clients = 0
     package var clientRequests = 0
     package var clientOutcomes = 0
+    /// Schedules that found a violation (the caller counts them: `run` returns what it found).
+    package var violations = 0
     /// The sum of each schedule's FNV-1a over its steps: the same seeds give the same digest on every run, split
     /// over any number of processes.
     package var traceDigest: UInt64 = 0
@@ -70,7 +72,7 @@ package struct SimulationTally {
         outcomes.sorted { $0.key < $1.key }.map { "outcome\t\($0.key)\t\($0.value)" }
             + transitions.sorted { $0.key < $1.key }.map { "transition\t\($0.key)\t\($0.value)" }
             + [("steps", steps), ("files", filesReturned), ("clients", clients), ("clientRequests", clientRequests),
-               ("clientOutcomes", clientOutcomes)].map { "count\t\($0.0)\t\($0.1)" }
+               ("clientOutcomes", clientOutcomes), ("violations", violations)].map { "count\t\($0.0)\t\($0.1)" }
             + ["digest\t-\t\(traceDigest)"]
     }
 
@@ -91,6 +93,7 @@ package struct SimulationTally {
                 case "clients": clients += count
                 case "clientRequests": clientRequests += count
                 case "clientOutcomes": clientOutcomes += count
+                case "violations": violations += count
                 default: return false
                 }
             default: return false

@@ -29,7 +29,8 @@ if getenv("SWIFT_DETERMINISTIC_HASHING") == nil {
     fail("cannot run itself again with deterministic hashing: \(String(cString: strerror(errno)))")
 }
 
-func report(_ tally: SimulationTally, schedules: Int, violations: Int, seconds: Double, processes: Int) -> Never {
+func report(_ tally: SimulationTally, schedules: Int, seconds: Double, processes: Int) -> Never {
+    let violations = tally.violations
     print("outcomes:")
     for (kind, count) in tally.outcomes.sorted(by: { $0.key < $1.key }) { print("  \(kind): \(count)") }
     print("completions that brought files back: \(tally.filesReturned)")
@@ -86,7 +87,7 @@ func coordinate(jobs: Int, firstSeed seed: UInt64, schedules: Int) -> Never {
         }
     }
     var tally = SimulationTally()
-    var violations = 0, printed = 0
+    var printed = 0
     for (k, child) in children.enumerated() {
         var status: Int32 = 0
         while waitpid(child.pid, &status, 0) < 0 && errno == EINTR {}
@@ -100,19 +101,14 @@ func coordinate(jobs: Int, firstSeed seed: UInt64, schedules: Int) -> Never {
         let exited = ExitStatus(waitStatus: status)
         guard let marker, exited == .exited(0) else {
             // It trapped (its stderr, which is ours, names the seed) or was killed.
-            violations += 1
+            tally.violations += 1
             print("VIOLATION part \(k) of \(jobs) (seeds \(seed &+ UInt64(k)), +\(jobs), …) ended \(exited) before its tally")
             continue
         }
-        var tallyLines = lines[(marker + 1)...].filter { !$0.isEmpty }
-        if let last = tallyLines.last, last.hasPrefix("violations\t") {
-            violations += Int(last.split(separator: "\t").last ?? "") ?? 0
-            tallyLines.removeLast()
-        }
-        if !tally.merge(tallyLines) { fail("part \(k) of the schedules reported a tally that does not read") }
+        if !tally.merge(lines[(marker + 1)...].filter { !$0.isEmpty }) { fail("part \(k) of the schedules reported a tally that does not read") }
     }
     let seconds = Double(monotonicNanoseconds() - start) / 1e9
-    report(tally, schedules: schedules, violations: violations, seconds: seconds, processes: jobs)
+    report(tally, schedules: schedules, seconds: seconds, processes: jobs)
 }
 
 /// The CPUs this process may run on (its affinity mask: taskset and cpusets narrow it), at least 1.
@@ -205,7 +201,6 @@ for sig in [SIGILL, SIGTRAP, SIGSEGV, SIGABRT, SIGBUS] {
     }
 }
 var tally = SimulationTally()
-var violations = 0
 let start = monotonicNanoseconds()
 world.warmUp()
 for n in stride(from: shard?.index ?? 0, to: schedules, by: shard?.of ?? 1) {
@@ -214,8 +209,8 @@ for n in stride(from: shard?.index ?? 0, to: schedules, by: shard?.of ?? 1) {
     var simulation = Simulation(seed: s, steps: steps)
     simulation.fullTrace = fullTrace
     if let problem = simulation.run(in: world, tally: &tally) {
-        violations += 1
-        if violations <= 10 { print("VIOLATION " + problem) }
+        tally.violations += 1
+        if tally.violations <= 10 { print("VIOLATION " + problem) }
     }
 }
 let seconds = Double(monotonicNanoseconds() - start) / 1e9
@@ -223,7 +218,6 @@ world.remove()
 if shard != nil {
     print(tallyMarker)
     for line in tally.lines { print(line) }
-    print("violations\t-\t\(violations)")
     exit(0)
 }
-report(tally, schedules: schedules, violations: violations, seconds: seconds, processes: 1)
+report(tally, schedules: schedules, seconds: seconds, processes: 1)
