@@ -97,7 +97,7 @@ package struct DaemonConfiguration: Sendable {
         "PartialFrameTimeoutSeconds", "MaxDescriptorsPerClient", "MaxDescriptorsTotal", "BusyPollMicroseconds",
         "WorkerUser", "RuntimePaths", "AllowedSandboxModes", "MaxMemoryLimitMB", "AllowedReadableRoots",
         "AllowedWritableRoots", "AllowNetwork", "MaxClientsPerUID", "MaxWorkersTotal", "MaxWorkersPerUID",
-        "MaxAppPoolsPerUID", "MaxUnreadDescriptorsPerClient",
+        "MaxAppPoolsPerUID", "MaxUnreadDescriptorsPerClient", "Interpreters",
     ]
 
     /// Defaults only (no file).
@@ -188,6 +188,17 @@ package struct DaemonConfiguration: Sendable {
             host.workerUser = user
         }
         host.runtimePaths = try ExtensionPolicy.paths(f, "RuntimePaths") ?? host.runtimePaths
+        if let interpreters = try f.fields("Interpreters") {
+            // Each key an interpreter's absolute path, each value the folders of its library.
+            var table: [String: [String]] = [:]
+            for key in interpreters.entries.keys.sorted() {
+                guard key.hasPrefix("/"), !key.utf8.contains(0), !key.split(separator: "/").contains("..") else {
+                    throw interpreters.fail(key, "'\(key)' is not an absolute path without '..'")
+                }
+                table[key] = try ExtensionPolicy.paths(interpreters, key) ?? []
+            }
+            host.interpreters = table
+        }
         if let modes = try f.stringArray("AllowedSandboxModes") {
             host.allowedSandboxModes = []
             for mode in modes { host.allowedSandboxModes.insert(try SandboxMode(mode, key: "AllowedSandboxModes", in: f)) }

@@ -202,6 +202,7 @@ static void read_profile(void) {
     profile.max_threads = integer_for(&doc, "MaxThreads", 512);
     profile.readable = paths_for(&doc, "ReadablePaths");
     profile.writable = paths_for(&doc, "WritablePaths");
+    profile.masked = paths_for(&doc, "MaskedPaths");
     profile.executable_sha256 = string_for(&doc, "ExecutableSHA256", 0);
     timings = integer_for(&doc, "Timings", 0) != 0;
     profile.shared_network = integer_for(&doc, "SharedNetworkNamespace", 0) != 0 && !profile.network;

@@ -12,6 +12,9 @@
 // worker's own pid namespace). pivot_root makes the tmpfs the root, the old root is detached, and the new root is
 // made read-only.
 //
+// MaskedPaths (an interpreted worker's: the machine's Python package folders) are each covered by an empty tmpfs,
+// read-only once the grants are in place (a grant inside one is bound into it first).
+//
 // Grants are bound read-only (ReadablePaths and the runtime folders; ReadablePaths and everything writable also
 // noexec), WritablePaths read-write; every bind is nosuid and nodev (but the four device nodes), and keeps the
 // flags its source mount has locked (a remount in a user namespace may not clear them).
@@ -37,7 +40,7 @@
 #define ROOT "/tmp"
 #define MAX_GRANTS 256
 
-enum grant_kind { GRANT_RUNTIME, GRANT_EXECUTABLE, GRANT_READ, GRANT_WRITE, GRANT_DEVICE, GRANT_DEVICES };
+enum grant_kind { GRANT_RUNTIME, GRANT_EXECUTABLE, GRANT_READ, GRANT_WRITE, GRANT_DEVICE, GRANT_DEVICES, GRANT_MASK };
 
 struct grant {
     const char *path;   // where it goes in the new root
@@ -190,8 +193,20 @@ static unsigned long locked_flags(const char *target) {
         & (MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC | MS_NOATIME | MS_NODIRATIME | MS_RELATIME);
 }
 
+/// Covers `g->path` (in the new root) with an empty tmpfs; `build_root` makes it read-only later.
+static int mask(struct grant *g, const char **why) {
+    static char target[4096];
+    snprintf(target, sizeof target, ROOT "%s", g->path);
+    int error = make_target(target, 1);
+    if (error) return fail(why, "cannot make a masked folder's mount point in the new root", error);
+    if (syscall(SYS_mount, "sdk-host-masked", target, "tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC, "mode=0755,size=64k,nr_inodes=64") != 0)
+        return fail(why, "cannot mask a folder in the new root", errno);
+    return 0;
+}
+
 static int bind(struct grant *g, const char **why) {
     static char target[4096], source[64];
+    if (g->kind == GRANT_MASK) return mask(g, why);
     snprintf(target, sizeof target, ROOT "%s", g->path);
     if (g->link[0]) {
         int error = make_parents(target);
@@ -208,6 +223,7 @@ static int bind(struct grant *g, const char **why) {
         case GRANT_WRITE: attr.attr_set |= MOUNT_ATTR_NODEV | MOUNT_ATTR_NOEXEC; break;
         case GRANT_DEVICE: break;
         case GRANT_DEVICES: attr.attr_set |= MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOEXEC; break;  // no new node in /dev
+        case GRANT_MASK: break;  // not a bind (`mask`)
         }
         // Flags are only added: what the source mount has locked stays set.
         if (syscall(SYS_mount_setattr, g->fd, "", AT_EMPTY_PATH, &attr, sizeof attr) != 0)
@@ -226,6 +242,7 @@ static int bind(struct grant *g, const char **why) {
     case GRANT_WRITE: flags |= MS_NODEV | MS_NOEXEC; break;
     case GRANT_DEVICE: break;
     case GRANT_DEVICES: flags |= MS_RDONLY | MS_NOEXEC; break;
+    case GRANT_MASK: break;
     }
     flags |= locked_flags(target);
     if (syscall(SYS_mount, NULL, target, NULL, flags, NULL) != 0)
@@ -396,6 +413,15 @@ int collect_grants(const struct profile *p, char *skipped, size_t skipped_size, 
     static const char *devices[] = {"/dev/null", "/dev/zero", "/dev/random", "/dev/urandom"};
     if (!p->device_folder || !add_grant_from(p->device_folder, "/dev", GRANT_DEVICES, skipped, skipped_size))
         for (size_t i = 0; i < 4; i++) add_grant(devices[i], GRANT_DEVICE, skipped, skipped_size);
+    for (size_t i = 0; i < p->masked.count && grant_count < MAX_GRANTS; i++) {
+        if (!clean_path(p->masked.items[i])) continue;
+        struct grant *g = &grants[grant_count++];
+        memset(g, 0, sizeof *g);
+        g->path = g->source = p->masked.items[i];
+        g->kind = GRANT_MASK;
+        g->fd = -1;
+        g->directory = 1;
+    }
     // Parents before what is inside them: a grant inside another is bound on top of it.
     for (size_t i = 1; i < grant_count; i++) {
         struct grant g = grants[i];
@@ -428,6 +454,13 @@ int build_root(const struct profile *p, const char **why) {
     for (size_t i = 0; i < grant_count; i++)
         if (grants[i].fd >= 0) close(grants[i].fd);
     if (error) return error;
+    for (size_t i = 0; i < grant_count; i++) {
+        if (grants[i].kind != GRANT_MASK) continue;
+        static char target[4096];
+        snprintf(target, sizeof target, ROOT "%s", grants[i].path);
+        if (syscall(SYS_mount, NULL, target, NULL, MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC, NULL) != 0)
+            return fail(why, "cannot make a masked folder read-only", errno);
+    }
     if (syscall(SYS_mkdirat, AT_FDCWD, ROOT "/proc", 0555) != 0 && errno != EEXIST)
         return fail(why, "cannot make /proc in the new root", errno);
     if (syscall(SYS_mount, "proc", ROOT "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, NULL) != 0)

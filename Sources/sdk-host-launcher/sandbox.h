@@ -26,6 +26,7 @@ struct profile {
     struct paths runtime;           // the operator's runtime folders: bound read-only into the new root
     struct paths readable;          // ReadablePaths and what the runtime must read
     struct paths writable;          // WritablePaths and the private temp folder
+    struct paths masked;            // MaskedPaths: folders of the runtime hidden under an empty read-only tmpfs
     unsigned mapped_uid;      // the worker's uid and gid (WorkerUser's for a root launcher; the same inside its
                               // user namespace as outside)
     unsigned mapped_gid;

@@ -202,6 +202,12 @@ public struct HostConfiguration: Sendable {
     /// the loader's cache and the Swift runtime, so that an extension built the ordinary way (dynamically) runs.
     /// The operator's list, never derived from an extension's files. Config key `RuntimePaths`.
     public var runtimePaths = HostConfiguration.defaultRuntimePaths
+    /// The interpreters a manifest may name with `SDKHostInterpreter` (absolute paths), each with the folders its
+    /// library lives in: the worker's root holds the interpreter and those folders read-only, besides
+    /// `runtimePaths`, and the machine's site-packages and dist-packages folders are hidden in it. A manifest that
+    /// names any other interpreter is refused. The operator's list; config key `Interpreters`. By default
+    /// /usr/bin/python3 and /usr/local/bin/python3, where they are, with their `lib/python3.X` folder.
+    public var interpreters: [String: [String]] = HostConfiguration.defaultInterpreters
 
     // Operator ceilings (shared/DESIGN.md "Sandbox"): no manifest, nor DefaultPolicy, asks for more. An extension
     // whose policy does is refused (`HostError.Code.refused`), naming its manifest and the key.
@@ -223,6 +229,9 @@ public struct HostConfiguration: Sendable {
     /// The launcher times each of its steps and reports them (`WorkerStatus.sandboxMicroseconds`): the
     /// bench's per-layer cost. Off by default: each step's clock read is a system call in the launcher.
     package var measuresSandboxLayers = false
+    /// Adjusts every manifest's policy after it is read (`sdk-host conformance` shortens the timeouts it tests and
+    /// lists its own host service).
+    package var adjustPolicy: (@Sendable (inout ExtensionPolicy) -> Void)?
     /// Drives the engine's timers by hand (tests and the simulation); nil for the monotonic clock.
     package var clock: ManualClock?
     /// Who watches workers' exit notices; nil: `ExitNoticeWatcher.shared` (the simulation brings its own).
@@ -265,6 +274,26 @@ extension HostConfiguration {
         }
         var seen = Set<String>()
         return paths.filter { access($0, F_OK) == 0 && seen.insert($0).inserted }
+    }()
+}
+
+extension HostConfiguration {
+    /// `python3` in /usr/bin and /usr/local/bin, where it is an executable file named `python3.X` (through its
+    /// links), each with `<prefix>/lib/python3.X`. A name, not a byte of the interpreter, says where its library is.
+    public static let defaultInterpreters: [String: [String]] = {
+        var found: [String: [String]] = [:]
+        for prefix in ["/usr", "/usr/local"] {
+            let path = "\(prefix)/bin/python3"
+            guard access(path, X_OK) == 0, let real = realpath(path, nil) else { continue }
+            let resolved = String(cString: real)
+            free(real)
+            let name = resolved.split(separator: "/").last.map(String.init) ?? ""
+            guard name.hasPrefix("python3."), name.dropFirst(8).allSatisfy(\.isNumber), !name.dropFirst(8).isEmpty else { continue }
+            let library = "\(prefix)/lib/\(name)"
+            guard access(library, R_OK) == 0 else { continue }
+            found[path] = [library]
+        }
+        return found
     }()
 }
 

@@ -3,7 +3,10 @@
 //   CFBundleIdentifier            string, required
 //   NSExtension                   dictionary, required
 //     NSExtensionPointIdentifier  string, required
-//     NSExtensionExecutable       string, required: the executable's file name
+//     NSExtensionExecutable       string, required: the executable's file name (with SDKHostInterpreter: the
+//                                 script's, in the manifest's folder)
+//     SDKHostInterpreter          absolute path, optional (also read at the top level): the launcher runs this
+//                                 interpreter with the script; it must be one of the operator's `Interpreters`
 //     SDKHostPolicy               dictionary, optional; unknown keys are errors
 //       MaxConcurrentRequests     integer 1...1024
 //       MaxWorkers                integer 1...64
@@ -53,6 +56,11 @@ final class ExtensionManifest: Sendable {
     let manifestPath: String
     /// Why the extension may not run, if it may not: its files' ownership or modes, or an operator ceiling.
     let refusal: HostError?
+    /// `SDKHostInterpreter`: what the launcher execs, with the script (`executablePath`) as its argument; nil for
+    /// an executable of its own.
+    let interpreter: String?
+    /// The interpreter's library folders, from the operator's `Interpreters`.
+    let interpreterLibraryPaths: [String]
 
     init(contentsOf path: String, configuration: HostConfiguration) throws(HostError) {
         let bytes: [UInt8]
@@ -79,16 +87,33 @@ final class ExtensionManifest: Sendable {
         }
         var policy = configuration.defaultPolicy
         if let p = try ext.fields("SDKHostPolicy") { try policy.apply(p) }
+        configuration.adjustPolicy?(&policy)
         self.policy = policy
         manifestPath = path
         let manifestDirectory = String(path[..<(path.lastIndex(of: "/") ?? path.startIndex)])
-        let searched = configuration.executableSearchPaths + [manifestDirectory]
+        let interpreter = try Self.interpreter(top, ext)
+        if interpreter != nil, policy.executableSHA256 != nil {
+            throw ext.fail("SDKHostInterpreter", "ExecutableSHA256 pins an executable, and with an interpreter the "
+                + "launcher execs the interpreter: give one or the other")
+        }
+        self.interpreter = interpreter
+        interpreterLibraryPaths = interpreter.flatMap { configuration.interpreters[$0] } ?? []
+        // A script is read, not executed: it lies beside its manifest, and its folder is what the worker's root
+        // holds of it (its modules, the runtime beside it).
+        let searched = interpreter == nil ? configuration.executableSearchPaths + [manifestDirectory] : [manifestDirectory]
         let name = executableName
         searchedPaths = searched
-        let executable: String? = searched.map { "\($0)/\(name)" }.first { access($0, X_OK) == 0 }
+        let executable: String? = searched.map { "\($0)/\(name)" }.first {
+            interpreter == nil ? access($0, X_OK) == 0 : isRegularReadableFile($0)
+        }
         executablePath = executable
         let checked: [String] = [path, manifestDirectory.isEmpty ? "/" : manifestDirectory] + (executable.map { [$0] } ?? [])
-        let problem = checked.lazy.compactMap { ownershipProblem($0) }.first
+            + (interpreter.map { [$0] } ?? [])
+        let unlisted = interpreter.flatMap { configuration.interpreters[$0] == nil ? $0 : nil }.map { interpreter in
+            "\(path): SDKHostInterpreter \(interpreter) is not one of the operator's Interpreters ("
+                + (configuration.interpreters.isEmpty ? "none" : configuration.interpreters.keys.sorted().joined(separator: ", ")) + ")"
+        }
+        let problem = unlisted ?? checked.lazy.compactMap { ownershipProblem($0) }.first
             ?? policy.ceilingProblem(configuration).map { "\(path): \($0)" }
         let id = identifier
         refusal = problem.map { HostError(.refused, "\(id): refused: \($0)") }
@@ -104,6 +129,21 @@ final class ExtensionManifest: Sendable {
         policy = ExtensionPolicy()
         manifestPath = path
         refusal = error
+        interpreter = nil
+        interpreterLibraryPaths = []
+    }
+
+    /// `SDKHostInterpreter`, from the NSExtension dictionary or the top level (not both, unless they agree): an
+    /// absolute path without `..`.
+    private static func interpreter(_ top: PlistFields, _ ext: PlistFields) throws(HostError) -> String? {
+        let key = "SDKHostInterpreter"
+        let inner = try ext.string(key), outer = try top.string(key)
+        if let inner, let outer, inner != outer { throw top.fail(key, "differs from NSExtension.\(key) ('\(inner)')") }
+        guard let value = inner ?? outer else { return nil }
+        guard value.hasPrefix("/"), !value.utf8.contains(0), !value.split(separator: "/").contains("..") else {
+            throw (inner != nil ? ext : top).fail(key, "'\(value)' is not an absolute path without '..'")
+        }
+        return value
     }
 
     /// Reads every `<dir>/<Name>/Info.plist` under the search paths. One bad manifest never breaks the others:
@@ -271,6 +311,12 @@ extension ExtensionPolicy {
 }
 
 import SDKPosix
+
+/// Whether `path` is a regular file this process can read (a script, which need not be executable).
+func isRegularReadableFile(_ path: String) -> Bool {
+    var info = stat()
+    return stat(path, &info) == 0 && info.st_mode & S_IFMT == S_IFREG && access(path, R_OK) == 0
+}
 
 /// Why the file or folder at `path` may not be trusted (sshd's StrictModes), or nil: it must be owned by root or
 /// the host's user, and not writable by others (nor by its group, unless that group is root's or the host's own).

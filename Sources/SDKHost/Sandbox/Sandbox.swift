@@ -59,6 +59,12 @@ package enum SandboxProfile {
         measured: Bool = false, networkNamespace: Int32 = -1, deviceFolder: String? = nil
     ) throws(HostError) -> SandboxedSpawn {
         let policy = manifest.policy
+        // With an interpreter the launcher execs it, with the script as its argument; the root holds the
+        // interpreter, its library folders and the script's folder, and hides the machine's package folders.
+        let executable = manifest.interpreter ?? path
+        let arguments = [executable] + (manifest.interpreter == nil ? [] : [path])
+        let scriptFolder = manifest.interpreter == nil ? [] : [String(path[..<(path.lastIndex(of: "/") ?? path.startIndex)])]
+        let runtimePaths = runtimePaths + manifest.interpreterLibraryPaths
         guard let launcher else {
             guard policy.sandbox == .none, policy.executableSHA256 == nil else {
                 throw HostError(.system, "sandbox: launcher unavailable: \(launcherExecutableName) not found next to "
@@ -66,7 +72,7 @@ package enum SandboxProfile {
                     + (policy.sandbox == .none ? " (ExecutableSHA256 is checked by the launcher)" : ""))
             }
             if let premadeDirectory { removeTree(premadeDirectory) }
-            return SandboxedSpawn(request: SpawnRequest(path: path, arguments: [path], environment: environment))
+            return SandboxedSpawn(request: SpawnRequest(path: executable, arguments: arguments, environment: environment))
         }
         // Under strict the worker's TMPDIR is its root's own tmpfs (no root, no launch): no folder on the host.
         let temporary: String?
@@ -81,23 +87,28 @@ package enum SandboxProfile {
         env.append("TMPDIR=\(temporary ?? "/tmp")")
         var profile: [String: PlistValue] = [
             "Extension": .string(manifest.identifier),
-            "Executable": .string(path),
-            "Arguments": .array([.string(path)]),
+            "Executable": .string(executable),
+            "Arguments": .array(arguments.map(PlistValue.string)),
             "Environment": .array(env.map(PlistValue.string)),
             "HostPID": .integer(Int64(getpid())),
             "Sandbox": .string(policy.sandbox.rawValue),
             "NetworkAllowed": .bool(policy.networkAllowed),
             "AllowSubprocesses": .bool(policy.allowSubprocesses),
             "DescriptorLimit": .integer(Int64(workerDescriptorLimit)),
-            "ExecutablePaths": .array(([path] + runtimePaths).map(PlistValue.string)),
+            "ExecutablePaths": .array(([executable] + runtimePaths).map(PlistValue.string)),
             "RuntimePaths": .array(runtimePaths.map(PlistValue.string)),
-            "ReadablePaths": .array((runtimeReadablePaths + policy.readablePaths).map(PlistValue.string)),
+            "ReadablePaths": .array((runtimeReadablePaths + scriptFolder + policy.readablePaths).map(PlistValue.string)),
             "WritablePaths": .array(([temporary].compactMap { $0 } + policy.writablePaths).map(PlistValue.string)),
             "WorkerUID": .integer(Int64(worker.uid)),
             "WorkerGID": .integer(Int64(worker.gid)),
             "TempSizeMB": .integer(Int64(policy.tempSizeMB)),
             "MaxThreads": .integer(Int64(policy.maxThreads)),
         ]
+        if manifest.interpreter != nil {
+            let granted = policy.readablePaths + policy.writablePaths
+            let masked = packageFolders(in: runtimePaths).filter { !ExtensionPolicy.path($0, isUnder: granted) }
+            if !masked.isEmpty { profile["MaskedPaths"] = .array(masked.map(PlistValue.string)) }
+        }
         if let mb = policy.memoryLimitMB { profile["MemoryLimitMB"] = .integer(Int64(mb)) }
         if let digest = policy.executableSHA256 { profile["ExecutableSHA256"] = .string(digest) }
         if measured { profile["Timings"] = .bool(true) }
@@ -116,6 +127,37 @@ package enum SandboxProfile {
         request.networkNamespace = networkNamespace
         return SandboxedSpawn(request: request, temporaryDirectory: temporary)
     }
+
+    /// The machine's Python package folders under `roots` (`<root>/python*/site-packages` and `dist-packages`,
+    /// and the two under a root that is itself a `python*` folder): an interpreted worker's root hides them, so
+    /// that what the machine installed is not the extension's to import unless a manifest grants it. Read once
+    /// per root.
+    static func packageFolders(in roots: [String]) -> [String] {
+        var seen = Set<String>()
+        return roots.flatMap { root -> [String] in
+            packageFolderCache.withLock { cache -> [String] in
+                if let known = cache[root] { return known }
+                let name = root.split(separator: "/").last.map(String.init) ?? ""
+                let parents = name.hasPrefix("python") ? [root]
+                    : (listDirectory(root, prefix: "python") ?? []).sorted().map { "\(root)/\($0)" }
+                var found: [String] = []
+                for parent in parents {
+                    for leaf in ["site-packages", "dist-packages"] {
+                        var info = stat()
+                        let folder = "\(parent)/\(leaf)"
+                        // Resolved: a root reached through a link (/lib -> usr/lib) is a link in the worker's
+                        // root too, and its folders are covered where they really are.
+                        guard lstat(folder, &info) == 0, info.st_mode & S_IFMT == S_IFDIR, let real = realpath(folder, nil) else { continue }
+                        found.append(String(cString: real))
+                        free(real)
+                    }
+                }
+                cache[root] = found
+                return found
+            }
+        }.filter { seen.insert($0).inserted }
+    }
+    private static let packageFolderCache = Mutex<[String: [String]]>([:])
 
     /// Finds the launcher: `configured`, else next to the running executable, else in `searchPaths`.
     package static func findLauncher(configured: String?, searchPaths: [String]) -> String? {

@@ -135,6 +135,14 @@ package final class FramedConnection {
         queued()
     }
 
+    /// Queues `bytes` as they are, with no frame around them and no limit applied (`sdk-host conformance`'s
+    /// malformed and oversized frames).
+    package func sendUnchecked(_ bytes: [UInt8]) {
+        guard readyToQueue() else { return }
+        outbound.append(contentsOf: bytes)
+        queued()
+    }
+
     /// False once closed; otherwise empties a fully written output buffer before more is appended.
     private func readyToQueue() -> Bool {
         guard isOpen else { return false }
