@@ -354,7 +354,9 @@ enum WorkerRuntime {
                         partial: { [connection] message in connection.send(message) },
                         onRelease: onRelease, hostCaller: hostCaller)
                     connection.register(context)
-                    if let sync {
+                    if env.conformance, Conformance.isCommand(items) {
+                        DispatchQueue.global().async { Conformance.handle(context) }
+                    } else if let sync {
                         if inline {
                             sync(context)
                         } else {
@@ -404,6 +406,8 @@ struct Environment {
     let exitNoticeFD: Int32?
     /// MaxHostCallsInFlight: calls of one request to the host's services that may wait at once.
     let maxHostCalls: Int
+    /// SDKHOST_CONFORMANCE=1: the runtime answers conformance requests itself (Conformance.swift).
+    let conformance: Bool
 
     init() {
         func value(_ name: String) -> String? { getenv(name).map { String(cString: $0) } }
@@ -412,6 +416,7 @@ struct Environment {
         idleTimeoutMs = value("SDKHOST_IDLE_TIMEOUT_MS").flatMap { Int64($0) } ?? 0
         leakCheckMs = value("SDKHOST_LEAK_CHECK_MS").flatMap { Int64($0) } ?? 0
         exitNoticeFD = value("SDKHOST_EXIT_NOTICE_FD").flatMap { Int32($0) }.flatMap { $0 > 2 ? $0 : nil }
+        conformance = value("SDKHOST_CONFORMANCE") == "1"
         maxHostCalls = value("SDKHOST_MAX_HOST_CALLS").flatMap { Int($0) }.map { (1...1024).contains($0) ? $0 : 16 } ?? 16
         busyPollMicroseconds = value("SDKHOST_BUSY_POLL_US").flatMap { Int($0) }.map { (0...1000).contains($0) ? $0 : 0 } ?? 0
         var st = stat()

@@ -26,6 +26,9 @@ let usage = """
                                 kernel features and sandbox layers, the configuration, the socket
       crashes [--leaks] [--json] [--config P] [--dir D]
                                 the crash (or leak) reports the daemon wrote, each with its fatal-error line
+      conformance <ext-id> [--config P]
+                                the worker protocol's checks (docs/PROTOCOL.md) against one extension's worker,
+                                under its sandbox: one line per check, then "N passed, N failed"
       plist encode|decode       XML plist on stdin -> bplist00 on stdout, and back
       bench [api|calls|codec|cold|daemon|drain|kill|stream|throughput] [--json] [--quick] [--config P] [--peer P]
                                 performance figures next to the raw socketpair round trip (use -c release)
@@ -78,6 +81,7 @@ case "serve": ServeCommand.run(arguments)
 case "status": StatusCommand.run(arguments)
 case "doctor": DoctorCommand.run(arguments)
 case "crashes": CrashesCommand.run(arguments)
+case "conformance": ConformanceCommand.run(arguments)
 case "hammer": HammerCommand.run(arguments)  // internal: load client for tests
 case "help", "--help", "-h": print(usage)
 case "version", "--version": print("sdk-host \(ExtensionHost.version)")
