@@ -137,6 +137,84 @@ import Glibc
         #expect(out.contains("every one of 26 requests ended exactly once"), "\(out)")
     }
 
+    /// `sdk-host conformance`: the Swift runtime's Echo passes every check, one line each, and the summary last.
+    @Test func conformancePassesForTheSwiftEcho() async throws {
+        let (status, out, err) = try await run(["conformance", "com.example.echo"])
+        #expect(status == 0, "\(out)\(err)")
+        let lines = out.split(separator: "\n").map(String.init)
+        for check in Self.conformanceChecks {
+            #expect(lines.contains { $0.hasPrefix("pass  \(check) ") }, "\(check): \(out)")
+        }
+        #expect(lines.last == "11 passed, 0 failed", "\(out)")
+        let (unknown, _, unknownErr) = try await run(["conformance", "com.example.nothing"])
+        #expect(unknown == 2 && unknownErr.contains("unknown extension 'com.example.nothing'"), "\(unknownErr)")
+    }
+
+    static let conformanceChecks = ["handshake", "echo", "heartbeat", "cancel", "partial results and credit", "descriptors",
+                                    "host call", "unknown message", "malformed frame", "oversized frame", "idle exit"]
+
+    /// A worker that never answers a cancel (written here on the raw protocol, under the strict sandbox) fails the
+    /// cancel check, and the checks it does honour pass; the exit status says it failed.
+    @Test(.enabled(if: HostConfiguration.defaultInterpreters["/usr/bin/python3"] != nil))
+    func conformanceFailsTheRightCheckForAWorkerThatIgnoresCancel() async throws {
+        let folder = try TemporaryFolder()
+        chmod(folder.path, 0o755)
+        mkdir("\(folder.path)/Deaf", 0o755)
+        writeFile("\(folder.path)/Deaf/deaf.py", #"""
+            import os, sys, struct, socket, plistlib
+            sock = socket.socket(fileno=3)
+            def read_exact(n):
+                b = b""
+                while len(b) < n:
+                    c = sock.recv(n - len(b))
+                    if not c: sys.exit(0)
+                    b += c
+                return b
+            def send(d):
+                p = plistlib.dumps(d, fmt=plistlib.FMT_BINARY)
+                sock.sendall(struct.pack(">I", len(p)) + p)
+            while True:
+                m = plistlib.loads(read_exact(struct.unpack(">I", read_exact(4))[0]))
+                if m["type"] == "hello":
+                    send({"type": "welcome", "version": 2, "identifier": os.environ["SDKHOST_EXTENSION_ID"], "pid": os.getpid()})
+                elif m["type"] == "ping":
+                    send({"type": "pong", "seq": m["seq"]})
+                elif m["type"] == "begin" and m["items"][0].get("text") == "echo":
+                    send({"type": "complete", "id": m["id"], "items": m["items"]})
+                elif m["type"] == "begin" and m["items"][0].get("text") != "wait":
+                    send({"type": "cancelled", "id": m["id"], "error": {"domain": "deaf", "code": 1, "message": "no"}})
+                # "wait" and "cancel": nothing, ever
+            """#)
+        writeFile("\(folder.path)/Deaf/Info.plist", """
+            <?xml version="1.0" encoding="UTF-8"?>
+            <plist version="1.0"><dict>
+              <key>CFBundleIdentifier</key><string>com.example.deaf</string>
+              <key>NSExtension</key><dict>
+                <key>NSExtensionPointIdentifier</key><string>com.sdk-host.service</string>
+                <key>NSExtensionExecutable</key><string>deaf.py</string>
+                <key>SDKHostInterpreter</key><string>/usr/bin/python3</string>
+              </dict>
+            </dict></plist>
+            """)
+        writeFile("\(folder.path)/config.plist", """
+            <?xml version="1.0" encoding="UTF-8"?>
+            <plist version="1.0"><dict>
+              <key>ExtensionSearchPaths</key><array><string>\(folder.path)</string></array>
+            </dict></plist>
+            """)
+        let (status, out, err) = try await run(["conformance", "com.example.deaf", "--config", "\(folder.path)/config.plist"])
+        #expect(status == 1, "\(out)\(err)")
+        let lines = out.split(separator: "\n").map(String.init)
+        for check in ["handshake", "echo", "heartbeat", "unknown message", "malformed frame", "oversized frame", "idle exit"] {
+            #expect(lines.contains { $0.hasPrefix("pass  \(check) ") }, "\(check): \(out)")
+        }
+        for check in ["cancel", "partial results and credit", "descriptors", "host call"] {
+            #expect(lines.contains { $0.hasPrefix("FAIL  \(check) ") }, "\(check): \(out)")
+        }
+        #expect(lines.contains { $0.hasPrefix("FAIL  cancel ") && $0.contains("did not answer the cancel") }, "\(out)")
+        #expect(lines.last == "7 passed, 4 failed", "\(out)")
+    }
+
     @Test func requestExitStatuses() async throws {
         let (completed, out, _) = try await run(["request", "com.example.echo", "--embedded", "--text", "hi"])
         #expect(completed == 0)
