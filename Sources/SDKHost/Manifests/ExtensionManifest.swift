@@ -103,8 +103,14 @@ final class ExtensionManifest: Sendable {
         let searched = interpreter == nil ? configuration.executableSearchPaths + [manifestDirectory] : [manifestDirectory]
         let name = executableName
         searchedPaths = searched
-        let executable: String? = searched.map { "\($0)/\(name)" }.first {
+        var executable: String? = searched.map { "\($0)/\(name)" }.first {
             interpreter == nil ? access($0, X_OK) == 0 : isRegularReadableFile($0)
+        }
+        // A script's folder is bound into the worker's root, which takes absolute paths only: resolved here, from
+        // a search path given relative to the working directory.
+        if interpreter != nil, let script = executable, let real = realpath(script, nil) {
+            executable = String(cString: real)
+            free(real)
         }
         executablePath = executable
         let checked: [String] = [path, manifestDirectory.isEmpty ? "/" : manifestDirectory] + (executable.map { [$0] } ?? [])
