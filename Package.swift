@@ -69,6 +69,15 @@ let package = Package(
         .executableTarget(
             name: "Renderer", dependencies: ["SDKExtension"], path: "Extensions/Renderer", exclude: ["Info.plist"],
             linkerSettings: extensionExecutable),
+        // The C worker runtime (docs/C-RUNTIME.md): one header and one source file, C11 and libc only, built here
+        // for the C Crasher; an extension in another build compiles the two files itself.
+        .target(
+            name: "SDKHostC", path: "Extensions/CRuntime",
+            cSettings: [.unsafeFlags(["-std=c11", "-Wall", "-Wextra", "-Wpedantic"])]),
+        // com.example.crasher-c: the Crasher's faults on the C runtime, with the same outcomes.
+        .executableTarget(
+            name: "CrasherC", dependencies: ["SDKHostC"], path: "Extensions/CrasherC", exclude: ["Info.plist", "test_runtime.py"],
+            cSettings: [.unsafeFlags(["-std=c11", "-Wall", "-Wextra", "-Wpedantic"])]),
         // Tries every sandbox escape (Extensions/Escaper). Linked the ordinary way, dynamically against the
         // toolchain's Swift runtime, as an extension in another package would be.
         .executableTarget(
@@ -94,7 +103,7 @@ let package = Package(
             name: "sdk-host",
             // Depending on the extensions and the Foundation codec helper makes `swift run sdk-host …` build them
             // next to it.
-            dependencies: ["SDKWire", "SDKPosix", "SDKHost", "SDKDaemon", "Echo", "Crasher", "AsyncEcho", "Ticker", "Renderer", "Escaper", "foundation-codec-bench", "sdk-host-launcher"],
+            dependencies: ["SDKWire", "SDKPosix", "SDKHost", "SDKDaemon", "Echo", "Crasher", "AsyncEcho", "Ticker", "Renderer", "Escaper", "CrasherC", "foundation-codec-bench", "sdk-host-launcher"],
             linkerSettings: staticExecutable),
         // Times Foundation's PropertyListSerialization for `sdk-host bench`, in its own process.
         .executableTarget(name: "foundation-codec-bench", dependencies: ["SDKPosix"]),
