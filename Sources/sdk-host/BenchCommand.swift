@@ -14,7 +14,7 @@ import Glibc
 
 enum BenchCommand {
     static let usage = """
-        usage: sdk-host bench [api | calls | codec | cold | daemon | drain | kill | stream | throughput] [--json] [--quick] [--config PATH]
+        usage: sdk-host bench [api | calls | codec | cold | daemon | drain | kill | languages | stream | throughput] [--json] [--quick] [--config PATH]
                               [--peer PATH] [--extension ID]
                sdk-host bench --soak N [--json]
           (none)     raw socketpair round trip, then embedded and daemon echo, throughput, cold starts, kills,
@@ -30,6 +30,7 @@ enum BenchCommand {
           daemon     the daemon alone: warm echo, requests/s at 1, 8 and 64 in flight, RSS
           drain      shutdown with 2k and 32k requests queued
           kill       SIGKILL → interruption and SIGKILL → pidfd readable alone (100 kills, 20 with --quick)
+          languages  the Swift, Python and C echo workers side by side: warm round trip and cold start
           throughput embedded requests/s at 1, 8 and 64 in flight, and at 64 with handlers on the host loop
           stream     1 GiB (256 MiB with --quick) echoed as a descriptor and as data frames; Ticker's partial
                      results through a stream
@@ -53,7 +54,7 @@ enum BenchCommand {
         }
         let mode = options.positionals.first
         guard options.positionals.count <= 1, mode == nil || mode == "api" || mode == "codec" || mode == "drain" || mode == "stream"
-            || mode == "throughput" || mode == "cold" || mode == "daemon" || mode == "kill" || mode == "calls" else {
+            || mode == "throughput" || mode == "cold" || mode == "daemon" || mode == "kill" || mode == "calls" || mode == "languages" else {
             fail("unexpected argument '\(options.positionals.last ?? "")'\n\(usage)", status: ExitStatus.usage)
         }
         var results = Results()
@@ -99,6 +100,9 @@ enum BenchCommand {
             results.hostCalls = HostCallBench.measure(host, pairs: quick ? 500 : 2500)
             shutdown(host)
             DaemonBench.measure(into: &results, scale: quick ? 1 : 5, onlyHostCalls: true)
+        } else if mode == "languages" {
+            results.raw = RawBench.measure(roundTrips: 4000)
+            results.languages = EmbeddedBench.languages(scale: quick ? 1 : 5)
         } else if mode == "drain" {
             results.raw = RawBench.measure(roundTrips: 4000)
             for queued in [2000, 32000] { results.drain[queued] = EmbeddedBench.shutdownDrain(queued: queued) }
@@ -128,6 +132,7 @@ enum BenchCommand {
             shutdown(unchecked)
             for queued in [2000, 32000] { results.drain[queued] = EmbeddedBench.shutdownDrain(queued: queued) }
             EmbeddedBench.measureColdStarts(into: &results, samples: 10 * scale)
+            results.languages = EmbeddedBench.languages(scale: scale)
             DaemonBench.measure(into: &results, scale: scale)
             if let peer = options.value("--peer") { results.peer = PeerBench.run(peer) }
             results.codec(CodecBench.measure(quick: quick))

@@ -38,6 +38,14 @@ struct Results {
     var coldSubprocesses: Samples?
     /// `bench cold --extension ID`: that extension's cold starts, beside Echo's.
     var coldOther: (identifier: String, samples: Samples)?
+    /// `bench languages`: each language's bundled echo worker, warm and cold.
+    var languages: [Language] = []
+    struct Language {
+        let name: String
+        let identifier: String
+        let warm: Samples
+        let cold: Samples
+    }
     var coldDirect: Samples?
     var bareStart: Samples?
     /// The sandboxed launch's steps, timed by the launcher (µs), in its order.
@@ -151,6 +159,20 @@ struct Results {
             let echo = cold.map { ", " + fixed(c.percentile(0.5) / $0.percentile(0.5), 2) + "× Echo" } ?? ""
             out.append(("cold_start_extension_p50_ms", c.percentile(0.5) / 1000, ratio(c.percentile(0.5), rawP50),
                         "cold start, \(identifier)\(echo), p50 (ms)"))
+        }
+        for language in languages {
+            // Each language's bundled echo worker; the identifiers are in docs/BENCHMARKS.md.
+            let key = language.name.lowercased()
+            let swift = languages.first { $0.name == "Swift" }
+            func versusSwift(_ mine: Samples, _ theirs: Samples?) -> String {
+                theirs.map { language.name == "Swift" ? "" : ", " + fixed(mine.percentile(0.5) / $0.percentile(0.5), 1) + "× Swift" } ?? ""
+            }
+            out.append(("language_\(key)_warm_p50_us", language.warm.percentile(0.5), ratio(language.warm.percentile(0.5), rawP50),
+                        "warm echo \(language.name) p50 (µs)\(versusSwift(language.warm, swift?.warm))"))
+            out.append(("language_\(key)_warm_p99_us", language.warm.percentile(0.99), ratio(language.warm.percentile(0.99), rawP50),
+                        "warm echo \(language.name) p99 (µs)"))
+            out.append(("language_\(key)_cold_p50_ms", language.cold.percentile(0.5) / 1000, ratio(language.cold.percentile(0.5), rawP50),
+                        "cold start \(language.name) p50 (ms)\(versusSwift(language.cold, swift?.cold))"))
         }
         if let c = coldSubprocesses {
             out.append(("cold_start_subprocesses_p50_ms", c.percentile(0.5) / 1000, ratio(c.percentile(0.5), rawP50), "cold start, AllowSubprocesses (pid ns), p50 (ms)"))

@@ -1,6 +1,7 @@
 // `sdk-host demo`: the first thing a newcomer runs. An embedded host with the bundled extensions runs echo,
 // every Crasher fault, a deadline, an app's cancel, echo again, the sandbox escapes and a host service (the
-// Renderer asks the app for the parts of a document it cannot read itself); a second host shows a
+// Renderer asks the app for the parts of a document it cannot read itself), then a Python echo and the C
+// Crasher's faults (the same protocol in other languages); a second host shows a
 // crash loop ending in quarantine. It prints what happened to each request and checks that every request got
 // exactly one terminal callback.
 import Dispatch
@@ -21,10 +22,13 @@ enum DemoCommand {
         var isFault = false
     }
 
+    /// The faults both Crashers show, each with its own outcome (the hang with a deadline has a row of its own).
+    static let faults = ["segv", "abort", "range", "exit", "kill", "garbage", "oversize", "truncate", "unknownid", "cancel", "double"]
+
     static let steps: [Step] = [
         Step(label: "echo", extensionID: "com.example.echo", input: "hello"),
         Step(label: "crasher echo", extensionID: "com.example.crasher", input: "echo"),
-    ] + ["segv", "abort", "range", "exit", "kill", "garbage", "oversize", "truncate", "unknownid", "cancel", "double"].map {
+    ] + faults.map {
         Step(label: "crasher \($0)", extensionID: "com.example.crasher", input: $0, isFault: true)
     } + [
         Step(label: "crasher hang, 1 s deadline", extensionID: "com.example.crasher", input: "hang", deadline: 1, isFault: true),
@@ -40,6 +44,19 @@ enum DemoCommand {
         Step(label: "renderer calls app twice", extensionID: "com.example.renderer", input: "Dear {{name}}, see {{page}}"),
     ]
 
+    /// Extensions in other languages on the same protocol (docs/PROTOCOL.md), under the same strict sandbox: a
+    /// Python echo, and the C Crasher with every fault the Swift one has and the same outcome for each.
+    static let languageSteps: [Step] = [
+        Step(label: "python echo", extensionID: "com.example.echo-python", input: "hello from Python"),
+        Step(label: "c crasher echo", extensionID: "com.example.crasher-c", input: "echo"),
+    ] + faults.map {
+        Step(label: "c crasher \($0)", extensionID: "com.example.crasher-c", input: $0, isFault: true)
+    } + [
+        Step(label: "c crasher hang, 1 s deadline", extensionID: "com.example.crasher-c", input: "hang", deadline: 1, isFault: true),
+        Step(label: "app cancels c slow:5000", extensionID: "com.example.crasher-c", input: "slow:5000", cancelAfterMs: 50),
+        Step(label: "python echo again", extensionID: "com.example.echo-python", input: "still here"),
+    ]
+
     /// The parts the demo's app gives the Renderer through its `document.part` service.
     static let demoParts = ["name": "Ada", "page": "page 2"]
 
@@ -52,8 +69,9 @@ enum DemoCommand {
 
     static let usage = """
         usage: sdk-host demo [--config PATH]
-          Runs echo, every crash fault, a deadline, an app's cancel and the sandbox escapes through an embedded
-          host, then a crash loop into quarantine on a second host, and prints what happened to each request.
+          Runs echo, every crash fault, a deadline, an app's cancel, the sandbox escapes, a host service, a Python
+          echo and the C Crasher's faults through an embedded host, then a crash loop into quarantine on a second
+          host, and prints what happened to each request.
           --config (or $SDKHOST_CONFIG) gives the extension paths and limits.
         """
 
@@ -84,6 +102,8 @@ enum DemoCommand {
         print("Extensions found: \(host.extensionIdentifiers.joined(separator: ", "))\n")
         print(row("#", "request", "outcome", "detail", "pid", "ms"))
         let main = runSteps(steps, on: host, numberedFrom: 1)
+        print("\nOther languages, the same protocol and sandbox: a Python echo, and the C Crasher's faults.")
+        let languages = runSteps(languageSteps, on: host, numberedFrom: steps.count + 1)
         let (status, crashes) = runAsync { (await host.status(), await host.crashReportsInMemory()) }
         let workers = status?.extensions.flatMap(\.workers) ?? []
         BenchCommand.shutdown(host)
@@ -94,7 +114,7 @@ enum DemoCommand {
             $0.defaultPolicy.restartLimitBurst = quarantineLimit
             $0.defaultPolicy.firstQuarantine = .seconds(10)
         }
-        let quarantine = runSteps(quarantineSteps, on: strict, numberedFrom: steps.count + 1)
+        let quarantine = runSteps(quarantineSteps, on: strict, numberedFrom: steps.count + languageSteps.count + 1)
         let crasher = runAsync { await strict.status()?.extensions.first { $0.identifier == "com.example.crasher" } }
         if let crasher {
             let retry = crasher.retryInSeconds.map { " in \(format1($0)) s" } ?? ""
@@ -103,8 +123,8 @@ enum DemoCommand {
         }
         BenchCommand.shutdown(strict)
 
-        let faults = (steps + quarantineSteps).filter(\.isFault).count
-        let total = main.ids.count + quarantine.ids.count
+        let faults = (steps + languageSteps + quarantineSteps).filter(\.isFault).count
+        let total = main.ids.count + languages.ids.count + quarantine.ids.count
         print("")
         print("Workers spawned: \(status?.totals.spawns ?? 0); crash reports recorded: \(crashes.count).")
         let layers = workers.first?.sandbox ?? []
@@ -112,8 +132,8 @@ enum DemoCommand {
         if let range = crashes.first(where: { $0.stderrTail.contains("Index out of range") }) {
             print("  e.g. pid \(range.pid) (\(range.reason)): \"\(range.stderrTail.split(separator: "\n").first ?? "")\"")
         }
-        guard main.exactlyOnce && quarantine.exactlyOnce, crasher?.state == .quarantined else {
-            fail("demo: " + (main.violations + quarantine.violations).joined(separator: "; ")
+        guard main.exactlyOnce && languages.exactlyOnce && quarantine.exactlyOnce, crasher?.state == .quarantined else {
+            fail("demo: " + (main.violations + languages.violations + quarantine.violations).joined(separator: "; ")
                 + (crasher?.state == .quarantined ? "" : " the Crasher was not quarantined"))
         }
         print("The host survived \(faults) faults; every one of \(total) requests ended exactly once "
@@ -185,8 +205,8 @@ enum DemoCommand {
     }
 
     static func row(_ n: String, _ label: String, _ outcome: String, _ detail: String, _ pid: String, _ ms: String) -> String {
-        let clipped = detail.count > 56 ? String(detail.prefix(55)) + "…" : detail
-        return pad(n, 3) + pad(label, 28) + pad(outcome, 13) + pad(clipped, 58) + pad(pid, 8) + ms
+        let clipped = detail.count > 54 ? String(detail.prefix(53)) + "…" : detail
+        return pad(n, 3) + pad(label, 30) + pad(outcome, 13) + pad(clipped, 56) + pad(pid, 8) + ms
     }
 
     static func pad(_ s: String, _ width: Int) -> String { s + String(repeating: " ", count: max(1, width - s.count)) }

@@ -26,12 +26,18 @@ enum EmbeddedBench {
         }
     }
 
-    static func warmRoundTrips(_ host: ExtensionHost, count: Int, onHostLoop: Bool = false) -> Samples {
-        let ext = echo(host)
+    static func warmRoundTrips(_ host: ExtensionHost, count: Int, onHostLoop: Bool = false,
+                               extension identifier: String = "com.example.echo") -> Samples {
+        let ext: Extension
+        do {
+            ext = try host.extension(identifier: identifier)
+        } catch {
+            fail("bench: \(error)")
+        }
         ext.callsHandlersOnHostLoop = onHostLoop
         let done = DispatchSemaphore(value: 0)
         ext.requestCompletionHandler = { _, _ in done.signal() }
-        ext.requestInterruptionHandler = { _, reason in fail("bench: echo interrupted: \(reason)") }
+        ext.requestInterruptionHandler = { _, reason in fail("bench: \(identifier) interrupted: \(reason)") }
         var samples = Samples()
         for i in 0..<(count + count / 10) {
             let start = nowMicros()
@@ -213,6 +219,20 @@ enum EmbeddedBench {
             BenchCommand.shutdown(host)
         }
         return cold
+    }
+
+    /// The bundled echo workers of each language: warm round trip and cold start (to the first reply), measured
+    /// the same way, one after the other. The C Crasher echoes by default.
+    static let languageEchoes = [("Swift", "com.example.echo"), ("Python", "com.example.echo-python"), ("C", "com.example.crasher-c")]
+
+    static func languages(scale: Int) -> [Results.Language] {
+        languageEchoes.map { name, identifier in
+            let host = EmbeddedHost.make { $0.logHandler = { _, _ in } }
+            let warm = warmRoundTrips(host, count: 1000 * scale, extension: identifier)
+            BenchCommand.shutdown(host)
+            return Results.Language(name: name, identifier: identifier, warm: warm,
+                                    cold: coldStarts(of: identifier, samples: 5 * scale))
+        }
     }
 
     /// Each step of the sandboxed launch, as the launcher times it (`measuresSandboxLayers`), over `count` cold

@@ -10,7 +10,7 @@ import Glibc
 let usage = """
     usage: sdk-host <command> [options]        (sdk-host <command> --help for one command's options)
       demo [--config P]         echo, every crash fault, a deadline, a cancel, the sandbox escapes, a host
-                                service and a quarantine, through an embedded host
+                                service, Python and C extensions and a quarantine, through an embedded host
       request <ext-id> [--text S]... [--payload JSON]... [--file FILE]... [--save DIR] [--serve NAME=PATH]...
               [--stream] [--embedded | --socket P] [--app NAME] [--timeout S] [--config P]
                                 one request; prints which host served it, the outcome and the items (and
@@ -30,7 +30,7 @@ let usage = """
                                 the worker protocol's checks (docs/PROTOCOL.md) against one extension's worker,
                                 under its sandbox: one line per check, then "N passed, N failed"
       plist encode|decode       XML plist on stdin -> bplist00 on stdout, and back
-      bench [api|calls|codec|cold|daemon|drain|kill|stream|throughput] [--json] [--quick] [--config P] [--peer P]
+      bench [api|calls|codec|cold|daemon|drain|kill|languages|stream|throughput] [--json] [--quick] [--config P] [--peer P]
                                 performance figures next to the raw socketpair round trip (use -c release)
       bench --soak N [--json]   N requests with crashes, cancels and deadlines: RSS, descriptors, threads, slope
       --version                 the version

@@ -15,8 +15,8 @@ import Glibc
         let daemon = try await DaemonProcess()
         defer { daemon.remove() }
         let host = try await ExtensionHost.connect(socketPath: daemon.socket)
-        #expect(host.extensionIdentifiers == ["com.example.async-echo", "com.example.crasher", "com.example.echo", "com.example.escaper", "com.example.renderer",
-                                                 "com.example.ticker"])
+        #expect(host.extensionIdentifiers == ["com.example.async-echo", "com.example.crasher", "com.example.crasher-c", "com.example.echo",
+                                              "com.example.echo-python", "com.example.escaper", "com.example.renderer", "com.example.ticker"])
         #expect(throws: HostError.self) { _ = try host.extension(identifier: "com.example.nope") }
         let echo = try host.extension(identifier: "com.example.echo")
         #expect(try await echo.perform([ExtensionItem(title: "via daemon", userInfo: ["n": 1])])
@@ -59,6 +59,48 @@ import Glibc
         await host.shutdown()
         #expect(await daemon.stop() == 0)
         #expect(access(daemon.socket, F_OK) != 0, "the socket is removed on exit")
+    }
+
+    /// The crash matrix through a daemon for the workers in other languages: the C Crasher's faults have the Swift
+    /// Crasher's outcomes (four crashes and a hang: the daemon's restart limit is five; FaultTests runs every
+    /// fault embedded), and the Python echo serves, honours a deadline and dies of what kills it.
+    @Test func otherLanguagesFaultsThroughTheDaemon() async throws {
+        let daemon = try await DaemonProcess()
+        defer { daemon.remove() }
+        let host = try await ExtensionHost.connect(socketPath: daemon.socket)
+        let crasher = try host.extension(identifier: "com.example.crasher-c")
+        func outcome(_ ext: Extension, _ title: String, deadline: Double? = nil) async -> RequestOutcome {
+            await ext.start([ExtensionItem(title: title)], deadline: deadline.map { .seconds($0) }).outcome
+        }
+        let cases: [(String, @Sendable (RequestOutcome) -> Bool)] = [
+            ("echo", { $0 == .completed([ExtensionItem(title: "echo")]) }),
+            ("segv", { $0 == .interrupted(.signal(SIGSEGV)) }),
+            ("range", { $0 == .interrupted(.signal(SIGILL)) || $0 == .interrupted(.signal(SIGTRAP)) }),
+            ("exit", { $0 == .interrupted(.exited(7)) }),
+            ("garbage", { if case .interrupted(.protocolViolation(let d)) = $0 { d.contains("badMagic") } else { false } }),
+            ("cancel", { if case .cancelled(let e) = $0 { e.domain == "com.example.crasher-c" && e.code == 42 } else { false } }),
+            ("double", { $0 == .completed([ExtensionItem(title: "first")]) }),
+        ]
+        for (fault, expected) in cases {
+            let got = await outcome(crasher, fault)
+            #expect(expected(got), "\(fault): \(got)")
+        }
+        #expect(await outcome(crasher, "hang", deadline: 0.3) == .interrupted(.timedOut))
+
+        let python = try host.extension(identifier: "com.example.echo-python")
+        #expect(try await python.perform([ExtensionItem(title: "via daemon", userInfo: ["n": 1])])
+            == [ExtensionItem(title: "via daemon", userInfo: ["n": 1])])
+        // Killed mid-request: the worker is ready (the echo above), so the kill is not one before its handshake,
+        // after which the host would send the request again to the next worker.
+        let slow = python.start([ExtensionItem(title: "slow:10000")])
+        #expect(await eventually { slow.pid != nil })
+        kill(try #require(slow.pid), SIGKILL)
+        let killed = await slow.outcome
+        #expect(killed == .interrupted(.signal(SIGKILL)), "\(killed)")
+        #expect(try await python.perform([ExtensionItem(title: "again")]) == [ExtensionItem(title: "again")])
+        #expect(await outcome(python, "slow:10000", deadline: 0.3) == .interrupted(.timedOut))
+        await host.shutdown()
+        #expect(await daemon.stop() == 0)
     }
 
     @Test func twoClientProcessesWithFaultsDoNotAffectEachOther() async throws {

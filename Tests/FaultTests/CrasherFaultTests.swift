@@ -1,5 +1,6 @@
-// Crash injection, one test per Crasher fault: each kills, hangs or corrupts a real worker process and checks
-// the single outcome DESIGN.md's failure model gives it, the crash report, and that the next request is served.
+// Crash injection, one test per Crasher fault, for the Swift Crasher and the C one: each kills, hangs or corrupts a
+// real worker process and checks the single outcome DESIGN.md's failure model gives it, the crash report, and that
+// the next request is served.
 import SDKWire
 import HostTestSupport
 import SDKHost
@@ -47,8 +48,9 @@ extension FaultTests {
             // The deadline ends the request at once (timedOut); the worker ignores the cancel and is killed after
             // the grace period, which is what the crash report records.
             Case(fault: "hang", expected: { $0 == .interrupted(.timedOut) }, crash: true),
+            // The Swift Crasher's domain is com.example.crasher, the C one's com.example.crasher-c.
             Case(fault: "cancel", expected: {
-                if case .cancelled(let e) = $0 { return e.domain == "com.example.crasher" && e.code == 42 }
+                if case .cancelled(let e) = $0 { return e.domain.hasPrefix("com.example.crasher") && e.code == 42 }
                 return false
             }, crash: false),
             Case(fault: "double", expected: { $0 == .completed([ExtensionItem(title: "first")]) }, crash: false),
@@ -56,10 +58,12 @@ extension FaultTests {
             Case(fault: "echo", expected: { $0 == .completed([ExtensionItem(title: "echo")]) }, crash: false),
         ]
 
-        @Test(arguments: cases)
-        func faultHasItsOutcome(_ c: Case) async throws {
+        /// Each fault of the Swift Crasher, and of the C one (com.example.crasher-c, on the C runtime), which must
+        /// have the same outcome.
+        @Test(arguments: cases, ["com.example.crasher", "com.example.crasher-c"])
+        func faultHasItsOutcome(_ c: Case, _ crasher: String) async throws {
             try await withHost { host, log in
-                let (ext, recorder) = try recordedExtension(host, "com.example.crasher")
+                let (ext, recorder) = try recordedExtension(host, crasher)
                 let id = ext.beginRequest(withInputItems: [ExtensionItem(title: c.fault)], deadline: 2)
                 let outcome = await recorder.wait(for: id)
                 #expect(outcome.map(c.expected) == true, "\(c.fault): \(String(describing: outcome))")

@@ -13,19 +13,7 @@ import Glibc
 #endif
 
 /// A raw worker: handshake, pong, and for each begin the probes' results.
-let pythonProbeWorker = #"""
-import os, sys, struct, socket, plistlib
-sock = socket.socket(fileno=int(os.environ["SDKHOST_IPC_FD"]))
-def read_exact(n):
-    b = b""
-    while len(b) < n:
-        c = sock.recv(n - len(b))
-        if not c: sys.exit(0)
-        b += c
-    return b
-def send(d):
-    p = plistlib.dumps(d, fmt=plistlib.FMT_BINARY)
-    sock.sendall(struct.pack(">I", len(p)) + p)
+let pythonProbeWorker = rawPythonWorkerPrelude + #"""
 def probe(name, f):
     try: return f"{name}: {f()}"
     except BaseException as e: return f"{name}: {type(e).__name__}"
@@ -46,11 +34,10 @@ def probes(folders):
         out.append(probe("packages " + folder, lambda: len(os.listdir(folder))))
     return out
 while True:
-    n, = struct.unpack(">I", read_exact(4))
-    m = plistlib.loads(read_exact(n))
+    m = receive()
     t = m["type"]
     if t == "hello":
-        send({"type": "welcome", "version": 2, "identifier": os.environ["SDKHOST_EXTENSION_ID"], "pid": os.getpid()})
+        welcome()
     elif t == "ping":
         send({"type": "pong", "seq": m["seq"]})
     elif t == "begin":

@@ -549,3 +549,29 @@ public func fileService(_ log: ServiceLog) -> HostServiceHandler {
         return [ExtensionItem(fileAttachments: [try FileAttachment(bytes: Array(String(answer).utf8))])]
     }
 }
+
+// MARK: Raw workers
+
+/// The start of a worker written in Python on the raw protocol (docs/PROTOCOL.md), with no runtime: `sock` (the
+/// host connection), `read_exact(n)` (exits 0 at end of file), `send(message)` and `receive()`. Tests append
+/// their message loop.
+public let rawPythonWorkerPrelude = #"""
+import os, sys, struct, socket, plistlib
+sock = socket.socket(fileno=int(os.environ.get("SDKHOST_IPC_FD", "3")))
+def read_exact(n):
+    b = b""
+    while len(b) < n:
+        c = sock.recv(n - len(b))
+        if not c: sys.exit(0)
+        b += c
+    return b
+def send(d):
+    p = plistlib.dumps(d, fmt=plistlib.FMT_BINARY)
+    sock.sendall(struct.pack(">I", len(p)) + p)
+def receive():
+    return plistlib.loads(read_exact(struct.unpack(">I", read_exact(4))[0]))
+def welcome():
+    send({"type": "welcome", "version": 2, "identifier": os.environ["SDKHOST_EXTENSION_ID"], "pid": os.getpid()})
+
+"""#
+

@@ -26,8 +26,8 @@ import Glibc
 
     @Test func unknownExtensionIsAClearError() async throws {
         try await withHost { host, _ in
-            #expect(host.extensionIdentifiers == ["com.example.async-echo", "com.example.crasher", "com.example.echo", "com.example.escaper", "com.example.renderer",
-                                                 "com.example.ticker"])
+            #expect(host.extensionIdentifiers == ["com.example.async-echo", "com.example.crasher", "com.example.crasher-c", "com.example.echo",
+                                                 "com.example.echo-python", "com.example.escaper", "com.example.renderer", "com.example.ticker"])
             #expect {
                 _ = try host.extension(identifier: "com.example.missing")
             } throws: { error in

@@ -9,14 +9,21 @@ import Testing
         let configuration = HostConfiguration(extensionSearchPaths: ["\(packageRoot)/Extensions"])
         let (manifests, problems) = try ExtensionManifest.discover(in: configuration)
         #expect(problems.isEmpty)
-        #expect(manifests.keys.sorted() == ["com.example.async-echo", "com.example.crasher", "com.example.echo", "com.example.escaper", "com.example.renderer",
-                                                 "com.example.ticker"])
+        #expect(manifests.keys.sorted() == ["com.example.async-echo", "com.example.crasher", "com.example.crasher-c", "com.example.echo",
+                                                 "com.example.echo-python", "com.example.escaper", "com.example.renderer", "com.example.ticker"])
         let echo = try #require(manifests["com.example.echo"])
         #expect(echo.executableName == "Echo")
         #expect(echo.executablePath?.hasSuffix("/Echo") == true)
         #expect(echo.policy.maxConcurrentRequests == 64)
         #expect(echo.policy.memoryLimitMB == 512)
         #expect(manifests["com.example.crasher"]?.policy.requestDeadline == .seconds(10))
+        // The Python echo: a script beside its manifest, run by the listed interpreter, its path made absolute.
+        if let python = HostConfiguration.defaultInterpreters["/usr/bin/python3"] {
+            let echoPython = try #require(manifests["com.example.echo-python"])
+            #expect(echoPython.interpreter == "/usr/bin/python3" && echoPython.interpreterLibraryPaths == python)
+            #expect(echoPython.executablePath?.hasPrefix("/") == true && echoPython.executablePath?.hasSuffix("/Python/echo.py") == true)
+            #expect(echoPython.refusal == nil)
+        }
     }
 
     func loadError(policy: String = "", raw: String? = nil) -> HostError? {

@@ -1,0 +1,53 @@
+// The crash matrix against the Python echo (com.example.echo-python, on sdkhost.py), embedded: it dies of what
+// kills it, honours a deadline's cancel, and serves on. Real processes, real signals, under the strict sandbox.
+// The C Crasher's faults run with the Swift Crasher's (CrasherFaultTests); both through a daemon in DaemonTests.
+import SDKWire
+import HostTestSupport
+import SDKHost
+import Testing
+
+#if canImport(Glibc)
+import Glibc
+#endif
+
+extension FaultTests {
+    @Suite(.serialized) struct PythonEchoFaults {
+        /// Killed from outside mid-request by each signal, the Python worker's request ends with that signal, and
+        /// the next request gets a new worker.
+        @Test(arguments: [SIGKILL, SIGSEGV, SIGABRT])
+        func thePythonEchoDiesOfWhatKillsIt(_ signal: Int32) async throws {
+            try await withHost { host, _ in
+                let (ext, recorder) = try recordedExtension(host, "com.example.echo-python")
+                // A ready worker: killed before its handshake, its request would go to the next worker instead.
+                let ready = try await ext.prewarm()
+                let (id, assigned) = beginNotingPid(ext, "slow:10000")
+                #expect(await eventually { assigned.pid > 0 })
+                #expect(assigned.pid == ready)
+                try await Task.sleep(nanoseconds: 100_000_000)
+                kill(assigned.pid, signal)
+                #expect(await recorder.wait(for: id) == .interrupted(.signal(signal)))
+                let next = ext.beginRequest(withInputItems: [ExtensionItem(title: "again")])
+                #expect(await recorder.wait(for: next) == .completed([ExtensionItem(title: "again")]))
+                let (stats, crashes, _) = await host.inspect()
+                #expect(crashes.count == 1 && crashes.first?.inFlightRequests == [id])
+                #expect(stats.spawns == 2)
+            }
+        }
+
+        /// A deadline cancels the Python worker's slow request; it honours the cancel and serves on (no kill).
+        @Test func thePythonEchoHonoursADeadlinesCancel() async throws {
+            try await withHost { host, _ in
+                let (ext, recorder) = try recordedExtension(host, "com.example.echo-python")
+                let id = ext.beginRequest(withInputItems: [ExtensionItem(title: "slow:10000")], deadline: 0.5)
+                #expect(await recorder.wait(for: id) == .interrupted(.timedOut))
+                let next = ext.beginRequest(withInputItems: [ExtensionItem(title: "after")])
+                #expect(await recorder.wait(for: next) == .completed([ExtensionItem(title: "after")]))
+                try await Task.sleep(nanoseconds: 2_500_000_000)  // past the cancel grace
+                // Not killed for ignoring the cancel: no crash report (a second worker may have served "after"
+                // while the first was still winding the cancelled request down).
+                let (_, crashes, _) = await host.inspect()
+                #expect(crashes.isEmpty, "\(crashes)")
+            }
+        }
+    }
+}
