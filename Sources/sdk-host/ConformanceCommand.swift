@@ -97,6 +97,7 @@ private final class Suite: Sendable {
         let watcher = watch(host)
         print("conformance of \(identifier) (docs/PROTOCOL.md), through an embedded host under its sandbox")
         let pid = await handshake(ext)
+        if pid == nil { await showStartFailure(host) }
         if let pid {
             await echo(ext)
             await heartbeatAndCancel(ext, pid: pid)
@@ -135,6 +136,17 @@ private final class Suite: Sendable {
             report("handshake", false, why)
             return nil
         }
+    }
+
+    /// A worker that died before its handshake (a script that does not import, say): the end of its stderr, from
+    /// the crash report, so that the author sees why.
+    func showStartFailure(_ host: ExtensionHost) async {
+        guard let report = await host.crashReportsInMemory().last(where: { $0.extensionIdentifier == identifier }),
+            !report.stderrTail.isEmpty
+        else { return }
+        let lines = report.stderrTail.split(separator: "\n").suffix(12)
+        print("      the worker's stderr, last \(lines.count) line(s):")
+        for line in lines { print("      | " + String(line).displaySafe()) }
     }
 
     func echo(_ ext: Extension) async {

@@ -198,9 +198,9 @@ enum DemoCommand {
     /// The outcome column and its detail.
     static func describe(_ outcome: RequestOutcome) -> (String, String) {
         switch outcome {
-        case .completed(let items): ("completed", items.map { $0.title ?? $0.text.map { "\"\($0)\"" } ?? "-" }.joined(separator: ", "))
-        case .cancelled(let error): ("cancelled", error.description)
-        case .interrupted(let reason): ("interrupted", reason.description)
+        case .completed(let items): ("completed", items.map { $0.title ?? $0.text.map { "\"\($0)\"" } ?? "-" }.joined(separator: ", ").displaySafe())
+        case .cancelled(let error): ("cancelled", error.description.displaySafe())
+        case .interrupted(let reason): ("interrupted", reason.description.displaySafe())
         }
     }
 

@@ -130,6 +130,11 @@ enum RequestCommand {
         // The deadline ends the request at the host; the extra 10 s covers a daemon that never answers at all.
         let outcome = waiter.wait(for: id, timeout: timeout + 10)
         let mode = host.mode
+        // An embedded host's worker that crashed: the end of its stderr says why (the daemon keeps its reports,
+        // `sdk-host crashes`).
+        var stderrTail: [Substring] = []
+        if mode == .embedded, case .interrupted(.signal)? = outcome { stderrTail = lastStderrLines(host, id) }
+        if mode == .embedded, case .interrupted(.exited)? = outcome { stderrTail = lastStderrLines(host, id) }
         let finished = DispatchSemaphore(value: 0)
         host.shutdown { finished.signal() }
         finished.wait()
@@ -148,10 +153,15 @@ enum RequestCommand {
             if let saveDirectory { save(items, to: saveDirectory) }
             exit(ExitStatus.success)
         case .cancelled(let error):
-            print("cancelled \(id): \(error)")
+            // One line: the extension wrote the error's text, newlines and all.
+            print("cancelled \(id): " + "\(error)".displaySafe())
             exit(ExitStatus.cancelled)
         case .interrupted(let reason):
-            print("interrupted \(id): \(reason)")
+            print("interrupted \(id): " + "\(reason)".displaySafe())
+            if !stderrTail.isEmpty {
+                print("  the worker's stderr, last \(stderrTail.count) line(s):")
+                for line in stderrTail { print("  | " + String(line).displaySafe()) }
+            }
             exit(ExitStatus.interrupted)
         }
     }
@@ -161,6 +171,14 @@ import Synchronization
 import SDKPosix
 
 extension RequestCommand {
+    /// The last lines of stderr of the worker that had request `id` in flight when it died, from the embedded
+    /// host's crash reports (read before it shuts down).
+    static func lastStderrLines(_ host: ExtensionHost, _ id: RequestID) -> [Substring] {
+        let reports = runAsync { await host.crashReportsInMemory() }
+        guard let report = reports.last(where: { $0.inFlightRequests.contains(id) }) else { return [] }
+        return Array(report.stderrTail.split(separator: "\n").suffix(8))
+    }
+
     static func describe(_ item: ExtensionItem) -> String {
         // One line per item, whatever the worker put in it: its strings are escaped newlines and all.
         ("title=\(item.title.map { "\"\($0)\"" } ?? "nil")"
