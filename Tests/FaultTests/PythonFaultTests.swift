@@ -49,5 +49,47 @@ extension FaultTests {
                 #expect(crashes.isEmpty, "\(crashes)")
             }
         }
+
+        /// A worker that sends 5,000 messages of a type no version knows (each logged and ignored) and then 5,000
+        /// `error` messages costs the host's log a bounded number of lines and a count of the rest, and serves on.
+        @Test(.enabled(if: defaultPython != nil))
+        func aFloodOfMessagesDoesNotFloodTheLog() async throws {
+            let folder = try TemporaryFolder()
+            chmod(folder.path, 0o755)
+            mkdir("\(folder.path)/Chatty", 0o755)
+            writeFile("\(folder.path)/Chatty/chatty.py", rawPythonWorkerPrelude + #"""
+                while True:
+                    m = receive()
+                    if m["type"] == "hello":
+                        welcome()
+                    elif m["type"] == "ping":
+                        send({"type": "pong", "seq": m["seq"]})
+                    elif m["type"] == "begin":
+                        for i in range(5000): send({"type": "chatter", "n": i})
+                        for i in range(5000): send({"type": "error", "message": "noise %d" % i})
+                        send({"type": "complete", "id": m["id"], "items": m["items"]})
+                """#)
+            writeFile("\(folder.path)/Chatty/Info.plist", """
+                <?xml version="1.0" encoding="UTF-8"?>
+                <plist version="1.0"><dict>
+                  <key>CFBundleIdentifier</key><string>com.example.chatty</string>
+                  <key>NSExtension</key><dict>
+                    <key>NSExtensionPointIdentifier</key><string>com.sdk-host.service</string>
+                    <key>NSExtensionExecutable</key><string>chatty.py</string>
+                    <key>SDKHostInterpreter</key><string>\(defaultPython!)</string>
+                  </dict>
+                </dict></plist>
+                """)
+            let (host, log) = try makeHost(extraSearchPaths: [folder.path])
+            let ext = try host.extension(identifier: "com.example.chatty")
+            #expect(try await ext.perform([ExtensionItem(title: "go")]) == [ExtensionItem(title: "go")])
+            let about = log.all.filter { $0.contains("com.example.chatty") }
+            let unknown = about.filter { $0.contains("unknown message type") }.count
+            let errors = about.filter { $0.contains("reported an error") }.count
+            #expect(unknown + errors <= Int(2 * 200), "\(unknown) + \(errors) lines")
+            #expect(unknown > 0, "the first ones are logged")
+            #expect(about.contains { $0.contains("more line(s) about its messages dropped") }, "the rest are counted")
+            await host.shutdown()
+        }
     }
 }

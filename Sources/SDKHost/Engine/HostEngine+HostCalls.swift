@@ -47,7 +47,7 @@ extension HostEngine {
             return
         }
         guard worker.policy.hostServices.contains(service) else {
-            log(.info, "\(worker.extensionID): call to \(named), which its HostServices does not list; refused")
+            logForWorker(worker, .info, "\(worker.extensionID): call to \(named), which its HostServices does not list; refused")
             send(.hostCallError(id: id, call: call, error: .serviceNotAllowed(service)), to: worker)
             return
         }

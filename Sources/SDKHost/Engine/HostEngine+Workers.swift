@@ -75,7 +75,7 @@ extension HostEngine {
         case .ping(let seq):
             send(.pong(seq: seq), to: worker)
         case .error(let text, let id):
-            log(.warning, "\(worker.extensionID) pid \(worker.pid) reported an error\(id.map { " for \($0)" } ?? ""): "
+            logForWorker(worker, .warning, "\(worker.extensionID) pid \(worker.pid) reported an error\(id.map { " for \($0)" } ?? ""): "
                 + OutputLines.escape(Array(text.utf8.prefix(OutputLines.maxLineBytes))))
         case .sandboxed(let layers, let skipped, let reportedPID, let timings):
             // The launcher's frame comes first, before the extension runs; the extension cannot send a second.
@@ -116,7 +116,7 @@ extension HostEngine {
         case .hostCallCancel(let id, let call):
             hostCallCancelled(id, call, by: worker)
         case .unknown(let type):
-            log(.info, "\(worker.extensionID): unknown message type '\(OutputLines.escape(Array(type.utf8.prefix(64))))'; ignored")
+            logForWorker(worker, .info, "\(worker.extensionID): unknown message type '\(OutputLines.escape(Array(type.utf8.prefix(64))))'; ignored")
         case .hello, .begin, .cancel, .credit, .connect, .connected, .assigned, .interrupted, .status, .statusReport, .prewarm,
             .prewarmed, .subscribe, .event, .hostCallResult, .hostCallError:
             protocolViolation(worker, "worker sent '\(message.typeName)', which is not a worker's to send")
@@ -139,7 +139,7 @@ extension HostEngine {
             }
             : finish(id, .completed(items))
         if !finished {
-            log(.info, "\(worker.extensionID): late completion of \(id) (already ended); dropped")
+            logForWorker(worker, .info, "\(worker.extensionID): late completion of \(id) (already ended); dropped")
         }
         requestSlotFreed(worker)
     }
@@ -163,7 +163,7 @@ extension HostEngine {
             return true
         }
         if worker.recentlyFinished.contains(id) {
-            log(.warning, "\(worker.extensionID) pid \(worker.pid): second reply for \(id); dropped")
+            logForWorker(worker, .warning, "\(worker.extensionID) pid \(worker.pid): second reply for \(id); dropped")
         } else {
             protocolViolation(worker, "reply for unknown request \(id)")
         }
@@ -223,7 +223,7 @@ extension HostEngine {
                     let now = loop.now
                     if stderr { worker.stderrLines.flush(now: now, emit: emit) } else { worker.stdoutLines.flush(now: now, emit: emit) }
                 }
-                reportDroppedOutput(worker, label: label, stderr: stderr)
+                reportDroppedOutput(worker, label: label, stderr: stderr, atEnd: true)
                 loop.unregister(fd)
                 if stderr { worker.closeStderr() } else { worker.closeStdout() }
                 return
@@ -231,9 +231,22 @@ extension HostEngine {
         }
     }
 
-    private func reportDroppedOutput(_ worker: WorkerProcess, label: String, stderr: Bool) {
-        let dropped = stderr ? worker.stderrLines.takeDropped() : worker.stdoutLines.takeDropped()
+    private func reportDroppedOutput(_ worker: WorkerProcess, label: String, stderr: Bool, atEnd: Bool = false) {
+        let now = loop.now
+        let dropped = stderr ? worker.stderrLines.takeDropped(now: now, force: atEnd) : worker.stdoutLines.takeDropped(now: now, force: atEnd)
         if dropped > 0 { log(.warning, "\(label): \(dropped) line(s) dropped (more than \(Int(OutputLines.linesPerSecond)) a second)") }
+    }
+
+    /// Logs a line that a worker's message caused, within the worker's budget (`LineBudget`): a worker that sends
+    /// a million unknown messages or errors costs the log a few hundred lines and a count a second.
+    func logForWorker(_ worker: WorkerProcess, _ level: LogLevel, _ message: @autoclosure () -> String) {
+        let now = loop.now
+        if worker.messageLines.allow(now: now) {
+            log(level, message())
+        } else if case let dropped = worker.messageLines.takeDropped(now: now, force: false), dropped > 0 {
+            log(.warning, "\(worker.extensionID) pid \(worker.pid): \(dropped) more line(s) about its messages dropped "
+                + "(more than \(Int(OutputLines.linesPerSecond)) a second)")
+        }
     }
 
     // MARK: Failure and death

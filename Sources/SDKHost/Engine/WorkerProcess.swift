@@ -55,6 +55,8 @@ final class WorkerProcess {
     var stderrTail = ByteTail(capacity: 64 * 1024)
     var stdoutLines = OutputLines()
     var stderrLines = OutputLines()
+    /// The log lines its messages may cause (`HostEngine.logForWorker`).
+    var messageLines = LineBudget()
     var pingSentAt: UInt64?
     var pingSeq: Int64 = 0
     var idleTimer: TimerID?
