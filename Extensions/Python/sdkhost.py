@@ -1299,6 +1299,8 @@ class _Pool:
         self.limit = limit
 
     def submit(self, job, *args):
+        """Queues `job(*args)`; False when no thread can run it (none could be started, under the worker's memory
+        or thread limit, and none exists): the caller ends that request, and the worker serves on."""
         with self.lock:
             if self.idle > 0:
                 self.idle -= 1
@@ -1307,9 +1309,21 @@ class _Pool:
                 start = self.threads < self.limit
                 if start:
                     self.threads += 1
-        self.jobs.put((job, args))
+            number = self.threads
         if start:
-            threading.Thread(target=self._work, name="sdkhost-handler-%d" % self.threads, daemon=True).start()
+            try:
+                threading.Thread(target=self._work, name="sdkhost-handler-%d" % number, daemon=True).start()
+            except RuntimeError as error:
+                # Out of address space or threads: go on with the threads there are (the job waits for one).
+                with self.lock:
+                    self.threads -= 1
+                    self.limit = max(self.threads, 1)
+                    alone = self.threads == 0
+                _log("cannot start a handler thread (%s); %d running" % (error, number - 1))
+                if alone:
+                    return False
+        self.jobs.put((job, args))
+        return True
 
     def _work(self):
         while True:
@@ -1561,11 +1575,14 @@ class _Runtime:
         with self.registry_lock:
             self.registry[request_id.upper()] = ctx
         if self.conformance and items and items[0].title == _CONFORMANCE_TITLE:
-            self.pool.submit(self._run_sync, ctx, _conformance)
+            queued = self.pool.submit(self._run_sync, ctx, _conformance)
         elif self.runner is not None:
+            queued = True
             self.runner.start(ctx, self._run_async(ctx, self.handler))
         else:
-            self.pool.submit(self._run_sync, ctx, self.handler)
+            queued = self.pool.submit(self._run_sync, ctx, self.handler)
+        if not queued:
+            ctx.cancel("SDKExtension", 9, "no thread could be started for the handler")
 
     def _context(self, message):
         request_id = _request_id(message)

@@ -24,10 +24,12 @@ enum Conformance {
             // Nothing until the host cancels.
             while !context.isCancelled { usleep(2_000) }
             context.cancelRequest(withError: .cancelledByHost)
-        case _ where command.hasPrefix("stream:"):
-            let count = Int(command.dropFirst(7)) ?? 0
-            for k in stride(from: 1, through: count, by: 1) {
-                guard context.send([ExtensionItem(text: "\(k)")]) else { return }
+        case _ where command.hasPrefix("stream:") && UInt32(command.dropFirst(7)) != nil:
+            let count = Int(command.dropFirst(7))!
+            for k in stride(from: 1, through: count, by: 1) where !context.send([ExtensionItem(text: "\(k)")]) {
+                // The host cancelled (or the request ended): answer the cancel, as every runtime does.
+                context.cancelRequest(withError: .cancelledByHost)
+                return
             }
             context.completeRequest(returningItems: [ExtensionItem(text: "\(count)")])
         case "files":

@@ -51,6 +51,7 @@ struct grant {
     int cloned;       // fd is a detached clone, attached with move_mount
     int directory;    // the source is a folder
     char link[256];   // a relative symbolic link without "..", copied as a link instead of bound
+    int absent;       // a masked folder that is not in the new root: nothing was mounted
 };
 
 static struct grant grants[MAX_GRANTS];
@@ -193,12 +194,16 @@ static unsigned long locked_flags(const char *target) {
         & (MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC | MS_NOATIME | MS_NODIRATIME | MS_RELATIME);
 }
 
-/// Covers `g->path` (in the new root) with an empty tmpfs; `build_root` makes it read-only later.
+/// Covers `g->path` (in the new root) with an empty tmpfs; `build_root` makes it read-only later. A folder that is
+/// not in the new root (it went away since the host looked) has nothing to hide: it is skipped, never made.
 static int mask(struct grant *g, const char **why) {
     static char target[4096];
     snprintf(target, sizeof target, ROOT "%s", g->path);
-    int error = make_target(target, 1);
-    if (error) return fail(why, "cannot make a masked folder's mount point in the new root", error);
+    struct stat info;
+    if (syscall(SYS_newfstatat, AT_FDCWD, target, &info, 0) != 0 || !S_ISDIR(info.st_mode)) {
+        g->absent = 1;  // nothing mounted: build_root does not make it read-only
+        return 0;
+    }
     if (syscall(SYS_mount, "sdk-host-masked", target, "tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC, "mode=0755,size=64k,nr_inodes=64") != 0)
         return fail(why, "cannot mask a folder in the new root", errno);
     return 0;
@@ -413,8 +418,10 @@ int collect_grants(const struct profile *p, char *skipped, size_t skipped_size, 
     static const char *devices[] = {"/dev/null", "/dev/zero", "/dev/random", "/dev/urandom"};
     if (!p->device_folder || !add_grant_from(p->device_folder, "/dev", GRANT_DEVICES, skipped, skipped_size))
         for (size_t i = 0; i < 4; i++) add_grant(devices[i], GRANT_DEVICE, skipped, skipped_size);
-    for (size_t i = 0; i < p->masked.count && grant_count < MAX_GRANTS; i++) {
-        if (!clean_path(p->masked.items[i])) continue;
+    for (size_t i = 0; i < p->masked.count; i++) {
+        // A restriction fails closed: a mask that does not fit is a launch that does not happen.
+        if (grant_count >= MAX_GRANTS) return fail(why, "too many grants and masked folders for the new root", E2BIG);
+        if (!clean_path(p->masked.items[i])) return fail(why, "a masked folder is not a clean absolute path", EINVAL);
         struct grant *g = &grants[grant_count++];
         memset(g, 0, sizeof *g);
         g->path = g->source = p->masked.items[i];
@@ -455,7 +462,7 @@ int build_root(const struct profile *p, const char **why) {
         if (grants[i].fd >= 0) close(grants[i].fd);
     if (error) return error;
     for (size_t i = 0; i < grant_count; i++) {
-        if (grants[i].kind != GRANT_MASK) continue;
+        if (grants[i].kind != GRANT_MASK || grants[i].absent) continue;
         static char target[4096];
         snprintf(target, sizeof target, ROOT "%s", grants[i].path);
         if (syscall(SYS_mount, NULL, target, NULL, MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC, NULL) != 0)

@@ -171,8 +171,9 @@ private final class Suite: Sendable {
         let task = ext.start([Self.command("wait")])
         let ended = Mutex<RequestOutcome?>(nil)
         let outcomeWatcher = Task { let outcome = await task.outcome; ended.withLock { $0 = outcome } }
-        // Heartbeat: 2 s of a request that waits, pinged every 0.1 s, with 1.5 s to answer each.
-        let held = 2.0
+        // Heartbeat: 3 s of a request that waits, pinged every 0.1 s, with 1.5 s to answer each: a worker that
+        // answers none is killed at about 1.6 s, well inside the 3 s even on a loaded machine.
+        let held = 3.0
         try? await Task.sleep(for: .seconds(held))
         let early = ended.withLock { $0 }
         let died = exitEvent(pid)
@@ -296,8 +297,10 @@ private final class Suite: Sendable {
         case nil: report(name, false, "still running 5 s after \(what)")
         case .signal(let signal)?: report(name, false, "died of signal \(signal) on \(what) (it must exit)")
         case let reason?:
-            if case .exited(let status) = reason {
-                report(name, true, "exited with status \(status) \(milliseconds(since: start)) after \(what)")
+            if case .exited(let status) = reason, status == 2 {
+                report(name, true, "exited with status 2 \(milliseconds(since: start)) after \(what)")
+            } else if case .exited(let status) = reason {
+                report(name, false, "exited with status \(status) after \(what); a protocol error from the host is exit 2")
             } else {
                 report(name, false, "ended with \(reason) after \(what) (it must exit on its own)")
             }
@@ -306,6 +309,7 @@ private final class Suite: Sendable {
 
     /// A host that retires idle workers after 0.5 s: the worker must exit when the host closes its connection.
     func idleExit() async {
+        events.withLock { $0.removeAll() }  // the first host's: a reused pid must not match an older worker's exit
         let host = Self.host(idleSeconds: 0.5)
         let watcher = watch(host)
         defer { watcher.cancel() }
@@ -338,7 +342,8 @@ private final class Suite: Sendable {
     func report(_ name: String, _ passed: Bool, _ detail: String) {
         tally.withLock { passed ? ($0.passed += 1) : ($0.failed += 1) }
         let padded = name + String(repeating: " ", count: max(1, 28 - name.count))
-        print("\(passed ? "pass" : "FAIL")  \(padded)\(detail)")
+        // The detail may hold what the worker sent (an error's text): one line, escaped.
+        print("\(passed ? "pass" : "FAIL")  \(padded)" + detail.displaySafe())
     }
 
     /// Collects the host's worker events for the checks to look at.
@@ -359,7 +364,10 @@ private final class Suite: Sendable {
     /// Whether an echo request now runs on worker `pid`.
     func servedBy(_ ext: Extension, _ pid: pid_t) async -> Bool {
         let task = ext.start([Self.command("echo")])
-        guard case .completed = await within(15, { await task.outcome }).value else { return false }
+        guard case .completed = await within(15, { await task.outcome }).value else {
+            task.cancel()
+            return false
+        }
         return task.pid == pid
     }
 
@@ -369,19 +377,33 @@ private final class Suite: Sendable {
         }
     }
 
-    /// `body`'s value, or why there is none: what it threw, or that it took more than `seconds`.
+    /// `body`'s value, or why there is none: what it threw, or that it took more than `seconds`. Returns at the
+    /// timeout even if `body` does not honour cancellation (a request's outcome does not): `body`'s Task is
+    /// cancelled and left to end with the host.
     func within<T: Sendable>(_ seconds: Double, _ body: @escaping @Sendable () async throws -> T) async -> Outcome<T> {
-        await withTaskGroup(of: Outcome<T>?.self) { group in
-            group.addTask {
-                do { return .success(try await body()) } catch { return .failure("\(error)") }
+        let first = FirstOutcome<T>()
+        return await withCheckedContinuation { continuation in
+            first.wait(with: continuation)
+            let work = Task {
+                do { first.settle(.success(try await body())) } catch { first.settle(.failure("\(error)")) }
             }
-            group.addTask {
+            Task {
                 try? await Task.sleep(for: .seconds(seconds))
-                return Task.isCancelled ? nil : .failure("no answer in \(Int(seconds)) s")
+                work.cancel()
+                first.settle(.failure("no answer in \(Int(seconds)) s"))
             }
-            let first = await group.next()!!
-            group.cancelAll()
-            return first
+        }
+    }
+
+    /// Resumes its continuation with the first outcome it is given, and ignores the rest.
+    final class FirstOutcome<T: Sendable>: Sendable {
+        private let continuation = Mutex<CheckedContinuation<Outcome<T>, Never>?>(nil)
+        func wait(with c: CheckedContinuation<Outcome<T>, Never>) { continuation.withLock { $0 = c } }
+        func settle(_ outcome: Outcome<T>) {
+            continuation.withLock { c -> CheckedContinuation<Outcome<T>, Never>? in
+                defer { c = nil }
+                return c
+            }?.resume(returning: outcome)
         }
     }
 

@@ -223,14 +223,17 @@ import Glibc
         let (status, out, err) = try await run(["conformance", "com.example.deaf", "--config", "\(folder.path)/config.plist"])
         #expect(status == 1, "\(out)\(err)")
         let lines = out.split(separator: "\n").map(String.init)
-        for check in ["handshake", "echo", "heartbeat", "unknown message", "malformed frame", "oversized frame", "idle exit"] {
+        for check in ["handshake", "echo", "heartbeat", "unknown message", "idle exit"] {
             #expect(lines.contains { $0.hasPrefix("pass  \(check) ") }, "\(check): \(out)")
         }
-        for check in ["cancel", "partial results and credit", "descriptors", "host call"] {
+        // It ignores cancel; it has no stream, files or calls; a bad frame makes it die of an uncaught exception
+        // (exit 1), where the protocol asks for exit 2.
+        for check in ["cancel", "partial results and credit", "descriptors", "host call", "malformed frame", "oversized frame"] {
             #expect(lines.contains { $0.hasPrefix("FAIL  \(check) ") }, "\(check): \(out)")
         }
         #expect(lines.contains { $0.hasPrefix("FAIL  cancel ") && $0.contains("did not answer the cancel") }, "\(out)")
-        #expect(lines.last == "7 passed, 4 failed", "\(out)")
+        #expect(lines.contains { $0.hasPrefix("FAIL  malformed frame ") && $0.contains("exited with status 1") }, "\(out)")
+        #expect(lines.last == "5 passed, 6 failed", "\(out)")
     }
 
     @Test func requestExitStatuses() async throws {

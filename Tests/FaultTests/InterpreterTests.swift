@@ -167,4 +167,30 @@ let defaultPython = HostConfiguration.defaultInterpreters.keys.sorted().first
             await host.shutdown()
         }
     }
+
+    /// A script that is a link out of its folder would have the host bind whatever folder it points into; a module
+    /// beside the script that others may write could be changed under it. Both are refused, naming the file.
+    @Test(.enabled(if: defaultPython != nil))
+    func aScriptLinkedOutOfItsFolderOrAWritableModuleIsRefused() async throws {
+        let elsewhere = try TemporaryFolder()
+        writeFile("\(elsewhere.path)/secret.py", "print('not the extension's')\n")
+        let linked = try TemporaryFolder()
+        writeProbeExtension(in: linked, identifier: "com.example.linked-script", interpreter: defaultPython!)
+        unlink("\(linked.path)/Probe/probe.py")
+        symlink("\(elsewhere.path)/secret.py", "\(linked.path)/Probe/probe.py")
+        let writable = try TemporaryFolder()
+        writeProbeExtension(in: writable, identifier: "com.example.writable-module", interpreter: defaultPython!)
+        writeFile("\(writable.path)/Probe/helper.py", "x = 1\n")
+        chmod("\(writable.path)/Probe/helper.py", 0o666)
+        let (host, _) = try makeHost(extraSearchPaths: [linked.path, writable.path])
+        for (id, expected) in [("com.example.linked-script", "is a link out of its manifest's folder"),
+                               ("com.example.writable-module", "\(writable.path)/Probe/helper.py is writable by others")] {
+            #expect {
+                _ = try host.extension(identifier: id)
+            } throws: { error in
+                (error as? HostError)?.code == .refused && (error as? HostError)?.detail.contains(expected) == true
+            }
+        }
+        await host.shutdown()
+    }
 }

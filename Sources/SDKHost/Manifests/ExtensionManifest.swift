@@ -107,10 +107,16 @@ final class ExtensionManifest: Sendable {
             interpreter == nil ? access($0, X_OK) == 0 : isRegularReadableFile($0)
         }
         // A script's folder is bound into the worker's root, which takes absolute paths only: resolved here, from
-        // a search path given relative to the working directory.
-        if interpreter != nil, let script = executable, let real = realpath(script, nil) {
-            executable = String(cString: real)
-            free(real)
+        // a search path given relative to the working directory. It must be the manifest's own folder: a script
+        // that is a link elsewhere would have the host bind whatever folder the link points into.
+        var scriptProblem: String?
+        if interpreter != nil, let script = executable {
+            let real = resolvedPath(script), folder = resolvedPath(manifestDirectory.isEmpty ? "/" : manifestDirectory)
+            if let real, let folder, real.hasPrefix(folder + "/"), !real.dropFirst(folder.count + 1).contains("/") {
+                executable = real
+            } else {
+                scriptProblem = "\(script) is a link out of its manifest's folder (it resolves to \(real ?? "nothing"))"
+            }
         }
         executablePath = executable
         let checked: [String] = [path, manifestDirectory.isEmpty ? "/" : manifestDirectory] + (executable.map { [$0] } ?? [])
@@ -119,7 +125,11 @@ final class ExtensionManifest: Sendable {
             "\(path): SDKHostInterpreter \(interpreter) is not one of the operator's Interpreters ("
                 + (configuration.interpreters.isEmpty ? "none" : configuration.interpreters.keys.sorted().joined(separator: ", ")) + ")"
         }
-        let problem = unlisted ?? checked.lazy.compactMap { ownershipProblem($0) }.first
+        // Everything in an interpreted extension's folder may be imported or read as code (its modules, the
+        // runtime, their caches): each file and folder in it is held to the same ownership rule as the script.
+        let folderProblem = interpreter == nil || executable == nil ? nil
+            : ownershipProblemInTree(String(executable![..<executable!.lastIndex(of: "/")!]))
+        let problem = unlisted ?? scriptProblem ?? checked.lazy.compactMap { ownershipProblem($0) }.first ?? folderProblem
             ?? policy.ceilingProblem(configuration).map { "\(path): \($0)" }
         let id = identifier
         refusal = problem.map { HostError(.refused, "\(id): refused: \($0)") }
@@ -317,6 +327,36 @@ extension ExtensionPolicy {
 }
 
 import SDKPosix
+
+/// `path` with its links resolved, or nil if it does not exist.
+func resolvedPath(_ path: String) -> String? {
+    guard let real = realpath(path, nil) else { return nil }
+    defer { free(real) }
+    return String(cString: real)
+}
+
+/// The first file or folder under `folder` (itself excluded, links not followed, at most 16 levels and 4096
+/// entries) that `ownershipProblem` refuses, or why the tree is too large to check.
+func ownershipProblemInTree(_ folder: String) -> String? {
+    var pending = [(folder, 0)]
+    var seen = 0
+    while let (dir, depth) = pending.popLast() {
+        for name in (listDirectory(dir) ?? []).sorted() {
+            seen += 1
+            guard seen <= 4096 else { return "\(folder) holds more than 4096 files and folders; too many to check" }
+            let path = "\(dir)/\(name)"
+            var info = stat()
+            guard lstat(path, &info) == 0 else { continue }
+            if info.st_mode & S_IFMT == S_IFLNK { continue }  // resolved in the worker's root, where only grants are
+            if let problem = ownershipProblem(path) { return problem }
+            if info.st_mode & S_IFMT == S_IFDIR {
+                guard depth < 16 else { return "\(path) is more than 16 folders deep; too deep to check" }
+                pending.append((path, depth + 1))
+            }
+        }
+    }
+    return nil
+}
 
 /// Whether `path` is a regular file this process can read (a script, which need not be executable).
 func isRegularReadableFile(_ path: String) -> Bool {

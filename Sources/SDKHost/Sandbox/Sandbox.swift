@@ -105,7 +105,8 @@ package enum SandboxProfile {
             "MaxThreads": .integer(Int64(policy.maxThreads)),
         ]
         if manifest.interpreter != nil {
-            let granted = policy.readablePaths + policy.writablePaths
+            // Granted folders stay visible: the manifest's, and the operator's library folders for the interpreter.
+            let granted = policy.readablePaths + policy.writablePaths + manifest.interpreterLibraryPaths
             let masked = packageFolders(in: runtimePaths).filter { !ExtensionPolicy.path($0, isUnder: granted) }
             if !masked.isEmpty { profile["MaskedPaths"] = .array(masked.map(PlistValue.string)) }
         }
@@ -130,34 +131,29 @@ package enum SandboxProfile {
 
     /// The machine's Python package folders under `roots` (`<root>/python*/site-packages` and `dist-packages`,
     /// and the two under a root that is itself a `python*` folder): an interpreted worker's root hides them, so
-    /// that what the machine installed is not the extension's to import unless a manifest grants it. Read once
-    /// per root.
+    /// that what the machine installed is not the extension's to import unless a manifest grants it. Read at each
+    /// interpreted spawn (a few directory reads beside the interpreter's ~15 ms start), so that a folder a package
+    /// manager adds later is hidden too.
     static func packageFolders(in roots: [String]) -> [String] {
         var seen = Set<String>()
-        return roots.flatMap { root -> [String] in
-            packageFolderCache.withLock { cache -> [String] in
-                if let known = cache[root] { return known }
-                let name = root.split(separator: "/").last.map(String.init) ?? ""
-                let parents = name.hasPrefix("python") ? [root]
-                    : (listDirectory(root, prefix: "python") ?? []).sorted().map { "\(root)/\($0)" }
-                var found: [String] = []
-                for parent in parents {
-                    for leaf in ["site-packages", "dist-packages"] {
-                        var info = stat()
-                        let folder = "\(parent)/\(leaf)"
-                        // Resolved: a root reached through a link (/lib -> usr/lib) is a link in the worker's
-                        // root too, and its folders are covered where they really are.
-                        guard lstat(folder, &info) == 0, info.st_mode & S_IFMT == S_IFDIR, let real = realpath(folder, nil) else { continue }
-                        found.append(String(cString: real))
-                        free(real)
-                    }
+        var found: [String] = []
+        for root in roots {
+            let name = root.split(separator: "/").last.map(String.init) ?? ""
+            let parents = name.hasPrefix("python") ? [root]
+                : (listDirectory(root, prefix: "python") ?? []).sorted().map { "\(root)/\($0)" }
+            for parent in parents {
+                for leaf in ["site-packages", "dist-packages"] {
+                    // Resolved: a root reached through a link (/lib -> usr/lib) is a link in the worker's root too,
+                    // and its folders are covered where they really are.
+                    guard let real = resolvedPath("\(parent)/\(leaf)") else { continue }
+                    var info = stat()
+                    guard stat(real, &info) == 0, info.st_mode & S_IFMT == S_IFDIR, seen.insert(real).inserted else { continue }
+                    found.append(real)
                 }
-                cache[root] = found
-                return found
             }
-        }.filter { seen.insert($0).inserted }
+        }
+        return found
     }
-    private static let packageFolderCache = Mutex<[String: [String]]>([:])
 
     /// Finds the launcher: `configured`, else next to the running executable, else in `searchPaths`.
     package static func findLauncher(configured: String?, searchPaths: [String]) -> String? {
