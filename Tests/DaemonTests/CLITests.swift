@@ -188,9 +188,8 @@ import Glibc
     @Test(.enabled(if: HostConfiguration.defaultInterpreters["/usr/bin/python3"] != nil))
     func conformanceFailsTheRightCheckForAWorkerThatIgnoresCancel() async throws {
         let folder = try TemporaryFolder()
-        chmod(folder.path, 0o755)
-        mkdir("\(folder.path)/Deaf", 0o755)
-        writeFile("\(folder.path)/Deaf/deaf.py", rawPythonWorkerPrelude + #"""
+        writeRawPythonExtension(in: folder.path, name: "Deaf", identifier: "com.example.deaf", interpreter: "/usr/bin/python3",
+                                loop: #"""
             while True:
                 m = receive()
                 if m["type"] == "hello":
@@ -203,17 +202,6 @@ import Glibc
                     send({"type": "cancelled", "id": m["id"], "error": {"domain": "deaf", "code": 1, "message": "no"}})
                 # "wait" and "cancel": nothing, ever
             """#)
-        writeFile("\(folder.path)/Deaf/Info.plist", """
-            <?xml version="1.0" encoding="UTF-8"?>
-            <plist version="1.0"><dict>
-              <key>CFBundleIdentifier</key><string>com.example.deaf</string>
-              <key>NSExtension</key><dict>
-                <key>NSExtensionPointIdentifier</key><string>com.sdk-host.service</string>
-                <key>NSExtensionExecutable</key><string>deaf.py</string>
-                <key>SDKHostInterpreter</key><string>/usr/bin/python3</string>
-              </dict>
-            </dict></plist>
-            """)
         writeFile("\(folder.path)/config.plist", """
             <?xml version="1.0" encoding="UTF-8"?>
             <plist version="1.0"><dict>

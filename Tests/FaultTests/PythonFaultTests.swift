@@ -55,9 +55,8 @@ extension FaultTests {
         @Test(.enabled(if: defaultPython != nil))
         func aFloodOfMessagesDoesNotFloodTheLog() async throws {
             let folder = try TemporaryFolder()
-            chmod(folder.path, 0o755)
-            mkdir("\(folder.path)/Chatty", 0o755)
-            writeFile("\(folder.path)/Chatty/chatty.py", rawPythonWorkerPrelude + #"""
+            writeRawPythonExtension(in: folder.path, name: "Chatty", identifier: "com.example.chatty", interpreter: defaultPython!,
+                                    loop: #"""
                 while True:
                     m = receive()
                     if m["type"] == "hello":
@@ -69,17 +68,6 @@ extension FaultTests {
                         for i in range(5000): send({"type": "error", "message": "noise %d" % i})
                         send({"type": "complete", "id": m["id"], "items": m["items"]})
                 """#)
-            writeFile("\(folder.path)/Chatty/Info.plist", """
-                <?xml version="1.0" encoding="UTF-8"?>
-                <plist version="1.0"><dict>
-                  <key>CFBundleIdentifier</key><string>com.example.chatty</string>
-                  <key>NSExtension</key><dict>
-                    <key>NSExtensionPointIdentifier</key><string>com.sdk-host.service</string>
-                    <key>NSExtensionExecutable</key><string>chatty.py</string>
-                    <key>SDKHostInterpreter</key><string>\(defaultPython!)</string>
-                  </dict>
-                </dict></plist>
-                """)
             let (host, log) = try makeHost(extraSearchPaths: [folder.path])
             let ext = try host.extension(identifier: "com.example.chatty")
             #expect(try await ext.perform([ExtensionItem(title: "go")]) == [ExtensionItem(title: "go")])

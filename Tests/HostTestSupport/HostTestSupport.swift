@@ -575,3 +575,22 @@ def welcome():
 
 """#
 
+/// Writes `<folder>/<name>/` holding `script.py` (the raw prelude, then `loop`) and a manifest that runs it with
+/// `interpreter` as `identifier`; `folder` is made readable to the worker's user.
+public func writeRawPythonExtension(in folder: String, name: String, identifier: String, interpreter: String,
+                                    loop: String) {
+    chmod(folder, 0o755)
+    mkdir("\(folder)/\(name)", 0o755)
+    writeFile("\(folder)/\(name)/script.py", rawPythonWorkerPrelude + loop)
+    writeFile("\(folder)/\(name)/Info.plist", """
+        <?xml version="1.0" encoding="UTF-8"?>
+        <plist version="1.0"><dict>
+          <key>CFBundleIdentifier</key><string>\(identifier)</string>
+          <key>NSExtension</key><dict>
+            <key>NSExtensionPointIdentifier</key><string>com.sdk-host.service</string>
+            <key>NSExtensionExecutable</key><string>script.py</string>
+            <key>SDKHostInterpreter</key><string>\(interpreter)</string>
+          </dict>
+        </dict></plist>
+        """)
+}
