@@ -202,11 +202,12 @@ public struct HostConfiguration: Sendable {
     /// the loader's cache and the Swift runtime, so that an extension built the ordinary way (dynamically) runs.
     /// The operator's list, never derived from an extension's files. Config key `RuntimePaths`.
     public var runtimePaths = HostConfiguration.defaultRuntimePaths
-    /// The interpreters a manifest may name with `SDKHostInterpreter` (absolute paths), each with the folders its
-    /// library lives in: the worker's root holds the interpreter and those folders read-only, besides
-    /// `runtimePaths`, and the machine's site-packages and dist-packages folders are hidden in it. A manifest that
-    /// names any other interpreter is refused. The operator's list; config key `Interpreters`. By default
-    /// /usr/bin/python3 and /usr/local/bin/python3, where they are, with their `lib/python3.X` folder.
+    /// The interpreters a manifest may name with `SDKHostInterpreter` (absolute paths), each with the folders it
+    /// needs to run: an interpreted worker's root holds the interpreter and those folders read-only **in place of**
+    /// `runtimePaths` (and the machine's site-packages and dist-packages folders among them are hidden). A manifest
+    /// that names any other interpreter is refused. The operator's list; config key `Interpreters`. By default
+    /// /usr/bin/python3 and /usr/local/bin/python3, where they are, with their `lib/python3.X` folder, the C
+    /// library folder and the loader's.
     public var interpreters: [String: [String]] = HostConfiguration.defaultInterpreters
 
     // Operator ceilings (shared/DESIGN.md "Sandbox"): no manifest, nor DefaultPolicy, asks for more. An extension
@@ -279,8 +280,14 @@ extension HostConfiguration {
 
 extension HostConfiguration {
     /// `python3` in /usr/bin and /usr/local/bin, where it is an executable file named `python3.X` (through its
-    /// links), each with `<prefix>/lib/python3.X`. A name, not a byte of the interpreter, says where its library is.
+    /// links), each with what it needs to run and nothing more: `<prefix>/lib/python3.X` (its standard library),
+    /// the machine's C library folder (`/usr/lib/<arch>-linux-gnu`), the loader's folders and cache. A name, not a
+    /// byte of the interpreter, says where its library is.
     public static let defaultInterpreters: [String: [String]] = {
+        var machine = utsname()
+        uname(&machine)
+        let arch = withUnsafeBytes(of: &machine.machine) { String(decoding: $0.prefix { $0 != 0 }, as: UTF8.self) }
+        let system = ["/lib", "/lib64", "/usr/lib64", "/usr/lib/\(arch)-linux-gnu", "/etc/ld.so.cache"]
         var found: [String: [String]] = [:]
         for prefix in ["/usr", "/usr/local"] {
             let path = "\(prefix)/bin/python3"
@@ -291,7 +298,7 @@ extension HostConfiguration {
             guard name.hasPrefix("python3."), name.dropFirst(8).allSatisfy(\.isNumber), !name.dropFirst(8).isEmpty else { continue }
             let library = "\(prefix)/lib/\(name)"
             guard access(library, R_OK) == 0 else { continue }
-            found[path] = [library]
+            found[path] = ([library] + system + (prefix == "/usr" ? [] : ["\(prefix)/lib"])).filter { access($0, F_OK) == 0 }
         }
         return found
     }()

@@ -64,7 +64,9 @@ package enum SandboxProfile {
         let executable = manifest.interpreter ?? path
         let arguments = [executable] + (manifest.interpreter == nil ? [] : [path])
         let scriptFolder = manifest.interpreter == nil ? [] : [String(path[..<(path.lastIndex(of: "/") ?? path.startIndex)])]
-        let runtimePaths = runtimePaths + manifest.interpreterLibraryPaths
+        // An interpreted worker's root holds what its interpreter needs (the operator's `Interpreters`), not the
+        // runtime folders an executable needs: all of /usr/lib is other programs' code to import.
+        let runtimePaths = manifest.interpreter == nil ? runtimePaths : manifest.interpreterLibraryPaths
         guard let launcher else {
             guard policy.sandbox == .none, policy.executableSHA256 == nil else {
                 throw HostError(.system, "sandbox: launcher unavailable: \(launcherExecutableName) not found next to "
