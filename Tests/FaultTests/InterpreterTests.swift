@@ -116,6 +116,24 @@ let defaultPython = HostConfiguration.defaultInterpreters.keys.sorted().first
         await host.shutdown()
     }
 
+    /// An operator who lists a folder that holds a package folder (all of /usr/lib/python3, say) still gets the
+    /// package folder covered, unless it lists the package folder itself.
+    @Test(.enabled(if: defaultPython != nil && (listNames("/usr/lib/python3/dist-packages")?.count ?? 0) > 0))
+    func aPackageFolderInsideTheInterpretersFoldersIsCovered() async throws {
+        let folder = try TemporaryFolder()
+        writeProbeExtension(in: folder, identifier: "com.example.python-wider", interpreter: defaultPython!)
+        for (extra, expected) in [("/usr/lib/python3", "0"),
+                                  ("/usr/lib/python3/dist-packages", "\(listNames("/usr/lib/python3/dist-packages")!.count)")] {
+            let (host, _) = try makeHost(extraSearchPaths: [folder.path]) {
+                $0.interpreters[defaultPython!] = HostConfiguration.defaultInterpreters[defaultPython!]! + [extra]
+            }
+            let found = try await probe(try host.extension(identifier: "com.example.python-wider"),
+                                        folders: ["/usr/lib/python3/dist-packages"])
+            #expect(found["packages /usr/lib/python3/dist-packages"] == expected, "\(extra): \(found)")
+            await host.shutdown()
+        }
+    }
+
     /// "Unless granted": a manifest that grants a package folder sees it.
     @Test(.enabled(if: defaultPython != nil && !InterpreterTests.machinePackageFolders.isEmpty))
     func aGrantedPackageFolderIsVisible() async throws {

@@ -107,8 +107,12 @@ package enum SandboxProfile {
             "MaxThreads": .integer(Int64(policy.maxThreads)),
         ]
         if manifest.interpreter != nil {
-            // Granted folders stay visible: the manifest's, and the operator's library folders for the interpreter.
-            let granted = policy.readablePaths + policy.writablePaths + manifest.interpreterLibraryPaths
+            // Granted folders stay visible: the manifest's, and a package folder the operator lists for the
+            // interpreter by name (the interpreter's other folders are what the masks are inside of).
+            let listedPackages = manifest.interpreterLibraryPaths.filter {
+                $0.split(separator: "/").contains { $0 == "site-packages" || $0 == "dist-packages" }
+            }
+            let granted = policy.readablePaths + policy.writablePaths + listedPackages
             let masked = packageFolders(in: runtimePaths).filter { !ExtensionPolicy.path($0, isUnder: granted) }
             if !masked.isEmpty { profile["MaskedPaths"] = .array(masked.map(PlistValue.string)) }
         }
