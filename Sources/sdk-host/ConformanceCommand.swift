@@ -8,6 +8,7 @@
 // answered by its runtime, whatever the extension's own handler does (docs/PROTOCOL.md "Conformance"). The
 // host's timings are shortened so that the run takes seconds: heartbeats every 0.1 s, a cancel grace of 1.5 s.
 import SDKHost
+import SDKPosix
 import SDKWire
 import Synchronization
 
@@ -36,25 +37,11 @@ enum ConformanceCommand {
         }
         EmbeddedHost.configure(from: options)
         let identifier = options.positionals[0]
-        let passed = blockingAwait { await Suite(identifier: identifier).run() }
+        let passed = runAsync { await Suite(identifier: identifier).run() }
         exit(passed ? ExitStatus.success : ExitStatus.failure)
-    }
-
-    /// Runs `body` on a Task and waits for it on this (the main) thread.
-    static func blockingAwait<T: Sendable>(_ body: @escaping @Sendable () async -> T) -> T {
-        let result = Mutex<T?>(nil)
-        let done = DispatchSemaphore(value: 0)
-        Task.detached {
-            let value = await body()
-            result.withLock { $0 = value }
-            done.signal()
-        }
-        done.wait()
-        return result.withLock { $0! }
     }
 }
 
-import Dispatch
 
 /// One run of the checks against one extension.
 private final class Suite: Sendable {
@@ -292,8 +279,7 @@ private final class Suite: Sendable {
         }
         guard await sendRaw(host, bytes, to: pid) else { return report(name, false, "worker \(pid) is gone") }
         let start = monotonicSeconds()
-        while monotonicSeconds() - start < 5, exitEvent(pid) == nil { try? await Task.sleep(for: .milliseconds(20)) }
-        switch exitEvent(pid) {
+        switch await exit(of: pid, within: 5).map({ $0.reason ?? .exited(0) }) {
         case nil: report(name, false, "still running 5 s after \(what)")
         case .signal(let signal)?: report(name, false, "died of signal \(signal) on \(what) (it must exit)")
         case let reason?:
@@ -320,11 +306,7 @@ private final class Suite: Sendable {
             return report("idle exit", false, "no worker started")
         }
         let start = monotonicSeconds()
-        var gone: WorkerEvent?
-        while monotonicSeconds() - start < 5, gone == nil {
-            try? await Task.sleep(for: .milliseconds(20))
-            gone = events.withLock { $0.last { $0.pid == pid && $0.kind == .exited } }
-        }
+        let gone = await exit(of: pid, within: 5)
         await host.shutdown()
         switch gone {
         case nil: report("idle exit", false, "still running 5 s into a 0.5 s idle timeout")
@@ -355,10 +337,16 @@ private final class Suite: Sendable {
     }
 
     /// Why worker `pid` ended, if it did (an exit with no reason is shown as a clean exit).
-    func exitEvent(_ pid: pid_t) -> InterruptionReason? {
-        events.withLock { list in
-            list.last { $0.pid == pid && $0.kind == .exited }.map { $0.reason ?? .exited(0) }
-        }
+    func exitEvent(_ pid: pid_t) -> InterruptionReason? { exitedEvent(pid).map { $0.reason ?? .exited(0) } }
+
+    /// The event of worker `pid`'s end, if it has ended.
+    func exitedEvent(_ pid: pid_t) -> WorkerEvent? { events.withLock { $0.last { $0.pid == pid && $0.kind == .exited } } }
+
+    /// The event of worker `pid`'s end, waiting up to `seconds` for it.
+    func exit(of pid: pid_t, within seconds: Double) async -> WorkerEvent? {
+        let start = monotonicSeconds()
+        while exitedEvent(pid) == nil, monotonicSeconds() - start < seconds { try? await Task.sleep(for: .milliseconds(20)) }
+        return exitedEvent(pid)
     }
 
     /// Whether an echo request now runs on worker `pid`.
@@ -413,11 +401,7 @@ private final class Suite: Sendable {
         var value: T? { if case .success(let v) = self { v } else { nil } }
     }
 
-    func monotonicSeconds() -> Double {
-        var t = timespec()
-        clock_gettime(CLOCK_MONOTONIC, &t)
-        return Double(t.tv_sec) + Double(t.tv_nsec) / 1e9
-    }
+    func monotonicSeconds() -> Double { Double(monotonicNanoseconds()) / 1e9 }
 
     func milliseconds(since start: Double) -> String { "\(Int((monotonicSeconds() - start) * 1000)) ms" }
 }

@@ -25,13 +25,16 @@ enum DemoCommand {
     /// The faults both Crashers show, each with its own outcome (the hang with a deadline has a row of its own).
     static let faults = ["segv", "abort", "range", "exit", "kill", "garbage", "oversize", "truncate", "unknownid", "cancel", "double"]
 
+    /// A Crasher's rows: echo, each fault, and a hang with a 1 s deadline.
+    static func crasherSteps(_ name: String, _ extensionID: String) -> [Step] {
+        [Step(label: "\(name) echo", extensionID: extensionID, input: "echo")]
+            + faults.map { Step(label: "\(name) \($0)", extensionID: extensionID, input: $0, isFault: true) }
+            + [Step(label: "\(name) hang, 1 s deadline", extensionID: extensionID, input: "hang", deadline: 1, isFault: true)]
+    }
+
     static let steps: [Step] = [
         Step(label: "echo", extensionID: "com.example.echo", input: "hello"),
-        Step(label: "crasher echo", extensionID: "com.example.crasher", input: "echo"),
-    ] + faults.map {
-        Step(label: "crasher \($0)", extensionID: "com.example.crasher", input: $0, isFault: true)
-    } + [
-        Step(label: "crasher hang, 1 s deadline", extensionID: "com.example.crasher", input: "hang", deadline: 1, isFault: true),
+    ] + crasherSteps("crasher", "com.example.crasher") + [
         Step(label: "crasher slow:50", extensionID: "com.example.crasher", input: "slow:50"),
         Step(label: "app cancels slow:5000", extensionID: "com.example.crasher", input: "slow:5000", cancelAfterMs: 50),
         Step(label: "echo again", extensionID: "com.example.echo", input: "still here"),
@@ -48,11 +51,7 @@ enum DemoCommand {
     /// Python echo, and the C Crasher with every fault the Swift one has and the same outcome for each.
     static let languageSteps: [Step] = [
         Step(label: "python echo", extensionID: "com.example.echo-python", input: "hello from Python"),
-        Step(label: "c crasher echo", extensionID: "com.example.crasher-c", input: "echo"),
-    ] + faults.map {
-        Step(label: "c crasher \($0)", extensionID: "com.example.crasher-c", input: $0, isFault: true)
-    } + [
-        Step(label: "c crasher hang, 1 s deadline", extensionID: "com.example.crasher-c", input: "hang", deadline: 1, isFault: true),
+    ] + crasherSteps("c crasher", "com.example.crasher-c") + [
         Step(label: "app cancels c slow:5000", extensionID: "com.example.crasher-c", input: "slow:5000", cancelAfterMs: 50),
         Step(label: "python echo again", extensionID: "com.example.echo-python", input: "still here"),
     ]

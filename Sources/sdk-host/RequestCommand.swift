@@ -133,8 +133,10 @@ enum RequestCommand {
         // An embedded host's worker that crashed: the end of its stderr says why (the daemon keeps its reports,
         // `sdk-host crashes`).
         var stderrTail: [Substring] = []
-        if mode == .embedded, case .interrupted(.signal)? = outcome { stderrTail = lastStderrLines(host, id) }
-        if mode == .embedded, case .interrupted(.exited)? = outcome { stderrTail = lastStderrLines(host, id) }
+        switch (mode, outcome) {
+        case (.embedded, .interrupted(.signal)?), (.embedded, .interrupted(.exited)?): stderrTail = lastStderrLines(host, id)
+        default: break
+        }
         let finished = DispatchSemaphore(value: 0)
         host.shutdown { finished.signal() }
         finished.wait()

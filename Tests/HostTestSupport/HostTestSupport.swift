@@ -553,8 +553,8 @@ public func fileService(_ log: ServiceLog) -> HostServiceHandler {
 // MARK: Raw workers
 
 /// The start of a worker written in Python on the raw protocol (docs/PROTOCOL.md), with no runtime: `sock` (the
-/// host connection), `read_exact(n)` (exits 0 at end of file), `send(message)` and `receive()`. Tests append
-/// their message loop.
+/// host connection), `read_exact(n)` (exits 0 at end of file), `send(message)`, `receive()`, and `answered(m)`
+/// (the handshake and pings). Tests append their message loop.
 public let rawPythonWorkerPrelude = #"""
 import os, sys, struct, socket, plistlib
 sock = socket.socket(fileno=int(os.environ.get("SDKHOST_IPC_FD", "3")))
@@ -572,6 +572,15 @@ def receive():
     return plistlib.loads(read_exact(struct.unpack(">I", read_exact(4))[0]))
 def welcome():
     send({"type": "welcome", "version": 2, "identifier": os.environ["SDKHOST_EXTENSION_ID"], "pid": os.getpid()})
+def answered(m):
+    """Answers a hello or a ping; False for any other message (the test's loop handles it)."""
+    if m["type"] == "hello":
+        welcome()
+    elif m["type"] == "ping":
+        send({"type": "pong", "seq": m["seq"]})
+    else:
+        return False
+    return True
 
 """#
 
