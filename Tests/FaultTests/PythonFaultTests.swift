@@ -27,9 +27,10 @@ extension FaultTests {
                 kill(assigned.pid, signal)
                 #expect(await recorder.wait(for: id) == .interrupted(.signal(signal)))
                 let next = ext.beginRequest(withInputItems: [ExtensionItem(title: "again")])
-                #expect(await recorder.wait(for: next) == .completed([ExtensionItem(title: "again")]))
+                let nextOutcome = await recorder.wait(for: next)
+                #expect(nextOutcome == .completed([ExtensionItem(title: "again")]), "\(String(describing: nextOutcome))")
                 let (stats, crashes, _) = await host.inspect()
-                #expect(crashes.count == 1 && crashes.first?.inFlightRequests == [id])
+                #expect(crashes.count == 1 && crashes.first?.inFlightRequests == [id], "\(crashes)")
                 #expect(stats.spawns == 2)
             }
         }
