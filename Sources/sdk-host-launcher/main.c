@@ -4,20 +4,19 @@
 // *is* the worker: its pid, exit status and signals are the extension's (shared/DESIGN.md "Sandbox").
 //
 //   descriptors but 0-3 (and 5, an exit-notice page) closed -> session (posix_spawn made one) ->
-//   parent-death signal, parent checked -> rlimits -> [user namespace when not root, pid namespace:
-//   AllowSubprocesses only] -> no_new_privs -> capabilities dropped -> Landlock -> seccomp ->
+//   parent-death signal, parent checked -> rlimits -> user, pid, mount, IPC, UTS (and network) namespaces ->
+//   grants opened -> worker's uid -> new root -> no_new_privs -> capabilities dropped -> Landlock -> seccomp ->
 //   `sandboxed` frame to the host -> execve
 //
-// The pid namespace is for grandchildren: without AllowSubprocesses seccomp refuses fork, so there are none, and
-// the launcher execs the extension itself, so the host's child *is* the worker (its pid, exit status and
-// signals). With AllowSubprocesses the worker must be born inside the namespace (a process cannot make threads
-// after unshare(CLONE_NEWPID)), so the launcher stays as its supervisor:
+// Under strict and bestEffort every worker is born inside its namespaces (a pid namespace takes only children),
+// so the launcher stays as its supervisor:
 //
 //   launcher (the host's child)        forwards termination signals; when the worker ends, kills the namespace
 //     +-- init (pid 1)                 reaps orphans; its death makes the kernel kill every process left inside
 //     +-- worker (pid 2)               new session, parent-death signal, the remaining layers, execve
 //
 // and exits the way the worker did (its code, or its signal re-raised), so the host sees the worker's status.
+// Under `Sandbox none` (or bestEffort where no namespace can be made) the launcher execs the extension itself.
 //
 // Before execve the launcher sends the host one frame, `sandboxed`, naming the layers the worker runs under and
 // what bestEffort skipped. A layer that strict requires and cannot apply ends the launch: a `launchFailed` frame
@@ -315,37 +314,39 @@ static void supervise(pid_t init) {
     _exit(128 + sig);
 }
 
-static void confine_and_exec(void);
-
 /// The worker's pid as the host sees it (the launcher's namespace), sent in `sandboxed`: inside, it is 2. Empty
 /// where the worker is not in namespaces of its own.
 static char worker_pid_text[24];
 /// In the worker: whether it runs in its own namespaces (and so builds its root).
 static int namespaced;
 static int in_namespaces(void) { return namespaced; }
-/// In the worker: the pipe on which the launcher sends the worker's pid outside its namespace, read only when
-/// the `sandboxed` frame needs it, so that the worker builds its root meanwhile.
-static int told_fd = -1;
-
-static void learn_outer_pid(void) {
-    if (told_fd < 0) return;
-    pid_t outer = 0;
-    while (read(told_fd, &outer, sizeof outer) < 0 && errno == EINTR) {}
-    close(told_fd);
-    told_fd = -1;
-    if (outer <= 0) _exit(0);  // the launcher is gone
-    snprintf(worker_pid_text, sizeof worker_pid_text, "%d", (int)outer);
-}
 /// In the worker: the read end of the launcher's `alive` pipe (end-of-file once the launcher has exited).
 static int launcher_alive = -1;
+/// The worker's stack while it confines itself. The worker shares the launcher's memory until its execve
+/// (CLONE_VM | CLONE_VFORK, as posix_spawn does): no page tables to copy, and the launcher sleeps meanwhile.
+static unsigned char worker_stack[262144] __attribute__((aligned(16)));
 
-/// Makes the worker's user and pid namespaces around a new pid 1 (`init`), joins them, and forks the worker into
-/// them; the launcher then supervises. Returns only in the worker, which is the launcher's child (so its exit
-/// status and signals are the launcher's to forward) and pid 2 of its namespace.
+static void confine_and_exec(void);
+
+/// The worker's start: pid 2 of its namespaces and the launcher's child (so its exit status and signals are the
+/// launcher's to forward). `worker_pid` already holds its pid outside (CLONE_PARENT_SETTID).
+static void worker_main(void *alive) {
+    int *ends = alive;
+    close(ends[1]);
+    die_with_launcher(ends[0]);
+    launcher_alive = ends[0];
+    namespaced = 1;
+    snprintf(worker_pid_text, sizeof worker_pid_text, "%d", (int)worker_pid);
+    mark("fork");
+    if (setsid() < 0) launch_failed("session: setsid failed: %s", strerror(errno));
+    confine_and_exec();
+}
+
+/// Makes the worker's namespaces around a new pid 1 (`init`), joins them, and clones the worker into them; the
+/// launcher then supervises. Returns only where a bestEffort launch goes on without namespaces.
 static void fork_into_namespace(void) {
-    int alive[2], told[2];
-    if (pipe2(alive, O_CLOEXEC) != 0 || pipe2(told, O_CLOEXEC) != 0)
-        launch_failed("sandbox: namespaces unavailable: pipe (%s)", strerror(errno));
+    static int alive[2];
+    if (pipe2(alive, O_CLOEXEC) != 0) launch_failed("sandbox: namespaces unavailable: pipe (%s)", strerror(errno));
     const char *why = NULL;
     pid_t init = 0;
     mark("session+rlimits");
@@ -364,42 +365,25 @@ static void fork_into_namespace(void) {
     if (error != 0) {
         close(alive[0]);
         close(alive[1]);
-        close(told[0]);
-        close(told[1]);
         unavailable("namespaces", error, why);
         return;
     }
     applied("userNamespace");
     applied("pidNamespace");
-    pid_t worker = fork();
+    // Returns once the worker has exec'd the extension or exited.
+    pid_t worker = clone_onto(CLONE_VM | CLONE_VFORK | CLONE_PARENT_SETTID | SIGCHLD, worker_stack + sizeof worker_stack,
+                              (int *)&worker_pid, worker_main, alive);
     if (worker < 0) {
-        close_rest();
         kill(init, SIGKILL);
-        launch_failed("sandbox: pidNamespace unavailable: cannot fork the worker (%s)", strerror(errno));
-    }
-    if (worker == 0) {
-        close(alive[1]);
-        close(told[1]);
-        die_with_launcher(alive[0]);
-        launcher_alive = alive[0];
-        namespaced = 1;
-        told_fd = told[0];
-        mark("fork");
-        if (setsid() < 0) launch_failed("session: setsid failed: %s", strerror(errno));
-        return;
+        launch_failed("sandbox: pidNamespace unavailable: cannot start the worker (%s)", strerror(errno));
     }
     worker_pid = worker;
     void *page = (void *)syscall(SYS_mmap, NULL, 4096, PROT_READ | PROT_WRITE, MAP_SHARED, NOTICE_FD, 0);
     if (page != (void *)-1L) notice_page = page;
-    close_rest();
-    close(alive[0]);
-    close(told[0]);
-    while (write(told[1], &worker, sizeof worker) < 0 && errno == EINTR) {}
-    close(told[1]);
     // The launcher keeps none of the worker's channels, so the host sees end-of-file when the worker ends. The
     // write end of `alive` stays open until the launcher exits.
-    for (int fd = 0; fd <= NOTICE_FD; fd++)
-        if (fd != alive[1]) close(fd);
+    if (alive[1] > 0) syscall(SYS_close_range, 0, alive[1] - 1, 0);
+    syscall(SYS_close_range, alive[1] + 1, ~0U, 0);
     supervise(init);
 }
 
@@ -422,15 +406,9 @@ static void confine_and_exec(void) {
         int error;
         if (in_namespaces()) {
             static char missing[1024];
-            error = join_rest(&why);
-            mark("join");
-            if (error == 0) {
-                applied(profile.network ? "mount, IPC and UTS namespaces" : "mount, IPC, UTS and network namespaces");
-                error = collect_grants(&profile, missing, sizeof missing, &why);
-                if (error) unavailable("root", error, why);
-            } else {
-                unavailable("namespaces", error, why);
-            }
+            applied(profile.network ? "mount, IPC and UTS namespaces" : "mount, IPC, UTS and network namespaces");
+            error = collect_grants(&profile, missing, sizeof missing, &why);
+            if (error) unavailable("root", error, why);
             // The worker's uid next: files and mounts it makes in its new root must be owned by an id its user
             // namespace maps. It keeps its capabilities inside that namespace until they are dropped below.
             mark("grants");
@@ -485,7 +463,6 @@ static void confine_and_exec(void) {
         if (error == 0) applied("seccomp");
         else unavailable("seccomp", error, why);
     }
-    learn_outer_pid();
     struct bp_entry entries[] = {
         {.key = "type", .string = "sandboxed"},
         {.key = "layers", .strings = layers, .count = layer_count},

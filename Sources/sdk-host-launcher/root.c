@@ -35,6 +35,7 @@
 #include <sys/statfs.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #define ROOT "/tmp"
@@ -266,47 +267,42 @@ static int write_map(const char *path, const char *text) {
     return error;
 }
 
-static void on_child(int sig) { (void)sig; }
+/// What pid 1 is given: the read ends of the launcher's `go` and `alive` pipes.
+static struct { int go, alive; } init_pipes;
+/// Pid 1's stack. Pid 1 shares the launcher's memory (CLONE_VM: no page tables to copy), so it touches nothing
+/// but this stack and makes only raw system calls, which leave the shared `errno` alone.
+static unsigned char init_stack[16384] __attribute__((aligned(16)));
 
-/// Pid 1 of the worker's namespace: waits until the launcher has written its maps (end-of-file on `go`), then
-/// reaps whatever is reparented to it until the launcher exits (`alive` reaches end-of-file) or kills it. Its
-/// death takes every process of the namespace with it.
-static void run_init(int go, int alive) {
+#define RAW(n, a, b, c, d) raw_syscall((n), (long)(a), (long)(b), (long)(c), (long)(d), 0, 0)
+
+/// Pid 1 of the worker's namespaces: waits until the launcher has written its maps (end-of-file on `go`), then
+/// reaps whatever is reparented to it until the launcher exits or kills it. Its death takes every process of the
+/// namespace with it.
+static void run_init(void *unused) {
+    (void)unused;
+    int go = init_pipes.go, alive = init_pipes.alive;
     // Nothing but `go` and `alive` stays open: not the worker's channels, and not this process's copy of the
     // launcher's write end of `alive`, which would keep `alive` from ever reaching end-of-file.
     int low = go < alive ? go : alive, high = go < alive ? alive : go;
-    if (low > 0) syscall(SYS_close_range, 0, low - 1, 0);
-    if (high > low + 1) syscall(SYS_close_range, low + 1, high - 1, 0);
-    syscall(SYS_close_range, high + 1, ~0U, 0);
+    if (low > 0) RAW(SYS_close_range, 0, low - 1, 0, 0);
+    if (high > low + 1) RAW(SYS_close_range, low + 1, high - 1, 0, 0);
+    RAW(SYS_close_range, high + 1, ~0U, 0, 0);
     char byte;
-    while (read(go, &byte, 1) < 0 && errno == EINTR) {}
-    close(go);
-    prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0);
-    // SIGCHLD is blocked but while it waits, so that a child's death interrupts the wait and is reaped.
-    struct sigaction action = {.sa_handler = on_child};
-    sigemptyset(&action.sa_mask);
-    sigaction(SIGCHLD, &action, NULL);
-    sigset_t blocked, open;
-    sigemptyset(&blocked);
-    sigaddset(&blocked, SIGCHLD);
-    sigprocmask(SIG_BLOCK, &blocked, NULL);
-    sigemptyset(&open);
+    while (RAW(SYS_read, go, &byte, 1, 0) == -EINTR) {}
+    RAW(SYS_close, go, 0, 0, 0);
+    RAW(SYS_prctl, PR_SET_PDEATHSIG, SIGKILL, 0, 0);
+    // The launcher may have died before the parent-death signal was set: `alive` is readable only at its end
+    // (nothing is ever written to it).
+    struct pollfd pfd = {.fd = alive, .events = POLLIN};
+    struct timespec now = {0, 0};
+    if (RAW(SYS_ppoll, &pfd, 1, &now, NULL) > 0) RAW(SYS_exit_group, 0, 0, 0, 0);
+    // SIGCHLD stays blocked, so that it is queued (its default is to be discarded) and taken below.
+    unsigned long child = 1UL << (SIGCHLD - 1);
+    RAW(SYS_rt_sigprocmask, SIG_BLOCK, &child, NULL, sizeof child);
     for (;;) {
-        while (waitpid(-1, NULL, WNOHANG) > 0) {}
-        struct pollfd pfd = {.fd = alive, .events = POLLIN};
-        // Readable only at end-of-file (nothing is ever written): the launcher is gone, even if it died before
-        // the parent-death signal was set.
-        if (syscall(SYS_ppoll, &pfd, 1, NULL, &open, sizeof(unsigned long)) > 0) _exit(0);
+        while (RAW(SYS_wait4, -1, NULL, WNOHANG, NULL) > 0) {}
+        RAW(SYS_rt_sigtimedwait, &child, NULL, NULL, sizeof child);
     }
-}
-
-/// pid 1's mount, IPC, UTS and network namespaces, for the worker to join (-1: not made).
-static int rest_fds[4] = {-1, -1, -1, -1};
-
-static int open_namespace(pid_t pid, const char *name) {
-    char path[64];
-    snprintf(path, sizeof path, "/proc/%d/ns/%s", (int)pid, name);
-    return open(path, O_RDONLY | O_CLOEXEC);
 }
 
 int make_namespaces(const struct profile *p, int alive, pid_t *init_out, const char **why) {
@@ -318,24 +314,23 @@ int make_namespaces(const struct profile *p, int alive, pid_t *init_out, const c
     int go[2];
     if (pipe2(go, O_CLOEXEC) != 0) return fail(why, "pipe", errno);
     // The maps of a new user namespace may name another uid only when a process outside it writes them, so
-    // the namespace is made by a child (the future pid 1) and mapped from here.
+    // the namespaces are made by a child (pid 1) and mapped from here.
     // Pid 1 lives in every namespace the worker does, so that nothing of the machine can be read through it
     // (/proc/1/mountinfo, /proc/1/net): its mount namespace becomes the worker's new root.
     int flags = CLONE_NEWUSER | CLONE_NEWPID | CLONE_NEWNS | CLONE_NEWIPC | CLONE_NEWUTS;
     if (!p->network && !p->shared_network) flags |= CLONE_NEWNET;
-    long pid = syscall(SYS_clone, flags | SIGCHLD, 0, 0, 0, 0);
-    if (pid < 0) {
+    init_pipes.go = go[0];
+    init_pipes.alive = alive;
+    int pidfd = -1;
+    pid_t init = clone_onto((unsigned long)(flags | CLONE_VM | CLONE_PIDFD | SIGCHLD), init_stack + sizeof init_stack,
+                            &pidfd, run_init, NULL);
+    if (init < 0) {
         int error = errno;
         close(go[0]);
         close(go[1]);
         return fail(why, "clone(user, pid, mount, IPC, UTS, network namespaces) refused", error);
     }
-    if (pid == 0) {
-        close(go[1]);
-        run_init(go[0], alive);
-    }
     close(go[0]);
-    pid_t init = (pid_t)pid;
     char path[64], map[64];
     snprintf(path, sizeof path, "/proc/%d/setgroups", (int)init);
     int error = write_map(path, "deny");
@@ -346,50 +341,20 @@ int make_namespaces(const struct profile *p, int alive, pid_t *init_out, const c
     snprintf(map, sizeof map, "%u %u 1", worker_gid, worker_gid);
     if (error == 0) error = write_map(path, map);
     const char *step = "cannot write the user namespace's uid and gid maps";
-    // Join them, so that the worker is forked into them as the launcher's own child.
-    int user = error ? -1 : open_namespace(init, "user"), pidns = error ? -1 : open_namespace(init, "pid");
-    if (error == 0 && (user < 0 || pidns < 0)) { error = errno; step = "cannot open the new namespaces"; }
-    if (error == 0 && syscall(SYS_setns, user, CLONE_NEWUSER) != 0) { error = errno; step = "setns(user) refused"; }
-    if (error == 0 && syscall(SYS_setns, pidns, CLONE_NEWPID) != 0) { error = errno; step = "setns(pid) refused"; }
-    if (user >= 0) close(user);
-    if (pidns >= 0) close(pidns);
-    static const char *rest[] = {"mnt", "ipc", "uts", "net"};
-    for (int i = 0; i < 4; i++) {
-        rest_fds[i] = -1;
-        if (error || (i == 3 && (p->network || p->shared_network))) continue;
-        rest_fds[i] = open_namespace(init, rest[i]);
-        if (rest_fds[i] < 0) { error = errno; step = "cannot open the new namespaces"; }
+    // Every namespace of pid 1 at once (the user namespace first), so that the worker is cloned into them as the
+    // launcher's own child, with nothing left to join.
+    if (error == 0 && syscall(SYS_setns, pidfd, flags) != 0) {
+        error = errno;
+        step = "setns into pid 1's namespaces refused";
     }
+    close(pidfd);
     close(go[1]);  // pid 1 goes on (or, on failure, finds the launcher's pipe still open and is killed below)
     if (error) {
-        close_rest();
         kill(init, SIGKILL);
         while (waitpid(init, NULL, 0) < 0 && errno == EINTR) {}
         return fail(why, step, error);
     }
     *init_out = init;
-    return 0;
-}
-
-void close_rest(void) {
-    for (int i = 0; i < 4; i++)
-        if (rest_fds[i] >= 0) {
-            close(rest_fds[i]);
-            rest_fds[i] = -1;
-        }
-}
-
-int join_rest(const char **why) {
-    static const int types[] = {CLONE_NEWNS, CLONE_NEWIPC, CLONE_NEWUTS, CLONE_NEWNET};
-    for (int i = 0; i < 4; i++) {
-        if (rest_fds[i] < 0) continue;
-        if (syscall(SYS_setns, rest_fds[i], types[i]) != 0) {
-            int error = errno;
-            close_rest();
-            return fail(why, "setns into the worker's mount, IPC, UTS or network namespace refused", error);
-        }
-    }
-    close_rest();
     return 0;
 }
 

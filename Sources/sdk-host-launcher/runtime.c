@@ -55,6 +55,10 @@ static long raw_syscall6(long n, long a, long b, long c, long d, long e, long f)
 #endif
 }
 
+/// A system call that returns -errno and sets nothing: for a child that shares this memory (CLONE_VM) while
+/// another process of the launcher runs in it, and so must not write the shared `errno`.
+long raw_syscall(long n, long a, long b, long c, long d, long e, long f) { return raw_syscall6(n, a, b, c, d, e, f); }
+
 static int error_number;
 
 int *__errno_location(void) { return &error_number; }
@@ -118,6 +122,30 @@ int execve(const char *path, char *const argv[], char *const envp[]) {
 }
 
 pid_t fork(void) { return (pid_t)SYS(SYS_clone, SIGCHLD, 0, 0, 0, 0, 0); }
+
+// clone(2) onto a stack the caller gives: the child starts in `entry(arg)` on that stack and never returns from it
+// (it execs or exits), so the parent's stack is never touched, which CLONE_VM needs. The syscall's argument order
+// (flags, stack, parent_tid, then child_tid and tls, both 0) is the same on both architectures but for the last
+// two, which are zero here.
+long sdk_clone_raw(unsigned long flags, void *stack_top, int *parent_tid, void (*entry)(void *), void *arg);
+#if defined(__x86_64__)
+__asm__(".text\n.global sdk_clone_raw\n.type sdk_clone_raw,@function\nsdk_clone_raw:\n"
+        "\tand $-16, %rsi\n\tsub $16, %rsi\n\tmov %rcx, 0(%rsi)\n\tmov %r8, 8(%rsi)\n"
+        "\tmov $56, %eax\n\txor %r10d, %r10d\n\txor %r8d, %r8d\n\tsyscall\n"
+        "\ttest %rax, %rax\n\tjnz 1f\n"
+        "\txor %ebp, %ebp\n\tpop %rax\n\tpop %rdi\n\tcall *%rax\n\thlt\n"
+        "1:\tret\n");
+#elif defined(__aarch64__)
+__asm__(".text\n.global sdk_clone_raw\n.type sdk_clone_raw,%function\nsdk_clone_raw:\n"
+        "\tand x1, x1, #-16\n\tstp x3, x4, [x1, #-16]!\n\tmov x8, #220\n\tmov x3, #0\n\tmov x4, #0\n\tsvc #0\n"
+        "\tcbnz x0, 1f\n"
+        "\tldp x1, x0, [sp], #16\n\tmov x29, #0\n\tmov x30, #0\n\tblr x1\n\tbrk #0\n"
+        "1:\tret\n");
+#endif
+
+pid_t clone_onto(unsigned long flags, void *stack_top, int *parent_tid, void (*entry)(void *), void *arg) {
+    return (pid_t)checked(sdk_clone_raw(flags, stack_top, parent_tid, entry, arg));
+}
 
 pid_t waitpid(pid_t pid, int *status, int options) { return (pid_t)SYS(SYS_wait4, pid, status, options, 0, 0, 0); }
 

@@ -41,6 +41,10 @@ struct profile {
 enum { SANDBOX_STRICT, SANDBOX_BEST_EFFORT, SANDBOX_NONE };
 
 void mark(const char *step);
+/// The launcher's runtime (runtime.c): a system call that returns -errno and writes no `errno`; and clone(2) onto
+/// `stack_top`, where the child runs `entry(arg)`, which must never return (it execs or exits).
+long raw_syscall(long n, long a, long b, long c, long d, long e, long f);
+pid_t clone_onto(unsigned long flags, void *stack_top, int *parent_tid, void (*entry)(void *), void *arg);
 /// The SHA-256 of what `fd` reads to its end, as 64 lowercase hex digits. Returns 0 or an errno.
 int sha256_descriptor(int fd, char hex[65]);
 /// The Landlock ABI version, or a negative errno.
@@ -53,14 +57,9 @@ int apply_seccomp(const struct profile *p, pid_t self, const char **why);
 /// Appends "path (reason)" to a comma-separated list of what was skipped.
 void note_skipped(char *skipped, size_t size, const char *path, int error);
 /// New user, pid, mount, IPC, UTS and (without NetworkAllowed) network namespaces around a new pid 1 (*init),
-/// with one-to-one uid and gid maps of the worker's ids. The caller joins the user and pid namespaces, so that
-/// its next child is forked into them, and keeps descriptors of the others for that child (`join_rest`). `alive` is the read end of a pipe the
-/// launcher holds open while it lives. Returns 0 or an errno.
+/// with one-to-one uid and gid maps of the worker's ids; the caller joins them all, so that its next child is
+/// made in them. `alive` is the read end of a pipe the launcher holds open while it lives. Returns 0 or an errno.
 int make_namespaces(const struct profile *p, int alive, pid_t *init, const char **why);
-/// In the worker: joins pid 1's mount, IPC, UTS and (without NetworkAllowed) network namespaces.
-int join_rest(const char **why);
-/// In the launcher, once the worker is forked: closes its descriptors of those namespaces.
-void close_rest(void);
 /// In the worker (pid 2 of its namespace), before it takes its uid: opens each grant's source.
 int collect_grants(const struct profile *p, char *skipped, size_t skipped_size, const char **why);
 /// Then, as the worker's uid: builds its root from the grants and pivots into it.

@@ -254,7 +254,7 @@ enum EmbeddedBench {
             }
             BenchCommand.shutdown(host)
         }
-        let launcherOrder = ["session+rlimits", "namespaces", "fork", "join", "grants", "workerUser", "root",
+        let launcherOrder = ["session+rlimits", "namespaces", "fork", "grants", "workerUser", "root",
                              "executableSHA256", "noNewPrivs+capabilities", "landlock", "seccomp"]
         return order.sorted { (launcherOrder.firstIndex(of: $0) ?? 99) < (launcherOrder.firstIndex(of: $1) ?? 99) }
             .map { ($0, byStep[$0]!) }
