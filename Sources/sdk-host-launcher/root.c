@@ -31,6 +31,7 @@
 #include <sys/mount.h>
 #include <linux/mount.h>
 #include <sys/prctl.h>
+#include <sys/signalfd.h>
 #include <sys/stat.h>
 #include <sys/statfs.h>
 #include <sys/syscall.h>
@@ -50,6 +51,7 @@ struct grant {
     int fd;           // a detached clone of the source (open_tree), or O_PATH on it where the kernel has no
                       // open_tree; made before any mount
     int cloned;       // fd is a detached clone, attached with move_mount
+    int restricted;   // the clone has its mount flags already (open_tree_attr)
     int directory;    // the source is a folder
     char link[256];   // a relative symbolic link without "..", copied as a link instead of bound
     int absent;       // a masked folder that is not in the new root: nothing was mounted
@@ -75,6 +77,25 @@ static int clean_path(const char *path) {
         p = end;
     }
     return 1;
+}
+
+#ifndef SYS_open_tree_attr
+#define SYS_open_tree_attr 467
+#endif
+
+/// What a grant's bind adds to its source mount's flags: nosuid always; nodev but for the device nodes; read-only
+/// but for WritablePaths and the single device nodes; noexec for all but the executable and the runtime folders.
+static struct mount_attr grant_attr(enum grant_kind kind) {
+    struct mount_attr attr = {.attr_set = MOUNT_ATTR_NOSUID};
+    switch (kind) {
+    case GRANT_RUNTIME: case GRANT_EXECUTABLE: attr.attr_set |= MOUNT_ATTR_RDONLY | MOUNT_ATTR_NODEV; break;
+    case GRANT_READ: attr.attr_set |= MOUNT_ATTR_RDONLY | MOUNT_ATTR_NODEV | MOUNT_ATTR_NOEXEC; break;
+    case GRANT_WRITE: attr.attr_set |= MOUNT_ATTR_NODEV | MOUNT_ATTR_NOEXEC; break;
+    case GRANT_DEVICE: break;
+    case GRANT_DEVICES: attr.attr_set |= MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOEXEC; break;  // no new node in /dev
+    case GRANT_MASK: break;  // not a bind (`mask`)
+    }
+    return attr;
 }
 
 /// Opens `source` (NULL: `path`) as the grant of `path`. Returns whether it was added (a missing or unclean
@@ -107,7 +128,12 @@ static int add_grant_from(const char *source, const char *path, enum grant_kind 
     }
     // A detached clone of what the path names now: one system call instead of a bind through /proc/self/fd, and
     // its restrictions are set before it is attached (mount_setattr), without a remount.
-    g->fd = (int)syscall(SYS_open_tree, AT_FDCWD, path, OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC);
+    // Linux 6.15's open_tree_attr restricts the clone as it makes it; older kernels do it with mount_setattr.
+    struct mount_attr attr = grant_attr(kind);
+    g->fd = (int)syscall(SYS_open_tree_attr, AT_FDCWD, path, OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC, &attr, sizeof attr);
+    g->restricted = g->fd >= 0;
+    if (g->fd < 0 && errno == ENOSYS)
+        g->fd = (int)syscall(SYS_open_tree, AT_FDCWD, path, OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC);
     g->cloned = g->fd >= 0;
     if (g->fd < 0 && errno == ENOSYS) g->fd = open(path, O_PATH | O_CLOEXEC);
     if (g->fd < 0) {
@@ -222,17 +248,9 @@ static int bind(struct grant *g, const char **why) {
     int error = make_target(target, g->directory);
     if (error) return fail(why, "cannot make a mount point in the new root", error);
     if (g->cloned) {
-        struct mount_attr attr = {.attr_set = MOUNT_ATTR_NOSUID};
-        switch (g->kind) {
-        case GRANT_RUNTIME: case GRANT_EXECUTABLE: attr.attr_set |= MOUNT_ATTR_RDONLY | MOUNT_ATTR_NODEV; break;
-        case GRANT_READ: attr.attr_set |= MOUNT_ATTR_RDONLY | MOUNT_ATTR_NODEV | MOUNT_ATTR_NOEXEC; break;
-        case GRANT_WRITE: attr.attr_set |= MOUNT_ATTR_NODEV | MOUNT_ATTR_NOEXEC; break;
-        case GRANT_DEVICE: break;
-        case GRANT_DEVICES: attr.attr_set |= MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOEXEC; break;  // no new node in /dev
-        case GRANT_MASK: break;  // not a bind (`mask`)
-        }
         // Flags are only added: what the source mount has locked stays set.
-        if (syscall(SYS_mount_setattr, g->fd, "", AT_EMPTY_PATH, &attr, sizeof attr) != 0)
+        struct mount_attr attr = grant_attr(g->kind);
+        if (!g->restricted && syscall(SYS_mount_setattr, g->fd, "", AT_EMPTY_PATH, &attr, sizeof attr) != 0)
             return fail(why, "cannot restrict a grant (mount_setattr)", errno);
         if (syscall(SYS_move_mount, g->fd, "", AT_FDCWD, target, MOVE_MOUNT_F_EMPTY_PATH) != 0)
             return fail(why, "cannot attach a grant in the new root (move_mount)", errno);
@@ -296,12 +314,19 @@ static void run_init(void *unused) {
     struct pollfd pfd = {.fd = alive, .events = POLLIN};
     struct timespec now = {0, 0};
     if (RAW(SYS_ppoll, &pfd, 1, &now, NULL) > 0) RAW(SYS_exit_group, 0, 0, 0, 0);
-    // SIGCHLD stays blocked, so that it is queued (its default is to be discarded) and taken below.
+    // SIGCHLD stays blocked and is read from a signalfd, so that one wait sees both a child's death and the
+    // launcher's end (`alive` at end-of-file: another copy of its write end, such as the worker's before it
+    // closes it, may have outlived the check above).
     unsigned long child = 1UL << (SIGCHLD - 1);
     RAW(SYS_rt_sigprocmask, SIG_BLOCK, &child, NULL, sizeof child);
+    int deaths = (int)RAW(SYS_signalfd4, -1, &child, sizeof child, SFD_CLOEXEC | SFD_NONBLOCK);
+    struct pollfd watched[2] = {{.fd = alive, .events = POLLIN}, {.fd = deaths, .events = POLLIN}};
     for (;;) {
         while (RAW(SYS_wait4, -1, NULL, WNOHANG, NULL) > 0) {}
-        RAW(SYS_rt_sigtimedwait, &child, NULL, NULL, sizeof child);
+        if (RAW(SYS_ppoll, watched, deaths >= 0 ? 2 : 1, NULL, NULL) > 0 && watched[0].revents)
+            RAW(SYS_exit_group, 0, 0, 0, 0);
+        unsigned char drained[128];  // one signalfd_siginfo
+        while (deaths >= 0 && RAW(SYS_read, deaths, drained, sizeof drained, 0) > 0) {}
     }
 }
 
