@@ -108,6 +108,9 @@ final class ProbeTargets: @unchecked Sendable {
             "inotify:\(folder)", "list:/", "list:/dev",
             // Other processes: not in the worker's pid namespace.
             "prlimit:\(me)", "renice:\(me)", "affinity:\(me)", "cmdline:\(me)", "prlimit:1", "signal:1",
+            // Pid 1 shares the launcher's memory (CLONE_VM): the worker may not open it, read its environment or
+            // trace it.
+            "procmem:1", "environ:1", "ptrace:1",
             // The machine, read through /proc: its sockets, mounts and processes.
             "sees:/proc/net/unix=\(folder)/socket", "sees:/proc/1/mountinfo=\(folder)", "sees:/proc/self/mountinfo=\(folder)",
             "sees:/proc/1/net/unix=\(folder)/socket",
