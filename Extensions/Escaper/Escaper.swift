@@ -295,7 +295,7 @@ enum Attempts {
 
     /// What the worker runs under, read from /proc/self/status: seccomp mode, no_new_privs, capabilities.
     static func layers() -> String {
-        var text = "allowed: pid \(getpid()) ppid \(getppid())"
+        var text = "allowed: pid \(getpid()) ppid \(getppid()) uid \(getuid())"
         let fd = open("/proc/self/status", O_RDONLY | O_CLOEXEC)
         guard fd >= 0 else { return text + " (status unreadable: \(describe(errno)))" }
         defer { close(fd) }

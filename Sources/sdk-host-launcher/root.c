@@ -50,8 +50,7 @@ struct grant {
     enum grant_kind kind;
     int fd;           // a detached clone of the source (open_tree), or O_PATH on it where the kernel has no
                       // open_tree; made before any mount
-    int cloned;       // fd is a detached clone, attached with move_mount
-    int restricted;   // the clone has its mount flags already (open_tree_attr)
+    int cloned;       // fd is a detached clone with its mount flags set, attached with move_mount
     int directory;    // the source is a folder
     char link[256];   // a relative symbolic link without "..", copied as a link instead of bound
     int absent;       // a masked folder that is not in the new root: nothing was mounted
@@ -126,16 +125,25 @@ static int add_grant_from(const char *source, const char *path, enum grant_kind 
         }
         g->link[0] = 0;
     }
-    // A detached clone of what the path names now: one system call instead of a bind through /proc/self/fd, and
-    // its restrictions are set before it is attached (mount_setattr), without a remount.
-    // Linux 6.15's open_tree_attr restricts the clone as it makes it; older kernels do it with mount_setattr.
+    // A detached clone of what the path names now, restricted as it is made (Linux 6.15's open_tree_attr): one
+    // system call instead of a bind through /proc/self/fd and a remount. Where that call is missing or refused
+    // (an older kernel, a filter that refuses numbers it does not know), open_tree and mount_setattr (5.12)
+    // do the same in two; without mount_setattr, the grant is an O_PATH descriptor bound and remounted later.
+    // A path that is not there (or not the worker's to reach) is the same answer whichever call gives it.
     struct mount_attr attr = grant_attr(kind);
     g->fd = (int)syscall(SYS_open_tree_attr, AT_FDCWD, path, OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC, &attr, sizeof attr);
-    g->restricted = g->fd >= 0;
-    if (g->fd < 0 && errno == ENOSYS)
-        g->fd = (int)syscall(SYS_open_tree, AT_FDCWD, path, OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC);
     g->cloned = g->fd >= 0;
-    if (g->fd < 0 && errno == ENOSYS) g->fd = open(path, O_PATH | O_CLOEXEC);
+    if (g->fd < 0 && errno != ENOENT && errno != ENOTDIR && errno != EACCES && errno != ELOOP) {
+        g->fd = (int)syscall(SYS_open_tree, AT_FDCWD, path, OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC);
+        if (g->fd >= 0 && syscall(SYS_mount_setattr, g->fd, "", AT_EMPTY_PATH, &attr, sizeof attr) != 0) {
+            int error = errno;
+            close(g->fd);
+            g->fd = -1;
+            errno = error;
+        }
+        g->cloned = g->fd >= 0;
+        if (g->fd < 0 && errno == ENOSYS) g->fd = open(path, O_PATH | O_CLOEXEC);
+    }
     if (g->fd < 0) {
         note_skipped(skipped, skipped_size, path, errno);
         return 0;
@@ -248,10 +256,7 @@ static int bind(struct grant *g, const char **why) {
     int error = make_target(target, g->directory);
     if (error) return fail(why, "cannot make a mount point in the new root", error);
     if (g->cloned) {
-        // Flags are only added: what the source mount has locked stays set.
-        struct mount_attr attr = grant_attr(g->kind);
-        if (!g->restricted && syscall(SYS_mount_setattr, g->fd, "", AT_EMPTY_PATH, &attr, sizeof attr) != 0)
-            return fail(why, "cannot restrict a grant (mount_setattr)", errno);
+        // Restricted when it was cloned (flags only added: what the source mount has locked stays set).
         if (syscall(SYS_move_mount, g->fd, "", AT_FDCWD, target, MOVE_MOUNT_F_EMPTY_PATH) != 0)
             return fail(why, "cannot attach a grant in the new root (move_mount)", errno);
         return 0;
@@ -320,14 +325,36 @@ static void run_init(void *unused) {
     unsigned long child = 1UL << (SIGCHLD - 1);
     RAW(SYS_rt_sigprocmask, SIG_BLOCK, &child, NULL, sizeof child);
     int deaths = (int)RAW(SYS_signalfd4, -1, &child, sizeof child, SFD_CLOEXEC | SFD_NONBLOCK);
+    // A pid 1 that cannot see its children die would leave them zombies: none at all, then (the worker's start
+    // in a namespace without its pid 1 fails, and so does the launch).
+    if (deaths < 0) RAW(SYS_exit_group, 0, 0, 0, 0);
     struct pollfd watched[2] = {{.fd = alive, .events = POLLIN}, {.fd = deaths, .events = POLLIN}};
     for (;;) {
         while (RAW(SYS_wait4, -1, NULL, WNOHANG, NULL) > 0) {}
-        if (RAW(SYS_ppoll, watched, deaths >= 0 ? 2 : 1, NULL, NULL) > 0 && watched[0].revents)
+        if (RAW(SYS_ppoll, watched, 2, NULL, NULL) > 0 && watched[0].revents)
             RAW(SYS_exit_group, 0, 0, 0, 0);
         unsigned char drained[128];  // one signalfd_siginfo
-        while (deaths >= 0 && RAW(SYS_read, deaths, drained, sizeof drained, 0) > 0) {}
+        while (RAW(SYS_read, deaths, drained, sizeof drained, 0) > 0) {}
     }
+}
+
+/// setns into each of pid 1's namespaces in `flags`, through its /proc files, the user namespace first.
+static int join_one_by_one(pid_t init, int flags) {
+    static const struct { int flag; const char *name; } order[] = {
+        {CLONE_NEWUSER, "user"}, {CLONE_NEWPID, "pid"}, {CLONE_NEWNS, "mnt"}, {CLONE_NEWIPC, "ipc"},
+        {CLONE_NEWUTS, "uts"}, {CLONE_NEWNET, "net"},
+    };
+    for (size_t i = 0; i < sizeof order / sizeof order[0]; i++) {
+        if (!(flags & order[i].flag)) continue;
+        char path[64];
+        snprintf(path, sizeof path, "/proc/%d/ns/%s", (int)init, order[i].name);
+        int fd = open(path, O_RDONLY | O_CLOEXEC);
+        if (fd < 0) return errno;
+        int error = syscall(SYS_setns, fd, order[i].flag) == 0 ? 0 : errno;
+        close(fd);
+        if (error) return error;
+    }
+    return 0;
 }
 
 int make_namespaces(const struct profile *p, int alive, pid_t *init_out, const char **why) {
@@ -367,12 +394,21 @@ int make_namespaces(const struct profile *p, int alive, pid_t *init_out, const c
     if (error == 0) error = write_map(path, map);
     const char *step = "cannot write the user namespace's uid and gid maps";
     // Every namespace of pid 1 at once (the user namespace first), so that the worker is cloned into them as the
-    // launcher's own child, with nothing left to join.
+    // launcher's own child, with nothing left to join. Before Linux 5.8 setns takes one namespace file at a time.
     if (error == 0 && syscall(SYS_setns, pidfd, flags) != 0) {
-        error = errno;
+        error = errno == EINVAL ? join_one_by_one(init, flags) : errno;
         step = "setns into pid 1's namespaces refused";
     }
     close(pidfd);
+    // Pid 1 shares this memory, and the worker may share the launcher's uid. What keeps the worker from opening
+    // it (/proc/1/mem, environ) or tracing it is, besides seccomp and Landlock, that pid 1 holds every capability
+    // in their user namespace and the worker none; undumpable memory refuses it whatever the uids and
+    // capabilities. Set once the maps are written (an unprivileged launcher writes pid 1's maps as the owner of
+    // its /proc files, which this takes away); the extension's own memory after its execve has its own flag.
+    if (error == 0 && prctl(PR_SET_DUMPABLE, 0, 0, 0, 0) != 0) {
+        error = errno;
+        step = "prctl(PR_SET_DUMPABLE, 0) refused";
+    }
     close(go[1]);  // pid 1 goes on (or, on failure, finds the launcher's pipe still open and is killed below)
     if (error) {
         kill(init, SIGKILL);
