@@ -469,10 +469,13 @@ import Glibc
     }
 
 
-    /// A kernel without Landlock, simulated for real: the CLI runs under a seccomp filter (installed by a few
-    /// lines of Python) that answers landlock_create_ruleset with ENOSYS, as an old kernel does.
-    @Test(.enabled(if: python3 != nil, "needs python3"))
-    func strictRefusesToLaunchWithoutALayerAndBestEffortRunsWithoutIt() async throws {
+    /// An install of the CLI with Escaper as strict (`com.example.escaper`) and bestEffort
+    /// (`com.example.escaper-best-effort`), and a Python script there that installs the classic BPF `program` (a
+    /// Python expression over `insn(code, k, jt, jf)`) as a seccomp filter and execs its arguments: a kernel without
+    /// some sandbox layer, simulated for real. `request(id, attempt, asNobody)` runs `sdk-host request` under it.
+    private func filteredInstall(_ name: String, program: String) throws
+        -> (folder: String, request: (String, String, Bool) async throws -> (Int32?, String))
+    {
         let bestEffort = """
             <?xml version="1.0" encoding="UTF-8"?>
             <plist version="1.0"><dict>
@@ -485,98 +488,77 @@ import Glibc
             </dict></plist>
             """
         let folder = try portableInstall(["BestEffort": bestEffort])
-        defer { removeFolder(folder) }
-        writeFile("\(folder)/no-landlock.py", """
+        let script = "\(folder)/\(name).py"
+        writeFile(script, """
             import ctypes, os, struct, sys
             libc = ctypes.CDLL(None, use_errno=True)
             def insn(code, k, jt=0, jf=0): return struct.pack("HBBI", code, jt, jf, k)
-            # ld nr; if nr == landlock_create_ruleset (444): return ENOSYS; else allow
-            program = insn(0x20, 0) + insn(0x15, 444, 0, 1) + insn(0x06, 0x00050000 | 38) + insn(0x06, 0x7fff0000)
+            program = \(program)
             buffer = ctypes.create_string_buffer(program)
             class Program(ctypes.Structure): _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
-            fprog = Program(4, ctypes.addressof(buffer))
+            fprog = Program(len(program) // 8, ctypes.addressof(buffer))
             if libc.prctl(38, 1, 0, 0, 0) != 0 or libc.prctl(22, 2, ctypes.byref(fprog), 0, 0) != 0:
                 sys.exit("cannot install the filter")
             os.execv(sys.argv[1], sys.argv[1:])
             """)
-        func withoutLandlock(_ id: String, _ attempt: String) async throws -> (Int32?, String) {
-            let (status, out, err) = try await run(
-                ["/usr/bin/env", "SDKHOST_EXTENSIONS=\(folder)/Extensions", try #require(python3), "\(folder)/no-landlock.py",
-                 "\(folder)/sdk-host", "request", id, "--embedded", "--text", attempt, "--timeout", "60"], raw: true)
+        let python = try #require(python3)
+        return (folder, { id, attempt, asNobody in
+            let nobody = asNobody ? ["/usr/bin/setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"] : []
+            let (status, out, err) = try await self.run(
+                ["/usr/bin/env", "SDKHOST_EXTENSIONS=\(folder)/Extensions"] + nobody + [python, script, "\(folder)/sdk-host",
+                 "request", id, "--embedded", "--text", attempt, "--timeout", "60"], raw: true)
             return (status, out + err)
-        }
-        let (strictStatus, strict) = try await withoutLandlock("com.example.escaper", "layers")
+        })
+    }
+
+    /// A kernel without Landlock: the filter answers landlock_create_ruleset with ENOSYS, as an old kernel does.
+    @Test(.enabled(if: python3 != nil, "needs python3"))
+    func strictRefusesToLaunchWithoutALayerAndBestEffortRunsWithoutIt() async throws {
+        // ld nr; if nr == landlock_create_ruleset (444): return ENOSYS; else allow
+        let (folder, request) = try filteredInstall("no-landlock", program:
+            "insn(0x20, 0) + insn(0x15, 444, 0, 1) + insn(0x06, 0x00050000 | 38) + insn(0x06, 0x7fff0000)")
+        defer { removeFolder(folder) }
+        let (strictStatus, strict) = try await request("com.example.escaper", "layers", false)
         #expect(strictStatus == 4, "\(strict)")
         #expect(strict.contains("launch failed: sandbox: landlock unavailable: the kernel has no Landlock"), "\(strict)")
         // bestEffort runs with the rest (seccomp still answers). A file outside the grants stays out of reach
         // without Landlock: the worker's root does not hold it.
-        let (status, layers) = try await withoutLandlock("com.example.escaper-best-effort", "layers")
+        let (status, layers) = try await request("com.example.escaper-best-effort", "layers", false)
         #expect(status == 0 && layers.contains("seccomp 2"), "\(layers)")
-        let (_, fork) = try await withoutLandlock("com.example.escaper-best-effort", "fork")
+        let (_, fork) = try await request("com.example.escaper-best-effort", "fork", false)
         #expect(fork.contains("refused"), "\(fork)")
-        let (_, shadow) = try await withoutLandlock("com.example.escaper-best-effort", "read:\(folder)/no-landlock.py")
+        let (_, shadow) = try await request("com.example.escaper-best-effort", "read:\(folder)/no-landlock.py", false)
         #expect(shadow.contains("refused: errno 2"), "without Landlock the new root still holds only grants: \(shadow)")
         // An unprivileged host's worker has the launcher's uid, and pid 1 shares the launcher's memory: without
         // Landlock's ptrace scoping, what keeps the worker out of it is pid 1's capabilities in their user namespace
         // (the worker has none) and that memory being undumpable.
         if geteuid() == 0 {
             for attempt in ["procmem:1", "environ:1"] {
-                let (_, out, err) = try await run(
-                    ["/usr/bin/env", "SDKHOST_EXTENSIONS=\(folder)/Extensions", "/usr/bin/setpriv", "--reuid=65534",
-                     "--regid=65534", "--clear-groups", try #require(python3), "\(folder)/no-landlock.py", "\(folder)/sdk-host",
-                     "request", "com.example.escaper-best-effort", "--embedded", "--text", attempt, "--timeout", "60"], raw: true)
-                #expect(out.contains("refused: errno 13"), "\(attempt): \(out) \(err)")
+                let (_, out) = try await request("com.example.escaper-best-effort", attempt, true)
+                #expect(out.contains("refused: errno 13"), "\(attempt): \(out)")
             }
         }
     }
 
-    /// A kernel that makes no namespaces, simulated the same way (clone with CLONE_NEWUSER answered EPERM): strict
-    /// refuses to launch; bestEffort runs without them, and a root host's worker still never runs as root (its
-    /// TMPDIR, the host's folder, is its own to write).
+    /// A kernel that makes no namespaces: the filter answers a clone with CLONE_NEWUSER with EPERM. Strict refuses
+    /// to launch; bestEffort runs without them, and a root host's worker still never runs as root (its TMPDIR, the
+    /// host's folder, is its own to write).
     @Test(.enabled(if: python3 != nil, "needs python3"))
     func withoutNamespacesStrictRefusesAndBestEffortNeverRunsAsRoot() async throws {
-        let bestEffort = """
-            <?xml version="1.0" encoding="UTF-8"?>
-            <plist version="1.0"><dict>
-              <key>CFBundleIdentifier</key><string>com.example.escaper-best-effort</string>
-              <key>NSExtension</key><dict>
-                <key>NSExtensionPointIdentifier</key><string>com.sdk-host.service</string>
-                <key>NSExtensionExecutable</key><string>Escaper</string>
-                <key>SDKHostPolicy</key><dict><key>Sandbox</key><string>bestEffort</string></dict>
-              </dict>
-            </dict></plist>
-            """
-        let folder = try portableInstall(["BestEffort": bestEffort])
+        // ld nr; if nr == clone (56): ld flags; if flags & CLONE_NEWUSER: return EPERM; allow
+        let (folder, request) = try filteredInstall("no-namespaces", program:
+            "insn(0x20, 0) + insn(0x15, 56, 0, 3) + insn(0x20, 16) + insn(0x45, 0x10000000, 0, 1)"
+            + " + insn(0x06, 0x00050000 | 1) + insn(0x06, 0x7fff0000)")
         defer { removeFolder(folder) }
-        writeFile("\(folder)/no-namespaces.py", """
-            import ctypes, os, struct, sys
-            libc = ctypes.CDLL(None, use_errno=True)
-            def insn(code, k, jt=0, jf=0): return struct.pack("HBBI", code, jt, jf, k)
-            # ld nr; if nr == clone (56): ld flags; if flags & CLONE_NEWUSER: return EPERM; allow
-            program = (insn(0x20, 0) + insn(0x15, 56, 0, 3) + insn(0x20, 16) + insn(0x45, 0x10000000, 0, 1)
-                       + insn(0x06, 0x00050000 | 1) + insn(0x06, 0x7fff0000))
-            buffer = ctypes.create_string_buffer(program)
-            class Program(ctypes.Structure): _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
-            fprog = Program(6, ctypes.addressof(buffer))
-            if libc.prctl(38, 1, 0, 0, 0) != 0 or libc.prctl(22, 2, ctypes.byref(fprog), 0, 0) != 0:
-                sys.exit("cannot install the filter")
-            os.execv(sys.argv[1], sys.argv[1:])
-            """)
-        func withoutNamespaces(_ id: String, _ attempt: String) async throws -> (Int32?, String) {
-            let (status, out, err) = try await run(
-                ["/usr/bin/env", "SDKHOST_EXTENSIONS=\(folder)/Extensions", try #require(python3), "\(folder)/no-namespaces.py",
-                 "\(folder)/sdk-host", "request", id, "--embedded", "--text", attempt, "--timeout", "60"], raw: true)
-            return (status, out + err)
-        }
-        let (strictStatus, strict) = try await withoutNamespaces("com.example.escaper", "layers")
+        let (strictStatus, strict) = try await request("com.example.escaper", "layers", false)
         #expect(strictStatus == 4, "\(strict)")
         #expect(strict.contains("launch failed: sandbox: namespaces unavailable"), "\(strict)")
-        let (status, layers) = try await withoutNamespaces("com.example.escaper-best-effort", "layers")
+        let (status, layers) = try await request("com.example.escaper-best-effort", "layers", false)
         let worker = geteuid() == 0 ? 65534 : getuid()
         #expect(status == 0 && layers.contains("uid \(worker) ") && layers.contains("seccomp 2"), "\(layers)")
-        let (_, tmpdir) = try await withoutNamespaces("com.example.escaper-best-effort", "tmpdir")
+        let (_, tmpdir) = try await request("com.example.escaper-best-effort", "tmpdir", false)
         #expect(tmpdir.contains("allowed: wrote"), "\(tmpdir)")
-        let (_, fork) = try await withoutNamespaces("com.example.escaper-best-effort", "fork")
+        let (_, fork) = try await request("com.example.escaper-best-effort", "fork", false)
         #expect(fork.contains("refused"), "\(fork)")
     }
 }
