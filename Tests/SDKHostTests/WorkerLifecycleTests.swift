@@ -76,6 +76,29 @@ import Testing
                              shuttingDown: false).requeuesRequests)
     }
 
+    @Test func halfAFrameLeftOnTheSocketOfAnExitedWorkerIsWhyItsRequestsEnd() {
+        // Its exit notice came first (the kernel walks the robust list before it closes the socket), then the
+        // host read half a frame: a truncated frame, not a clean exit 0.
+        var life = WorkerLifecycle()
+        _ = life.welcome()
+        life.brokeProtocolAfterEnd("too early")
+        #expect(life.violationAfterEnd == nil, "a running worker is killed for a violation instead")
+        _ = life.noticeExit(.exited(0))
+        life.brokeProtocolAfterEnd("truncated frame")
+        life.brokeProtocolAfterEnd("a second one")
+        #expect(Self.ending(life, .exited(0)) == .init(reason: .protocolViolation("truncated frame"), crashed: true,
+                                                       diedOnItsOwn: true, requeuesRequests: false))
+        // Idle when it did so: a crash all the same.
+        #expect(Self.ending(life, .exited(0), requests: false).crashed)
+        // Killed by the host first: that reason stands.
+        var killed = WorkerLifecycle()
+        _ = killed.welcome()
+        _ = killed.markKilled(.hang)
+        _ = killed.reaped(.signaled(9))
+        killed.brokeProtocolAfterEnd("truncated frame")
+        #expect(Self.ending(killed, .signaled(9)).reason == .hang)
+    }
+
     @Test func theHistoryKeepsTheLastChanges() {
         var life = WorkerLifecycle()
         _ = life.welcome()

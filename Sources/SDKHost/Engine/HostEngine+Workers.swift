@@ -252,9 +252,17 @@ extension HostEngine {
     // MARK: Failure and death
 
     func protocolViolation(_ worker: WorkerProcess, _ detail: String) {
+        worker.connection.close()
+        if worker.lifecycle.isOver {
+            // Found in what it left on its socket, read after its exit: nothing to kill, but its requests end
+            // for this rather than for its exit status (unless the host had killed it: that reason stands).
+            guard worker.lifecycle.brokeProtocolAfterEnd(detail) else { return }
+            log(.error, "\(worker.extensionID) pid \(worker.pid) broke the protocol: \(detail)")
+            count(worker.extensionID, \.protocolViolations)
+            return
+        }
         log(.error, "\(worker.extensionID) pid \(worker.pid) broke the protocol: \(detail); killing it")
         count(worker.extensionID, \.protocolViolations)
-        worker.connection.close()
         kill(worker, .protocolViolation(detail))
     }
 
@@ -318,8 +326,14 @@ extension HostEngine {
         for timer in [worker.idleTimer, worker.exitTimer, worker.reapPollTimer].compactMap({ $0 }) { loop.cancelTimer(timer) }
         for timer in worker.cancelTimers.values { loop.cancelTimer(timer) }
         worker.cancelTimers.removeAll()
-        // Replies already written before the exit still count: a completed request is completed.
+        // Replies already written before the exit still count: a completed request is completed. Half a frame
+        // left is a truncated frame, whether the socket's end was read (the process is gone) or not yet (its exit
+        // notice came first: it is exiting, and writes nothing more).
         worker.connection.drain()
+        if worker.connection.isOpen, worker.connection.unfinishedFrameBytes > 0 {
+            protocolViolation(worker, "truncated frame: the worker exited with "
+                + "\(worker.connection.unfinishedFrameBytes) byte(s) of a frame unread")
+        }
 
         let inFlight = Array(worker.inFlight).sorted { $0.uuidString < $1.uuidString }
         worker.inFlight.removeAll()

@@ -47,6 +47,9 @@ struct WorkerLifecycle {
     private(set) var welcomed = false
     /// Why the host killed it, and whether for ignoring a cancel (the host's decision, not a death on its own).
     private(set) var kill: (reason: InterruptionReason, forCancel: Bool)?
+    /// A protocol violation found in what it left on its socket, read after its end (a truncated frame, say):
+    /// why its requests end, as a kill's reason would be, unless the host had killed it first.
+    private(set) var violationAfterEnd: String?
     /// Why it was recycled, if it was.
     private(set) var recycleReason: String?
     /// Whether it was retired (asked to exit) before it ended.
@@ -131,6 +134,15 @@ struct WorkerLifecycle {
         return move(to: .killed, because: "killed: \(reason)" + (forCancel ? " (ignored a cancel)" : ""))
     }
 
+    /// What it left on its socket, read once it was over, broke the protocol. Returns whether that is why it
+    /// ended: not when the host had killed it already, or another violation came first.
+    @discardableResult
+    mutating func brokeProtocolAfterEnd(_ detail: String) -> Bool {
+        guard isOver, kill == nil, violationAfterEnd == nil else { return false }
+        violationAfterEnd = detail
+        return true
+    }
+
     /// Its exit notice says the kernel is tearing it down with `status`.
     mutating func noticeExit(_ status: ExitStatus) -> Bool { move(to: .exiting, because: "exit notice: \(status)") }
 
@@ -175,6 +187,8 @@ struct WorkerLifecycle {
             reason = .launchFailed(launchFailure)
         } else if let kill {
             reason = kill.reason
+        } else if let violationAfterEnd {
+            reason = .protocolViolation(violationAfterEnd)
         } else {
             switch status {
             case .signaled(let sig): reason = .signal(sig)
@@ -182,7 +196,7 @@ struct WorkerLifecycle {
             case nil: reason = .exited(-1)
             }
         }
-        let clean = status == .exited(0) && !hadRequests && kill == nil
+        let clean = status == .exited(0) && !hadRequests && kill == nil && violationAfterEnd == nil
         let stoppedByHost = retired && (kill == nil || kill?.reason == .hostShutdown)
         let crashed = !(clean || stoppedByHost)
         let onItsOwn: Bool

@@ -115,6 +115,8 @@ package final class FramedConnection {
 
     /// True until the connection is closed.
     package var isOpen: Bool { descriptor != nil }
+    /// Bytes read of a frame not yet whole.
+    package var unfinishedFrameBytes: Int { reader.bufferedByteCount }
 
     /// Starts watching the socket. `onMessage` receives each message in order; `onEnd` is called once, after
     /// which the connection is closed and calls neither again.
