@@ -66,7 +66,8 @@ extension FaultTests {
                 let (ext, recorder) = try recordedExtension(host, crasher)
                 let id = ext.beginRequest(withInputItems: [ExtensionItem(title: c.fault)], deadline: 2)
                 let outcome = await recorder.wait(for: id)
-                #expect(outcome.map(c.expected) == true, "\(c.fault): \(String(describing: outcome))")
+                #expect(outcome.map(c.expected) == true,
+                        "\(c.fault): \(String(describing: outcome)); log: \(log.all.suffix(8).joined(separator: " | "))")
 
                 // The host is still serving: a new request on the same extension completes.
                 let next = ext.beginRequest(withInputItems: [ExtensionItem(title: "echo")])

@@ -16,7 +16,7 @@ extension FaultTests {
         /// the next request gets a new worker.
         @Test(arguments: [SIGKILL, SIGSEGV, SIGABRT])
         func thePythonEchoDiesOfWhatKillsIt(_ signal: Int32) async throws {
-            try await withHost { host, _ in
+            try await withHost { host, log in
                 let (ext, recorder) = try recordedExtension(host, "com.example.echo-python")
                 // A ready worker: killed before its handshake, its request would go to the next worker instead.
                 let ready = try await ext.prewarm()
@@ -28,7 +28,8 @@ extension FaultTests {
                 #expect(await recorder.wait(for: id) == .interrupted(.signal(signal)))
                 let next = ext.beginRequest(withInputItems: [ExtensionItem(title: "again")])
                 let nextOutcome = await recorder.wait(for: next)
-                #expect(nextOutcome == .completed([ExtensionItem(title: "again")]), "\(String(describing: nextOutcome))")
+                #expect(nextOutcome == .completed([ExtensionItem(title: "again")]),
+                        "\(String(describing: nextOutcome)); log: \(log.all.suffix(8).joined(separator: " | "))")
                 let (stats, crashes, _) = await host.inspect()
                 #expect(crashes.count == 1 && crashes.first?.inFlightRequests == [id], "\(crashes)")
                 #expect(stats.spawns == 2)
