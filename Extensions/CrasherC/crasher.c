@@ -80,6 +80,17 @@ static void append_forged(const char *type, const char *id, const char *title, c
     sdkhost_value_free(&m);
 }
 
+/* Writes `m` as one frame, raw, and frees it. */
+static void write_message(sdkhost_value *m) {
+    uint8_t *frame;
+    size_t n;
+    if (sdkhost_frame_encode(m, &frame, &n) == 0) {
+        write_raw(frame, n);
+        free(frame);
+    }
+    sdkhost_value_free(m);
+}
+
 static void write_forged(const char *type, const char *id, const char *title) {
     char *frames = NULL;
     size_t length = 0;
@@ -298,13 +309,7 @@ static void fault_at_start(void) {
         sdkhost_dictionary_set(&m, "version", sdkhost_integer(1));
         sdkhost_dictionary_set(&m, "identifier", sdkhost_string("com.example.crasher-c"));
         sdkhost_dictionary_set(&m, "pid", sdkhost_integer(getpid()));
-        uint8_t *frame;
-        size_t n;
-        if (sdkhost_frame_encode(&m, &frame, &n) == 0) {
-            write_raw(frame, n);
-            free(frame);
-        }
-        sdkhost_value_free(&m);
+        write_message(&m);
     }
     if (strcmp(fault, "call-early") == 0) {
         char id[37];
@@ -315,13 +320,7 @@ static void fault_at_start(void) {
         sdkhost_dictionary_set(&m, "call", sdkhost_integer(1));
         sdkhost_dictionary_set(&m, "service", sdkhost_string("document.part"));
         sdkhost_dictionary_set(&m, "items", sdkhost_array());
-        uint8_t *frame;
-        size_t n;
-        if (sdkhost_frame_encode(&m, &frame, &n) == 0) {
-            write_raw(frame, n);
-            free(frame);
-        }
-        sdkhost_value_free(&m);
+        write_message(&m);
     }
     if (has_prefix(fault, "sleep:")) sleep_ms(number_after(fault + 6, 0));
 }

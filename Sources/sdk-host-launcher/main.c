@@ -266,7 +266,13 @@ static void apply_rlimits(void) {
     applied("rlimits");
 }
 
-/// In a forked child: die with the launcher; exit at once if it is already gone (`alive` is the read end of a
+/// Dies with the host; exits at once if the host is already gone (the launcher's parent is no longer it).
+static void die_with_host(void) {
+    prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0);
+    if (profile.host_pid > 0 && getppid() != (pid_t)profile.host_pid) _exit(0);
+}
+
+/// In the worker: die with the launcher; exit at once if it is already gone (`alive` is the read end of a
 /// pipe whose only writer is the launcher, so end-of-file means it has exited).
 static void die_with_launcher(int alive) {
     prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0);
@@ -442,8 +448,7 @@ static void confine_and_exec(void) {
             if (user_error == 0) applied("workerUser");
             else unavailable("workerUser", user_error, why ? why : "setgroups(0) refused");
             // A change of credentials clears the parent-death signal: set it again, and check the host is there.
-            prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0);
-            if (profile.host_pid > 0 && getppid() != (pid_t)profile.host_pid) _exit(0);
+            die_with_host();
         }
     }
     verify_executable();
@@ -502,8 +507,7 @@ int main(int argc, char **argv) {
     // New session: posix_spawn made us a session leader already (POSIX_SPAWN_SETSID); make sure of it.
     if (getsid(0) != getpid() && setsid() < 0) launch_failed("session: setsid failed: %s", strerror(errno));
     applied("session");
-    prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0);
-    if (profile.host_pid > 0 && getppid() != (pid_t)profile.host_pid) _exit(0);  // the host is already gone
+    die_with_host();
     applied("parentDeathSignal");
     apply_rlimits();
     if (profile.mode != SANDBOX_NONE) fork_into_namespace();

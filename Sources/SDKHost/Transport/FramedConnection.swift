@@ -115,8 +115,6 @@ package final class FramedConnection {
 
     /// True until the connection is closed.
     package var isOpen: Bool { descriptor != nil }
-    /// Bytes read of a frame not yet whole.
-    package var unfinishedFrameBytes: Int { reader.bufferedByteCount }
 
     /// Starts watching the socket. `onMessage` receives each message in order; `onEnd` is called once, after
     /// which the connection is closed and calls neither again.
@@ -186,6 +184,19 @@ package final class FramedConnection {
     /// collect a dying peer's last words). A budgeted drain also stops at a read that did not fill the buffer:
     /// the socket was empty a moment ago, and epoll, level-triggered, reports whatever arrives since. That saves
     /// the read that would only say EAGAIN: nearly half of all reads under load, before.
+    /// The peer is gone or going (its process is exiting): reads what is left. Half a frame left is a truncated
+    /// frame whether or not the end of file was read yet (a dying process's exit can be seen before its socket
+    /// closes, and it writes nothing more).
+    package func drainLast() {
+        drain()
+        let left = reader.bufferedByteCount
+        if isOpen, left > 0 { end(.badInput(Self.truncatedFrame(left))) }
+    }
+
+    static func truncatedFrame(_ left: Int) -> String {
+        "truncated frame: connection closed with \(left) byte(s) of a frame unread"
+    }
+
     package func drain(maxReads: Int = .max) {
         var reads = 0
         while isOpen, reads < maxReads, !readingPaused || maxReads == .max {
@@ -226,7 +237,7 @@ package final class FramedConnection {
             case .success(.endOfFile):
                 // Bytes of an unfinished frame at EOF: the peer sent a truncated frame.
                 let left = reader.bufferedByteCount
-                end(left > 0 ? .badInput("truncated frame: connection closed with \(left) byte(s) of a frame unread") : .endOfFile)
+                end(left > 0 ? .badInput(Self.truncatedFrame(left)) : .endOfFile)
             case .failure(let error):
                 end(.broken(error.description))
             }
