@@ -1,5 +1,6 @@
 // SHA-256 (FIPS 180-4) of a descriptor's contents, for the manifest's `ExecutableSHA256`: the launcher hashes
-// the very descriptor it then execs, so that the file cannot be swapped between the check and the exec.
+// the very descriptor it then execs, so that the file cannot be swapped between the check and the exec. Also
+// names a root template by the mount points it holds (root.c).
 // Written from the standard's text: the initial hash, the 64 round constants (the first 32 bits of the
 // fractional parts of the cube roots of the first 64 primes) and the message schedule.
 #include <errno.h>
@@ -55,36 +56,56 @@ static void compress(uint32_t state[8], const uint8_t block[64]) {
     state[4] += e; state[5] += f; state[6] += g; state[7] += h;
 }
 
-int sha256_descriptor(int fd, char hex[65]) {
-    static uint8_t buffer[1 << 16];
-    uint32_t state[8] = {0x6a09e667, 0xbb67ae85, 0x3c6ef372, 0xa54ff53a, 0x510e527f, 0x9b05688c, 0x1f83d9ab, 0x5be0cd19};
-    uint64_t total = 0;
-    size_t held = 0;  // bytes in buffer not yet compressed (fewer than 64 after each read)
-    for (;;) {
-        ssize_t n = read(fd, buffer + held, sizeof buffer - held);
-        if (n < 0 && errno == EINTR) continue;
-        if (n < 0) return errno;
-        if (n == 0) break;
-        total += (uint64_t)n;
-        held += (size_t)n;
-        size_t whole = held - held % 64;
-        for (size_t at = 0; at < whole; at += 64) compress(state, buffer + at);
-        memmove(buffer, buffer + whole, held - whole);
-        held -= whole;
+void sha256_start(struct sha256 *h) {
+    static const uint32_t initial[8] = {0x6a09e667, 0xbb67ae85, 0x3c6ef372, 0xa54ff53a, 0x510e527f, 0x9b05688c, 0x1f83d9ab, 0x5be0cd19};
+    memcpy(h->state, initial, sizeof initial);
+    h->total = 0;
+    h->held = 0;
+}
+
+void sha256_add(struct sha256 *h, const void *bytes, size_t n) {
+    const uint8_t *p = bytes;
+    h->total += n;
+    while (n > 0) {
+        size_t take = 64 - h->held < n ? 64 - h->held : n;
+        memcpy(h->block + h->held, p, take);
+        h->held += take;
+        p += take;
+        n -= take;
+        if (h->held == 64) {
+            compress(h->state, h->block);
+            h->held = 0;
+        }
     }
+}
+
+void sha256_finish(struct sha256 *h, char hex[65]) {
     // Padding: a 1 bit, zeros to 56 bytes mod 64, then the length in bits, big-endian.
-    buffer[held++] = 0x80;
-    size_t padded = held <= 56 ? 64 : 128;
-    memset(buffer + held, 0, padded - held);
-    uint64_t bits = total * 8;
-    for (int i = 0; i < 8; i++) buffer[padded - 1 - i] = (uint8_t)(bits >> (8 * i));
-    for (size_t at = 0; at < padded; at += 64) compress(state, buffer + at);
+    uint64_t bits = h->total * 8;
+    uint8_t pad[72] = {0x80};
+    size_t zeros = h->held < 56 ? 56 - h->held : 120 - h->held;
+    for (int i = 0; i < 8; i++) pad[zeros + 7 - i] = (uint8_t)(bits >> (8 * i));
+    sha256_add(h, pad, zeros + 8);
     static const char digits[] = "0123456789abcdef";
     for (int i = 0; i < 32; i++) {
-        uint8_t byte = (uint8_t)(state[i / 4] >> (24 - 8 * (i % 4)));
+        uint8_t byte = (uint8_t)(h->state[i / 4] >> (24 - 8 * (i % 4)));
         hex[2 * i] = digits[byte >> 4];
         hex[2 * i + 1] = digits[byte & 15];
     }
     hex[64] = 0;
+}
+
+int sha256_descriptor(int fd, char hex[65]) {
+    static uint8_t buffer[1 << 16];
+    struct sha256 h;
+    sha256_start(&h);
+    for (;;) {
+        ssize_t n = read(fd, buffer, sizeof buffer);
+        if (n < 0 && errno == EINTR) continue;
+        if (n < 0) return errno;
+        if (n == 0) break;
+        sha256_add(&h, buffer, (size_t)n);
+    }
+    sha256_finish(&h, hex);
     return 0;
 }

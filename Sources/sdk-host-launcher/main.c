@@ -206,6 +206,8 @@ static void read_profile(void) {
     timings = integer_for(&doc, "Timings", 0) != 0;
     profile.shared_network = integer_for(&doc, "SharedNetworkNamespace", 0) != 0 && !profile.network;
     profile.device_folder = string_for(&doc, "DeviceFolder", 0);
+    profile.root_templates = string_for(&doc, "RootTemplates", 0);
+    profile.root_templates_fd = -1;
     mark("start");
     if (profile.executable_sha256 && strlen(profile.executable_sha256) != 64)
         launch_failed("profile: ExecutableSHA256 must be 64 hex digits");
@@ -366,6 +368,7 @@ static void fork_into_namespace(void) {
         }
         close(NETWORK_NAMESPACE_FD);
     }
+    open_root_templates(&profile);
     if (error == 0) error = make_namespaces(&profile, alive[0], &init, &why);
     mark("namespaces");
     if (error != 0) {

@@ -18,6 +18,14 @@
 // Grants are bound read-only (ReadablePaths and the runtime folders; ReadablePaths and everything writable also
 // noexec), WritablePaths read-write; every bind is nosuid and nodev (but the four device nodes), and keeps the
 // flags its source mount has locked (a remount in a user namespace may not clear them).
+//
+// With RootTemplates (a folder the host made for this), the root is not a tmpfs whose mount points are made anew
+// for each worker (a mkdir costs ~4 us here, and a usual root needs twenty) but a read-only clone of a template:
+// a folder holding only the empty mount points of one set of grants, built by the first worker that needs it and
+// named by the SHA-256 of what it holds. The worker's TMPDIR and /proc are mounted on its /tmp and /proc, the
+// grants on the rest; nothing the worker can reach is the template's own but those empty folders and files, and
+// they are read-only. A grant inside another grant, inside TMPDIR or under a masked folder is bound as before,
+// on a mount point made in what is already there.
 #define _GNU_SOURCE
 #include "sandbox.h"
 
@@ -54,10 +62,13 @@ struct grant {
     int directory;    // the source is a folder
     char link[256];   // a relative symbolic link without "..", copied as a link instead of bound
     int absent;       // a masked folder that is not in the new root: nothing was mounted
+    int templated;    // its mount point (or copied link) is in the root's template, not made at each launch
 };
 
 static struct grant grants[MAX_GRANTS];
 static size_t grant_count;
+/// A read-only clone of the root's template (RootTemplates), attached as the new root; -1: a tmpfs root.
+static int template_fd = -1;
 
 static int fail(const char **why, const char *text, int error) {
     *why = text;
@@ -248,12 +259,13 @@ static int bind(struct grant *g, const char **why) {
     static char target[4096], source[64];
     if (g->kind == GRANT_MASK) return mask(g, why);
     snprintf(target, sizeof target, ROOT "%s", g->path);
+    if (g->templated && g->link[0]) return 0;  // copied into the template
     if (g->link[0]) {
         int error = make_parents(target);
         if (error == 0 && syscall(SYS_symlinkat, g->link, AT_FDCWD, target) != 0 && errno != EEXIST) error = errno;
         return error ? fail(why, "cannot copy a symbolic link into the new root", error) : 0;
     }
-    int error = make_target(target, g->directory);
+    int error = g->templated ? 0 : make_target(target, g->directory);
     if (error) return fail(why, "cannot make a mount point in the new root", error);
     if (g->cloned) {
         // Restricted when it was cloned (flags only added: what the source mount has locked stays set).
@@ -429,6 +441,203 @@ int become_worker_user(const struct profile *p, const char **why) {
     return 0;
 }
 
+// MARK: The root's template
+
+void open_root_templates(struct profile *p) {
+    p->root_templates_fd = -1;
+    if (!p->root_templates || !clean_path(p->root_templates)) return;
+    int fd = open(p->root_templates, O_PATH | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    struct stat info;
+    // The host's own folder, which no one else may write: a template is trusted to hold only mount points.
+    if (fd >= 0 && (fstat(fd, &info) != 0 || info.st_uid != geteuid() || (info.st_mode & 022) != 0)) {
+        close(fd);
+        fd = -1;
+    }
+    p->root_templates_fd = fd;
+}
+
+/// Whether `path` is `outer` or, when `outer` is a folder (or a link or a mask, which may hold one), inside it.
+static int inside(const struct grant *outer, const char *path) {
+    size_t n = strlen(outer->path);
+    if (strncmp(outer->path, path, n) != 0) return 0;
+    if (path[n] == 0) return 1;
+    return path[n] == '/' && (outer->directory || outer->link[0] || outer->kind == GRANT_MASK);
+}
+
+/// Which grants' mount points the template holds: those on the root itself, not inside another grant, a mask,
+/// /tmp (the worker's TMPDIR) or /proc, and not WritablePaths (a bestEffort worker's own folder has a name of its
+/// own: each would make a template of its own).
+static void choose_templated(void) {
+    static const struct grant tmp = {.path = "/tmp", .directory = 1}, proc = {.path = "/proc", .directory = 1};
+    for (size_t i = 0; i < grant_count; i++) {
+        struct grant *g = &grants[i];
+        g->templated = g->kind != GRANT_MASK && g->kind != GRANT_WRITE && !inside(&tmp, g->path) && !inside(&proc, g->path);
+        for (size_t j = 0; j < i && g->templated; j++)
+            if (inside(&grants[j], g->path)) g->templated = 0;
+    }
+}
+
+/// The template's name: the SHA-256 of each templated grant's kind of mount point, path and link.
+static void template_name(char hex[65]) {
+    struct sha256 h;
+    sha256_start(&h);
+    static const char version[] = "sdk-host root template 1\n";
+    sha256_add(&h, version, sizeof version - 1);
+    for (size_t i = 0; i < grant_count; i++) {
+        const struct grant *g = &grants[i];
+        if (!g->templated) continue;
+        const char *kind = g->link[0] ? "l " : g->directory ? "d " : "f ";
+        sha256_add(&h, kind, 2);
+        sha256_add(&h, g->path, strlen(g->path) + 1);
+        if (g->link[0]) sha256_add(&h, g->link, strlen(g->link) + 1);
+        sha256_add(&h, "\n", 1);
+    }
+    sha256_finish(&h, hex);
+}
+
+/// Removes `name` in `dir` and what it holds (a template this worker built and did not keep), 32 levels deep at
+/// most.
+static void remove_built(int dir, const char *name, int depth) {
+    if (syscall(SYS_unlinkat, dir, name, 0) == 0 || errno != EISDIR || depth > 32) return;
+    int fd = (int)syscall(SYS_openat, dir, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    if (fd >= 0) {
+        char buffer[4096];
+        long n;
+        while ((n = syscall(SYS_getdents64, fd, buffer, sizeof buffer)) > 0) {
+            for (long at = 0; at < n;) {
+                // struct linux_dirent64: ino (8), off (8), reclen (2), type (1), name
+                unsigned short length;
+                memcpy(&length, buffer + at + 16, sizeof length);
+                const char *entry = buffer + at + 19;
+                if (strcmp(entry, ".") != 0 && strcmp(entry, "..") != 0) remove_built(fd, entry, depth + 1);
+                at += length;
+            }
+        }
+        close(fd);
+    }
+    syscall(SYS_unlinkat, dir, name, AT_REMOVEDIR);
+}
+
+/// Makes `path` (relative to `dir`) and the folders above it, as a folder, an empty file or a link.
+static int make_in_template(int dir, const char *path, const struct grant *g) {
+    char relative[4096];
+    snprintf(relative, sizeof relative, "%s", path + 1);
+    for (char *p = relative; *p; p++) {
+        if (*p != '/') continue;
+        *p = 0;
+        int rc = (int)syscall(SYS_mkdirat, dir, relative, 0755);
+        *p = '/';
+        if (rc != 0 && errno != EEXIST) return errno;
+    }
+    long rc;
+    if (!g || g->directory) rc = syscall(SYS_mkdirat, dir, relative, 0755);
+    else if (g->link[0]) rc = syscall(SYS_symlinkat, g->link, dir, relative);
+    else rc = syscall(SYS_mknodat, dir, relative, S_IFREG | 0644, 0);
+    return rc == 0 || errno == EEXIST ? 0 : errno;
+}
+
+#define MAX_TEMPLATES 256
+
+/// Whether the folder has room for another template (MAX_TEMPLATES: the sets of grants a user's hosts launch
+/// are few, but a manifest's ReadablePaths are its author's). A half-built template an hour old, whose worker
+/// was killed while it built, is removed on the way.
+static int room_for_template(int folder) {
+    int fd = (int)syscall(SYS_openat, folder, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (fd < 0) return 0;
+    size_t count = 0;
+    char buffer[8192];
+    long n;
+    struct timespec now;
+    syscall(SYS_clock_gettime, CLOCK_REALTIME, &now);
+    while ((n = syscall(SYS_getdents64, fd, buffer, sizeof buffer)) > 0) {
+        for (long at = 0; at < n;) {
+            unsigned short length;
+            memcpy(&length, buffer + at + 16, sizeof length);
+            const char *entry = buffer + at + 19;
+            struct stat info;
+            if (strncmp(entry, ".building.", 10) == 0
+                && syscall(SYS_newfstatat, fd, entry, &info, AT_SYMLINK_NOFOLLOW) == 0 && info.st_mtime < now.tv_sec - 3600)
+                remove_built(fd, entry, 0);
+            else if (entry[0] != '.')
+                count++;
+            at += length;
+        }
+    }
+    close(fd);
+    return count < MAX_TEMPLATES;
+}
+
+/// Builds the template `name` in the host's folder: under a name of its own first, then renamed into place, so
+/// that a template is either whole or absent (a worker that finds another's renamed first removes its own).
+static int build_template(int folder, const char *name) {
+    if (!room_for_template(folder)) return ENOSPC;
+    // A name no other builder has: 16 random hex digits (this runtime's snprintf has no %x).
+    char building[32] = ".building.";
+    unsigned char noise[8] = {0};
+    if (syscall(SYS_getrandom, noise, sizeof noise, 0) != (long)sizeof noise) return EAGAIN;
+    for (int i = 0; i < 8; i++) {
+        building[10 + 2 * i] = "0123456789abcdef"[noise[i] >> 4];
+        building[11 + 2 * i] = "0123456789abcdef"[noise[i] & 15];
+    }
+    building[26] = 0;
+    long mask_before = syscall(SYS_umask, 022);  // 0755 folders, 0644 files, whatever the host's umask
+    int error = syscall(SYS_mkdirat, folder, building, 0755) == 0 ? 0 : errno;
+    int dir = error ? -1 : (int)syscall(SYS_openat, folder, building, O_PATH | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    if (error == 0 && dir < 0) error = errno;
+    if (error == 0) error = make_in_template(dir, "/tmp", NULL);
+    if (error == 0) error = make_in_template(dir, "/proc", NULL);
+    for (size_t i = 0; i < grant_count && error == 0; i++)
+        if (grants[i].templated) error = make_in_template(dir, grants[i].path, &grants[i]);
+    if (dir >= 0) close(dir);
+    syscall(SYS_umask, mask_before);
+    if (error == 0 && syscall(SYS_renameat2, folder, building, folder, name, RENAME_NOREPLACE) != 0
+        && errno != EEXIST && errno != ENOTEMPTY)
+        error = errno;
+    remove_built(folder, building, 0);  // gone already when the rename took it
+    return error;
+}
+
+/// A read-only clone of the template `name`, checked to be the folder the launcher's descriptor holds.
+static int clone_template(const struct profile *p, const char *name) {
+    char path[4096];
+    snprintf(path, sizeof path, "%s/%s", p->root_templates, name);
+    struct mount_attr attr = {.attr_set = MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV | MOUNT_ATTR_NOEXEC};
+    int fd = (int)syscall(SYS_open_tree_attr, AT_FDCWD, path, OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC, &attr, sizeof attr);
+    if (fd < 0 && errno != ENOENT && errno != ENOTDIR) {
+        fd = (int)syscall(SYS_open_tree, AT_FDCWD, path, OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC);
+        if (fd >= 0 && syscall(SYS_mount_setattr, fd, "", AT_EMPTY_PATH, &attr, sizeof attr) != 0) {
+            close(fd);
+            fd = -1;
+            errno = EPERM;
+        }
+    }
+    if (fd < 0) return -1;
+    struct stat clone, expected;
+    if (fstat(fd, &clone) != 0 || syscall(SYS_newfstatat, p->root_templates_fd, name, &expected, AT_SYMLINK_NOFOLLOW) != 0
+        || clone.st_dev != expected.st_dev || clone.st_ino != expected.st_ino || !S_ISDIR(clone.st_mode)) {
+        close(fd);
+        errno = EXDEV;
+        return -1;
+    }
+    return fd;
+}
+
+/// Finds (or builds) the template of these grants and clones it; where anything fails the root is a tmpfs,
+/// with every mount point made as it goes.
+static void use_template(const struct profile *p) {
+    template_fd = -1;
+    for (size_t i = 0; i < grant_count; i++) grants[i].templated = 0;
+    if (p->root_templates_fd < 0) return;
+    choose_templated();
+    char name[65];
+    template_name(name);
+    template_fd = clone_template(p, name);
+    if (template_fd < 0 && errno == ENOENT && build_template(p->root_templates_fd, name) == 0)
+        template_fd = clone_template(p, name);
+    if (template_fd < 0)
+        for (size_t i = 0; i < grant_count; i++) grants[i].templated = 0;
+}
+
 int collect_grants(const struct profile *p, char *skipped, size_t skipped_size, const char **why) {
     grant_count = 0;
     if (!add_grant(p->executable, GRANT_EXECUTABLE, skipped, skipped_size)) {
@@ -462,6 +671,7 @@ int collect_grants(const struct profile *p, char *skipped, size_t skipped_size, 
         for (; j > 0 && compare_paths(&grants[j - 1], &g) > 0; j--) grants[j] = grants[j - 1];
         grants[j] = g;
     }
+    use_template(p);
     return 0;
 }
 
@@ -470,13 +680,21 @@ int build_root(const struct profile *p, const char **why) {
     if (syscall(SYS_mount, NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL) != 0)
         return fail(why, "cannot make the mount namespace private", errno);
 
-    if (syscall(SYS_mount, "sdk-host-root", ROOT, "tmpfs", MS_NOSUID | MS_NODEV, "mode=0755,size=1m,nr_inodes=4096") != 0)
+    int templated = template_fd >= 0;
+    if (templated) {
+        // Read-only already: the clone was made so.
+        int error = syscall(SYS_move_mount, template_fd, "", AT_FDCWD, ROOT, MOVE_MOUNT_F_EMPTY_PATH) == 0 ? 0 : errno;
+        close(template_fd);
+        template_fd = -1;
+        if (error) return fail(why, "cannot attach the new root's template (move_mount)", error);
+    } else if (syscall(SYS_mount, "sdk-host-root", ROOT, "tmpfs", MS_NOSUID | MS_NODEV, "mode=0755,size=1m,nr_inodes=4096") != 0) {
         return fail(why, "cannot mount the new root's tmpfs", errno);
+    }
     // TMPDIR first: a grant under /tmp (an executable in a temporary folder, say) is bound inside it, on top.
     char options[96];
     snprintf(options, sizeof options, "mode=0700,size=%lldm,uid=%u,gid=%u", p->temp_mb > 0 ? p->temp_mb : 64,
              p->mapped_uid, p->mapped_gid);
-    if (syscall(SYS_mkdirat, AT_FDCWD, ROOT "/tmp", 0755) != 0 && errno != EEXIST)
+    if (!templated && syscall(SYS_mkdirat, AT_FDCWD, ROOT "/tmp", 0755) != 0 && errno != EEXIST)
         return fail(why, "cannot make /tmp in the new root", errno);
     remember_made(ROOT, strlen(ROOT));
     if (syscall(SYS_mount, "sdk-host-tmp", ROOT "/tmp", "tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC, options) != 0)
@@ -494,7 +712,7 @@ int build_root(const struct profile *p, const char **why) {
         if (syscall(SYS_mount, NULL, target, NULL, MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC, NULL) != 0)
             return fail(why, "cannot make a masked folder read-only", errno);
     }
-    if (syscall(SYS_mkdirat, AT_FDCWD, ROOT "/proc", 0555) != 0 && errno != EEXIST)
+    if (!templated && syscall(SYS_mkdirat, AT_FDCWD, ROOT "/proc", 0555) != 0 && errno != EEXIST)
         return fail(why, "cannot make /proc in the new root", errno);
     if (syscall(SYS_mount, "proc", ROOT "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, NULL) != 0)
         return fail(why, "cannot mount the worker's own /proc", errno);
@@ -503,7 +721,7 @@ int build_root(const struct profile *p, const char **why) {
     if (syscall(SYS_pivot_root, ".", ".") != 0) return fail(why, "pivot_root refused", errno);
     if (syscall(SYS_umount2, ".", MNT_DETACH) != 0) return fail(why, "cannot detach the old root", errno);
     if (syscall(SYS_chdir, "/") != 0) return fail(why, "cannot enter the new root", errno);
-    if (syscall(SYS_mount, NULL, "/", NULL, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV, NULL) != 0)
+    if (!templated && syscall(SYS_mount, NULL, "/", NULL, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV, NULL) != 0)
         return fail(why, "cannot make the new root read-only", errno);
     return 0;
 }

@@ -4,6 +4,7 @@
 #define SDK_LAUNCHER_SANDBOX_H
 
 #include <stddef.h>
+#include <stdint.h>
 #include <sys/types.h>
 
 struct paths {
@@ -36,6 +37,8 @@ struct profile {
     const char *executable_sha256;  // ExecutableSHA256 (64 lowercase hex digits), or NULL
     int shared_network;       // joined the host's one empty network namespace (descriptor 6): make none
     const char *device_folder;  // a folder of the host's holding the four device nodes, bound as /dev, or NULL
+    const char *root_templates; // RootTemplates: a folder of the host's where roots' mount points are kept, or NULL
+    int root_templates_fd;      // that folder, opened by the launcher once it checked whose it is, or -1
 };
 
 enum { SANDBOX_STRICT, SANDBOX_BEST_EFFORT, SANDBOX_NONE };
@@ -47,6 +50,11 @@ long raw_syscall(long n, long a, long b, long c, long d, long e, long f);
 pid_t clone_onto(unsigned long flags, void *stack_top, int *parent_tid, void (*entry)(void *), void *arg);
 /// The SHA-256 of what `fd` reads to its end, as 64 lowercase hex digits. Returns 0 or an errno.
 int sha256_descriptor(int fd, char hex[65]);
+/// The same, of bytes added piece by piece.
+struct sha256 { uint32_t state[8]; uint64_t total; uint8_t block[64]; size_t held; };
+void sha256_start(struct sha256 *h);
+void sha256_add(struct sha256 *h, const void *bytes, size_t n);
+void sha256_finish(struct sha256 *h, char hex[65]);
 /// The Landlock ABI version, or a negative errno.
 int landlock_abi(void);
 /// Restricts the calling thread to the profile's paths (and TCP and scoping when the ABI has them).
@@ -60,7 +68,10 @@ void note_skipped(char *skipped, size_t size, const char *path, int error);
 /// with one-to-one uid and gid maps of the worker's ids; the caller joins them all, so that its next child is
 /// made in them. `alive` is the read end of a pipe the launcher holds open while it lives. Returns 0 or an errno.
 int make_namespaces(const struct profile *p, int alive, pid_t *init, const char **why);
-/// In the worker (pid 2 of its namespace), before it takes its uid: opens each grant's source.
+/// In the launcher, before any namespace: opens RootTemplates if it is the host's own folder (else none is used).
+void open_root_templates(struct profile *p);
+/// In the worker (pid 2 of its namespace), before it takes its uid: opens each grant's source, and finds or
+/// builds the root's template.
 int collect_grants(const struct profile *p, char *skipped, size_t skipped_size, const char **why);
 /// Then, as the worker's uid: builds its root from the grants and pivots into it.
 int build_root(const struct profile *p, const char **why);

@@ -315,6 +315,135 @@ extension FaultTests {
             #expect(folders().isEmpty, "left behind: \(folders())")
         }
 
+        /// A strict worker's root is a read-only clone of a template that holds only its mount points, built by the
+        /// first worker that needs it in this user's folder and used again by the next host. Nothing the worker
+        /// does reaches the template.
+        @Test func theRootIsAReadOnlyCloneOfATemplateOfItsMountPoints() async throws {
+            let base = try TemporaryFolder("sdkhost-templates")
+            let folder = "\(base.path)/sdk-host-roots.\(geteuid())"
+            func templates() -> [String] { listDirectory(folder)?.sorted() ?? [] }
+            var seen: [String]?
+            try await withHost({ $0.temporaryDirectory = base.path }) { host, _ in
+                let (ext, recorder) = try recordedExtension(host, "com.example.escaper")
+                #expect(await probe(ext, recorder, "tmpdir") == "allowed: wrote /tmp/probe")
+                for attempt in ["create:/by-the-worker", "create:/usr/by-the-worker", "chmod:/usr", "utime:/usr", "xattr:/usr"] {
+                    let result = await probe(ext, recorder, attempt)
+                    #expect(result.hasPrefix("refused"), "\(attempt): \(result)")
+                }
+                let snapshot = try #require(await host.inspect().2.first)
+                #expect(snapshot.sandbox.contains("root"), "\(snapshot.sandbox)")
+                if geteuid() == 0 {
+                    seen = listDirectory("/proc/\(snapshot.pid)/root")?.sorted()
+                    // Its root is mounted read-only (the clone was made so), whatever else the layers refuse.
+                    let mounts = String(decoding: (try? readFile("/proc/\(snapshot.pid)/mountinfo")) ?? [], as: UTF8.self)
+                    let root = mounts.split(separator: "\n").map { $0.split(separator: " ") }.first { $0.count > 5 && $0[4] == "/" }
+                    #expect(root.map { $0[5].split(separator: ",").contains("ro") } == true, "\(mounts)")
+                }
+            }
+            let made = templates()
+            #expect(made.count == 1 && made.first?.count == 64, "\(made)")
+            var info = stat()
+            #expect(lstat(folder, &info) == 0 && info.st_mode & 0o777 == 0o700)
+            let template = "\(folder)/\(made.first ?? "")"
+            // What the worker saw as its root is the template; the machine's runtime folders are empty mount points
+            // in it, and it holds no file with anything in it.
+            if let seen { #expect(listDirectory(template)?.sorted() == seen, "\(seen)") }
+            #expect(listDirectory(template)?.contains("tmp") == true && listDirectory(template)?.contains("proc") == true)
+            #expect(listDirectory("\(template)/usr/lib")?.isEmpty == true)
+            func filesWithBytes(_ path: String, depth: Int = 0) -> [String] {
+                var info = stat()
+                guard depth < 40, lstat(path, &info) == 0 else { return [] }
+                if info.st_mode & S_IFMT == S_IFREG { return info.st_size > 0 ? [path] : [] }
+                guard info.st_mode & S_IFMT == S_IFDIR else { return [] }
+                return (listDirectory(path) ?? []).flatMap { filesWithBytes("\(path)/\($0)", depth: depth + 1) }
+            }
+            #expect(filesWithBytes(template).isEmpty, "\(filesWithBytes(template))")
+            #expect(access("\(template)/by-the-worker", F_OK) != 0 && access("\(template)/usr/by-the-worker", F_OK) != 0)
+            #expect(lstat("\(template)/usr", &info) == 0 && info.st_mode & 0o7777 == 0o755)
+            // The next host's worker uses it as it is: no other template, none half-built.
+            try await withHost({ $0.temporaryDirectory = base.path }) { host, _ in
+                let (ext, recorder) = try recordedExtension(host, "com.example.escaper")
+                #expect(await probe(ext, recorder, "tmpdir") == "allowed: wrote /tmp/probe")
+            }
+            #expect(templates() == made, "\(templates())")
+        }
+
+        /// A templates folder someone else may write is never used: each root is made anew, as without one.
+        @Test func aTemplatesFolderOthersMayWriteIsNotUsed() async throws {
+            let base = try TemporaryFolder("sdkhost-templates-open")
+            let folder = "\(base.path)/sdk-host-roots.\(geteuid())"
+            #expect(mkdir(folder, 0o700) == 0 && chmod(folder, 0o777) == 0)
+            try await withHost({ $0.temporaryDirectory = base.path }) { host, log in
+                let (ext, recorder) = try recordedExtension(host, "com.example.escaper")
+                #expect(await probe(ext, recorder, "tmpdir") == "allowed: wrote /tmp/probe")
+                let snapshot = try #require(await host.inspect().2.first)
+                #expect(snapshot.sandbox.contains("root"), "\(snapshot.sandbox)")
+                #expect(log.contains("sdk-host-roots.\(geteuid()) for root templates"), "\(log.all)")
+            }
+            #expect(listDirectory(folder)?.isEmpty == true, "\(listDirectory(folder) ?? [])")
+        }
+
+        /// Launchers that start at once with no template yet each build one under a name of their own; one is
+        /// renamed into place, the others are removed, and every launch succeeds. A folder others may write is
+        /// not used, even when the host names it.
+        @Test func launchersBuildingTheSameTemplateAtOnceAllLaunchAndLeaveOne() async throws {
+            let base = try TemporaryFolder("sdkhost-templates-race")
+            let folder = "\(base.path)/sdk-host-roots.\(geteuid())"
+            #expect(mkdir(folder, 0o700) == 0)
+            let directory = try #require(currentExecutableDirectory())
+            var profile: [String: PlistValue] = [
+                "Extension": .string("com.example.echo"), "Executable": .string("\(directory)/Echo"),
+                "Arguments": .array([.string("\(directory)/Echo")]), "Environment": .array([]),
+                "HostPID": .integer(Int64(getpid())), "Sandbox": .string("strict"),
+                "RuntimePaths": .array(HostConfiguration.defaultRuntimePaths.map(PlistValue.string)),
+                "ReadablePaths": .array([.string("/etc/localtime")]), "RootTemplates": .string(folder),
+                "ExecutablePaths": .array((["\(directory)/Echo"] + HostConfiguration.defaultRuntimePaths).map(PlistValue.string)),
+            ]
+            var bytes: [UInt8] = []
+            var encoder = BinaryPlistEncoder()
+            encoder.encode(.dictionary(profile), appendingTo: &bytes)
+            // The launcher's first frame to the host: `sandboxed` (with its layers) once the worker is confined.
+            func firstFrame(_ fd: Int32) -> String {
+                var frame: [UInt8] = []
+                for _ in 0..<30 where !String(decoding: frame, as: UTF8.self).contains("layers") {
+                    var pfd = pollfd(fd: fd, events: Int16(POLLIN), revents: 0)
+                    guard poll(&pfd, 1, 1000) >= 0 else { break }
+                    if pfd.revents == 0 { continue }
+                    var chunk = [UInt8](repeating: 0, count: 4096)
+                    let n = chunk.withUnsafeMutableBytes { read(fd, $0.baseAddress, $0.count) }
+                    if n <= 0 { break }
+                    frame += chunk.prefix(n)
+                }
+                return String(decoding: frame, as: UTF8.self)
+            }
+            // All launched before any is read: each level starts one, then the rest, then reads its own.
+            func launch(_ remaining: Int) throws -> [String] {
+                guard remaining > 0 else { return [] }
+                let channels = try spawnWithChannels(SpawnRequest(
+                    path: "\(directory)/sdk-host-launcher", arguments: ["sdk-host-launcher", "com.example.echo"],
+                    environment: [], profile: bytes))
+                var frames = try launch(remaining - 1)
+                frames.append(firstFrame(channels.socket.rawValue))
+                channels.terminate(signal: SIGKILL)
+                return frames
+            }
+            for frame in try launch(6) {
+                #expect(frame.contains("sandboxed") && frame.contains("root"), "\(frame)")
+            }
+            #expect(listDirectory(folder)?.count == 1, "\(listDirectory(folder) ?? [])")
+            #expect(listDirectory(folder)?.allSatisfy { $0.count == 64 } == true, "\(listDirectory(folder) ?? [])")
+            // The launcher checks the folder itself: one that others may write is not used (nor written).
+            let open = "\(base.path)/open"
+            #expect(mkdir(open, 0o700) == 0 && chmod(open, 0o777) == 0)
+            profile["RootTemplates"] = .string(open)
+            bytes = []
+            encoder.encode(.dictionary(profile), appendingTo: &bytes)
+            for frame in try launch(1) {
+                #expect(frame.contains("sandboxed") && frame.contains("root"), "\(frame)")
+            }
+            #expect(listDirectory(open)?.isEmpty == true, "\(listDirectory(open) ?? [])")
+        }
+
         /// A path granted twice (here /etc/localtime, which every worker reads already, and a file listed twice)
         /// is bound once and then found in place: the launcher does not try to make it again inside a read-only
         /// bind.

@@ -66,7 +66,8 @@ extension HostEngine {
                 runtimePaths: configuration.runtimePaths, worker: workerIdentity,
                 temporaryBase: configuration.temporaryDirectory,
                 premadeDirectory: premade, measured: configuration.measuresSandboxLayers, networkNamespace: network,
-                deviceFolder: policy.sandbox == .none ? nil : deviceFolderForWorkers())
+                deviceFolder: policy.sandbox == .none ? nil : deviceFolderForWorkers(),
+                rootTemplates: policy.sandbox == .none ? nil : rootTemplatesForWorkers())
         } catch {
             throw HostError(error.code, "\(manifest.identifier): \(error.detail)")
         }
@@ -142,7 +143,8 @@ extension HostEngine {
 
     /// At start: the sweep of killed hosts' folders (off the caller's thread and the loop: the temp folder may be
     /// large), and, on the loop, what this host's sandboxed spawns share, off the first request's path: the next
-    /// worker's folder where one is used, the empty network namespace and the device folder (a root host's).
+    /// worker's folder where one is used, the root templates' folder, the empty network namespace and the device
+    /// folder (a root host's).
     func prepareSandboxResources() {
         let temporaryBase = configuration.temporaryDirectory
         DispatchQueue.global(qos: .utility).async {
@@ -151,6 +153,9 @@ extension HostEngine {
         guard launcherPath != nil else { return }
         if manifests.values.contains(where: { $0.policy.usesWorkerFolder }) {
             loop.execute { [unowned self] in self.makeSpareWorkerDirectory() }
+        }
+        if manifests.values.contains(where: { $0.policy.sandbox != .none }) {
+            loop.execute { [unowned self] in _ = self.rootTemplatesForWorkers() }
         }
         if geteuid() == 0, manifests.values.contains(where: { $0.policy.sandbox != .none && !$0.policy.networkAllowed }) {
             loop.execute { [unowned self] in
@@ -185,6 +190,19 @@ extension HostEngine {
         guard !shuttingDown else { return nil }
         let folder = SandboxProfile.makeDeviceFolder(in: configuration.temporaryDirectory)
         deviceFolder = folder ?? ""
+        return folder
+    }
+
+    /// This user's folder of root templates (`SandboxProfile.rootTemplateFolder`), checked once; nil where it
+    /// cannot be used (each root is then made anew).
+    func rootTemplatesForWorkers() -> String? {
+        if let folder = rootTemplates { return folder.isEmpty ? nil : folder }
+        let folder = SandboxProfile.rootTemplateFolder(in: configuration.temporaryDirectory)
+        if folder == nil {
+            log(.info, "cannot use \(configuration.temporaryDirectory)/sdk-host-roots.\(geteuid()) for root templates; "
+                + "each worker's root is made anew")
+        }
+        rootTemplates = folder ?? ""
         return folder
     }
 

@@ -56,7 +56,7 @@ package enum SandboxProfile {
     static func spawn(
         _ manifest: ExtensionManifest, executable path: String, environment: [String], launcher: String?,
         runtimePaths: [String], worker: WorkerIdentity, temporaryBase: String, premadeDirectory: String? = nil,
-        measured: Bool = false, networkNamespace: Int32 = -1, deviceFolder: String? = nil
+        measured: Bool = false, networkNamespace: Int32 = -1, deviceFolder: String? = nil, rootTemplates: String? = nil
     ) throws(HostError) -> SandboxedSpawn {
         let policy = manifest.policy
         // With an interpreter the launcher execs it, with the script as its argument; the root holds the
@@ -121,6 +121,7 @@ package enum SandboxProfile {
         if measured { profile["Timings"] = .bool(true) }
         if networkNamespace >= 0 { profile["SharedNetworkNamespace"] = .bool(true) }
         if let deviceFolder { profile["DeviceFolder"] = .string(deviceFolder) }
+        if let rootTemplates { profile["RootTemplates"] = .string(rootTemplates) }
         var bytes: [UInt8] = []
         var encoder = BinaryPlistEncoder()
         encoder.encode(.dictionary(profile), appendingTo: &bytes)
@@ -189,6 +190,20 @@ package enum SandboxProfile {
             removeTree(folder)
             return nil
         }
+        return folder
+    }
+
+    /// The folder of this user's root templates, `<base>/sdk-host-roots.<euid>` (made here, mode 0700), or nil when
+    /// it is not a folder of this user's that no one else may enter. Each template is the empty mount points of one
+    /// set of grants, which the launcher builds once and clones read-only as each worker's root instead of making
+    /// them again (~4 µs a folder here, about twenty a root). Kept across hosts, at most 256; removing the folder
+    /// while no host of this user runs is harmless.
+    static func rootTemplateFolder(in base: String) -> String? {
+        let folder = "\(base)/sdk-host-roots.\(geteuid())"
+        if mkdir(folder, 0o700) != 0, errno != EEXIST { return nil }
+        var info = stat()
+        guard lstat(folder, &info) == 0, info.st_mode & S_IFMT == S_IFDIR, info.st_uid == geteuid(),
+              info.st_mode & 0o077 == 0 else { return nil }
         return folder
     }
 
