@@ -85,7 +85,7 @@ int doctor(void) {
            root ? "every worker: its ids mapped one-to-one to WorkerUser's" : "every worker: its ids mapped one-to-one");
     report("pidNamespace", in_child(pid_ns), "every worker: no other process can be named");
     report("mountNamespace", in_child(mount_ns), "every worker: a root of its own");
-    report("root", in_child(root_trial), "every worker: a tmpfs root holding only its grants, pivot_root");
+    report("root", in_child(root_trial), "every worker: a read-only root holding only its grants, pivot_root");
     report("netNamespace", in_child(net_ns), "every worker without NetworkAllowed: no interface, no machine socket");
     report("noNewPrivs", in_child(no_new_privs), "required by Landlock and seccomp");
     report("capabilities", in_child(capabilities_trial), "every capability dropped before exec");

@@ -207,6 +207,7 @@ static void read_profile(void) {
     profile.shared_network = integer_for(&doc, "SharedNetworkNamespace", 0) != 0 && !profile.network;
     profile.device_folder = string_for(&doc, "DeviceFolder", 0);
     profile.root_templates = string_for(&doc, "RootTemplates", 0);
+    profile.worker_folder = string_for(&doc, "WorkerFolder", 0);
     profile.root_templates_fd = -1;
     mark("start");
     if (profile.executable_sha256 && strlen(profile.executable_sha256) != 64)

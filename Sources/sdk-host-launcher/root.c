@@ -3,14 +3,14 @@
 // launcher). Nothing of the machine is reachable from the worker unless it was bound into its root: no other
 // process can be named, no other mount is visible, no path outside the grants resolves.
 //
-// The root is a small tmpfs mounted over /tmp in the worker's own mount namespace. Each grant's source is opened
-// (O_PATH) before anything is mounted and before the worker takes its own uid (a grant is the operator's: the
-// folders above it need not be open to the worker's uid), so that a grant under /tmp, or reached through a
-// symbolic link, is bound from what it was on the host and not from what the new mounts show; it is bound through
-// /proc/self/fd/N. The worker's TMPDIR, a tmpfs of TempSizeMB, goes in first (a grant under /tmp is bound inside
-// it), then the grants, /dev/null, /dev/zero, /dev/random, /dev/urandom and /proc (a new instance: only the
-// worker's own pid namespace). pivot_root makes the tmpfs the root, the old root is detached, and the new root is
-// made read-only.
+// The root is mounted over /tmp in the worker's own mount namespace: a read-only clone of a template (below) or,
+// without one, a small tmpfs. Each grant's source is opened (a detached clone, or O_PATH) before anything is
+// mounted and before the worker takes its own uid (a grant is the operator's: the folders above it need not be
+// open to the worker's uid), so that a grant under /tmp, or reached through a symbolic link, is bound from what it
+// was on the host and not from what the new mounts show. The worker's TMPDIR, a tmpfs of TempSizeMB, goes in
+// first (a grant under /tmp is bound inside it), then the grants, /dev/null, /dev/zero, /dev/random, /dev/urandom
+// and /proc (a new instance: only the worker's own pid namespace). pivot_root makes it the root, the old root is
+// detached, and the new root is read-only.
 //
 // MaskedPaths (an interpreted worker's: the machine's Python package folders) are each covered by an empty tmpfs,
 // read-only once the grants are in place (a grant inside one is bound into it first).
@@ -19,13 +19,15 @@
 // noexec), WritablePaths read-write; every bind is nosuid and nodev (but the four device nodes), and keeps the
 // flags its source mount has locked (a remount in a user namespace may not clear them).
 //
-// With RootTemplates (a folder the host made for this), the root is not a tmpfs whose mount points are made anew
-// for each worker (a mkdir costs ~4 us here, and a usual root needs twenty) but a read-only clone of a template:
-// a folder holding only the empty mount points of one set of grants, built by the first worker that needs it and
-// named by the SHA-256 of what it holds. The worker's TMPDIR and /proc are mounted on its /tmp and /proc, the
-// grants on the rest; nothing the worker can reach is the template's own but those empty folders and files, and
-// they are read-only. A grant inside another grant, inside TMPDIR or under a masked folder is bound as before,
-// on a mount point made in what is already there.
+// Root templates. With RootTemplates (a folder of a root host's, mode 0700: its workers, never root, cannot
+// enter it), the root's mount points are not made anew for each worker (a mkdir costs ~4 us here, and a usual
+// root needs twenty): the root is a read-only clone of a template, a folder holding only the empty mount points
+// of one set of grants (folders, empty files, the links of a merged /usr), built by the first worker that needs it
+// under a random name, renamed into place, and named by the SHA-256 of what it holds. Each clone is checked whole
+// before it is used (one found damaged is set aside and built again), and its times are set to now once a day so
+// that a cleaner of old temporary files leaves it alone. A grant inside another grant or inside TMPDIR has its
+// mount point made as it is bound, as without a template; where one would need a mount point made in the
+// read-only template (under /proc, or under a mask alone), the root is a tmpfs for that launch.
 #define _GNU_SOURCE
 #include "sandbox.h"
 
@@ -39,6 +41,7 @@
 #include <sys/mount.h>
 #include <linux/mount.h>
 #include <sys/prctl.h>
+#include <sys/random.h>
 #include <sys/signalfd.h>
 #include <sys/stat.h>
 #include <sys/statfs.h>
@@ -445,6 +448,9 @@ int become_worker_user(const struct profile *p, const char **why) {
 
 void open_root_templates(struct profile *p) {
     p->root_templates_fd = -1;
+    // Only where the worker's uid is not the folder's owner: a worker with its host's uid could write into the
+    // templates (through a grant that reaches them) and so into every later worker's root.
+    if (p->mapped_uid == geteuid()) return;
     if (!p->root_templates || !clean_path(p->root_templates)) return;
     int fd = open(p->root_templates, O_PATH | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
     struct stat info;
@@ -464,17 +470,37 @@ static int inside(const struct grant *outer, const char *path) {
     return path[n] == '/' && (outer->directory || outer->link[0] || outer->kind == GRANT_MASK);
 }
 
-/// Which grants' mount points the template holds: those on the root itself, not inside another grant, a mask,
-/// /tmp (the worker's TMPDIR) or /proc, and not WritablePaths (a bestEffort worker's own folder has a name of its
-/// own: each would make a template of its own).
-static void choose_templated(void) {
+/// Whether the template can hold `path` plainly: no empty component, not the root itself, at most 24 deep.
+static int plain_path(const char *path) {
+    if (path[0] != '/' || path[1] == 0 || strstr(path, "//") || path[strlen(path) - 1] == '/') return 0;
+    int depth = 0;
+    for (const char *c = path; *c; c++) depth += *c == '/';
+    return depth <= 24;
+}
+
+/// Which grants' mount points the template holds: those on the root itself. A grant left out has its mount point
+/// made at each launch where that can be done: inside /tmp (the worker's TMPDIR) or inside a folder or link
+/// granted before it. Returns whether the template can serve at all: not when a grant would need its mount point
+/// made in the read-only template (one under /proc, or under a mask and no grant), nor when a path is not plain.
+static int choose_templated(void) {
     static const struct grant tmp = {.path = "/tmp", .directory = 1}, proc = {.path = "/proc", .directory = 1};
+    for (size_t i = 0; i < grant_count; i++) grants[i].templated = 0;
     for (size_t i = 0; i < grant_count; i++) {
         struct grant *g = &grants[i];
-        g->templated = g->kind != GRANT_MASK && g->kind != GRANT_WRITE && !inside(&tmp, g->path) && !inside(&proc, g->path);
-        for (size_t j = 0; j < i && g->templated; j++)
-            if (inside(&grants[j], g->path)) g->templated = 0;
+        if (g->kind == GRANT_MASK) continue;
+        if (!plain_path(g->path)) return 0;
+        if (inside(&tmp, g->path)) continue;
+        int within = 0, masked = 0;
+        for (size_t j = 0; j < i; j++) {
+            if (!inside(&grants[j], g->path)) continue;
+            if (grants[j].kind == GRANT_MASK) masked = 1;
+            else within = 1;
+        }
+        if (within) continue;
+        if (masked || inside(&proc, g->path)) return 0;
+        g->templated = 1;
     }
+    return 1;
 }
 
 /// The template's name: the SHA-256 of each templated grant's kind of mount point, path and link.
@@ -495,33 +521,55 @@ static void template_name(char hex[65]) {
     sha256_finish(&h, hex);
 }
 
-/// Removes `name` in `dir` and what it holds (a template this worker built and did not keep), 32 levels deep at
-/// most.
-static void remove_built(int dir, const char *name, int depth) {
-    if (syscall(SYS_unlinkat, dir, name, 0) == 0 || errno != EISDIR || depth > 32) return;
-    int fd = (int)syscall(SYS_openat, dir, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
-    if (fd >= 0) {
-        char buffer[4096];
-        long n;
-        while ((n = syscall(SYS_getdents64, fd, buffer, sizeof buffer)) > 0) {
-            for (long at = 0; at < n;) {
-                // struct linux_dirent64: ino (8), off (8), reclen (2), type (1), name
-                unsigned short length;
-                memcpy(&length, buffer + at + 16, sizeof length);
-                const char *entry = buffer + at + 19;
-                if (strcmp(entry, ".") != 0 && strcmp(entry, "..") != 0) remove_built(fd, entry, depth + 1);
-                at += length;
-            }
-        }
-        close(fd);
+/// `prefix` and 16 random hex digits (this runtime's snprintf has no %x), in `name` (at least 32 bytes).
+static int random_name(char *name, const char *prefix) {
+    unsigned char noise[8] = {0};
+    if (syscall(SYS_getrandom, noise, sizeof noise, GRND_NONBLOCK) != (long)sizeof noise) return EAGAIN;
+    size_t n = strlen(prefix);
+    memcpy(name, prefix, n);
+    for (int i = 0; i < 8; i++) {
+        name[n + 2 * i] = "0123456789abcdef"[noise[i] >> 4];
+        name[n + 2 * i + 1] = "0123456789abcdef"[noise[i] & 15];
     }
-    syscall(SYS_unlinkat, dir, name, AT_REMOVEDIR);
+    name[n + 16] = 0;
+    return 0;
+}
+
+enum walk { WALK_REMOVE, WALK_TOUCH };
+
+/// Removes `name` in `dir` and what it holds (a template this worker built and did not keep, or one found
+/// damaged), or sets its times and those of what it holds to now. 32 levels at most: a template's paths are 24.
+static void walk_built(int dir, const char *name, int depth, enum walk action) {
+    if (action == WALK_REMOVE && (syscall(SYS_unlinkat, dir, name, 0) == 0 || errno != EISDIR)) return;
+    struct stat info;
+    if (depth <= 32 && syscall(SYS_newfstatat, dir, name, &info, AT_SYMLINK_NOFOLLOW) == 0 && S_ISDIR(info.st_mode)) {
+        int fd = (int)syscall(SYS_openat, dir, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+        if (fd >= 0) {
+            char buffer[4096];
+            long n;
+            while ((n = syscall(SYS_getdents64, fd, buffer, sizeof buffer)) > 0) {
+                for (long at = 0; at < n;) {
+                    // struct linux_dirent64: ino (8), off (8), reclen (2), type (1), name
+                    unsigned short length;
+                    memcpy(&length, buffer + at + 16, sizeof length);
+                    const char *entry = buffer + at + 19;
+                    if (strcmp(entry, ".") != 0 && strcmp(entry, "..") != 0) walk_built(fd, entry, depth + 1, action);
+                    at += length;
+                }
+            }
+            close(fd);
+        }
+    }
+    if (action == WALK_REMOVE) syscall(SYS_unlinkat, dir, name, AT_REMOVEDIR);
+    else syscall(SYS_utimensat, dir, name, NULL, AT_SYMLINK_NOFOLLOW);
 }
 
 /// Makes `path` (relative to `dir`) and the folders above it, as a folder, an empty file or a link.
 static int make_in_template(int dir, const char *path, const struct grant *g) {
     char relative[4096];
-    snprintf(relative, sizeof relative, "%s", path + 1);
+    while (*path == '/') path++;
+    if (!*path) return EINVAL;
+    snprintf(relative, sizeof relative, "%s", path);
     for (char *p = relative; *p; p++) {
         if (*p != '/') continue;
         *p = 0;
@@ -539,8 +587,8 @@ static int make_in_template(int dir, const char *path, const struct grant *g) {
 #define MAX_TEMPLATES 256
 
 /// Whether the folder has room for another template (MAX_TEMPLATES: the sets of grants a user's hosts launch
-/// are few, but a manifest's ReadablePaths are its author's). A half-built template an hour old, whose worker
-/// was killed while it built, is removed on the way.
+/// are few, but a manifest's ReadablePaths are its author's). A half-built template an hour old (its worker was
+/// killed while it built) or one set aside as damaged an hour ago is removed on the way.
 static int room_for_template(int folder) {
     int fd = (int)syscall(SYS_openat, folder, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
     if (fd < 0) return 0;
@@ -555,9 +603,9 @@ static int room_for_template(int folder) {
             memcpy(&length, buffer + at + 16, sizeof length);
             const char *entry = buffer + at + 19;
             struct stat info;
-            if (strncmp(entry, ".building.", 10) == 0
-                && syscall(SYS_newfstatat, fd, entry, &info, AT_SYMLINK_NOFOLLOW) == 0 && info.st_mtime < now.tv_sec - 3600)
-                remove_built(fd, entry, 0);
+            if ((strncmp(entry, ".building.", 10) == 0 || strncmp(entry, ".damaged.", 9) == 0)
+                && syscall(SYS_newfstatat, fd, entry, &info, AT_SYMLINK_NOFOLLOW) == 0 && info.st_ctime < now.tv_sec - 3600)
+                walk_built(fd, entry, 0, WALK_REMOVE);
             else if (entry[0] != '.')
                 count++;
             at += length;
@@ -571,15 +619,8 @@ static int room_for_template(int folder) {
 /// that a template is either whole or absent (a worker that finds another's renamed first removes its own).
 static int build_template(int folder, const char *name) {
     if (!room_for_template(folder)) return ENOSPC;
-    // A name no other builder has: 16 random hex digits (this runtime's snprintf has no %x).
-    char building[32] = ".building.";
-    unsigned char noise[8] = {0};
-    if (syscall(SYS_getrandom, noise, sizeof noise, 0) != (long)sizeof noise) return EAGAIN;
-    for (int i = 0; i < 8; i++) {
-        building[10 + 2 * i] = "0123456789abcdef"[noise[i] >> 4];
-        building[11 + 2 * i] = "0123456789abcdef"[noise[i] & 15];
-    }
-    building[26] = 0;
+    char building[32];
+    if (random_name(building, ".building.") != 0) return EAGAIN;
     long mask_before = syscall(SYS_umask, 022);  // 0755 folders, 0644 files, whatever the host's umask
     int error = syscall(SYS_mkdirat, folder, building, 0755) == 0 ? 0 : errno;
     int dir = error ? -1 : (int)syscall(SYS_openat, folder, building, O_PATH | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
@@ -593,12 +634,13 @@ static int build_template(int folder, const char *name) {
     if (error == 0 && syscall(SYS_renameat2, folder, building, folder, name, RENAME_NOREPLACE) != 0
         && errno != EEXIST && errno != ENOTEMPTY)
         error = errno;
-    remove_built(folder, building, 0);  // gone already when the rename took it
+    walk_built(folder, building, 0, WALK_REMOVE);  // gone already when the rename took it
     return error;
 }
 
-/// A read-only clone of the template `name`, checked to be the folder the launcher's descriptor holds.
-static int clone_template(const struct profile *p, const char *name) {
+/// A read-only clone of the template `name`, checked to be the folder the launcher's descriptor holds; *touched gets
+/// the template's last change of times.
+static int clone_template(const struct profile *p, const char *name, time_t *touched) {
     char path[4096];
     snprintf(path, sizeof path, "%s/%s", p->root_templates, name);
     struct mount_attr attr = {.attr_set = MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV | MOUNT_ATTR_NOEXEC};
@@ -619,21 +661,64 @@ static int clone_template(const struct profile *p, const char *name) {
         errno = EXDEV;
         return -1;
     }
+    *touched = expected.st_mtime;
     return fd;
+}
+
+/// Whether the clone `fd` holds every mount point these grants need, each what it must be (a folder, an empty
+/// file, a link), and /tmp and /proc: a template damaged since it was built (a temp-folder cleaner's work, say)
+/// would otherwise fail the launch halfway.
+static int template_whole(int fd) {
+    struct stat info;
+    if (syscall(SYS_newfstatat, fd, "tmp", &info, AT_SYMLINK_NOFOLLOW) != 0 || !S_ISDIR(info.st_mode)) return 0;
+    if (syscall(SYS_newfstatat, fd, "proc", &info, AT_SYMLINK_NOFOLLOW) != 0 || !S_ISDIR(info.st_mode)) return 0;
+    for (size_t i = 0; i < grant_count; i++) {
+        const struct grant *g = &grants[i];
+        if (!g->templated) continue;
+        if (syscall(SYS_newfstatat, fd, g->path + 1, &info, AT_SYMLINK_NOFOLLOW) != 0) return 0;
+        if (g->link[0] ? !S_ISLNK(info.st_mode)
+            : g->directory ? !S_ISDIR(info.st_mode) : !(S_ISREG(info.st_mode) && info.st_size == 0))
+            return 0;
+    }
+    return 1;
+}
+
+/// A clone of the template of these grants, whole: found, or built (once more after one found damaged, which is
+/// set aside); -1 where there is none.
+static int whole_template(const struct profile *p, const char *name) {
+    int folder = p->root_templates_fd;
+    for (int attempt = 0; attempt < 2; attempt++) {
+        time_t touched = 0;
+        int fd = clone_template(p, name, &touched);
+        if (fd < 0 && errno == ENOENT && build_template(folder, name) == 0) fd = clone_template(p, name, &touched);
+        if (fd < 0) return -1;
+        if (template_whole(fd)) {
+            // Times set to now once a day, so that a cleaner of old temporary files (systemd-tmpfiles ages /tmp)
+            // does not take a template in use apart.
+            struct timespec now;
+            syscall(SYS_clock_gettime, CLOCK_REALTIME, &now);
+            if (touched < now.tv_sec - 86400) walk_built(folder, name, 0, WALK_TOUCH);
+            return fd;
+        }
+        close(fd);
+        char aside[32];
+        if (random_name(aside, ".damaged.") != 0
+            || syscall(SYS_renameat2, folder, name, folder, aside, RENAME_NOREPLACE) != 0)
+            return -1;
+    }
+    return -1;
 }
 
 /// Finds (or builds) the template of these grants and clones it; where anything fails the root is a tmpfs,
 /// with every mount point made as it goes.
 static void use_template(const struct profile *p) {
     template_fd = -1;
-    for (size_t i = 0; i < grant_count; i++) grants[i].templated = 0;
-    if (p->root_templates_fd < 0) return;
-    choose_templated();
-    char name[65];
-    template_name(name);
-    template_fd = clone_template(p, name);
-    if (template_fd < 0 && errno == ENOENT && build_template(p->root_templates_fd, name) == 0)
-        template_fd = clone_template(p, name);
+    int usable = p->root_templates_fd >= 0 && choose_templated();
+    if (usable) {
+        char name[65];
+        template_name(name);
+        template_fd = whole_template(p, name);
+    }
     if (template_fd < 0)
         for (size_t i = 0; i < grant_count; i++) grants[i].templated = 0;
 }
@@ -648,7 +733,11 @@ int collect_grants(const struct profile *p, char *skipped, size_t skipped_size, 
     }
     for (size_t i = 0; i < p->runtime.count; i++) add_grant(p->runtime.items[i], GRANT_RUNTIME, skipped, skipped_size);
     for (size_t i = 0; i < p->readable.count; i++) add_grant(p->readable.items[i], GRANT_READ, skipped, skipped_size);
-    for (size_t i = 0; i < p->writable.count; i++) add_grant(p->writable.items[i], GRANT_WRITE, skipped, skipped_size);
+    // The host's folder for a bestEffort worker is its TMPDIR only where it gets no root: in a root, TMPDIR is the
+    // root's own tmpfs, and the folder (named for this worker alone) is not bound.
+    for (size_t i = 0; i < p->writable.count; i++)
+        if (!p->worker_folder || strcmp(p->writable.items[i], p->worker_folder) != 0)
+            add_grant(p->writable.items[i], GRANT_WRITE, skipped, skipped_size);
     // The host's folder of the four nodes (a root host makes one) is one bind instead of four.
     static const char *devices[] = {"/dev/null", "/dev/zero", "/dev/random", "/dev/urandom"};
     if (!p->device_folder || !add_grant_from(p->device_folder, "/dev", GRANT_DEVICES, skipped, skipped_size))

@@ -37,6 +37,8 @@ struct profile {
     const char *executable_sha256;  // ExecutableSHA256 (64 lowercase hex digits), or NULL
     int shared_network;       // joined the host's one empty network namespace (descriptor 6): make none
     const char *device_folder;  // a folder of the host's holding the four device nodes, bound as /dev, or NULL
+    const char *worker_folder;  // WorkerFolder: the host's folder for this worker (in WritablePaths), its TMPDIR
+                                // where it gets no root of its own; not bound into one
     const char *root_templates; // RootTemplates: a folder of the host's where roots' mount points are kept, or NULL
     int root_templates_fd;      // that folder, opened by the launcher once it checked whose it is, or -1
 };

@@ -315,12 +315,13 @@ extension FaultTests {
             #expect(folders().isEmpty, "left behind: \(folders())")
         }
 
-        /// A strict worker's root is a read-only clone of a template that holds only its mount points, built by the
-        /// first worker that needs it in this user's folder and used again by the next host. Nothing the worker
-        /// does reaches the template.
-        @Test func theRootIsAReadOnlyCloneOfATemplateOfItsMountPoints() async throws {
+        /// A root host's strict worker's root is a read-only clone of a template that holds only its mount points,
+        /// built by the first worker that needs it and used again by the next host. Nothing the worker does
+        /// reaches the template; one found damaged is set aside and built again.
+        @Test(.enabled(if: geteuid() == 0, "root templates are a root host's"))
+        func theRootIsAReadOnlyCloneOfATemplateOfItsMountPoints() async throws {
             let base = try TemporaryFolder("sdkhost-templates")
-            let folder = "\(base.path)/sdk-host-roots.\(geteuid())"
+            let folder = "\(base.path)/sdk-host-roots.0"
             func templates() -> [String] { listDirectory(folder)?.sorted() ?? [] }
             var seen: [String]?
             try await withHost({ $0.temporaryDirectory = base.path }) { host, _ in
@@ -366,12 +367,52 @@ extension FaultTests {
                 #expect(await probe(ext, recorder, "tmpdir") == "allowed: wrote /tmp/probe")
             }
             #expect(templates() == made, "\(templates())")
+            // Damaged (a cleaner of old temporary files took a mount point away): the next launch sets it aside,
+            // builds it again, and runs.
+            #expect(rmdir("\(template)/usr/lib") == 0)
+            try await withHost({ $0.temporaryDirectory = base.path }) { host, _ in
+                let (ext, recorder) = try recordedExtension(host, "com.example.escaper")
+                #expect(await probe(ext, recorder, "tmpdir") == "allowed: wrote /tmp/probe")
+                let snapshot = try #require(await host.inspect().2.first)
+                #expect(snapshot.sandbox.contains("root"), "\(snapshot.sandbox)")
+            }
+            #expect(templates().filter { !$0.hasPrefix(".") } == made, "\(templates())")
+            #expect(templates().filter { $0.hasPrefix(".damaged.") }.count == 1, "\(templates())")
+            #expect(listDirectory("\(template)/usr/lib")?.isEmpty == true)
+        }
+
+        /// WritablePaths outside /tmp have their mount points in the template, read-write once bound; and a bestEffort
+        /// worker whose host folder is under /dev/shm (inside the read-only /dev the root binds) still gets a root:
+        /// there its TMPDIR is the root's own tmpfs, and the host's folder for it is not bound.
+        @Test(.enabled(if: geteuid() == 0, "root templates are a root host's"))
+        func grantsOutsideTheTemplatesPlacesStillLaunch() async throws {
+            var template = "/var/tmp/sdkhost-writable-XXXXXX".utf8CString
+            let writable = template.withUnsafeMutableBufferPointer { String(cString: mkdtemp($0.baseAddress!)!) }
+            defer { _ = removeTree(writable) }
+            #expect(chown(writable, 65534, 65534) == 0)
+            let strict = TemporaryExtension(identifier: "com.example.escaper-var-tmp", executable: "Escaper",
+                                            policy: "<key>WritablePaths</key><array><string>\(writable)</string></array>")
+            defer { strict.remove() }
+            let loose = TemporaryExtension(identifier: "com.example.escaper-loose-shm", executable: "Escaper",
+                                           policy: "<key>Sandbox</key><string>bestEffort</string>")
+            defer { loose.remove() }
+            try await withHost(extraSearchPaths: [strict.root, loose.root], { $0.temporaryDirectory = "/dev/shm" }) { host, log in
+                let (ext, recorder) = try recordedExtension(host, strict.identifier)
+                let wrote = await probe(ext, recorder, "create:\(writable)/made")
+                #expect(wrote == "allowed: created \(writable)/made", "\(wrote)")
+                let (other, otherRecorder) = try recordedExtension(host, loose.identifier)
+                #expect(await probe(other, otherRecorder, "tmpdir") == "allowed: wrote /tmp/probe")
+                for worker in await host.inspect().2 {
+                    #expect(worker.sandbox.contains("root"), "\(worker.sandbox) \(log.all)")
+                }
+            }
         }
 
         /// A templates folder someone else may write is never used: each root is made anew, as without one.
-        @Test func aTemplatesFolderOthersMayWriteIsNotUsed() async throws {
+        @Test(.enabled(if: geteuid() == 0, "root templates are a root host's"))
+        func aTemplatesFolderOthersMayWriteIsNotUsed() async throws {
             let base = try TemporaryFolder("sdkhost-templates-open")
-            let folder = "\(base.path)/sdk-host-roots.\(geteuid())"
+            let folder = "\(base.path)/sdk-host-roots.0"
             #expect(mkdir(folder, 0o700) == 0 && chmod(folder, 0o777) == 0)
             try await withHost({ $0.temporaryDirectory = base.path }) { host, log in
                 let (ext, recorder) = try recordedExtension(host, "com.example.escaper")
@@ -385,10 +426,11 @@ extension FaultTests {
 
         /// Launchers that start at once with no template yet each build one under a name of their own; one is
         /// renamed into place, the others are removed, and every launch succeeds. A folder others may write is
-        /// not used, even when the host names it.
-        @Test func launchersBuildingTheSameTemplateAtOnceAllLaunchAndLeaveOne() async throws {
+        /// not used, even when the host names it, nor is any by an unprivileged launcher (its worker has its uid).
+        @Test(.enabled(if: geteuid() == 0, "root templates are a root host's"))
+        func launchersBuildingTheSameTemplateAtOnceAllLaunchAndLeaveOne() async throws {
             let base = try TemporaryFolder("sdkhost-templates-race")
-            let folder = "\(base.path)/sdk-host-roots.\(geteuid())"
+            let folder = "\(base.path)/sdk-host-roots.0"
             #expect(mkdir(folder, 0o700) == 0)
             let directory = try #require(currentExecutableDirectory())
             var profile: [String: PlistValue] = [
@@ -442,6 +484,23 @@ extension FaultTests {
                 #expect(frame.contains("sandboxed") && frame.contains("root"), "\(frame)")
             }
             #expect(listDirectory(open)?.isEmpty == true, "\(listDirectory(open) ?? [])")
+            // An unprivileged launcher (here nobody's, through setpriv) uses none, even in a folder of its own uid.
+            let own = "\(base.path)/nobody"
+            #expect(chmod(base.path, 0o755) == 0 && mkdir(own, 0o700) == 0 && chown(own, 65534, 65534) == 0)
+            let copy = "\(base.path)/sdk-host-launcher"
+            try writeFile(copy, try readFile("\(directory)/sdk-host-launcher"), mode: 0o755)
+            profile["RootTemplates"] = .string(own)
+            profile["Executable"] = .string("/bin/true")
+            profile["Arguments"] = .array([.string("/bin/true")])
+            bytes = []
+            encoder.encode(.dictionary(profile), appendingTo: &bytes)
+            let channels = try spawnWithChannels(SpawnRequest(
+                path: "/usr/bin/setpriv", arguments: ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", copy, "x"],
+                environment: [], profile: bytes))
+            let frame = firstFrame(channels.socket.rawValue)
+            channels.terminate(signal: SIGKILL)
+            #expect(frame.contains("sandboxed") && frame.contains("root"), "\(frame)")
+            #expect(listDirectory(own)?.isEmpty == true, "\(listDirectory(own) ?? [])")
         }
 
         /// A path granted twice (here /etc/localtime, which every worker reads already, and a file listed twice)

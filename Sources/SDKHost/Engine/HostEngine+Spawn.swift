@@ -154,7 +154,7 @@ extension HostEngine {
         if manifests.values.contains(where: { $0.policy.usesWorkerFolder }) {
             loop.execute { [unowned self] in self.makeSpareWorkerDirectory() }
         }
-        if manifests.values.contains(where: { $0.policy.sandbox != .none }) {
+        if geteuid() == 0, manifests.values.contains(where: { $0.policy.sandbox != .none }) {
             loop.execute { [unowned self] in _ = self.rootTemplatesForWorkers() }
         }
         if geteuid() == 0, manifests.values.contains(where: { $0.policy.sandbox != .none && !$0.policy.networkAllowed }) {
@@ -193,14 +193,24 @@ extension HostEngine {
         return folder
     }
 
-    /// This user's folder of root templates (`SandboxProfile.rootTemplateFolder`), checked once; nil where it
-    /// cannot be used (each root is then made anew).
+    /// A root host's folder of root templates (`SandboxProfile.rootTemplateFolder`), checked once; nil where there
+    /// is none (each root is then made anew).
     func rootTemplatesForWorkers() -> String? {
         if let folder = rootTemplates { return folder.isEmpty ? nil : folder }
+        guard geteuid() == 0 else {
+            rootTemplates = ""
+            return nil
+        }
         let folder = SandboxProfile.rootTemplateFolder(in: configuration.temporaryDirectory)
-        if folder == nil {
-            log(.info, "cannot use \(configuration.temporaryDirectory)/sdk-host-roots.\(geteuid()) for root templates; "
-                + "each worker's root is made anew")
+        if let folder {
+            let count = listDirectory(folder)?.filter { !$0.hasPrefix(".") }.count ?? 0
+            if count >= SandboxProfile.maxRootTemplates {
+                log(.warning, "\(folder) holds \(count) root templates, the most the launcher builds: a new set of grants "
+                    + "gets its root made anew at each launch (remove the folder while no host runs to start afresh)")
+            }
+        } else {
+            log(.info, "cannot use \(configuration.temporaryDirectory)/sdk-host-roots.0 for root templates (not a folder "
+                + "of root's that only root may enter); each worker's root is made anew")
         }
         rootTemplates = folder ?? ""
         return folder

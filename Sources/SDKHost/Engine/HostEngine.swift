@@ -52,7 +52,7 @@ package final class HostEngine: @unchecked Sendable {
     var sharedNetworkNamespace: Int32?
     /// The folder of device nodes workers' roots bind as /dev; "" where it cannot be made, nil until first needed.
     var deviceFolder: String?
-    /// This user's folder of root templates, once checked ("": none).
+    /// A root host's folder of root templates, once checked ("": none).
     var rootTemplates: String?
     /// A request waits for a worker cap to make room (HostEngine+Capacity).
     var waitingForRoom = false

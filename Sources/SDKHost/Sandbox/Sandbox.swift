@@ -122,6 +122,7 @@ package enum SandboxProfile {
         if networkNamespace >= 0 { profile["SharedNetworkNamespace"] = .bool(true) }
         if let deviceFolder { profile["DeviceFolder"] = .string(deviceFolder) }
         if let rootTemplates { profile["RootTemplates"] = .string(rootTemplates) }
+        if let temporary { profile["WorkerFolder"] = .string(temporary) }
         var bytes: [UInt8] = []
         var encoder = BinaryPlistEncoder()
         encoder.encode(.dictionary(profile), appendingTo: &bytes)
@@ -193,19 +194,25 @@ package enum SandboxProfile {
         return folder
     }
 
-    /// The folder of this user's root templates, `<base>/sdk-host-roots.<euid>` (made here, mode 0700), or nil when
-    /// it is not a folder of this user's that no one else may enter. Each template is the empty mount points of one
-    /// set of grants, which the launcher builds once and clones read-only as each worker's root instead of making
-    /// them again (~4 µs a folder here, about twenty a root). Kept across hosts, at most 256; removing the folder
-    /// while no host of this user runs is harmless.
+    /// The folder of a root host's root templates, `<base>/sdk-host-roots.0` (made here, mode 0700), or nil when
+    /// the host is not root or it is not a folder of root's that no one else may enter. Each template is the empty
+    /// mount points of one set of grants, which the launcher builds once and clones read-only as each worker's root
+    /// instead of making them again (~4 µs a folder here, about twenty a root). Only a root host's: a worker runs
+    /// as another uid, which cannot enter the folder, while an unprivileged host's worker has the host's own uid
+    /// and could write into every later root through a grant that reaches the folder. Kept across hosts, at most
+    /// `maxRootTemplates`; removing the folder while no host runs is harmless.
     static func rootTemplateFolder(in base: String) -> String? {
-        let folder = "\(base)/sdk-host-roots.\(geteuid())"
+        guard geteuid() == 0 else { return nil }
+        let folder = "\(base)/sdk-host-roots.0"
         if mkdir(folder, 0o700) != 0, errno != EEXIST { return nil }
         var info = stat()
-        guard lstat(folder, &info) == 0, info.st_mode & S_IFMT == S_IFDIR, info.st_uid == geteuid(),
+        guard lstat(folder, &info) == 0, info.st_mode & S_IFMT == S_IFDIR, info.st_uid == 0,
               info.st_mode & 0o077 == 0 else { return nil }
         return folder
     }
+
+    /// The launcher builds no template past this many (MAX_TEMPLATES in root.c).
+    static let maxRootTemplates = 256
 
     /// A private folder for one worker, named `sdk-host-worker.<host pid>.XXXXXX` so that a later host can tell
     /// whose it was (`removeOrphanedWorkerDirectories`).
