@@ -27,9 +27,15 @@ public struct BinaryPlistEncoder: Sendable {
     ///   - value: The value to encode.
     ///   - out: The buffer to append to; existing bytes are kept (a frame header, say).
     public mutating func encode(_ value: PlistValue, appendingTo out: inout [UInt8]) {
+        _ = encode(value, appendingTo: &out, limit: .max)
+    }
+
+    /// Appends the bplist00 encoding of `value` to `out` unless it would take more than `limit` bytes: then
+    /// nothing is appended (nor copied) and its size is returned.
+    package mutating func encode(_ value: PlistValue, appendingTo out: inout [UInt8], limit: Int) -> Int? {
         var size = EncodedSize()
         size.add(value)
-        Self.write(size, appendingTo: &out) { writer in
+        return Self.write(size, appendingTo: &out, limit: limit) { writer in
             var next = 1
             writer.write(value, index: 0, next: &next)
             return next
@@ -37,12 +43,15 @@ public struct BinaryPlistEncoder: Sendable {
     }
 
     /// Sizes the payload from the first pass, grows `out` once, lets `writeObjects` store the objects from index 0
-    /// (it returns how many it stored), then stores the trailer.
-    static func write(_ size: EncodedSize, appendingTo out: inout [UInt8], _ writeObjects: (inout Writer) -> Int) {
+    /// (it returns how many it stored), then stores the trailer. A payload over `limit` bytes is not written: its
+    /// size is returned (a reply of hundreds of MiB is refused without being copied).
+    static func write(_ size: EncodedSize, appendingTo out: inout [UInt8], limit: Int = .max,
+                      _ writeObjects: (inout Writer) -> Int) -> Int? {
         let refSize = byteWidth(UInt64(size.objects))
         let tableOffset = bplistMagic.count + size.bytes + size.references * refSize
         let offsetSize = byteWidth(UInt64(tableOffset))
         let total = tableOffset + size.objects * offsetSize + 32
+        if total > limit { return total }
         let start = out.count
         appendZeros(total, to: &out)
         out.withUnsafeMutableBytes { buffer in
@@ -59,6 +68,7 @@ public struct BinaryPlistEncoder: Sendable {
             trailer.storeBytes(of: UInt64(size.objects).bigEndian, toByteOffset: 8, as: UInt64.self)
             trailer.storeBytes(of: UInt64(tableOffset).bigEndian, toByteOffset: 24, as: UInt64.self)
         }
+        return nil
     }
 }
 

@@ -18,7 +18,7 @@ package struct OutgoingDescriptors {
                                  limits: WireLimits = .default) throws(WireError)
     {
         if let flat = FlatFrame.entries(of: message) {
-            try Frame.append(to: &bytes, limits: limits) { FlatFrame.appendPayload(flat, to: &$0) }
+            try Frame.append(to: &bytes, limits: limits) { FlatFrame.appendPayload(flat, to: &$0); return nil }
             return
         }
         let start = bytes.count
@@ -27,7 +27,7 @@ package struct OutgoingDescriptors {
             throw WireError(.notEncodable, "\(files.count) file attachments in one message; at most \(maxDescriptorsPerMessage)")
         }
         if let fields = ItemsFields(message) {
-            try Frame.append(to: &bytes, limits: limits) { encoder.encode(fields, appendingTo: &$0) }
+            try Frame.append(to: &bytes, limits: limits) { encoder.encode(fields, appendingTo: &$0, limit: limits.maxFrameBytes) }
         } else {
             try Frame.encode(message.plist, with: &encoder, appendingTo: &bytes, limits: limits)
         }

@@ -89,7 +89,7 @@ extension OutgoingDescriptors {
                                           to bytes: inout [UInt8], limits: WireLimits = .default) throws(WireError)
     {
         let start = bytes.count + Frame.headerSize
-        try Frame.append(to: &bytes, limits: limits) { $0.append(contentsOf: payload) }
+        try Frame.append(to: &bytes, limits: limits) { $0.append(contentsOf: payload); return nil }
         ForwardedFrame.write(id, into: &bytes, at: (start + idRange.lowerBound)..<(start + idRange.upperBound))
     }
 }

@@ -27,21 +27,25 @@ public enum Frame {
         _ value: PlistValue, with encoder: inout BinaryPlistEncoder, appendingTo out: inout [UInt8],
         limits: WireLimits = .default
     ) throws(WireError) {
-        try append(to: &out, limits: limits) { encoder.encode(value, appendingTo: &$0) }
+        try append(to: &out, limits: limits) { encoder.encode(value, appendingTo: &$0, limit: limits.maxFrameBytes) }
     }
 
     /// Appends a frame whose payload `writePayload` appends to the bytes it is given: the one place a frame's
-    /// length is written and checked (encoded, flat and forwarded frames).
+    /// length is written and checked (encoded, flat and forwarded frames). A payload writer that knows its size
+    /// first may return it instead of writing a payload over the limit.
     ///
     /// - Throws: `WireError` with code `notEncodable` when the payload would exceed `limits.maxFrameBytes`;
     ///   `out` is then left as it was.
     @inline(__always)
-    static func append(to out: inout [UInt8], limits: WireLimits, _ writePayload: (inout [UInt8]) -> Void)
+    static func append(to out: inout [UInt8], limits: WireLimits, _ writePayload: (inout [UInt8]) -> Int?)
         throws(WireError)
     {
         let headerAt = out.count
         out.append(contentsOf: [0, 0, 0, 0])
-        writePayload(&out)
+        if let refused = writePayload(&out) {
+            out.removeSubrange(headerAt...)
+            throw WireError(.notEncodable, "frame payload of \(refused) bytes exceeds the limit of \(limits.maxFrameBytes)")
+        }
         let length = out.count - headerAt - headerSize
         guard length <= limits.maxFrameBytes, length <= Int(UInt32.max) else {
             out.removeSubrange(headerAt...)

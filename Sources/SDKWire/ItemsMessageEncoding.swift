@@ -95,17 +95,21 @@ struct DictionarySlots {
 
 extension BinaryPlistEncoder {
     /// Appends the bplist00 payload of a message emitted field by field, without building its `PlistValue`.
-    static func encodeFields(appendingTo out: inout [UInt8], _ emit: (inout EncodedSize) -> Int,
-                             _ emitAgain: (inout Writer) -> Int)
+    /// Over `limit` bytes nothing is appended and the size is returned (as `write`).
+    @discardableResult
+    static func encodeFields(appendingTo out: inout [UInt8], limit: Int = .max, _ emit: (inout EncodedSize) -> Int,
+                             _ emitAgain: (inout Writer) -> Int) -> Int?
     {
         var size = EncodedSize()
         _ = emit(&size)
-        write(size, appendingTo: &out, emitAgain)
+        return write(size, appendingTo: &out, limit: limit, emitAgain)
     }
 
-    /// Appends the bplist00 payload of an items message without building its `PlistValue`.
-    package mutating func encode(_ fields: ItemsFields, appendingTo out: inout [UInt8]) {
-        Self.encodeFields(appendingTo: &out, { fields.emit(into: &$0) }, { fields.emit(into: &$0) })
+    /// Appends the bplist00 payload of an items message without building its `PlistValue`; over `limit` bytes,
+    /// nothing, and returns the size it would take.
+    @discardableResult
+    package mutating func encode(_ fields: ItemsFields, appendingTo out: inout [UInt8], limit: Int = .max) -> Int? {
+        Self.encodeFields(appendingTo: &out, limit: limit, { fields.emit(into: &$0) }, { fields.emit(into: &$0) })
     }
 }
 

@@ -81,6 +81,31 @@ import SDKWire
         #expect(out == [1, 2, 3])
     }
 
+    /// A payload over the limit is refused from its size alone: nothing is copied, and the buffer does not grow
+    /// (a 200 MiB reply was copied twice before its refusal, and its worker missed heartbeats under load).
+    @Test func aPayloadOverTheLimitIsRefusedBeforeItIsCopied() throws {
+        let big = ExtensionItem(attachments: [.data([UInt8](repeating: 7, count: 64 << 20))])
+        var encoder = BinaryPlistEncoder()
+        for message in [Message.complete(id: RequestID(high: 1, low: 2), items: [big])] {
+            var out: [UInt8] = [1, 2, 3]
+            var outgoing = OutgoingDescriptors()
+            do {
+                try outgoing.encode(message, with: &encoder, appendingTo: &out)
+                Issue.record("a 64 MiB reply was encoded")
+            } catch {
+                #expect(error.detail.contains("exceeds the limit of 16777216"), "\(error)")
+            }
+            #expect(out == [1, 2, 3] && out.capacity < 1024, "grew to \(out.capacity)")
+            do {
+                try Frame.encode(message.plist, with: &encoder, appendingTo: &out)
+                Issue.record("a 64 MiB plist was encoded")
+            } catch {
+                #expect(error.detail.contains("exceeds the limit of 16777216"), "\(error)")
+            }
+            #expect(out == [1, 2, 3] && out.capacity < 1024, "grew to \(out.capacity)")
+        }
+    }
+
     @Test func undecodablePayloadIsConsumedAndTheNextFrameStillReads() throws {
         var reader = FrameReader()
         reader.append(contentsOf: [0, 0, 0, 3, 0x41, 0x42, 0x43])  // framed, but not a bplist
