@@ -24,8 +24,8 @@
 // root needs twenty): the root is a read-only clone of a template, a folder holding only the empty mount points
 // of one set of grants (folders, empty files, the links of a merged /usr), built by the first worker that needs it
 // under a random name, renamed into place, and named by the SHA-256 of what it holds. Each clone is checked whole
-// before it is used (one found damaged is set aside and built again), and its times are set to now once a day so
-// that a cleaner of old temporary files leaves it alone. A grant inside another grant or inside TMPDIR has its
+// before it is used (one found damaged is set aside, never removed, and built again), and a template's times are
+// set to now once a day when it is used, so that a cleaner of old temporary files leaves a template in use alone. A grant inside another grant or inside TMPDIR has its
 // mount point made as it is bound, as without a template; where one would need a mount point made in the
 // read-only template (under /proc, or under a mask alone), the root is a tmpfs for that launch.
 #define _GNU_SOURCE
@@ -454,8 +454,8 @@ void open_root_templates(struct profile *p) {
     if (!p->root_templates || !clean_path(p->root_templates)) return;
     int fd = open(p->root_templates, O_PATH | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
     struct stat info;
-    // The host's own folder, which no one else may write: a template is trusted to hold only mount points.
-    if (fd >= 0 && (fstat(fd, &info) != 0 || info.st_uid != geteuid() || (info.st_mode & 022) != 0)) {
+    // The host's own folder, which no one else may enter (0700): a template is trusted to hold only mount points.
+    if (fd >= 0 && (fstat(fd, &info) != 0 || info.st_uid != geteuid() || (info.st_mode & 077) != 0)) {
         close(fd);
         fd = -1;
     }
@@ -588,7 +588,7 @@ static int make_in_template(int dir, const char *path, const struct grant *g) {
 
 /// Whether the folder has room for another template (MAX_TEMPLATES: the sets of grants a user's hosts launch
 /// are few, but a manifest's ReadablePaths are its author's). A half-built template an hour old (its worker was
-/// killed while it built) or one set aside as damaged an hour ago is removed on the way.
+/// killed while it built; never a clone's source) is removed on the way.
 static int room_for_template(int folder) {
     int fd = (int)syscall(SYS_openat, folder, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
     if (fd < 0) return 0;
@@ -603,7 +603,9 @@ static int room_for_template(int folder) {
             memcpy(&length, buffer + at + 16, sizeof length);
             const char *entry = buffer + at + 19;
             struct stat info;
-            if ((strncmp(entry, ".building.", 10) == 0 || strncmp(entry, ".damaged.", 9) == 0)
+            // (Never a template set aside as damaged: workers cloned from it may still run, and removing a mount
+            // point detaches their mounts.)
+            if (strncmp(entry, ".building.", 10) == 0
                 && syscall(SYS_newfstatat, fd, entry, &info, AT_SYMLINK_NOFOLLOW) == 0 && info.st_ctime < now.tv_sec - 3600)
                 walk_built(fd, entry, 0, WALK_REMOVE);
             else if (entry[0] != '.')
@@ -700,10 +702,15 @@ static int whole_template(const struct profile *p, const char *name) {
             if (touched < now.tv_sec - 86400) walk_built(folder, name, 0, WALK_TOUCH);
             return fd;
         }
+        // Set aside (kept: workers cloned from it before it was damaged may still run on it) unless another
+        // launcher has put a whole one in its place meanwhile.
+        struct stat clone, now_there;
+        int same = fstat(fd, &clone) == 0 && syscall(SYS_newfstatat, folder, name, &now_there, AT_SYMLINK_NOFOLLOW) == 0
+            && clone.st_dev == now_there.st_dev && clone.st_ino == now_there.st_ino;
         close(fd);
         char aside[32];
-        if (random_name(aside, ".damaged.") != 0
-            || syscall(SYS_renameat2, folder, name, folder, aside, RENAME_NOREPLACE) != 0)
+        if (same && (random_name(aside, ".damaged.") != 0
+                     || syscall(SYS_renameat2, folder, name, folder, aside, RENAME_NOREPLACE) != 0))
             return -1;
     }
     return -1;

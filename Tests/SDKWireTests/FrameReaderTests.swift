@@ -81,6 +81,21 @@ import SDKWire
         #expect(out == [1, 2, 3])
     }
 
+    /// The encoder's own check: a payload of exactly the limit is written, one byte over is refused.
+    @Test func aPayloadOfExactlyTheLimitIsEncodedAndOneByteMoreIsNot() throws {
+        let value = PlistValue.data(Array(repeating: 5, count: 3000))
+        let size = BinaryPlistEncoder.encode(value).count
+        var encoder = BinaryPlistEncoder()
+        var out: [UInt8] = []
+        try Frame.encode(value, with: &encoder, appendingTo: &out, limits: WireLimits(maxFrameBytes: size))
+        #expect(out.count == size + Frame.headerSize)
+        var refused: [UInt8] = [9]
+        #expect(throws: WireError.self) {
+            try Frame.encode(value, with: &encoder, appendingTo: &refused, limits: WireLimits(maxFrameBytes: size - 1))
+        }
+        #expect(refused == [9])
+    }
+
     /// A payload over the limit is refused from its size alone: nothing is copied, and the buffer does not grow
     /// (a 200 MiB reply was copied twice before its refusal, and its worker missed heartbeats under load).
     @Test func aPayloadOverTheLimitIsRefusedBeforeItIsCopied() throws {
