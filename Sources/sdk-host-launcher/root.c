@@ -745,9 +745,15 @@ int collect_grants(const struct profile *p, char *skipped, size_t skipped_size, 
     for (size_t i = 0; i < p->writable.count; i++)
         if (!p->worker_folder || strcmp(p->writable.items[i], p->worker_folder) != 0)
             add_grant(p->writable.items[i], GRANT_WRITE, skipped, skipped_size);
-    // The host's folder of the four nodes (a root host makes one) is one bind instead of four.
+    // The host's folder of the four nodes (a root host makes one) is one bind instead of four, unless another
+    // grant lies under /dev: its mount point could not be made in that read-only folder.
     static const char *devices[] = {"/dev/null", "/dev/zero", "/dev/random", "/dev/urandom"};
-    if (!p->device_folder || !add_grant_from(p->device_folder, "/dev", GRANT_DEVICES, skipped, skipped_size))
+    int under_dev = 0;
+    const struct paths *lists[] = {&p->runtime, &p->readable, &p->writable};
+    for (size_t l = 0; l < 3; l++)
+        for (size_t i = 0; i < lists[l]->count; i++)
+            if (strncmp(lists[l]->items[i], "/dev/", 5) == 0 || strcmp(lists[l]->items[i], "/dev") == 0) under_dev = 1;
+    if (!p->device_folder || under_dev || !add_grant_from(p->device_folder, "/dev", GRANT_DEVICES, skipped, skipped_size))
         for (size_t i = 0; i < 4; i++) add_grant(devices[i], GRANT_DEVICE, skipped, skipped_size);
     for (size_t i = 0; i < p->masked.count; i++) {
         // A restriction fails closed: a mask that does not fit is a launch that does not happen.
@@ -771,7 +777,26 @@ int collect_grants(const struct profile *p, char *skipped, size_t skipped_size, 
     return 0;
 }
 
+/// Whether the new root was mounted over /tmp, whether the worker entered it, and whether pivot_root has made it the
+/// root: before that, a failed root is taken down again (and only what was mounted for it: /tmp may be the
+/// machine's own mount).
+static int mounted, entered, pivoted;
+
+static int build_root_in(const struct profile *p, const char **why);
+
 int build_root(const struct profile *p, const char **why) {
+    mounted = entered = pivoted = 0;
+    int error = build_root_in(p, why);
+    // A bestEffort worker goes on without a root of its own: what was mounted over /tmp for it goes, or its /tmp
+    // (and its TMPDIR there, the host's folder for it) would be the half-built root's.
+    if (error && mounted && !pivoted) {
+        syscall(SYS_umount2, ROOT, MNT_DETACH);
+        if (entered) syscall(SYS_chdir, "/");
+    }
+    return error;
+}
+
+static int build_root_in(const struct profile *p, const char **why) {
     // Nothing mounted here propagates back to the host's mount namespace.
     if (syscall(SYS_mount, NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL) != 0)
         return fail(why, "cannot make the mount namespace private", errno);
@@ -786,6 +811,7 @@ int build_root(const struct profile *p, const char **why) {
     } else if (syscall(SYS_mount, "sdk-host-root", ROOT, "tmpfs", MS_NOSUID | MS_NODEV, "mode=0755,size=1m,nr_inodes=4096") != 0) {
         return fail(why, "cannot mount the new root's tmpfs", errno);
     }
+    mounted = 1;
     // TMPDIR first: a grant under /tmp (an executable in a temporary folder, say) is bound inside it, on top.
     char options[96];
     snprintf(options, sizeof options, "mode=0700,size=%lldm,uid=%u,gid=%u", p->temp_mb > 0 ? p->temp_mb : 64,
@@ -814,7 +840,9 @@ int build_root(const struct profile *p, const char **why) {
         return fail(why, "cannot mount the worker's own /proc", errno);
     // pivot_root(".", ".") stacks the old root under the new one; detaching it leaves only the new root.
     if (syscall(SYS_chdir, ROOT) != 0) return fail(why, "cannot enter the new root", errno);
+    entered = 1;
     if (syscall(SYS_pivot_root, ".", ".") != 0) return fail(why, "pivot_root refused", errno);
+    pivoted = 1;
     if (syscall(SYS_umount2, ".", MNT_DETACH) != 0) return fail(why, "cannot detach the old root", errno);
     if (syscall(SYS_chdir, "/") != 0) return fail(why, "cannot enter the new root", errno);
     if (!templated && syscall(SYS_mount, NULL, "/", NULL, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV, NULL) != 0)

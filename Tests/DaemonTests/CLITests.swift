@@ -561,6 +561,30 @@ import Glibc
         let (_, fork) = try await request("com.example.escaper-best-effort", "fork", false)
         #expect(fork.contains("refused"), "\(fork)")
     }
+
+    /// A kernel that makes the namespaces but refuses the new root (the filter answers pivot_root with EPERM).
+    /// Strict refuses to launch; bestEffort runs in its namespaces without a root of its own, and what was mounted
+    /// for that root is gone: its TMPDIR, the host's folder (a root host's made WorkerUser's), is there and its own.
+    @Test(.enabled(if: python3 != nil, "needs python3"))
+    func withoutARootBestEffortStillHasItsTemporaryFolder() async throws {
+        #if arch(x86_64)
+        let pivotRoot = 155
+        #else
+        let pivotRoot = 41
+        #endif
+        // ld nr; if nr == pivot_root: return EPERM; else allow
+        let (folder, request) = try filteredInstall("no-pivot", program:
+            "insn(0x20, 0) + insn(0x15, \(pivotRoot), 0, 1) + insn(0x06, 0x00050000 | 1) + insn(0x06, 0x7fff0000)")
+        defer { removeFolder(folder) }
+        let (strictStatus, strict) = try await request("com.example.escaper", "layers", false)
+        #expect(strictStatus == 4, "\(strict)")
+        #expect(strict.contains("launch failed: sandbox: root unavailable: pivot_root refused"), "\(strict)")
+        let (status, layers) = try await request("com.example.escaper-best-effort", "layers", false)
+        let worker = geteuid() == 0 ? 65534 : getuid()
+        #expect(status == 0 && layers.contains("uid \(worker) ") && layers.contains("seccomp 2"), "\(layers)")
+        let (_, tmpdir) = try await request("com.example.escaper-best-effort", "tmpdir", false)
+        #expect(tmpdir.contains("allowed: wrote") && tmpdir.contains("sdk-host-worker."), "\(tmpdir)")
+    }
 }
 
 extension String {

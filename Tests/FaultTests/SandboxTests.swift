@@ -419,6 +419,26 @@ extension FaultTests {
             }
         }
 
+        /// A grant under /dev still lands: the host's read-only folder of device nodes is then not bound as /dev
+        /// (the four nodes are bound one by one), so that the grant's mount point can be made.
+        @Test func aGrantUnderDevStillLaunches() async throws {
+            var template = "/dev/shm/sdkhost-devgrant-XXXXXX".utf8CString
+            let folder = template.withUnsafeMutableBufferPointer { String(cString: mkdtemp($0.baseAddress!)!) }
+            defer { _ = removeTree(folder) }
+            #expect(chmod(folder, 0o755) == 0)
+            writeFile("\(folder)/secret", "under /dev")
+            #expect(chmod("\(folder)/secret", 0o644) == 0)
+            let ext = TemporaryExtension(identifier: "com.example.escaper-dev-grant", executable: "Escaper",
+                                         policy: "<key>ReadablePaths</key><array><string>\(folder)</string></array>")
+            defer { ext.remove() }
+            try await withHost(extraSearchPaths: [ext.root]) { host, log in
+                let (escaper, recorder) = try recordedExtension(host, ext.identifier)
+                let read = await probe(escaper, recorder, "read:\(folder)/secret")
+                #expect(read == "allowed: read \(folder)/secret", "\(read) \(log.all)")
+                #expect(await probe(escaper, recorder, "urandom").hasPrefix("allowed"))
+            }
+        }
+
         /// A templates folder someone else may write is never used: each root is made anew, as without one.
         @Test(.enabled(if: geteuid() == 0, "root templates are a root host's"))
         func aTemplatesFolderOthersMayWriteIsNotUsed() async throws {

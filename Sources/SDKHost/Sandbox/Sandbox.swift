@@ -85,6 +85,11 @@ package enum SandboxProfile {
         } else {
             temporary = try makeWorkerDirectory(in: temporaryBase)
         }
+        // A root host's bestEffort worker runs as WorkerUser: its folder is made its own here, so that it stays
+        // writable wherever the worker gets no root (the launcher, in a user namespace by then, could not chown it).
+        if let temporary, geteuid() == 0, policy.sandbox == .bestEffort {
+            _ = chown(temporary, worker.uid, worker.gid)
+        }
         var env = environment.filter { !$0.hasPrefix("TMPDIR=") }
         env.append("TMPDIR=\(temporary ?? "/tmp")")
         var profile: [String: PlistValue] = [
