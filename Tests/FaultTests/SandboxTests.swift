@@ -408,6 +408,10 @@ extension FaultTests {
             let loose = TemporaryExtension(identifier: "com.example.escaper-loose-shm", executable: "Escaper",
                                            policy: "<key>Sandbox</key><string>bestEffort</string>")
             defer { loose.remove() }
+            // Its templates go in /dev/shm/sdk-host-roots.0: removed afterwards unless it was there before.
+            let shmTemplates = "/dev/shm/sdk-host-roots.0"
+            let hadTemplates = access(shmTemplates, F_OK) == 0
+            defer { if !hadTemplates { _ = removeTree(shmTemplates) } }
             try await withHost(extraSearchPaths: [loose.root], { $0.temporaryDirectory = "/dev/shm" }) { host, log in
                 let (other, otherRecorder) = try recordedExtension(host, loose.identifier)
                 #expect(await probe(other, otherRecorder, "tmpdir") == "allowed: wrote /tmp/probe")
