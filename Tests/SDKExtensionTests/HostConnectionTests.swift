@@ -32,8 +32,9 @@ import Glibc
         }
         // Made on this thread: this thread is the connection's reader.
         let connection = HostConnection(fd: pair[0])
-        // 300 MiB: past the frame limit, so it ends as a small `cancelled`; encoding it takes a while.
-        let reply = Message.complete(id: RequestID(), items: [ExtensionItem(attachments: [.data([UInt8](repeating: 7, count: 300 << 20))])])
+        // Just under the frame limit, so that it is encoded and sent whole, which takes a while. (One over the limit
+        // is refused from its size alone now, before anything is copied: no longer a slow reply.)
+        let reply = Message.complete(id: RequestID(), items: [ExtensionItem(attachments: [.data([UInt8](repeating: 7, count: (16 << 20) - (64 << 10)))])])
         let started = DispatchSemaphore(value: 0)
         let bigTime = Mutex<UInt64>(0)
         let bigDone = DispatchSemaphore(value: 0)
