@@ -452,8 +452,13 @@ extension HostEngine {
             checkResidentMemory(worker)
             if let sent = worker.pingSentAt {
                 if now &- sent > nanoseconds(configuration.heartbeatTimeoutSeconds) {
+                    // What was waiting unread on its socket tells a silent worker (0) from a loop that came late to
+                    // its answer (a loaded suite once killed a worker that should have answered: the cause is open).
+                    var unread: Int32 = 0
+                    let asked = ioctl(worker.connection.fd, UInt(FIONREAD), &unread) == 0
                     log(.warning, "\(worker.extensionID) pid \(worker.pid) missed heartbeats for "
-                        + "\(configuration.heartbeatTimeoutSeconds) s; killing it")
+                        + "\(configuration.heartbeatTimeoutSeconds) s; killing it"
+                        + (asked ? " (\(unread) byte(s) unread on its socket)" : ""))
                     kill(worker, .hang)
                 }
             } else {
