@@ -59,6 +59,8 @@ extension FaultTests {
                 let id = ext.beginRequest(withInputItems: [ExtensionItem(title: "stop")], deadline: 60)
                 #expect(await recorder.wait(for: id) == .interrupted(.hang))
                 #expect(log.contains("missed heartbeats"))
+                // The line says what the silent worker was doing: here, stopped (state T), every thread.
+                #expect(log.contains("byte(s) unread on its socket; threads: T "), "\(log.all)")
                 let next = ext.beginRequest(withInputItems: [ExtensionItem(title: "echo")])
                 #expect(await recorder.wait(for: next) == .completed([ExtensionItem(title: "echo")]))
             }

@@ -458,7 +458,7 @@ extension HostEngine {
                     let asked = ioctl(worker.connection.fd, UInt(FIONREAD), &unread) == 0
                     log(.warning, "\(worker.extensionID) pid \(worker.pid) missed heartbeats for "
                         + "\(configuration.heartbeatTimeoutSeconds) s; killing it"
-                        + (asked ? " (\(unread) byte(s) unread on its socket)" : ""))
+                        + (asked ? " (\(unread) byte(s) unread on its socket; \(threadStates(worker.pid)))" : ""))
                     kill(worker, .hang)
                 }
             } else {
@@ -469,6 +469,22 @@ extension HostEngine {
         }
         if any && !shuttingDown { scheduleHeartbeat() }
     }
+}
+
+/// Each thread of `pid` as its state letter and where the kernel has it wait ("S futex_wait_queue", "R 0", "D
+/// folio_wait_bit_common"), at most 8: whether a silent worker was runnable, asleep in a call, or stuck in the
+/// kernel. Read once, when a worker is killed as hung.
+func threadStates(_ pid: pid_t) -> String {
+    guard let tids = listDirectory("/proc/\(pid)/task") else { return "threads unknown" }
+    let states = tids.sorted().prefix(8).map { tid -> String in
+        let stat = (try? readFile("/proc/\(pid)/task/\(tid)/stat")).map { String(decoding: $0, as: UTF8.self) } ?? ""
+        // The state follows the command's closing parenthesis (a command may hold spaces and parentheses).
+        let fields = stat.lastIndex(of: ")").map { stat[stat.index(after: $0)...].split(separator: " ") } ?? []
+        let state = fields.first.map(String.init) ?? "?"
+        let wchan = (try? readFile("/proc/\(pid)/task/\(tid)/wchan")).map { String(decoding: $0, as: UTF8.self) } ?? "?"
+        return "\(state) \(wchan.isEmpty ? "0" : wchan)"
+    }
+    return "threads: " + states.joined(separator: ", ") + (tids.count > 8 ? " and \(tids.count - 8) more" : "")
 }
 
 extension timespec {
