@@ -444,10 +444,7 @@ static void confine_and_exec(void) {
             if (profile.max_threads > 0) set_limit(RLIMIT_NPROC, (rlim_t)profile.max_threads, "RLIMIT_NPROC");
         } else if (geteuid() == 0) {
             // No namespaces (bestEffort, where none could be made): a root host's worker still never runs as
-            // root. Its TMPDIR, a folder the host made for it, becomes its own first.
-            for (char **e = profile.envp; *e; e++)
-                if (strncmp(*e, "TMPDIR=/", 8) == 0)
-                    syscall(SYS_fchownat, AT_FDCWD, *e + 7, profile.mapped_uid, profile.mapped_gid, AT_SYMLINK_NOFOLLOW);
+            // root. Its TMPDIR, a folder the host made for it, is WorkerUser's already (SandboxProfile.spawn).
             int user_error = syscall(SYS_setgroups, 0, NULL) == 0 ? become_worker_user(&profile, &why) : errno;
             if (user_error == 0) applied("workerUser");
             else unavailable("workerUser", user_error, why ? why : "setgroups(0) refused");

@@ -111,6 +111,24 @@ static struct mount_attr grant_attr(enum grant_kind kind) {
     return attr;
 }
 
+/// A detached clone of what `path` names now, restricted by `attr` as it is made (Linux 6.15's open_tree_attr: one
+/// system call instead of a bind through /proc/self/fd and a remount). Where that call is missing or refused (an
+/// older kernel, a filter that refuses numbers it does not know), open_tree and mount_setattr (5.12) do the same in
+/// two. A path that is not there (or not the caller's to reach) is the same answer whichever call gives it.
+/// Returns the descriptor, or -1 with errno set.
+static int clone_restricted(const char *path, struct mount_attr *attr) {
+    int fd = (int)syscall(SYS_open_tree_attr, AT_FDCWD, path, OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC, attr, sizeof *attr);
+    if (fd >= 0 || errno == ENOENT || errno == ENOTDIR || errno == EACCES || errno == ELOOP) return fd;
+    fd = (int)syscall(SYS_open_tree, AT_FDCWD, path, OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC);
+    if (fd >= 0 && syscall(SYS_mount_setattr, fd, "", AT_EMPTY_PATH, attr, sizeof *attr) != 0) {
+        int error = errno;
+        close(fd);
+        fd = -1;
+        errno = error;
+    }
+    return fd;
+}
+
 /// Opens `source` (NULL: `path`) as the grant of `path`. Returns whether it was added (a missing or unclean
 /// path is noted in `skipped`).
 static int add_grant_from(const char *source, const char *path, enum grant_kind kind, char *skipped, size_t skipped_size) {
@@ -139,25 +157,12 @@ static int add_grant_from(const char *source, const char *path, enum grant_kind 
         }
         g->link[0] = 0;
     }
-    // A detached clone of what the path names now, restricted as it is made (Linux 6.15's open_tree_attr): one
-    // system call instead of a bind through /proc/self/fd and a remount. Where that call is missing or refused
-    // (an older kernel, a filter that refuses numbers it does not know), open_tree and mount_setattr (5.12)
-    // do the same in two; without mount_setattr, the grant is an O_PATH descriptor bound and remounted later.
-    // A path that is not there (or not the worker's to reach) is the same answer whichever call gives it.
+    // A detached clone, restricted as it is made; without the new mount API at all, an O_PATH descriptor bound and
+    // remounted later.
     struct mount_attr attr = grant_attr(kind);
-    g->fd = (int)syscall(SYS_open_tree_attr, AT_FDCWD, path, OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC, &attr, sizeof attr);
+    g->fd = clone_restricted(path, &attr);
     g->cloned = g->fd >= 0;
-    if (g->fd < 0 && errno != ENOENT && errno != ENOTDIR && errno != EACCES && errno != ELOOP) {
-        g->fd = (int)syscall(SYS_open_tree, AT_FDCWD, path, OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC);
-        if (g->fd >= 0 && syscall(SYS_mount_setattr, g->fd, "", AT_EMPTY_PATH, &attr, sizeof attr) != 0) {
-            int error = errno;
-            close(g->fd);
-            g->fd = -1;
-            errno = error;
-        }
-        g->cloned = g->fd >= 0;
-        if (g->fd < 0 && errno == ENOSYS) g->fd = open(path, O_PATH | O_CLOEXEC);
-    }
+    if (g->fd < 0 && errno == ENOSYS) g->fd = open(path, O_PATH | O_CLOEXEC);
     if (g->fd < 0) {
         note_skipped(skipped, skipped_size, path, errno);
         return 0;
@@ -535,7 +540,31 @@ static int random_name(char *name, const char *prefix) {
     return 0;
 }
 
+/// Calls `visit(fd, name, context)` for each entry of the open folder `fd` but "." and "..".
+static void each_entry(int fd, void (*visit)(int, const char *, void *), void *context) {
+    char buffer[4096];
+    long n;
+    while ((n = syscall(SYS_getdents64, fd, buffer, sizeof buffer)) > 0) {
+        for (long at = 0; at < n;) {
+            // struct linux_dirent64: ino (8), off (8), reclen (2), type (1), name
+            unsigned short length;
+            memcpy(&length, buffer + at + 16, sizeof length);
+            const char *entry = buffer + at + 19;
+            if (strcmp(entry, ".") != 0 && strcmp(entry, "..") != 0) visit(fd, entry, context);
+            at += length;
+        }
+    }
+}
+
 enum walk { WALK_REMOVE, WALK_TOUCH };
+struct walk_step { int depth; enum walk action; };
+
+static void walk_built(int dir, const char *name, int depth, enum walk action);
+
+static void walk_entry(int dir, const char *name, void *context) {
+    const struct walk_step *step = context;
+    walk_built(dir, name, step->depth, step->action);
+}
 
 /// Removes `name` in `dir` and what it holds (a template this worker built and did not keep, or one found
 /// damaged), or sets its times and those of what it holds to now. 32 levels at most: a template's paths are 24.
@@ -545,18 +574,8 @@ static void walk_built(int dir, const char *name, int depth, enum walk action) {
     if (depth <= 32 && syscall(SYS_newfstatat, dir, name, &info, AT_SYMLINK_NOFOLLOW) == 0 && S_ISDIR(info.st_mode)) {
         int fd = (int)syscall(SYS_openat, dir, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
         if (fd >= 0) {
-            char buffer[4096];
-            long n;
-            while ((n = syscall(SYS_getdents64, fd, buffer, sizeof buffer)) > 0) {
-                for (long at = 0; at < n;) {
-                    // struct linux_dirent64: ino (8), off (8), reclen (2), type (1), name
-                    unsigned short length;
-                    memcpy(&length, buffer + at + 16, sizeof length);
-                    const char *entry = buffer + at + 19;
-                    if (strcmp(entry, ".") != 0 && strcmp(entry, "..") != 0) walk_built(fd, entry, depth + 1, action);
-                    at += length;
-                }
-            }
+            struct walk_step inside = {depth + 1, action};
+            each_entry(fd, walk_entry, &inside);
             close(fd);
         }
     }
@@ -586,35 +605,32 @@ static int make_in_template(int dir, const char *path, const struct grant *g) {
 
 #define MAX_TEMPLATES 256
 
+struct template_count { size_t count; time_t now; };
+
+static void count_template(int folder, const char *name, void *context) {
+    struct template_count *tally = context;
+    struct stat info;
+    // (Never a template set aside as damaged: workers cloned from it may still run, and removing a mount point
+    // detaches their mounts.)
+    if (strncmp(name, ".building.", 10) == 0
+        && syscall(SYS_newfstatat, folder, name, &info, AT_SYMLINK_NOFOLLOW) == 0 && info.st_ctime < tally->now - 3600)
+        walk_built(folder, name, 0, WALK_REMOVE);
+    else if (name[0] != '.')
+        tally->count++;
+}
+
 /// Whether the folder has room for another template (MAX_TEMPLATES: the sets of grants a user's hosts launch
 /// are few, but a manifest's ReadablePaths are its author's). A half-built template an hour old (its worker was
 /// killed while it built; never a clone's source) is removed on the way.
 static int room_for_template(int folder) {
     int fd = (int)syscall(SYS_openat, folder, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
     if (fd < 0) return 0;
-    size_t count = 0;
-    char buffer[8192];
-    long n;
     struct timespec now;
     syscall(SYS_clock_gettime, CLOCK_REALTIME, &now);
-    while ((n = syscall(SYS_getdents64, fd, buffer, sizeof buffer)) > 0) {
-        for (long at = 0; at < n;) {
-            unsigned short length;
-            memcpy(&length, buffer + at + 16, sizeof length);
-            const char *entry = buffer + at + 19;
-            struct stat info;
-            // (Never a template set aside as damaged: workers cloned from it may still run, and removing a mount
-            // point detaches their mounts.)
-            if (strncmp(entry, ".building.", 10) == 0
-                && syscall(SYS_newfstatat, fd, entry, &info, AT_SYMLINK_NOFOLLOW) == 0 && info.st_ctime < now.tv_sec - 3600)
-                walk_built(fd, entry, 0, WALK_REMOVE);
-            else if (entry[0] != '.')
-                count++;
-            at += length;
-        }
-    }
+    struct template_count tally = {0, now.tv_sec};
+    each_entry(fd, count_template, &tally);
     close(fd);
-    return count < MAX_TEMPLATES;
+    return tally.count < MAX_TEMPLATES;
 }
 
 /// Builds the template `name` in the host's folder: under a name of its own first, then renamed into place, so
@@ -646,15 +662,7 @@ static int clone_template(const struct profile *p, const char *name, time_t *tou
     char path[4096];
     snprintf(path, sizeof path, "%s/%s", p->root_templates, name);
     struct mount_attr attr = {.attr_set = MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV | MOUNT_ATTR_NOEXEC};
-    int fd = (int)syscall(SYS_open_tree_attr, AT_FDCWD, path, OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC, &attr, sizeof attr);
-    if (fd < 0 && errno != ENOENT && errno != ENOTDIR) {
-        fd = (int)syscall(SYS_open_tree, AT_FDCWD, path, OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC);
-        if (fd >= 0 && syscall(SYS_mount_setattr, fd, "", AT_EMPTY_PATH, &attr, sizeof attr) != 0) {
-            close(fd);
-            fd = -1;
-            errno = EPERM;
-        }
-    }
+    int fd = clone_restricted(path, &attr);
     if (fd < 0) return -1;
     struct stat clone, expected;
     if (fstat(fd, &clone) != 0 || syscall(SYS_newfstatat, p->root_templates_fd, name, &expected, AT_SYMLINK_NOFOLLOW) != 0

@@ -550,13 +550,7 @@ import Glibc
             "insn(0x20, 0) + insn(0x15, 56, 0, 3) + insn(0x20, 16) + insn(0x45, 0x10000000, 0, 1)"
             + " + insn(0x06, 0x00050000 | 1) + insn(0x06, 0x7fff0000)")
         defer { removeFolder(folder) }
-        let (strictStatus, strict) = try await request("com.example.escaper", "layers", false)
-        #expect(strictStatus == 4, "\(strict)")
-        #expect(strict.contains("launch failed: sandbox: namespaces unavailable"), "\(strict)")
-        let (status, layers) = try await request("com.example.escaper-best-effort", "layers", false)
-        let worker = geteuid() == 0 ? 65534 : getuid()
-        #expect(status == 0 && layers.contains("uid \(worker) ") && layers.contains("seccomp 2"), "\(layers)")
-        let (_, tmpdir) = try await request("com.example.escaper-best-effort", "tmpdir", false)
+        let tmpdir = try await expectStrictRefusesAndBestEffortRuns(request, refusal: "launch failed: sandbox: namespaces unavailable")
         #expect(tmpdir.contains("allowed: wrote"), "\(tmpdir)")
         let (_, fork) = try await request("com.example.escaper-best-effort", "fork", false)
         #expect(fork.contains("refused"), "\(fork)")
@@ -576,14 +570,25 @@ import Glibc
         let (folder, request) = try filteredInstall("no-pivot", program:
             "insn(0x20, 0) + insn(0x15, \(pivotRoot), 0, 1) + insn(0x06, 0x00050000 | 1) + insn(0x06, 0x7fff0000)")
         defer { removeFolder(folder) }
+        let tmpdir = try await expectStrictRefusesAndBestEffortRuns(
+            request, refusal: "launch failed: sandbox: root unavailable: pivot_root refused")
+        #expect(tmpdir.contains("allowed: wrote") && tmpdir.contains("sdk-host-worker."), "\(tmpdir)")
+    }
+
+    /// Under a filter that takes a layer away: strict refuses to launch, saying `refusal`; bestEffort runs as the
+    /// worker's uid (never root) under seccomp. Returns what bestEffort's worker said of writing its TMPDIR.
+    private func expectStrictRefusesAndBestEffortRuns(
+        _ request: (String, String, Bool) async throws -> (Int32?, String), refusal: String,
+        sourceLocation: SourceLocation = #_sourceLocation
+    ) async throws -> String {
         let (strictStatus, strict) = try await request("com.example.escaper", "layers", false)
-        #expect(strictStatus == 4, "\(strict)")
-        #expect(strict.contains("launch failed: sandbox: root unavailable: pivot_root refused"), "\(strict)")
+        #expect(strictStatus == 4, "\(strict)", sourceLocation: sourceLocation)
+        #expect(strict.contains(refusal), "\(strict)", sourceLocation: sourceLocation)
         let (status, layers) = try await request("com.example.escaper-best-effort", "layers", false)
         let worker = geteuid() == 0 ? 65534 : getuid()
-        #expect(status == 0 && layers.contains("uid \(worker) ") && layers.contains("seccomp 2"), "\(layers)")
-        let (_, tmpdir) = try await request("com.example.escaper-best-effort", "tmpdir", false)
-        #expect(tmpdir.contains("allowed: wrote") && tmpdir.contains("sdk-host-worker."), "\(tmpdir)")
+        #expect(status == 0 && layers.contains("uid \(worker) ") && layers.contains("seccomp 2"), "\(layers)",
+                sourceLocation: sourceLocation)
+        return try await request("com.example.escaper-best-effort", "tmpdir", false).1
     }
 }
 
