@@ -16,7 +16,7 @@ public struct PlistValueEncoder: Sendable {
     /// - Throws: `EncodingError.invalidValue` for a value a property list cannot hold (nil in an array, a top-level
     ///   nil, an integer above Int64.max).
     public func encode<T: Encodable>(_ value: T) throws -> PlistValue {
-        try PlistEncoding.box(value, at: [])
+        try PlistEncoding.box(value, at: nil)
     }
 }
 
@@ -34,116 +34,200 @@ public struct PlistValueDecoder: Sendable {
 }
 
 // MARK: - Encoding
+//
+// The daemon encodes its status (some hundred values) for every `status` a client asks: the leaves (numbers,
+// strings, booleans) go straight in as values, without a container, a dynamic cast per primitive type or a
+// coding path of their own; a coding path is built only when something asks for it (an error, or an
+// `encode(to:)` that reads it).
+
+/// A coding path as a chain from a value up to the root: a level costs one link, not a copy of the path.
+private final class PathLink {
+    let key: any CodingKey
+    let parent: PathLink?
+    init(_ key: any CodingKey, _ parent: PathLink?) {
+        self.key = key
+        self.parent = parent
+    }
+
+    var keys: [any CodingKey] { Optional(self).keys }
+}
+
+extension Optional where Wrapped == PathLink {
+    /// The path from the root.
+    fileprivate var keys: [any CodingKey] {
+        var out: [any CodingKey] = []
+        var link = self
+        while let l = link {
+            out.append(l.key)
+            link = l.parent
+        }
+        return out.reversed()
+    }
+
+    fileprivate func appending(_ key: any CodingKey) -> PathLink { PathLink(key, self) }
+}
 
 /// A container under construction. Classes, so that nested containers handed out earlier can still be filled.
 private final class Node {
-    enum Content { case empty, value(PlistValue), dictionary([String: Node]), array([Node]) }
+    /// What a container holds: a finished value, or a container that may still be filled.
+    enum Child {
+        case value(PlistValue)
+        case node(Node)
+
+        func materialize() -> PlistValue {
+            switch self {
+            case .value(let v): v
+            case .node(let n): n.materialize()
+            }
+        }
+    }
+    enum Content { case empty, value(PlistValue), dictionary([String: Child]), array([Child]) }
     var content: Content = .empty
 
-    func materialize(_ path: [any CodingKey]) throws -> PlistValue {
+    func materialize() -> PlistValue {
         switch content {
         case .empty: return .dictionary([:])  // an encode(to:) that wrote nothing: an empty object
         case .value(let v): return v
-        case .dictionary(let d): return .dictionary(try d.mapValues { try $0.materialize(path) })
-        case .array(let a): return .array(try a.map { try $0.materialize(path) })
+        case .dictionary(let d): return .dictionary(d.mapValues { $0.materialize() })
+        case .array(let a): return .array(a.map { $0.materialize() })
         }
+    }
+
+    func set(_ key: String, _ child: Child) {
+        guard case .dictionary(var d) = content else { return }
+        content = .empty  // keep `d` uniquely referenced while it is changed
+        d[key] = child
+        content = .dictionary(d)
+    }
+
+    func append(_ child: Child) {
+        guard case .array(var a) = content else { return }
+        content = .empty
+        a.append(child)
+        content = .array(a)
     }
 }
 
-private enum PlistEncoding {
-    static func box<T: Encodable>(_ value: T, at path: [any CodingKey]) throws -> PlistValue {
-        if let direct = try primitive(value, at: path) { return direct }
-        let node = Node()
-        try value.encode(to: NodeEncoder(node: node, codingPath: path))
-        return try node.materialize(path)
-    }
+/// Values with a property-list form of their own.
+private protocol PlistPrimitive {
+    func plistValue(at path: @autoclosure () -> [any CodingKey]) throws -> PlistValue
+}
 
-    /// Values with a property-list form of their own.
-    static func primitive(_ value: Any, at path: [any CodingKey]) throws -> PlistValue? {
-        switch value {
-        case let v as PlistValue: return v
-        case let v as PlistDate: return .date(v)
-        case let v as String: return .string(v)
-        case let v as Bool: return .bool(v)
-        case let v as Double: return .real(v)
-        case let v as Float: return .real(Double(v))
-        case let v as Int: return .integer(Int64(v))
-        case let v as Int8: return .integer(Int64(v))
-        case let v as Int16: return .integer(Int64(v))
-        case let v as Int32: return .integer(Int64(v))
-        case let v as Int64: return .integer(v)
-        case let v as UInt8: return .integer(Int64(v))
-        case let v as UInt16: return .integer(Int64(v))
-        case let v as UInt32: return .integer(Int64(v))
-        case let v as UInt: return try unsigned(UInt64(v), path)
-        case let v as UInt64: return try unsigned(v, path)
-        default: return nil
-        }
-    }
+extension PlistValue: PlistPrimitive {
+    fileprivate func plistValue(at path: @autoclosure () -> [any CodingKey]) -> PlistValue { self }
+}
+extension PlistDate: PlistPrimitive {
+    fileprivate func plistValue(at path: @autoclosure () -> [any CodingKey]) -> PlistValue { .date(self) }
+}
+extension String: PlistPrimitive {
+    fileprivate func plistValue(at path: @autoclosure () -> [any CodingKey]) -> PlistValue { .string(self) }
+}
+extension Bool: PlistPrimitive {
+    fileprivate func plistValue(at path: @autoclosure () -> [any CodingKey]) -> PlistValue { .bool(self) }
+}
+extension Double: PlistPrimitive {
+    fileprivate func plistValue(at path: @autoclosure () -> [any CodingKey]) -> PlistValue { .real(self) }
+}
+extension Float: PlistPrimitive {
+    fileprivate func plistValue(at path: @autoclosure () -> [any CodingKey]) -> PlistValue { .real(Double(self)) }
+}
+extension Int: PlistPrimitive {}
+extension Int8: PlistPrimitive {}
+extension Int16: PlistPrimitive {}
+extension Int32: PlistPrimitive {}
+extension Int64: PlistPrimitive {}
+extension UInt: PlistPrimitive {}
+extension UInt8: PlistPrimitive {}
+extension UInt16: PlistPrimitive {}
+extension UInt32: PlistPrimitive {}
+extension UInt64: PlistPrimitive {}
 
-    static func unsigned(_ v: UInt64, _ path: [any CodingKey]) throws -> PlistValue {
-        guard let i = Int64(exactly: v) else {
-            throw EncodingError.invalidValue(v, .init(codingPath: path, debugDescription: "\(v) does not fit a property-list integer (Int64)"))
+extension PlistPrimitive where Self: FixedWidthInteger {
+    /// An integer, if it fits a property list's (Int64): a UInt64 above Int64.max does not.
+    fileprivate func plistValue(at path: @autoclosure () -> [any CodingKey]) throws -> PlistValue {
+        guard let i = Int64(exactly: self) else {
+            throw EncodingError.invalidValue(self, .init(codingPath: path(), debugDescription: "\(self) does not fit a property-list integer (Int64)"))
         }
         return .integer(i)
     }
 }
 
+private enum PlistEncoding {
+    static func box<T: Encodable>(_ value: T, at path: PathLink?) throws -> PlistValue {
+        if let primitive = value as? any PlistPrimitive { return try primitive.plistValue(at: path.keys) }
+        let node = Node()
+        try value.encode(to: NodeEncoder(node: node, path: path))
+        return node.materialize()
+    }
+}
+
 private struct NodeEncoder: Encoder {
     let node: Node
-    let codingPath: [any CodingKey]
+    let path: PathLink?
+    var codingPath: [any CodingKey] { path.keys }
     var userInfo: [CodingUserInfoKey: Any] { [:] }
 
     func container<Key: CodingKey>(keyedBy type: Key.Type) -> KeyedEncodingContainer<Key> {
         if case .dictionary = node.content {} else { node.content = .dictionary([:]) }
-        return KeyedEncodingContainer(KeyedNodeContainer<Key>(node: node, codingPath: codingPath))
+        return KeyedEncodingContainer(KeyedNodeContainer<Key>(node: node, path: path))
     }
 
     func unkeyedContainer() -> any UnkeyedEncodingContainer {
         if case .array = node.content {} else { node.content = .array([]) }
-        return UnkeyedNodeContainer(node: node, codingPath: codingPath)
+        return UnkeyedNodeContainer(node: node, path: path)
     }
 
-    func singleValueContainer() -> any SingleValueEncodingContainer { SingleNodeContainer(node: node, codingPath: codingPath) }
+    func singleValueContainer() -> any SingleValueEncodingContainer { SingleNodeContainer(node: node, path: path) }
 }
 
 private struct KeyedNodeContainer<Key: CodingKey>: KeyedEncodingContainerProtocol {
     let node: Node
-    let codingPath: [any CodingKey]
-
-    private func set(_ key: Key, _ child: Node) {
-        guard case .dictionary(var d) = node.content else { return }
-        node.content = .empty  // keep `d` uniquely referenced while it is changed
-        d[key.stringValue] = child
-        node.content = .dictionary(d)
-    }
+    let path: PathLink?
+    var codingPath: [any CodingKey] { path.keys }
 
     mutating func encodeNil(forKey key: Key) throws {}  // property lists have no null: the key is left out
 
     mutating func encode<T: Encodable>(_ value: T, forKey key: Key) throws {
-        let child = Node()
-        child.content = .value(try PlistEncoding.box(value, at: codingPath + [key]))
-        set(key, child)
+        node.set(key.stringValue, .value(try PlistEncoding.box(value, at: path.appending(key))))
     }
+
+    // The leaves, without a box of their own.
+    private func leaf(_ value: some PlistPrimitive, _ key: Key) throws {
+        node.set(key.stringValue, .value(try value.plistValue(at: path.appending(key).keys)))
+    }
+    mutating func encode(_ value: Bool, forKey key: Key) throws { try leaf(value, key) }
+    mutating func encode(_ value: String, forKey key: Key) throws { try leaf(value, key) }
+    mutating func encode(_ value: Double, forKey key: Key) throws { try leaf(value, key) }
+    mutating func encode(_ value: Float, forKey key: Key) throws { try leaf(value, key) }
+    mutating func encode(_ value: Int, forKey key: Key) throws { try leaf(value, key) }
+    mutating func encode(_ value: Int8, forKey key: Key) throws { try leaf(value, key) }
+    mutating func encode(_ value: Int16, forKey key: Key) throws { try leaf(value, key) }
+    mutating func encode(_ value: Int32, forKey key: Key) throws { try leaf(value, key) }
+    mutating func encode(_ value: Int64, forKey key: Key) throws { try leaf(value, key) }
+    mutating func encode(_ value: UInt, forKey key: Key) throws { try leaf(value, key) }
+    mutating func encode(_ value: UInt8, forKey key: Key) throws { try leaf(value, key) }
+    mutating func encode(_ value: UInt16, forKey key: Key) throws { try leaf(value, key) }
+    mutating func encode(_ value: UInt32, forKey key: Key) throws { try leaf(value, key) }
+    mutating func encode(_ value: UInt64, forKey key: Key) throws { try leaf(value, key) }
 
     mutating func nestedContainer<NestedKey: CodingKey>(keyedBy keyType: NestedKey.Type, forKey key: Key) -> KeyedEncodingContainer<NestedKey> {
         let child = Node()
-        set(key, child)
-        return NodeEncoder(node: child, codingPath: codingPath + [key]).container(keyedBy: keyType)
+        node.set(key.stringValue, .node(child))
+        return NodeEncoder(node: child, path: path.appending(key)).container(keyedBy: keyType)
     }
 
     mutating func nestedUnkeyedContainer(forKey key: Key) -> any UnkeyedEncodingContainer {
         let child = Node()
-        set(key, child)
-        return NodeEncoder(node: child, codingPath: codingPath + [key]).unkeyedContainer()
+        node.set(key.stringValue, .node(child))
+        return NodeEncoder(node: child, path: path.appending(key)).unkeyedContainer()
     }
 
     mutating func superEncoder() -> any Encoder { superEncoder(forKey: Key(stringValue: "super")!) }
 
     mutating func superEncoder(forKey key: Key) -> any Encoder {
         let child = Node()
-        set(key, child)
-        return NodeEncoder(node: child, codingPath: codingPath + [key])
+        node.set(key.stringValue, .node(child))
+        return NodeEncoder(node: child, path: path.appending(key))
     }
 }
 
@@ -157,53 +241,65 @@ private struct IndexKey: CodingKey {
 
 private struct UnkeyedNodeContainer: UnkeyedEncodingContainer {
     let node: Node
-    let codingPath: [any CodingKey]
+    let path: PathLink?
+    var codingPath: [any CodingKey] { path.keys }
     var count: Int { if case .array(let a) = node.content { a.count } else { 0 } }
-
-    private func append(_ child: Node) {
-        guard case .array(var a) = node.content else { return }
-        node.content = .empty
-        a.append(child)
-        node.content = .array(a)
-    }
 
     mutating func encodeNil() throws {
         throw EncodingError.invalidValue(
             Optional<Int>.none as Any,
-            .init(codingPath: codingPath + [IndexKey(count)], debugDescription: "a property-list array cannot hold nil"))
+            .init(codingPath: path.appending(IndexKey(count)).keys, debugDescription: "a property-list array cannot hold nil"))
     }
 
     mutating func encode<T: Encodable>(_ value: T) throws {
-        let child = Node()
-        child.content = .value(try PlistEncoding.box(value, at: codingPath + [IndexKey(count)]))
-        append(child)
+        node.append(.value(try PlistEncoding.box(value, at: path.appending(IndexKey(count)))))
     }
+
+    // The leaves, without a box of their own.
+    private func leaf(_ value: some PlistPrimitive) throws {
+        node.append(.value(try value.plistValue(at: path.appending(IndexKey(count)).keys)))
+    }
+    mutating func encode(_ value: Bool) throws { try leaf(value) }
+    mutating func encode(_ value: String) throws { try leaf(value) }
+    mutating func encode(_ value: Double) throws { try leaf(value) }
+    mutating func encode(_ value: Float) throws { try leaf(value) }
+    mutating func encode(_ value: Int) throws { try leaf(value) }
+    mutating func encode(_ value: Int8) throws { try leaf(value) }
+    mutating func encode(_ value: Int16) throws { try leaf(value) }
+    mutating func encode(_ value: Int32) throws { try leaf(value) }
+    mutating func encode(_ value: Int64) throws { try leaf(value) }
+    mutating func encode(_ value: UInt) throws { try leaf(value) }
+    mutating func encode(_ value: UInt8) throws { try leaf(value) }
+    mutating func encode(_ value: UInt16) throws { try leaf(value) }
+    mutating func encode(_ value: UInt32) throws { try leaf(value) }
+    mutating func encode(_ value: UInt64) throws { try leaf(value) }
 
     mutating func nestedContainer<NestedKey: CodingKey>(keyedBy keyType: NestedKey.Type) -> KeyedEncodingContainer<NestedKey> {
         let child = Node()
-        let path = codingPath + [IndexKey(count)]
-        append(child)
-        return NodeEncoder(node: child, codingPath: path).container(keyedBy: keyType)
+        let link = path.appending(IndexKey(count))
+        node.append(.node(child))
+        return NodeEncoder(node: child, path: link).container(keyedBy: keyType)
     }
 
     mutating func nestedUnkeyedContainer() -> any UnkeyedEncodingContainer {
         let child = Node()
-        let path = codingPath + [IndexKey(count)]
-        append(child)
-        return NodeEncoder(node: child, codingPath: path).unkeyedContainer()
+        let link = path.appending(IndexKey(count))
+        node.append(.node(child))
+        return NodeEncoder(node: child, path: link).unkeyedContainer()
     }
 
     mutating func superEncoder() -> any Encoder {
         let child = Node()
-        let path = codingPath + [IndexKey(count)]
-        append(child)
-        return NodeEncoder(node: child, codingPath: path)
+        let link = path.appending(IndexKey(count))
+        node.append(.node(child))
+        return NodeEncoder(node: child, path: link)
     }
 }
 
 private struct SingleNodeContainer: SingleValueEncodingContainer {
     let node: Node
-    let codingPath: [any CodingKey]
+    let path: PathLink?
+    var codingPath: [any CodingKey] { path.keys }
 
     mutating func encodeNil() throws {
         throw EncodingError.invalidValue(
@@ -211,7 +307,7 @@ private struct SingleNodeContainer: SingleValueEncodingContainer {
     }
 
     mutating func encode<T: Encodable>(_ value: T) throws {
-        node.content = .value(try PlistEncoding.box(value, at: codingPath))
+        node.content = .value(try PlistEncoding.box(value, at: path))
     }
 }
 

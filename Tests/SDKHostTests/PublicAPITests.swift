@@ -45,6 +45,45 @@ struct Greeting: Codable, Equatable {
         #expect(try item.decode(Greeting.self) == value)
     }
 
+    struct EveryPrimitive: Codable, Equatable {
+        var i8: Int8 = -8, i16: Int16 = -16, i32: Int32 = -32, i64: Int64 = .min, i: Int = -1
+        var u8: UInt8 = 8, u16: UInt16 = 16, u32: UInt32 = .max, u64: UInt64 = UInt64(Int64.max), u: UInt = 1
+        var f: Float = 0.5, d: Double = -0.25, b: Bool = true, s: String = "é", date = PlistDate(secondsSince1970: 2)
+        var list: [Int16] = [1, -1], flags: [Bool] = [false], plist: PlistValue = ["k": [1, "v"]]
+    }
+
+    /// Reads its encoder's coding path, as some hand-written `encode(to:)`s do.
+    struct PathReporter: Encodable {
+        func encode(to encoder: any Encoder) throws {
+            var c = encoder.singleValueContainer()
+            try c.encode(encoder.codingPath.map(\.stringValue).joined(separator: "/"))
+        }
+    }
+
+    @Test func everyPrimitiveEncodesAsItsPlistKindAndErrorsNameTheirPath() throws {
+        let value = EveryPrimitive()
+        let plist = try PlistValueEncoder().encode(value)
+        #expect(plist["i64"] == .integer(.min) && plist["u32"] == .integer(Int64(UInt32.max)) && plist["u64"] == .integer(.max))
+        #expect(plist["f"] == .real(0.5) && plist["b"] == .bool(true) && plist["s"] == .string("é"))
+        #expect(plist["date"] == .date(PlistDate(secondsSince1970: 2)) && plist["list"] == [1, -1] && plist["plist"] == ["k": [1, "v"]])
+        #expect(try PlistValueDecoder().decode(EveryPrimitive.self, from: plist) == value)
+        // An integer past Int64.max, deep inside: the error's path leads to it, keyed and unkeyed.
+        struct Deep: Encodable { var outer: [String: [UInt64]] }
+        do {
+            _ = try PlistValueEncoder().encode(Deep(outer: ["a": [1, .max]]))
+            Issue.record("encoded UInt64.max")
+        } catch let EncodingError.invalidValue(_, context) {
+            #expect(context.codingPath.map(\.stringValue) == ["outer", "a", "Index 1"])
+        }
+        do {
+            _ = try PlistValueEncoder().encode(["x": [Int?.some(1), nil]])
+            Issue.record("encoded nil in an array")
+        } catch let EncodingError.invalidValue(_, context) {
+            #expect(context.codingPath.map(\.stringValue) == ["x", "Index 1"])
+        }
+        #expect(try PlistValueEncoder().encode(["p": [PathReporter()]]) == ["p": ["p/Index 0"]])
+    }
+
     @Test func decodingErrorsNameThePath() throws {
         let bad: PlistValue = ["name": "Ada", "times": "three", "scores": [], "tags": [:], "when": .date(PlistDate(secondsSince1970: 0)), "nested": []]
         do {
