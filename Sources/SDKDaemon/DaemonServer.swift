@@ -128,9 +128,17 @@ package final class DaemonServer: @unchecked Sendable {
     /// Clients connected now.
     package var sessionCount: Int { sessions.count }
     /// The most requests one connected client has in flight.
-    package var largestClientInFlight: Int { sessions.values.map(\.internalIDs.count).max() ?? 0 }
+    package var largestClientInFlight: Int {
+        var largest = 0
+        for session in sessions.values { largest = max(largest, session.internalIDs.count) }
+        return largest
+    }
     /// Requests of connected clients that have not ended.
-    package var clientRequestCount: Int { sessions.values.reduce(0) { $0 + $1.internalIDs.count } }
+    package var clientRequestCount: Int {
+        var count = 0
+        for session in sessions.values { count += session.internalIDs.count }
+        return count
+    }
     /// Bytes and descriptors all clients' requests hold (0 once every request has ended).
     package var heldByClientRequests: (bytes: Int, descriptors: Int) { (pendingRequestBytes, pendingDescriptors) }
 

@@ -83,7 +83,9 @@ package final class SimulatedKernel: @unchecked Sendable {
         }
     }
 
-    private var table: [Int32: Endpoint] = [:]
+    /// The open ends by descriptor, from `firstDescriptor` on: a kernel never reuses a number, so a slot is the
+    /// descriptor's for good (an array: the loop asks every watched descriptor's readiness at every turn).
+    private var table: [Endpoint?] = []
     private var nextDescriptor = SimulatedKernel.firstDescriptor
 
     package init(capacity: Int = 32 * 1024) {
@@ -91,20 +93,28 @@ package final class SimulatedKernel: @unchecked Sendable {
     }
 
     /// Simulated descriptors open now (a schedule ends with none).
-    package var openCount: Int { table.count }
+    package private(set) var openCount = 0
 
     /// The open simulated descriptors, for a failure's report.
-    package var openDescriptors: [Int32] { table.keys.sorted() }
+    package var openDescriptors: [Int32] { table.indices.filter { table[$0] != nil }.map { Self.firstDescriptor + Int32($0) } }
+
+    /// `fd`'s open end, or nil.
+    @inline(__always)
+    private func lookup(_ fd: Int32) -> Endpoint? {
+        let slot = Int(fd) - Int(Self.firstDescriptor)
+        return slot >= 0 && slot < table.count ? table[slot] : nil
+    }
 
     private func install(_ endpoint: Endpoint) -> Int32 {
         let fd = nextDescriptor
         nextDescriptor += 1
-        table[fd] = endpoint
+        table.append(endpoint)
+        openCount += 1
         return fd
     }
 
     private func endpoint(_ fd: Int32, _ operation: String) -> Endpoint {
-        guard let endpoint = table[fd] else { fatalError("\(operation): simulated descriptor \(fd) is not open — a descriptor bug") }
+        guard let endpoint = lookup(fd) else { fatalError("\(operation): simulated descriptor \(fd) is not open — a descriptor bug") }
         return endpoint
     }
 
@@ -137,9 +147,11 @@ package final class SimulatedKernel: @unchecked Sendable {
 
     /// close(2).
     package func close(_ fd: Int32) {
-        guard let endpoint = table.removeValue(forKey: fd) else {
+        guard let endpoint = lookup(fd) else {
             fatalError("close(\(fd)): EBADF — a simulated descriptor closed twice or never open")
         }
+        table[Int(fd) - Int(Self.firstDescriptor)] = nil
+        openCount -= 1
         endpoint.references -= 1
         guard endpoint.references == 0 else { return }
         if let inbound = endpoint.inbound {
@@ -244,7 +256,7 @@ package final class SimulatedKernel: @unchecked Sendable {
 
     /// What epoll would report for `fd` now (level-triggered), before masking with what is watched.
     package func readiness(_ fd: Int32) -> UInt32 {
-        guard let endpoint = table[fd] else { return 0 }
+        guard let endpoint = lookup(fd) else { return 0 }
         let readable = SDK_EPOLLIN, writable = SDK_EPOLLOUT, peerClosed = SDK_EPOLLRDHUP
         let hangUp: UInt32 = 0x10, error: UInt32 = 0x08
         switch endpoint.kind {

@@ -241,3 +241,11 @@ func startDetachedThread(named name: String, _ body: @escaping () -> Void) -> In
     }
     return rc
 }
+
+extension Array where Element == UInt8 {
+    /// `count` bytes left as they are until written: a buffer that reads fill, without zeroing it first (zeroing a
+    /// connection's 16 KiB read buffer cost more than its first reads).
+    package init(uninitializedCount count: Int) {
+        self.init(unsafeUninitializedCapacity: count) { _, initialized in initialized = count }
+    }
+}

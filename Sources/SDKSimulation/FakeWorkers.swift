@@ -134,7 +134,7 @@ package final class FakeWorker: WorkerChild, @unchecked Sendable {
 struct SocketInbox {
     private var reader = FrameReader()
     private var incoming = IncomingDescriptors()
-    private var buffer = [UInt8](repeating: 0, count: 16384)
+    private var buffer = [UInt8](uninitializedCount: 16384)
 
     /// Reads everything `socket` (non-blocking) holds, until EAGAIN. Returns whether the peer has gone (end of
     /// file, or a reset: it closed with something of ours unread). A short read does not mean the socket is
@@ -160,6 +160,39 @@ struct SocketInbox {
 
     /// The next whole message read, or nil (none, or one that does not decode).
     mutating func nextMessage() -> Message? { try? incoming.nextMessage(from: &reader) }
+}
+
+/// Workers' temp folders, in memory (`HostConfiguration.workerFolders`): the engine makes one for each worker and
+/// removes it when the worker is gone; a schedule ends with none left and none removed that was not made.
+package final class SimWorkerFolders: WorkerFolders, @unchecked Sendable {
+    // @unchecked Sendable: its state is behind the Mutex.
+    private let state = Mutex<(made: Int, live: Set<String>, problem: String?)>((0, [], nil))
+
+    package init() {}
+
+    package func make(in base: String) throws(HostError) -> String {
+        state.withLock { s in
+            s.made += 1
+            let folder = "\(base)/sim-worker.\(s.made)"
+            s.live.insert(folder)
+            return folder
+        }
+    }
+
+    @discardableResult
+    package func remove(_ folder: String) -> Bool {
+        state.withLock { s in
+            if s.live.remove(folder) == nil, s.problem == nil {
+                s.problem = "the worker folder \(folder) was removed but never made, or removed twice"
+            }
+            return true
+        }
+    }
+
+    /// Folders made and not removed, sorted.
+    package var live: [String] { state.withLock { $0.live.sorted() } }
+    /// The first removal of a folder that was not there.
+    package var problem: String? { state.withLock { $0.problem } }
 }
 
 /// Creates fake workers; can be told to fail the next spawn.

@@ -231,6 +231,8 @@ package struct Simulation {
         configuration.exitNoticeWatcher = launcher.notices
         configuration.drivenLoop = true
         configuration.launcher = launcher
+        let folders = SimWorkerFolders()
+        configuration.workerFolders = folders
         configuration.allowedSandboxModes = [.strict, .bestEffort, .none]
         configuration.logLevel = .error
         if getenv("SIM_LOG") != nil {
@@ -244,8 +246,6 @@ package struct Simulation {
         configuration.heartbeatIntervalSeconds = 1
         configuration.heartbeatTimeoutSeconds = 3
         configuration.workerExitGracePeriodSeconds = 1
-        // Each worker gets a temp folder, made and removed on its spawn and death: on tmpfs, not on disk.
-        if access("/dev/shm", W_OK) == 0 { configuration.temporaryDirectory = "/dev/shm" }
         let state = ScheduleState(identifier: SimulationWorld.identifier)
         func failure(_ what: String) -> String {
             "seed \(seed): \(what)\n  \(fullTrace ? "steps" : "last steps"):\n    "
@@ -301,12 +301,15 @@ package struct Simulation {
                         + "\(daemonConfiguration.maxInFlightRequests)")
                 }
                 // A worker's death, once reaped, ends what it was running (or sends it on): nothing stays with it.
-                let workers = launcher.workers
-                for id in engine.activeRequestIDs {
-                    guard let pid = engine.workerPID(serving: id), let worker = workers.first(where: { $0.pid == pid }),
-                        !worker.alive, worker.shared.withLock({ $0.reaped })
-                    else { continue }
-                    return failure("request \(id) is still with worker \(pid), which is dead and reaped")
+                var reaped: Set<pid_t> = []
+                for worker in launcher.workers where !worker.alive && worker.shared.withLock({ $0.reaped }) {
+                    reaped.insert(worker.pid)
+                }
+                if !reaped.isEmpty {
+                    for id in engine.activeRequestIDs {
+                        guard let pid = engine.workerPID(serving: id), reaped.contains(pid) else { continue }
+                        return failure("request \(id) is still with worker \(pid), which is dead and reaped")
+                    }
                 }
                 return nil
             }
@@ -366,6 +369,8 @@ package struct Simulation {
                 if worker.alive || !s.reaped || s.exitFDOpen { return failure("fake worker \(worker.pid) not reaped and closed") }
             }
             if launcher.notices.count != 0 { return failure("\(launcher.notices.count) exit-notice watch(es) outlived their workers") }
+            if let problem = folders.problem { return failure(problem) }
+            if !folders.live.isEmpty { return failure("worker temp folder(s) left: \(folders.live.joined(separator: ", "))") }
             for outcome in all.values.compactMap(\.first) { tally.add(outcome) }
             tally.filesReturned += state.filesReturned.withLock { $0 }
             tally.clients += clients.clients.count

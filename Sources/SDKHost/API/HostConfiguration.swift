@@ -189,6 +189,8 @@ public struct HostConfiguration: Sendable {
     package static let busyPollMicrosecondsRange = 0...1000
     /// Creates workers (tests substitute failing or in-process launchers); nil for posix_spawn.
     package var launcher: (any WorkerLauncher)?
+    /// Makes and removes workers' temp folders; nil for the file system (the simulation keeps them in memory).
+    package var workerFolders: (any WorkerFolders)?
     /// The sandbox launcher; nil looks for `sdk-host-launcher` next to the running executable, then in
     /// `executableSearchPaths`.
     public var launcherPath: String?
@@ -324,10 +326,14 @@ package struct WorkerIdentity: Sendable, Equatable {
             }
             self.init(uid: uid, gid: gid)
         } else {
-            let passwd = (try? readFile("/etc/passwd")).map { String(decoding: $0, as: UTF8.self) } ?? ""
-            let entry = passwd.split(separator: "\n").map { $0.split(separator: ":", omittingEmptySubsequences: false) }
-                .first { $0.count >= 4 && $0[0] == Substring(user) }
-            if let entry, let uid = UInt32(entry[2]), let gid = UInt32(entry[3]) {
+            // Only the line that names the user is split (every engine resolves this once: split whole, a
+            // passwd file cost more than the rest of the engine's start).
+            let passwd = (try? readFile("/etc/passwd")) ?? []
+            let prefix = Array(user.utf8) + [UInt8(ascii: ":")]
+            let entry = passwd.split(separator: UInt8(ascii: "\n")).first { $0.starts(with: prefix) }
+                .map { $0.split(separator: UInt8(ascii: ":"), omittingEmptySubsequences: false) }
+            func number(_ field: ArraySlice<UInt8>) -> UInt32? { UInt32(String(decoding: field, as: UTF8.self)) }
+            if let entry, entry.count >= 4, let uid = number(entry[2]), let gid = number(entry[3]) {
                 self.init(uid: uid, gid: gid)
             } else if user == "nobody" {
                 self.init(uid: 65534, gid: 65534)  // the conventional nobody, where /etc/passwd has none

@@ -65,7 +65,7 @@ extension HostEngine {
                 manifest, executable: path, environment: environment, launcher: launcherPath,
                 runtimePaths: configuration.runtimePaths, worker: workerIdentity,
                 temporaryBase: configuration.temporaryDirectory,
-                premadeDirectory: premade, measured: configuration.measuresSandboxLayers, networkNamespace: network,
+                premadeDirectory: premade, folders: workerFolders, measured: configuration.measuresSandboxLayers, networkNamespace: network,
                 deviceFolder: policy.sandbox == .none ? nil : deviceFolderForWorkers(),
                 rootTemplates: policy.sandbox == .none ? nil : rootTemplatesForWorkers())
         } catch {
@@ -79,7 +79,7 @@ extension HostEngine {
         do {
             launched = try launcher.launch(spawn.request)
         } catch {
-            if let folder = spawn.temporaryDirectory { removeTree(folder) }
+            if let folder = spawn.temporaryDirectory { workerFolders.remove(folder) }
             throw HostError(.system, "\(manifest.identifier): cannot launch \(path): \(error)")
         }
         let worker = WorkerProcess(extensionID: manifest.identifier, policy: manifest.policy, poolKey: poolKey, app: app,
@@ -222,7 +222,7 @@ extension HostEngine {
     func makeSpareWorkerDirectory() {
         guard spareWorkerDirectory == nil, !shuttingDown else { return }
         do throws(HostError) {
-            spareWorkerDirectory = try SandboxProfile.makeWorkerDirectory(in: configuration.temporaryDirectory)
+            spareWorkerDirectory = try workerFolders.make(in: configuration.temporaryDirectory)
         } catch {
             // The next spawn makes its own and reports why it cannot.
         }

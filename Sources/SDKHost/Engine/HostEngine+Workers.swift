@@ -400,7 +400,7 @@ extension HostEngine {
     func removeTemporaryDirectory(_ worker: WorkerProcess) {
         guard let folder = worker.temporaryDirectory else { return }
         worker.temporaryDirectory = nil
-        if !removeTree(folder) { log(.warning, "\(worker.extensionID): cannot remove the worker's temp folder \(folder)") }
+        if !workerFolders.remove(folder) { log(.warning, "\(worker.extensionID): cannot remove the worker's temp folder \(folder)") }
     }
 
     func recordCrash(_ worker: WorkerProcess, reason: InterruptionReason, inFlight: [RequestID]) {

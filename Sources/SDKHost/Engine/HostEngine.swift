@@ -63,10 +63,12 @@ package final class HostEngine: @unchecked Sendable {
     /// The last pool key made (extension, app, key): a daemon client's requests all ask for the same one, and
     /// building it joins two strings.
     var lastPoolKey: (extensionID: String, app: String?, key: String)?
-    var readBuffer = [UInt8](repeating: 0, count: 64 * 1024)
+    var readBuffer = [UInt8](uninitializedCount: 64 * 1024)
     var heartbeatTimer: TimerID?
     /// The uid and gid a root host's workers run as (`HostConfiguration.workerUser`), resolved once.
     let workerIdentity: WorkerIdentity
+    /// Where workers' temp folders are made (`HostConfiguration.workerFolders`).
+    let workerFolders: any WorkerFolders
     /// The private temp folder the next sandboxed worker gets, made ahead of its spawn (`makeSpareWorkerDirectory`).
     var spareWorkerDirectory: String?
     var shuttingDown = false
@@ -88,6 +90,7 @@ package final class HostEngine: @unchecked Sendable {
             throw HostError(error.code, "workerUser: \(error.detail)")
         }
         launcher = configuration.launcher ?? PosixLauncher()
+        workerFolders = configuration.workerFolders ?? FileSystemFolders()
         launcherPath = SandboxProfile.findLauncher(configured: configuration.launcherPath,
                                                    searchPaths: configuration.executableSearchPaths)
         let (found, problems) = try ExtensionManifest.discover(in: configuration)
@@ -392,7 +395,7 @@ package final class HostEngine: @unchecked Sendable {
         keepAliveUntilStopped = self
         if let spare = spareWorkerDirectory {
             spareWorkerDirectory = nil
-            removeTree(spare)
+            workerFolders.remove(spare)
         }
         if let fd = sharedNetworkNamespace, fd >= 0 { close(fd) }
         sharedNetworkNamespace = -1

@@ -45,6 +45,23 @@ package struct LaunchedWorker: ~Copyable {
     }
 }
 
+/// Makes and removes workers' private temp folders: in the file system, or (the simulation) in memory.
+package protocol WorkerFolders: Sendable {
+    /// A new private folder in `base`.
+    func make(in base: String) throws(HostError) -> String
+    /// Removes `folder` and what the worker left in it; whether it is gone.
+    @discardableResult
+    func remove(_ folder: String) -> Bool
+}
+
+/// Workers' folders in the file system: `sdk-host-worker.<host pid>.XXXXXX`, mode 0700, removed whole.
+package struct FileSystemFolders: WorkerFolders {
+    package init() {}
+    package func make(in base: String) throws(HostError) -> String { try SandboxProfile.makeWorkerDirectory(in: base) }
+    @discardableResult
+    package func remove(_ folder: String) -> Bool { removeTree(folder) }
+}
+
 /// Creates worker processes.
 package protocol WorkerLauncher: Sendable {
     func launch(_ request: SpawnRequest) throws(SystemError) -> LaunchedWorker

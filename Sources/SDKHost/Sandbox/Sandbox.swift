@@ -56,6 +56,7 @@ package enum SandboxProfile {
     static func spawn(
         _ manifest: ExtensionManifest, executable path: String, environment: [String], launcher: String?,
         runtimePaths: [String], worker: WorkerIdentity, temporaryBase: String, premadeDirectory: String? = nil,
+        folders: any WorkerFolders = FileSystemFolders(),
         measured: Bool = false, networkNamespace: Int32 = -1, deviceFolder: String? = nil, rootTemplates: String? = nil
     ) throws(HostError) -> SandboxedSpawn {
         let policy = manifest.policy
@@ -73,7 +74,7 @@ package enum SandboxProfile {
                     + "the host executable or in the executable search paths"
                     + (policy.sandbox == .none ? " (ExecutableSHA256 is checked by the launcher)" : ""))
             }
-            if let premadeDirectory { removeTree(premadeDirectory) }
+            if let premadeDirectory { folders.remove(premadeDirectory) }
             return SandboxedSpawn(request: SpawnRequest(path: executable, arguments: arguments, environment: environment))
         }
         // Under strict the worker's TMPDIR is its root's own tmpfs (no root, no launch): no folder on the host.
@@ -83,7 +84,7 @@ package enum SandboxProfile {
         } else if let premadeDirectory {
             temporary = premadeDirectory
         } else {
-            temporary = try makeWorkerDirectory(in: temporaryBase)
+            temporary = try folders.make(in: temporaryBase)
         }
         // A root host's bestEffort worker runs as WorkerUser: its folder is made its own here, so that it stays
         // writable wherever the worker gets no root (the launcher, in a user namespace by then, could not chown it).
@@ -132,7 +133,7 @@ package enum SandboxProfile {
         var encoder = BinaryPlistEncoder()
         encoder.encode(.dictionary(profile), appendingTo: &bytes)
         guard bytes.count <= SpawnRequest.maxProfileBytes else {
-            if let temporary { removeTree(temporary) }
+            if let temporary { folders.remove(temporary) }
             throw HostError(.invalidManifest, "\(manifest.manifestPath): the sandbox profile is \(bytes.count) bytes, "
                 + "over \(SpawnRequest.maxProfileBytes): ReadablePaths or WritablePaths are too long")
         }

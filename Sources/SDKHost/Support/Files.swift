@@ -30,16 +30,34 @@ package func readFile(_ path: String) throws(SystemError) -> [UInt8] {
     let fd = open(path, O_RDONLY | O_CLOEXEC)
     guard fd >= 0 else { throw SystemError("open", errno: errno, detail: path) }
     defer { close(fd) }
+    // Read straight into the result, sized by the file (one byte more, so that a file that has not grown ends in
+    // one read more); a file that grows meanwhile (or one of /proc's, sized 0) gets more room as it is read.
+    var info = stat()
+    var capacity = fstat(fd, &info) == 0 ? max(Int(info.st_size) + 1, 512) : 4096
     var out: [UInt8] = []
-    var chunk = [UInt8](repeating: 0, count: 65536)
     while true {
-        let n = chunk.withUnsafeMutableBytes { read(fd, $0.baseAddress, $0.count) }
-        if n < 0 {
-            if errno == EINTR { continue }
-            throw SystemError("read", errno: errno, detail: path)
+        var failure: Int32 = 0
+        var ended = false
+        let previous = out
+        out = [UInt8](unsafeUninitializedCapacity: capacity) { buffer, initialized in
+            initialized = UnsafeMutableBufferPointer(rebasing: buffer[..<previous.count]).initialize(from: previous).1
+            while initialized < capacity {
+                let n = read(fd, buffer.baseAddress! + initialized, capacity - initialized)
+                if n < 0 {
+                    if errno == EINTR { continue }
+                    failure = errno
+                    return
+                }
+                if n == 0 {
+                    ended = true
+                    return
+                }
+                initialized += n
+            }
         }
-        if n == 0 { return out }
-        out.append(contentsOf: chunk[0..<n])
+        if failure != 0 { throw SystemError("read", errno: failure, detail: path) }
+        if ended { return out }
+        capacity *= 2
     }
 }
 

@@ -52,7 +52,7 @@ package final class FramedConnection {
     private var descriptorsWrittenCount = 0
     private var wantsWritable = false
     private var flushScheduled = false
-    private var readBuffer = [UInt8](repeating: 0, count: 16 * 1024)
+    private var readBuffer = [UInt8](uninitializedCount: 16 * 1024)
     private var onMessage: ((Message) -> Void)?
     private var onEnd: ((ConnectionEnd) -> Void)?
     private var registered = false
