@@ -38,7 +38,13 @@ public final class ExitNoticePage: @unchecked Sendable {
     /// FUTEX_WAITERS: the kernel wakes a waiter of a dead owner's word only when this bit is set.
     static let waitersBit: UInt32 = 0x8000_0000
 
-    private init(word: UnsafeMutablePointer<UInt32>) { self.word = word }
+    /// The page is ordinary heap memory (`unshared`), not a mapping.
+    private let onHeap: Bool
+
+    private init(word: UnsafeMutablePointer<UInt32>, onHeap: Bool = false) {
+        self.word = word
+        self.onHeap = onHeap
+    }
 
     /// A new page and its memfd (close-on-exec) for the child.
     package static func create() throws(SystemError) -> (ExitNoticePage, Int32) {
@@ -48,16 +54,17 @@ public final class ExitNoticePage: @unchecked Sendable {
         return (ExitNoticePage(word: raw.assumingMemoryBound(to: UInt32.self)), fd)
     }
 
-    /// A page no process shares (anonymous memory, no memfd): the simulation's fake workers', which have no
-    /// process to pass a memfd to.
-    package static func unshared() throws(SystemError) -> ExitNoticePage {
-        guard let raw = mmap(nil, Int(SDK_EXIT_NOTICE_BYTES), PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0),
-            raw != MAP_FAILED
-        else { throw SystemError("mmap", errno: errno, detail: "exit-notice page") }
-        return ExitNoticePage(word: raw.assumingMemoryBound(to: UInt32.self))
+    /// A page no process shares (zeroed heap memory, no memfd): the simulation's fake workers', which have no
+    /// process to pass a memfd to (a mapping each cost two syscalls and a page fault).
+    package static func unshared() -> ExitNoticePage {
+        let raw = UnsafeMutableRawPointer.allocate(byteCount: Int(SDK_EXIT_NOTICE_BYTES), alignment: 16)
+        raw.initializeMemory(as: UInt8.self, repeating: 0, count: Int(SDK_EXIT_NOTICE_BYTES))
+        return ExitNoticePage(word: raw.bindMemory(to: UInt32.self, capacity: Int(SDK_EXIT_NOTICE_BYTES) / 4), onHeap: true)
     }
 
-    deinit { munmap(UnsafeMutableRawPointer(word), Int(SDK_EXIT_NOTICE_BYTES)) }
+    deinit {
+        if onHeap { UnsafeMutableRawPointer(word).deallocate() } else { munmap(UnsafeMutableRawPointer(word), Int(SDK_EXIT_NOTICE_BYTES)) }
+    }
 
     /// What the word holds now.
     public var value: UInt32 { sdk_atomic_load_u32(word) }

@@ -85,7 +85,10 @@ package final class SimulatedKernel: @unchecked Sendable {
 
     /// The open ends by descriptor, from `firstDescriptor` on: a kernel never reuses a number, so a slot is the
     /// descriptor's for good (an array: the loop asks every watched descriptor's readiness at every turn).
-    private var table: [Endpoint?] = []
+    /// Not checked for exclusive access at run time: the loop asks it for every watched descriptor at every turn
+    /// (the check cost more than the lookup), and the kernel is confined to one thread, where no access to it
+    /// overlaps another (none calls out while it holds one).
+    @exclusivity(unchecked) private var table: [Endpoint?] = []
     private var nextDescriptor = SimulatedKernel.firstDescriptor
 
     package init(capacity: Int = 32 * 1024) {

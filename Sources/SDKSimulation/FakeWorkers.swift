@@ -33,6 +33,7 @@ package final class FakeWorker: WorkerChild, @unchecked Sendable {
     package var stderrWrite: Int32
     /// What the host sent and the worker has not handled yet.
     private var inbox = SocketInbox()
+    private var encoder = BinaryPlistEncoder()
     package var pending: [RequestID] = []
     /// The files a pending request's begin brought: its completion sends them back.
     package var files: [RequestID: [FileAttachment]] = [:]
@@ -102,7 +103,10 @@ package final class FakeWorker: WorkerChild, @unchecked Sendable {
 
     package func send(_ message: Message) {
         guard alive else { return }
-        let bytes = try! Frame.encode(message.plist)
+        // As the runtime encodes (no dictionary built first).
+        var bytes: [UInt8] = []
+        var outgoing = OutgoingDescriptors()
+        try! outgoing.encode(message, with: &encoder, appendingTo: &bytes)
         let descriptors = message.fileAttachments.map(\.rawDescriptor)
         _ = bytes.withUnsafeBytes { try? sendNonBlocking(socket, $0, descriptors: descriptors) }
     }
@@ -140,6 +144,11 @@ struct SocketInbox {
     /// file, or a reset: it closed with something of ours unread). A short read does not mean the socket is
     /// empty: a read stops after the bytes that brought descriptors.
     mutating func readAll(from socket: Int32) -> Bool {
+        // A simulated socket with nothing to read (no bytes, no end, no reset) is not read: most are idle at most
+        // steps, and a read that finds nothing cost as much as the step's own work.
+        if SimulatedKernel.isSimulated(socket), let kernel = SimulatedKernel.current, kernel.readiness(socket) & SDK_EPOLLIN == 0 {
+            return false
+        }
         var received: [Int32] = []
         while true {
             var truncated = false
@@ -238,7 +247,7 @@ package final class SimLauncher: WorkerLauncher, @unchecked Sendable {
             return s.nextPid
         }
         // The page alone, with no memfd: that would be the worker's descriptor 5, and this worker has no process.
-        let page = try? ExitNoticePage.unshared()
+        let page = ExitNoticePage.unshared()
         let worker = FakeWorker(pid: pid, socket: sv[1], stdoutWrite: out[1], stderrWrite: err[1], exitNotice: page, kernel: kernel)
         state.withLock { $0.workers.append(worker) }
         return LaunchedWorker(child: worker, socket: FileDescriptor(adopting: sv[0]),

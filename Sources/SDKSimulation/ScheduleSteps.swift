@@ -18,6 +18,11 @@ package final class ScheduleState: @unchecked Sendable {
     package private(set) var begun: [RequestID] = []
     package var trace: [String] = []
     package let outcomes = Mutex<[RequestID: [RequestOutcome]]>([:])
+    /// Requests that ended since the last pump began (for `endedBeforeLastPump`), and the first that ended twice:
+    /// kept as outcomes arrive, so that no step walks every outcome.
+    private let ends = Mutex<(since: [RequestID], twice: RequestID?)>(([], nil))
+    /// The first request that ended more than once.
+    package var endedTwice: RequestID? { ends.withLock { $0.twice } }
     /// Partial results the app has taken and not yet credited (`giveCredits`).
     private let credits = Mutex<[RequestID]>([])
     /// Completions that brought files back.
@@ -59,8 +64,8 @@ package final class ScheduleState: @unchecked Sendable {
     /// Lets every live fake worker read what the host sent and answer what a runtime answers by itself (hello,
     /// ping); a worker the host killed dies, one whose socket the host closed exits.
     package func pumpWorkers(_ launcher: SimLauncher) {
-        let endedNow = Set(outcomes.withLock { $0.keys })
-        defer { endedBeforeLastPump = endedNow }
+        let endedSince = ends.withLock { e in defer { e.since = [] }; return e.since }
+        defer { endedBeforeLastPump.formUnion(endedSince) }
         pumps += 1
         for worker in launcher.workers where worker.alive {
             if worker.shared.withLock({ $0.killRequested }) {
@@ -116,7 +121,15 @@ package final class ScheduleState: @unchecked Sendable {
                     } else {
                         kept = outcome
                     }
-                    withExtendedLifetime(handle) { self.outcomes.withLock { $0[id, default: []].append(kept) } }
+                    withExtendedLifetime(handle) {
+                        let count = self.outcomes.withLock { o in
+                            o[id, default: []].append(kept)
+                            return o[id]!.count
+                        }
+                        self.ends.withLock { e in
+                            if count == 1 { e.since.append(id) } else if e.twice == nil { e.twice = id }
+                        }
+                    }
                 },
                 progress: { [self, handle] _ in
                     withExtendedLifetime(handle) {

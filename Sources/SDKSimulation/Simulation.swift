@@ -233,6 +233,9 @@ package struct Simulation {
         configuration.launcher = launcher
         let folders = SimWorkerFolders()
         configuration.workerFolders = folders
+        // The folders are in memory; the engine's one sweep of its temp folder for dead hosts' folders (on a
+        // Dispatch thread, with a descriptor open while it reads) reads the world's small folder, not /tmp.
+        configuration.temporaryDirectory = world.root
         configuration.allowedSandboxModes = [.strict, .bestEffort, .none]
         configuration.logLevel = .error
         if getenv("SIM_LOG") != nil {
@@ -278,17 +281,18 @@ package struct Simulation {
                 if let late = state.partials.withLock({ $0.afterEnd }) {
                     return failure("request \(late) had a partial result after its outcome")
                 }
-                let ended = state.outcomes.withLock { $0 }
-                if let twice = ended.first(where: { $0.value.count > 1 }) {
-                    return failure("request \(twice.key) ended \(twice.value.count) times: \(twice.value)")
+                if let twice = state.endedTwice {
+                    let ends = state.outcomes.withLock { $0[twice] ?? [] }
+                    return failure("request \(twice) ended \(ends.count) times: \(ends)")
                 }
+                let endedCount = state.outcomes.withLock { $0.count }
                 // Per pool: MaxQueuedRequests, plus the requests of workers that died before their handshake, which
                 // go back to the front (at most MaxWorkers × MaxConcurrentRequests = 4 at a time).
                 if engine.longestQueue > Self.maxQueued + 4 {
                     return failure("a queue of \(engine.longestQueue) requests, past MaxQueuedRequests \(Self.maxQueued) + 4 requeued")
                 }
-                if engine.activeRequestCount - daemon.clientRequestCount + ended.count != state.begun.count {
-                    return failure("\(state.begun.count) begun, \(ended.count) ended, \(engine.activeRequestCount) held "
+                if engine.activeRequestCount - daemon.clientRequestCount + endedCount != state.begun.count {
+                    return failure("\(state.begun.count) begun, \(endedCount) ended, \(engine.activeRequestCount) held "
                         + "(\(daemon.clientRequestCount) of them the daemon's clients')")
                 }
                 if let problem = clients.problem { return failure(problem) }
