@@ -101,6 +101,9 @@ package final class SimulatedKernel: @unchecked Sendable {
     /// The open simulated descriptors, for a failure's report.
     package var openDescriptors: [Int32] { table.indices.filter { table[$0] != nil }.map { Self.firstDescriptor + Int32($0) } }
 
+    /// Whether `fd` is open.
+    package func isOpen(_ fd: Int32) -> Bool { lookup(fd) != nil }
+
     /// `fd`'s open end, or nil.
     @inline(__always)
     private func lookup(_ fd: Int32) -> Endpoint? {

@@ -147,6 +147,8 @@ struct SocketInbox {
         // A simulated socket with nothing to read (no bytes, no end, no reset) is not read: most are idle at most
         // steps, and a read that finds nothing cost as much as the step's own work.
         if SimulatedKernel.isSimulated(socket), let kernel = SimulatedKernel.current, kernel.readiness(socket) & SDK_EPOLLIN == 0 {
+            // A closed descriptor also reads as idle: reading it would be the descriptor bug the read reports.
+            precondition(kernel.isOpen(socket), "recvmsg(\(socket)): simulated descriptor not open — a descriptor bug")
             return false
         }
         var received: [Int32] = []

@@ -64,7 +64,8 @@ package final class ScheduleState: @unchecked Sendable {
     /// Lets every live fake worker read what the host sent and answer what a runtime answers by itself (hello,
     /// ping); a worker the host killed dies, one whose socket the host closed exits.
     package func pumpWorkers(_ launcher: SimLauncher) {
-        let endedSince = ends.withLock { e in defer { e.since = [] }; return e.since }
+        // Under the outcomes' lock, which `deliver` holds while it records both: no outcome is half recorded.
+        let endedSince = outcomes.withLock { _ in ends.withLock { e in defer { e.since = [] }; return e.since } }
         defer { endedBeforeLastPump.formUnion(endedSince) }
         pumps += 1
         for worker in launcher.workers where worker.alive {
@@ -122,12 +123,13 @@ package final class ScheduleState: @unchecked Sendable {
                         kept = outcome
                     }
                     withExtendedLifetime(handle) {
-                        let count = self.outcomes.withLock { o in
+                        // The outcome and its note in `ends` together (locks taken in this order only).
+                        self.outcomes.withLock { o in
                             o[id, default: []].append(kept)
-                            return o[id]!.count
-                        }
-                        self.ends.withLock { e in
-                            if count == 1 { e.since.append(id) } else if e.twice == nil { e.twice = id }
+                            let count = o[id]!.count
+                            self.ends.withLock { e in
+                                if count == 1 { e.since.append(id) } else if e.twice == nil { e.twice = id }
+                            }
                         }
                     }
                 },

@@ -146,7 +146,8 @@ extension PlistPrimitive where Self: FixedWidthInteger {
     /// An integer, if it fits a property list's (Int64): a UInt64 above Int64.max does not.
     fileprivate func plistValue(at path: @autoclosure () -> [any CodingKey]) throws -> PlistValue {
         guard let i = Int64(exactly: self) else {
-            throw EncodingError.invalidValue(self, .init(codingPath: path(), debugDescription: "\(self) does not fit a property-list integer (Int64)"))
+            // As a UInt64, whatever its width (what the error carried before).
+            throw EncodingError.invalidValue(UInt64(self), .init(codingPath: path(), debugDescription: "\(self) does not fit a property-list integer (Int64)"))
         }
         return .integer(i)
     }

@@ -82,3 +82,21 @@ import Testing
         }
     }
 }
+
+@Suite struct WorkerIdentityTests {
+    @Test func aUserIsLookedUpByItsWholeNameAndNeverAsRoot() throws {
+        #expect(try WorkerIdentity(resolving: "1234") == WorkerIdentity(uid: 1234, gid: 1234))
+        #expect(try WorkerIdentity(resolving: "1234:99") == WorkerIdentity(uid: 1234, gid: 99))
+        // nobody: /etc/passwd's entry, or the conventional 65534 where it has none.
+        let nobody = try WorkerIdentity(resolving: "nobody")
+        #expect(nobody.uid != 0 && nobody.gid != 0)
+        // A name is compared whole: a value with a ':' after a real name is no user (it once matched the start of
+        // nobody's line), and neither is a prefix of a real name.
+        for value in ["nobody:x", "nobody:x:65534", "nobod", "daemon:x"] {
+            #expect(throws: HostError.self, "\(value)") { try WorkerIdentity(resolving: value) }
+        }
+        #expect(throws: HostError.self) { try WorkerIdentity(resolving: "root") }
+        #expect(throws: HostError.self) { try WorkerIdentity(resolving: "0") }
+        #expect(throws: HostError.self) { try WorkerIdentity(resolving: "12:x") }
+    }
+}

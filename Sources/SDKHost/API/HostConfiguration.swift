@@ -326,14 +326,17 @@ package struct WorkerIdentity: Sendable, Equatable {
             }
             self.init(uid: uid, gid: gid)
         } else {
-            // Only the line that names the user is split (every engine resolves this once: split whole, a
-            // passwd file cost more than the rest of the engine's start).
+            // Only a line whose name field is the user's is split (every engine resolves this once: split whole,
+            // a passwd file cost more than the rest of the engine's start). The name is compared whole: a value
+            // with a ':' in it names no user.
             let passwd = (try? readFile("/etc/passwd")) ?? []
-            let prefix = Array(user.utf8) + [UInt8(ascii: ":")]
-            let entry = passwd.split(separator: UInt8(ascii: "\n")).first { $0.starts(with: prefix) }
-                .map { $0.split(separator: UInt8(ascii: ":"), omittingEmptySubsequences: false) }
+            let colon = UInt8(ascii: ":")
+            let entry = passwd.split(separator: UInt8(ascii: "\n")).lazy
+                .filter { $0.prefix { $0 != colon }.elementsEqual(user.utf8) }
+                .map { $0.split(separator: colon, omittingEmptySubsequences: false) }
+                .first { $0.count >= 4 }
             func number(_ field: ArraySlice<UInt8>) -> UInt32? { UInt32(String(decoding: field, as: UTF8.self)) }
-            if let entry, entry.count >= 4, let uid = number(entry[2]), let gid = number(entry[3]) {
+            if let entry, let uid = number(entry[2]), let gid = number(entry[3]) {
                 self.init(uid: uid, gid: gid)
             } else if user == "nobody" {
                 self.init(uid: 65534, gid: 65534)  // the conventional nobody, where /etc/passwd has none
