@@ -23,6 +23,8 @@ package final class FakeWorker: WorkerChild, @unchecked Sendable {
         package var status: SDKPosix.ExitStatus?
         package var reaped = false
         package var exitFDOpen = true
+        /// What the scheduler has given it, as a test sets it; nil: cannot be read.
+        package var scheduler: SchedulerTimes?
     }
     package let pid: pid_t
     package let exitDescriptor: Int32
@@ -45,6 +47,8 @@ package final class FakeWorker: WorkerChild, @unchecked Sendable {
     /// Every id this worker was sent a begin for, in order.
     package var begins: [RequestID] = []
     package var alive = true
+    /// Whether it answers a ping (a test makes it fall silent).
+    package var answersPings = true
 
     /// Where its descriptors live: the simulated kernel, or (nil) the real one.
     let kernel: SimulatedKernel?
@@ -65,6 +69,8 @@ package final class FakeWorker: WorkerChild, @unchecked Sendable {
     package func signal(_ signal: Int32) {
         shared.withLock { if $0.status == nil { $0.killRequested = true } }
     }
+
+    package func schedulerTimes(of pid: pid_t) -> SchedulerTimes? { shared.withLock { $0.scheduler } }
 
     package func reap() throws(SystemError) -> SDKPosix.ExitStatus? {
         shared.withLock { s -> SDKPosix.ExitStatus? in
@@ -119,7 +125,7 @@ package final class FakeWorker: WorkerChild, @unchecked Sendable {
         while let message = inbox.nextMessage() {
             switch message {
             case .hello: send(.welcome(version: protocolVersion, identifier: identifier, pid: pid))
-            case .ping(let seq): send(.pong(seq: seq))
+            case .ping(let seq): if answersPings { send(.pong(seq: seq)) }
             case .begin(let id, let items, _, _):
                 pending.append(id)
                 begins.append(id)

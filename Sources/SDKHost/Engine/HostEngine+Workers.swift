@@ -72,6 +72,7 @@ extension HostEngine {
             requestSlotFreed(worker)
         case .pong:
             worker.pingSentAt = nil
+            worker.starvationCheck = nil
         case .ping(let seq):
             send(.pong(seq: seq), to: worker)
         case .error(let text, let id):
@@ -451,13 +452,13 @@ extension HostEngine {
             any = true
             checkResidentMemory(worker)
             if let sent = worker.pingSentAt {
-                if now &- sent > nanoseconds(configuration.heartbeatTimeoutSeconds) {
+                if now &- sent > nanoseconds(configuration.heartbeatTimeoutSeconds), !starvedNotHung(worker, now: now, silent: now &- sent) {
                     // What was waiting unread on its socket tells a silent worker (0) from a loop that came late to
-                    // its answer (a loaded suite once killed a worker that should have answered: the cause is open).
+                    // its answer; its threads' states and CPU times tell a hung one from one the machine did not run.
                     var unread: Int32 = 0
                     let asked = ioctl(worker.connection.fd, UInt(FIONREAD), &unread) == 0
                     log(.warning, "\(worker.extensionID) pid \(worker.pid) missed heartbeats for "
-                        + "\(configuration.heartbeatTimeoutSeconds) s; killing it"
+                        + "\(tenths(now &- sent)) s; killing it"
                         + (asked ? " (\(unread) byte(s) unread on its socket; \(threadStates(worker.pid)))" : ""))
                     kill(worker, .hang)
                 }
@@ -469,22 +470,68 @@ extension HostEngine {
         }
         if any && !shuttingDown { scheduleHeartbeat() }
     }
+
+    /// Whether a worker past its heartbeat timeout is runnable but has had almost no CPU since: the machine (or
+    /// its scheduler) is not running it, so its silence says nothing about the worker. Such a worker is given up
+    /// to three more timeouts; one that gets a tenth of a CPU or more in that time and still does not answer is
+    /// hung (a busy loop), as is one asleep, stopped or stuck in the kernel, and is killed at once. A loaded suite
+    /// showed why: a new worker, runnable, waited 9.3 s for a CPU and ran 22 ms while two busy processes ran.
+    func starvedNotHung(_ worker: WorkerProcess, now: UInt64, silent: UInt64) -> Bool {
+        guard silent <= 4 * nanoseconds(configuration.heartbeatTimeoutSeconds),
+            let look = starvation(of: worker, since: worker.starvationCheck, now: now)
+        else { return false }
+        if worker.starvationCheck == nil {
+            log(.warning, "\(worker.extensionID) pid \(worker.pid) missed heartbeats for \(tenths(silent)) s "
+                + "but is runnable (\(look.times.ranNanoseconds / 1_000_000) ms on a CPU and "
+                + "\(look.times.waitedNanoseconds / 1_000_000) ms waiting for one so far): waiting to see whether it gets one")
+        }
+        worker.starvationCheck = look.check
+        return look.starved
+    }
+
+    /// Whether the machine is running `worker`, judged since `check`: nil if it is not runnable (or that cannot be
+    /// read), and its silence is its own; else the check to judge from next time (`check`, or, at the first look,
+    /// a new one, which gives it the benefit of the doubt), and whether it has had under a tenth of a CPU since.
+    func starvation(of worker: WorkerProcess, since check: StarvationCheck?, now: UInt64)
+        -> (check: StarvationCheck, starved: Bool, times: SchedulerTimes)?
+    {
+        guard let times = worker.schedulerTimes(), times.runnable else { return nil }
+        guard let check else { return (StarvationCheck(at: now, ran: times.ranNanoseconds), true, times) }
+        return (check, (times.ranNanoseconds &- check.ran) &* 10 < now &- check.at, times)
+    }
 }
 
-/// Each thread of `pid` as its state letter and where the kernel has it wait ("S futex_wait_queue", "R 0", "D
-/// folio_wait_bit_common"), at most 8: whether a silent worker was runnable, asleep in a call, or stuck in the
-/// kernel. Read once, when a worker is killed as hung.
+/// Nanoseconds as seconds with one decimal ("5.0").
+func tenths(_ nanoseconds: UInt64) -> String {
+    let t = (nanoseconds &+ 50_000_000) / 100_000_000
+    return "\(t / 10).\(t % 10)"
+}
+
+/// Each thread of `pid` as its name, state letter and where the kernel has it wait ("S futex_wait_queue", "R 0",
+/// "D folio_wait_bit_common"), with the time it has run on a CPU and waited for one (schedstat), at most 8:
+/// whether a silent worker was runnable but not run, running, asleep in a call, or stuck in the kernel. Read
+/// once, when a worker is killed as hung.
 func threadStates(_ pid: pid_t) -> String {
     guard let tids = listDirectory("/proc/\(pid)/task") else { return "threads unknown" }
     let states = tids.sorted().prefix(8).map { tid -> String in
-        let stat = (try? readFile("/proc/\(pid)/task/\(tid)/stat")).map { String(decoding: $0, as: UTF8.self) } ?? ""
-        // The state follows the command's closing parenthesis (a command may hold spaces and parentheses).
-        let fields = stat.lastIndex(of: ")").map { stat[stat.index(after: $0)...].split(separator: " ") } ?? []
-        let state = fields.first.map(String.init) ?? "?"
+        let thread = ThreadSchedule(pid: pid, tid: tid)
         let wchan = (try? readFile("/proc/\(pid)/task/\(tid)/wchan")).map { String(decoding: $0, as: UTF8.self) } ?? "?"
-        return "\(state) \(wchan.isEmpty ? "0" : wchan)"
+        let comm = (try? readFile("/proc/\(pid)/task/\(tid)/comm")).map { String(decoding: $0, as: UTF8.self) } ?? "?"
+        let cpu = thread.ran.flatMap { ran in thread.waited.map { " ran \(ran / 1_000_000) ms, waited \($0 / 1_000_000) ms" } } ?? ""
+        return "\(comm.filter { !$0.isNewline }) \(thread.state) \(wchan.isEmpty ? "0" : wchan)\(cpu)"
     }
-    return "threads: " + states.joined(separator: ", ") + (tids.count > 8 ? " and \(tids.count - 8) more" : "")
+    // How the scheduler treats it: its policy and priority, its autogroup (one per session), the CPUs it may use.
+    func field(_ text: String, _ name: String) -> String? {
+        text.split(separator: "\n").first { $0.hasPrefix(name) }.map { line in
+            String((line.split(separator: ":", maxSplits: 1).last ?? "").drop { $0 == " " || $0 == "\t" })
+        }
+    }
+    let sched = (try? readFile("/proc/\(pid)/sched")).map { String(decoding: $0, as: UTF8.self) } ?? ""
+    let status = (try? readFile("/proc/\(pid)/status")).map { String(decoding: $0, as: UTF8.self) } ?? ""
+    let autogroup = (try? readFile("/proc/\(pid)/autogroup")).map { String(decoding: $0, as: UTF8.self) } ?? "?"
+    let placement = "policy \(field(sched, "policy") ?? "?"), prio \(field(sched, "prio") ?? "?"), "
+        + "\(autogroup.filter { !$0.isNewline }), CPUs \(field(status, "Cpus_allowed_list") ?? "?")"
+    return "threads: " + states.joined(separator: ", ") + (tids.count > 8 ? " and \(tids.count - 8) more" : "") + "; " + placement
 }
 
 extension timespec {

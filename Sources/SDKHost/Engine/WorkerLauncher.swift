@@ -22,6 +22,64 @@ package protocol WorkerChild: AnyObject {
     func reap() throws(SystemError) -> ExitStatus?
     /// Releases the exit descriptor. Called once, after the engine stopped watching it.
     func close()
+    /// What the scheduler has given the process `pid` (the worker's own, which is not the host's child when a
+    /// launcher stays as its supervisor), or nil where that cannot be read.
+    func schedulerTimes(of pid: pid_t) -> SchedulerTimes?
+}
+
+extension WorkerChild {
+    /// A real process's, from /proc.
+    package func schedulerTimes(of pid: pid_t) -> SchedulerTimes? { SchedulerTimes(readingProcess: pid) }
+}
+
+/// What the scheduler has given a process: whether any of its threads is runnable now (waiting for a CPU or on
+/// one), and its threads' time on a CPU and waiting for one, in all (`/proc/<pid>/task/*/schedstat`).
+package struct SchedulerTimes: Equatable, Sendable {
+    package var runnable: Bool
+    package var ranNanoseconds: UInt64
+    package var waitedNanoseconds: UInt64
+
+    package init(runnable: Bool, ranNanoseconds: UInt64, waitedNanoseconds: UInt64) {
+        self.runnable = runnable
+        self.ranNanoseconds = ranNanoseconds
+        self.waitedNanoseconds = waitedNanoseconds
+    }
+
+    /// Read from /proc, or nil.
+    init?(readingProcess pid: pid_t) {
+        guard let tids = listDirectory("/proc/\(pid)/task"), !tids.isEmpty else { return nil }
+        var times = SchedulerTimes(runnable: false, ranNanoseconds: 0, waitedNanoseconds: 0)
+        for tid in tids {
+            let thread = ThreadSchedule(pid: pid, tid: tid)
+            if thread.state == "R" { times.runnable = true }
+            times.ranNanoseconds &+= thread.ran ?? 0
+            times.waitedNanoseconds &+= thread.waited ?? 0
+        }
+        self = times
+    }
+}
+
+/// When a silent worker was first seen runnable, and the CPU time it had then.
+struct StarvationCheck: Equatable {
+    var at: UInt64
+    var ran: UInt64
+}
+
+/// One thread's state letter and schedstat, from /proc.
+struct ThreadSchedule {
+    var state = "?"
+    /// Nanoseconds on a CPU, and runnable waiting for one.
+    var ran: UInt64?
+    var waited: UInt64?
+
+    init(pid: pid_t, tid: String) {
+        let stat = (try? readFile("/proc/\(pid)/task/\(tid)/stat")).map { String(decoding: $0, as: UTF8.self) } ?? ""
+        // The state follows the command's closing parenthesis (a command may hold spaces and parentheses).
+        state = stat.lastIndex(of: ")").flatMap { stat[stat.index(after: $0)...].split(separator: " ").first }.map(String.init) ?? "?"
+        let sched = (try? readFile("/proc/\(pid)/task/\(tid)/schedstat")).map { String(decoding: $0, as: UTF8.self) } ?? ""
+        let fields = sched.split(separator: " ").prefix(2).compactMap { UInt64($0.filter(\.isNumber)) }
+        if fields.count == 2 { (ran, waited) = (fields[0], fields[1]) }
+    }
 }
 
 /// What a launcher returns: the child and the host's ends of its channels.

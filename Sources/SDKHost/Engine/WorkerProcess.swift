@@ -59,6 +59,9 @@ final class WorkerProcess {
     var messageLines = LineBudget()
     var pingSentAt: UInt64?
     var pingSeq: Int64 = 0
+    /// When a worker past its heartbeat timeout was first seen runnable, and its CPU time then: whether it gets a
+    /// CPU is judged from there (`HostEngine.starvedNotHung`).
+    var starvationCheck: StarvationCheck?
     var idleTimer: TimerID?
     /// Kills it if it has not exited in time after being retired or losing its socket.
     var exitTimer: TimerID?
@@ -143,6 +146,9 @@ final class WorkerProcess {
     func finishOff() {
         if childOpen { child.signal(SIGKILL) }
     }
+
+    /// What the scheduler has given the worker's own process (`pid`), or nil.
+    func schedulerTimes() -> SchedulerTimes? { child.schedulerTimes(of: pid) }
 
     /// Reaps the process if it has exited.
     func reap() throws(SystemError) -> ExitStatus? {

@@ -1,0 +1,194 @@
+// A worker past its heartbeat timeout is killed as hung unless the scheduler is not running it: runnable, with
+// almost no CPU since (HostEngine.starvedNotHung). A loaded suite showed the case: a new worker, runnable,
+// waited 9.3 s for a CPU and ran 22 ms while two busy processes ran, and was killed as hung. Driven here with a
+// manual clock and a fake worker whose scheduler times the test sets.
+import SDKWire
+import HostTestSupport
+@testable import SDKHost
+import SDKPosix
+import SDKSimulation
+import Synchronization
+import Testing
+
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// A value shared with the engine's callbacks.
+final class Shared<Value: Sendable>: Sendable {
+    let value: Mutex<Value>
+    init(_ value: Value) { self.value = Mutex(value) }
+    func withLock<R>(_ body: (inout Value) -> R) -> R { value.withLock { body(&$0) } }
+}
+
+@Suite(.serialized) struct StarvedWorkerTests {
+    /// An engine on its own loop with a manual clock, one fake worker serving one request that never ends, and
+    /// what it logs. The worker has answered its hello; it never answers a ping.
+    final class Rig {
+        let temp: TemporaryExtension
+        let clock = ManualClock()
+        let launcher = SimLauncher()
+        let engine: HostEngine
+        let log = Shared<[String]>([])
+        let worker: FakeWorker
+        let outcome = Shared<RequestOutcome?>(nil)
+
+        init(deadline: Double? = nil) async throws {
+            let temp = TemporaryExtension(identifier: "com.example.starved", executable: "Echo")
+            self.temp = temp
+            let clock = self.clock, launcher = self.launcher
+            var configuration = HostConfiguration(extensionSearchPaths: [temp.root])
+            configuration.clock = clock
+            configuration.exitNoticeWatcher = launcher.notices
+            configuration.launcher = launcher
+            configuration.logLevel = .warning
+            let log = self.log
+            configuration.logHandler = { _, line in log.withLock { $0.append(line) } }
+            configuration.heartbeatInterval = .seconds(1)
+            configuration.heartbeatTimeout = .seconds(3)
+            configuration.cancelGracePeriod = .seconds(2)
+            let engine = try HostEngine(configuration: configuration)
+            self.engine = engine
+            let outcome = self.outcome
+            engine.submit(SubmittedRequest(
+                id: RequestID(high: 1, low: 2), extensionID: "com.example.starved", items: [], deadline: deadline,
+                onWorkerAssigned: nil, deliver: { result in outcome.withLock { $0 = result } }))
+            var found: FakeWorker?
+            for _ in 0..<2000 where found == nil {
+                await Self.settle(engine)
+                found = launcher.workers.first
+                if let found { _ = found.pump(identifier: "com.example.starved") }  // its hello, answered
+            }
+            let worker = try #require(found)
+            await Self.settle(engine)
+            _ = worker.pump(identifier: "com.example.starved")  // the begin
+            #expect(worker.begins.count == 1)
+            worker.answersPings = false
+            self.worker = worker
+        }
+
+        static func settle(_ engine: HostEngine) async {
+            for _ in 0..<4 {
+                await withCheckedContinuation { (c: CheckedContinuation<Void, Never>) in
+                    if !engine.loop.execute({ c.resume() }) { c.resume() }
+                }
+            }
+        }
+
+        func settle() async { await Self.settle(engine) }
+
+        /// Moves the clock on by `seconds`, a tenth of a second at a time, with the worker's CPU time growing by
+        /// `cpuShare` of the time. A silent worker reads nothing (its ping waits for it); one that answers reads
+        /// and answers at each tenth. The first ping goes at 1 s, and the timeout is 3 s: a silent worker is first
+        /// past it at the tick of 5 s, and four timeouts after its ping at 13 s.
+        func advance(_ seconds: Double, cpuShare: Double, runnable: Bool = true) async {
+            for _ in 0..<Int(seconds * 10) {
+                worker.shared.withLock { s in
+                    let ran = (s.scheduler?.ranNanoseconds ?? 0) + UInt64(cpuShare * 100_000_000)
+                    s.scheduler = SchedulerTimes(runnable: runnable, ranNanoseconds: ran, waitedNanoseconds: 0)
+                }
+                clock.advance(by: 100_000_000)
+                engine.loop.wake()
+                await settle()
+                // Killed: it dies (as the simulation's workers do when they next run).
+                if worker.alive, worker.shared.withLock({ $0.killRequested }) { worker.die(.signaled(SIGKILL)) }
+                if worker.answersPings { _ = worker.pump(identifier: "com.example.starved") }
+            }
+            await settle()
+        }
+
+        var killed: Bool { worker.shared.withLock { $0.killRequested } }
+
+        func finish() async {
+            let stopped = Mutex(false)
+            engine.shutdown { stopped.withLock { $0 = true } }
+            for _ in 0..<200 where !stopped.withLock({ $0 }) {
+                await settle()
+                if worker.shared.withLock({ $0.killRequested }) { worker.die(.signaled(SIGKILL)) }
+                if worker.pump(identifier: "com.example.starved") { worker.die(.exited(0)) }
+                clock.advance(by: 200_000_000)
+                engine.loop.wake()
+            }
+            temp.remove()
+        }
+    }
+
+    @Test func aRunnableWorkerTheMachineDoesNotRunIsNotKilledUntilThreeMoreTimeouts() async throws {
+        let rig = try await Rig()
+        // 2% of a CPU, runnable throughout: past the 3 s timeout (the tick of 5 s) it is watched, not killed.
+        await rig.advance(10.5, cpuShare: 0.02)
+        #expect(!rig.killed, "\(rig.log.withLock { $0 })")
+        #expect(rig.log.withLock { $0.contains { $0.contains("but is runnable") && $0.contains("waiting to see whether it gets one") } })
+        // Four timeouts after its ping (1 s) it is killed as hung, whatever it was given: at the tick of 14 s.
+        await rig.advance(2.8, cpuShare: 0.02)
+        #expect(!rig.killed)
+        await rig.advance(1.0, cpuShare: 0.02)
+        #expect(rig.killed)
+        await rig.finish()
+        #expect(rig.outcome.withLock { $0 } == .interrupted(.hang))
+    }
+
+    @Test func aWorkerThatRunsAndDoesNotAnswerIsKilledAtTheFirstLookAfterItsTimeout() async throws {
+        let rig = try await Rig()
+        // Half a CPU and no answer: a busy loop. Seen runnable at the tick of 5 s, killed at the next.
+        await rig.advance(5.5, cpuShare: 0.5)
+        #expect(!rig.killed)
+        await rig.advance(1.0, cpuShare: 0.5)
+        #expect(rig.killed, "\(rig.log.withLock { $0 })")
+        await rig.finish()
+        #expect(rig.outcome.withLock { $0 } == .interrupted(.hang))
+    }
+
+    @Test func aWorkerAsleepOrUnreadableIsKilledAtItsTimeout() async throws {
+        let rig = try await Rig()
+        // Not runnable (asleep in a call, stopped, stuck): its silence is its own, killed at the tick of 5 s.
+        await rig.advance(4.5, cpuShare: 0, runnable: false)
+        #expect(!rig.killed)
+        await rig.advance(1.0, cpuShare: 0, runnable: false)
+        #expect(rig.killed, "\(rig.log.withLock { $0 })")
+        #expect(!rig.log.withLock { $0.contains { $0.contains("but is runnable") } })
+        await rig.finish()
+        #expect(rig.outcome.withLock { $0 } == .interrupted(.hang))
+    }
+
+    @Test func aStarvedWorkerThatAnswersAtLastIsKeptAndJudgedAfreshNextTime() async throws {
+        let rig = try await Rig()
+        await rig.advance(8, cpuShare: 0.01)
+        #expect(!rig.killed)
+        // It gets a CPU and answers the ping: kept, and its next silence is counted from its next ping.
+        rig.worker.answersPings = true
+        await rig.advance(0.5, cpuShare: 0.5)
+        rig.worker.answersPings = false
+        #expect(rig.engine.workers.all.first.map { $0.starvationCheck == nil } == true)
+        // Silent again from here (8.5 s): its next ping goes at the tick of 9 s, so at 12.5 s it is within its
+        // timeout, where a count from its first ping would be past four timeouts.
+        await rig.advance(4, cpuShare: 0)
+        #expect(!rig.killed, "\(rig.log.withLock { $0 })")
+        await rig.finish()
+        #expect(rig.outcome.withLock { $0 } == .interrupted(.hostShutdown))
+    }
+
+    @Test func aCancelIgnoredByAWorkerTheMachineDoesNotRunIsNotKilledUntilFourGracePeriods() async throws {
+        // The deadline (1 s) cancels the request at its worker; the grace period is 2 s.
+        let rig = try await Rig(deadline: 1)
+        await rig.advance(7.5, cpuShare: 0.01)
+        #expect(!rig.killed, "\(rig.log.withLock { $0 })")
+        #expect(rig.log.withLock { $0.contains { $0.contains("has not acknowledged the cancel") && $0.contains("but is runnable") } })
+        // Four grace periods after the cancel (1 s): killed at 9 s.
+        await rig.advance(2.0, cpuShare: 0.01)
+        #expect(rig.killed, "\(rig.log.withLock { $0 })")
+        #expect(rig.log.withLock { $0.contains { $0.contains("ignored the cancel") } })
+        await rig.finish()
+        #expect(rig.outcome.withLock { $0 } == .interrupted(.timedOut))
+    }
+
+    @Test func aCancelIgnoredByAWorkerAsleepIsKilledAfterOneGracePeriod() async throws {
+        let rig = try await Rig(deadline: 1)
+        await rig.advance(2.5, cpuShare: 0, runnable: false)
+        #expect(!rig.killed)
+        await rig.advance(1.0, cpuShare: 0, runnable: false)
+        #expect(rig.killed, "\(rig.log.withLock { $0 })")
+        #expect(rig.log.withLock { $0.contains { $0.contains("ignored the cancel") } })
+        await rig.finish()
+    }
+}
