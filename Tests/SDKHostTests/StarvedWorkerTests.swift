@@ -81,11 +81,11 @@ final class Shared<Value: Sendable>: Sendable {
         /// `cpuShare` of the time. A silent worker reads nothing (its ping waits for it); one that answers reads
         /// and answers at each tenth. The first ping goes at 1 s, and the timeout is 3 s: a silent worker is first
         /// past it at the tick of 5 s, and four timeouts after its ping at 13 s.
-        func advance(_ seconds: Double, cpuShare: Double, runnable: Bool = true) async {
+        func advance(_ seconds: Double, cpuShare: Double, runnable: Bool = true, lowPriority: Bool = false) async {
             for _ in 0..<Int(seconds * 10) {
                 worker.shared.withLock { s in
                     let ran = (s.scheduler?.ranNanoseconds ?? 0) + UInt64(cpuShare * 100_000_000)
-                    s.scheduler = SchedulerTimes(runnable: runnable, ranNanoseconds: ran, waitedNanoseconds: 0)
+                    s.scheduler = SchedulerTimes(runnable: runnable, lowPriority: lowPriority, ranNanoseconds: ran, waitedNanoseconds: 0)
                 }
                 clock.advance(by: 100_000_000)
                 engine.loop.wake()
@@ -153,19 +153,39 @@ final class Shared<Value: Sendable>: Sendable {
 
     @Test func aStarvedWorkerThatAnswersAtLastIsKeptAndJudgedAfreshNextTime() async throws {
         let rig = try await Rig()
+        // Starved from its first ping (1 s), first looked at at 5 s.
         await rig.advance(8, cpuShare: 0.01)
         #expect(!rig.killed)
-        // It gets a CPU and answers the ping: kept, and its next silence is counted from its next ping.
+        // It gets CPU (a second of it) and answers: kept.
         rig.worker.answersPings = true
-        await rig.advance(0.5, cpuShare: 0.5)
+        await rig.advance(0.5, cpuShare: 2.0)
         rig.worker.answersPings = false
-        #expect(rig.engine.workers.all.first.map { $0.starvationCheck == nil } == true)
-        // Silent again from here (8.5 s): its next ping goes at the tick of 9 s, so at 12.5 s it is within its
-        // timeout, where a count from its first ping would be past four timeouts.
-        await rig.advance(4, cpuShare: 0)
+        // Silent again: its next ping goes at 9 s, and at 13 s it is past the timeout, looked at afresh and kept.
+        // Judged from the look of 5 s instead, the second it had would count against it and it would be killed.
+        await rig.advance(5, cpuShare: 0.01)
         #expect(!rig.killed, "\(rig.log.withLock { $0 })")
         await rig.finish()
         #expect(rig.outcome.withLock { $0 } == .interrupted(.hostShutdown))
+    }
+
+    @Test func aWorkerThatLoweredItsOwnPriorityIsKilledAtItsTimeout() async throws {
+        let rig = try await Rig()
+        rig.worker.shared.withLock { $0.scheduler = SchedulerTimes(runnable: true, lowPriority: true, ranNanoseconds: 0, waitedNanoseconds: 0) }
+        // Runnable, starved, but at SCHED_IDLE or nice above 0 by its own choice: no benefit of the doubt.
+        await rig.advance(5.5, cpuShare: 0, lowPriority: true)
+        #expect(rig.killed, "\(rig.log.withLock { $0 })")
+        await rig.finish()
+    }
+
+    @Test func procStatIsReadAsBytesAfterTheLastParenthesis() throws {
+        // A thread names itself: a ')' and a Unicode prepend character must not move the fields.
+        let line = Array("4242 (x) R \u{0600}) S 1 4242 4242 0 -1 4194560 10 0 0 0 7 3 0 0 20 0 1 0\n".utf8)
+        let fields = try #require(statFields(line))
+        #expect(String(decoding: fields[0], as: UTF8.self) == "S")
+        #expect(String(decoding: fields[11], as: UTF8.self) == "7" && String(decoding: fields[12], as: UTF8.self) == "3")
+        // This process, read while this thread runs: runnable, and it has had CPU.
+        let mine = try #require(SchedulerTimes(readingProcess: getpid()))
+        #expect(mine.runnable && mine.ranNanoseconds > 0)
     }
 
     @Test func aCancelIgnoredByAWorkerTheMachineDoesNotRunIsNotKilledUntilFourGracePeriods() async throws {

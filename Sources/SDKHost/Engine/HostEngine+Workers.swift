@@ -474,7 +474,8 @@ extension HostEngine {
     /// Whether a worker past its heartbeat timeout is runnable but has had almost no CPU since: the machine (or
     /// its scheduler) is not running it, so its silence says nothing about the worker. Such a worker is given up
     /// to three more timeouts; one that gets a tenth of a CPU or more in that time and still does not answer is
-    /// hung (a busy loop), as is one asleep, stopped or stuck in the kernel, and is killed at once. A loaded suite
+    /// hung (a busy loop) and is killed at the next tick, and one asleep, stopped, stuck in the kernel or at a
+    /// priority it lowered itself at once. A loaded suite
     /// showed why: a new worker, runnable, waited 9.3 s for a CPU and ran 22 ms while two busy processes ran.
     func starvedNotHung(_ worker: WorkerProcess, now: UInt64, silent: UInt64) -> Bool {
         guard silent <= 4 * nanoseconds(configuration.heartbeatTimeoutSeconds),
@@ -489,15 +490,17 @@ extension HostEngine {
         return look.starved
     }
 
-    /// Whether the machine is running `worker`, judged since `check`: nil if it is not runnable (or that cannot be
-    /// read), and its silence is its own; else the check to judge from next time (`check`, or, at the first look,
+    /// Whether the machine is running `worker`, judged since `check`: nil if it is not runnable, runs at a priority
+    /// it lowered itself, or cannot be read, and its silence is its own; else the check to judge from next time (`check`, or, at the first look,
     /// a new one, which gives it the benefit of the doubt), and whether it has had under a tenth of a CPU since.
     func starvation(of worker: WorkerProcess, since check: StarvationCheck?, now: UInt64)
         -> (check: StarvationCheck, starved: Bool, times: SchedulerTimes)?
     {
-        guard let times = worker.schedulerTimes(), times.runnable else { return nil }
-        guard let check else { return (StarvationCheck(at: now, ran: times.ranNanoseconds), true, times) }
-        return (check, (times.ranNanoseconds &- check.ran) &* 10 < now &- check.at, times)
+        guard let times = worker.schedulerTimes(), times.runnable, !times.lowPriority else { return nil }
+        guard let check, check.pid == worker.pid, times.ranNanoseconds >= check.ran else {
+            return (StarvationCheck(at: now, pid: worker.pid, ran: times.ranNanoseconds), true, times)
+        }
+        return (check, (times.ranNanoseconds - check.ran) &* 10 < now &- check.at, times)
     }
 }
 
@@ -513,7 +516,7 @@ func tenths(_ nanoseconds: UInt64) -> String {
 /// once, when a worker is killed as hung.
 func threadStates(_ pid: pid_t) -> String {
     guard let tids = listDirectory("/proc/\(pid)/task") else { return "threads unknown" }
-    let states = tids.sorted().prefix(8).map { tid -> String in
+    let states = tids.sorted { (Int($0) ?? 0) < (Int($1) ?? 0) }.prefix(8).map { tid -> String in
         let thread = ThreadSchedule(pid: pid, tid: tid)
         let wchan = (try? readFile("/proc/\(pid)/task/\(tid)/wchan")).map { String(decoding: $0, as: UTF8.self) } ?? "?"
         let comm = (try? readFile("/proc/\(pid)/task/\(tid)/comm")).map { String(decoding: $0, as: UTF8.self) } ?? "?"

@@ -206,11 +206,13 @@ package final class HostEngine: @unchecked Sendable {
     }
 
     /// A worker that can take a request now: a live one with room, else a new one if the pool has space. A
-    /// worker that has not acknowledged a cancel yet comes last: it may be killed for ignoring it, and a request
-    /// sent there would be interrupted with it.
+    /// worker that has not acknowledged a cancel yet, or is past its heartbeat timeout (and waited on as starved),
+    /// comes last: it may be killed, and a request sent there would be interrupted with it.
     func workerWithRoom(_ manifest: ExtensionManifest, pool key: String, app: String?) -> Room {
         let pool = workers[key]
-        if let worker = pool.first(where: { $0.acceptsRequests && $0.cancelTimers.isEmpty }) { return .worker(worker) }
+        if let worker = pool.first(where: { $0.acceptsRequests && $0.cancelTimers.isEmpty && $0.starvationCheck == nil }) {
+            return .worker(worker)
+        }
         if workers.liveCount(in: key) < manifest.policy.maxWorkers {
             if let spare = adoptSpare(manifest, into: key, app: app) { return .worker(spare) }
             guard capacityAllows(pool: key, app: app) else {

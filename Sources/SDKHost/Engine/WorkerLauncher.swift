@@ -33,52 +33,80 @@ extension WorkerChild {
 }
 
 /// What the scheduler has given a process: whether any of its threads is runnable now (waiting for a CPU or on
-/// one), and its threads' time on a CPU and waiting for one, in all (`/proc/<pid>/task/*/schedstat`).
+/// one), whether one of those runs at a priority it lowered itself, its CPU time in all (threads that have exited
+/// included), and its live threads' time waiting for a CPU.
 package struct SchedulerTimes: Equatable, Sendable {
     package var runnable: Bool
+    /// A runnable thread is SCHED_BATCH or SCHED_IDLE, or nice above 0: its wait for a CPU is its own doing.
+    package var lowPriority: Bool
     package var ranNanoseconds: UInt64
     package var waitedNanoseconds: UInt64
 
-    package init(runnable: Bool, ranNanoseconds: UInt64, waitedNanoseconds: UInt64) {
+    package init(runnable: Bool, lowPriority: Bool = false, ranNanoseconds: UInt64, waitedNanoseconds: UInt64) {
         self.runnable = runnable
+        self.lowPriority = lowPriority
         self.ranNanoseconds = ranNanoseconds
         self.waitedNanoseconds = waitedNanoseconds
     }
 
-    /// Read from /proc, or nil.
+    /// The most threads read (each is three reads on the loop thread); a process with more cannot be judged.
+    static let maxThreads = 128
+
+    /// Read from /proc, or nil (gone, unreadable, or more than `maxThreads` threads).
     init?(readingProcess pid: pid_t) {
-        guard let tids = listDirectory("/proc/\(pid)/task"), !tids.isEmpty else { return nil }
-        var times = SchedulerTimes(runnable: false, ranNanoseconds: 0, waitedNanoseconds: 0)
+        guard let tids = listDirectory("/proc/\(pid)/task"), !tids.isEmpty, tids.count <= Self.maxThreads,
+            let process = try? readFile("/proc/\(pid)/stat"), let fields = statFields(process), fields.count > 12,
+            let utime = UInt64(String(decoding: fields[11], as: UTF8.self)),  // field 14
+            let stime = UInt64(String(decoding: fields[12], as: UTF8.self))  // field 15
+        else { return nil }
+        // From the process's own stat, which counts its exited threads too: a sum over the threads alive now could
+        // go down between two looks.
+        let tick = UInt64(max(sysconf(Int32(_SC_CLK_TCK)), 1))
+        self.init(runnable: false, ranNanoseconds: (utime &+ stime) &* (1_000_000_000 / tick), waitedNanoseconds: 0)
         for tid in tids {
             let thread = ThreadSchedule(pid: pid, tid: tid)
-            if thread.state == "R" { times.runnable = true }
-            times.ranNanoseconds &+= thread.ran ?? 0
-            times.waitedNanoseconds &+= thread.waited ?? 0
+            waitedNanoseconds &+= thread.waited ?? 0
+            guard thread.state == "R" else { continue }
+            runnable = true
+            if thread.policy != 0 || (thread.nice ?? 1) > 0 { lowPriority = true }
         }
-        self = times
     }
 }
 
-/// When a silent worker was first seen runnable, and the CPU time it had then.
+/// The fields of a /proc stat line after the command: the command is in parentheses and may hold any byte
+/// (a thread names itself), so they follow the last ')' of the line, read as bytes. Field N is at N - 3.
+func statFields(_ line: [UInt8]) -> [ArraySlice<UInt8>]? {
+    guard let close = line.lastIndex(of: UInt8(ascii: ")")) else { return nil }
+    return line[(close + 1)...].split(whereSeparator: { $0 == UInt8(ascii: " ") || $0 == UInt8(ascii: "\n") })
+}
+
+/// When a silent worker was first seen runnable, its pid then (a sandboxed worker's changes once its launcher
+/// names it) and the CPU time it had.
 struct StarvationCheck: Equatable {
     var at: UInt64
+    var pid: pid_t
     var ran: UInt64
 }
 
-/// One thread's state letter and schedstat, from /proc.
+/// One thread's state letter, priority and schedstat, from /proc.
 struct ThreadSchedule {
     var state = "?"
+    var nice: Int?
+    var policy: Int?
     /// Nanoseconds on a CPU, and runnable waiting for one.
     var ran: UInt64?
     var waited: UInt64?
 
     init(pid: pid_t, tid: String) {
-        let stat = (try? readFile("/proc/\(pid)/task/\(tid)/stat")).map { String(decoding: $0, as: UTF8.self) } ?? ""
-        // The state follows the command's closing parenthesis (a command may hold spaces and parentheses).
-        state = stat.lastIndex(of: ")").flatMap { stat[stat.index(after: $0)...].split(separator: " ").first }.map(String.init) ?? "?"
+        if let stat = try? readFile("/proc/\(pid)/task/\(tid)/stat"), let fields = statFields(stat) {
+            func field(_ n: Int) -> String? { fields.count > n - 3 ? String(decoding: fields[n - 3], as: UTF8.self) : nil }
+            state = field(3) ?? "?"
+            nice = field(19).flatMap { Int($0) }
+            policy = field(41).flatMap { Int($0) }
+        }
         let sched = (try? readFile("/proc/\(pid)/task/\(tid)/schedstat")).map { String(decoding: $0, as: UTF8.self) } ?? ""
-        let fields = sched.split(separator: " ").prefix(2).compactMap { UInt64($0.filter(\.isNumber)) }
-        if fields.count == 2 { (ran, waited) = (fields[0], fields[1]) }
+        let times = sched.split(separator: " ").prefix(2).compactMap { UInt64($0.filter(\.isNumber)) }
+        if times.count == 2 { (ran, waited) = (times[0], times[1]) }
     }
 }
 

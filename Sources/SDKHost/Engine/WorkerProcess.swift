@@ -128,6 +128,7 @@ final class WorkerProcess {
     func adoptWorkerPID(_ reported: pid_t) -> Bool {
         guard reported > 0, reported != childPID, parentPID(of: reported) == childPID else { return false }
         pid = reported
+        starvationCheck = nil  // taken of the launcher, if any
         return true
     }
 
