@@ -34,7 +34,10 @@ final class Shared<Value: Sendable>: Sendable {
         let outcome = Shared<RequestOutcome?>(nil)
 
         init(deadline: Double? = nil) async throws {
-            let temp = TemporaryExtension(identifier: "com.example.starved", executable: "Echo")
+            // A long deadline: the default (30 s) would end the request while the starved worker is waited for.
+            let temp = TemporaryExtension(identifier: "com.example.starved", executable: "Echo", policy: """
+                <key>RequestDeadlineSeconds</key><real>600</real>
+                """)
             self.temp = temp
             let clock = self.clock, launcher = self.launcher
             var configuration = HostConfiguration(extensionSearchPaths: [temp.root])
@@ -80,7 +83,7 @@ final class Shared<Value: Sendable>: Sendable {
         /// Moves the clock on by `seconds`, a tenth of a second at a time, with the worker's CPU time growing by
         /// `cpuShare` of the time. A silent worker reads nothing (its ping waits for it); one that answers reads
         /// and answers at each tenth. The first ping goes at 1 s, and the timeout is 3 s: a silent worker is first
-        /// past it at the tick of 5 s, and four timeouts after its ping at 13 s.
+        /// past it at the tick of 5 s, and waited for (if starved) until 30 s after its ping.
         func advance(_ seconds: Double, cpuShare: Double, runnable: Bool = true, lowPriority: Bool = false) async {
             for _ in 0..<Int(seconds * 10) {
                 worker.shared.withLock { s in
@@ -113,13 +116,14 @@ final class Shared<Value: Sendable>: Sendable {
         }
     }
 
-    @Test func aRunnableWorkerTheMachineDoesNotRunIsNotKilledUntilThreeMoreTimeouts() async throws {
+    @Test func aRunnableWorkerTheMachineDoesNotRunIsNotKilledForThirtySeconds() async throws {
         let rig = try await Rig()
         // 2% of a CPU, runnable throughout: past the 3 s timeout (the tick of 5 s) it is watched, not killed.
-        await rig.advance(10.5, cpuShare: 0.02)
+        await rig.advance(28.5, cpuShare: 0.02)
         #expect(!rig.killed, "\(rig.log.withLock { $0 })")
         #expect(rig.log.withLock { $0.contains { $0.contains("but is runnable") && $0.contains("waiting to see whether it gets one") } })
-        // Four timeouts after its ping (1 s) it is killed as hung, whatever it was given: at the tick of 14 s.
+        // 30 s after its ping (1 s; four timeouts would be 12 s) it is killed as hung, whatever it was given: at
+        // the tick of 32 s.
         await rig.advance(2.8, cpuShare: 0.02)
         #expect(!rig.killed)
         await rig.advance(1.0, cpuShare: 0.02)
@@ -188,14 +192,14 @@ final class Shared<Value: Sendable>: Sendable {
         #expect(mine.runnable && mine.ranNanoseconds > 0)
     }
 
-    @Test func aCancelIgnoredByAWorkerTheMachineDoesNotRunIsNotKilledUntilFourGracePeriods() async throws {
-        // The deadline (1 s) cancels the request at its worker; the grace period is 2 s.
+    @Test func aCancelIgnoredByAWorkerTheMachineDoesNotRunIsNotKilledForThirtySeconds() async throws {
+        // The deadline (1 s) cancels the request at its worker; the grace period is 2 s. The heartbeat's own
+        // judgement kills it at 32 s; the cancel's at the first grace tick past 31 s (1 + 30): 33 s.
         let rig = try await Rig(deadline: 1)
-        await rig.advance(7.5, cpuShare: 0.01)
+        await rig.advance(30.5, cpuShare: 0.01)
         #expect(!rig.killed, "\(rig.log.withLock { $0 })")
         #expect(rig.log.withLock { $0.contains { $0.contains("has not acknowledged the cancel") && $0.contains("but is runnable") } })
-        // Four grace periods after the cancel (1 s): killed at 9 s.
-        await rig.advance(2.0, cpuShare: 0.01)
+        await rig.advance(3.0, cpuShare: 0.01)
         #expect(rig.killed, "\(rig.log.withLock { $0 })")
         #expect(rig.log.withLock { $0.contains { $0.contains("ignored the cancel") } })
         await rig.finish()

@@ -472,13 +472,13 @@ extension HostEngine {
     }
 
     /// Whether a worker past its heartbeat timeout is runnable but has had almost no CPU since: the machine (or
-    /// its scheduler) is not running it, so its silence says nothing about the worker. Such a worker is given up
-    /// to three more timeouts; one that gets a tenth of a CPU or more in that time and still does not answer is
+    /// its scheduler) is not running it, so its silence says nothing about the worker. Such a worker is waited for
+    /// up to `starvationLimit`; one that gets a tenth of a CPU or more in that time and still does not answer is
     /// hung (a busy loop) and is killed at the next tick, and one asleep, stopped, stuck in the kernel or at a
     /// priority it lowered itself at once. A loaded suite
     /// showed why: a new worker, runnable, waited 9.3 s for a CPU and ran 22 ms while two busy processes ran.
     func starvedNotHung(_ worker: WorkerProcess, now: UInt64, silent: UInt64) -> Bool {
-        guard silent <= 4 * nanoseconds(configuration.heartbeatTimeoutSeconds),
+        guard silent <= starvationLimit(nanoseconds(configuration.heartbeatTimeoutSeconds)),
             let look = starvation(of: worker, since: worker.starvationCheck, now: now)
         else { return false }
         if worker.starvationCheck == nil {
@@ -489,6 +489,13 @@ extension HostEngine {
         worker.starvationCheck = look.check
         return look.starved
     }
+
+    /// How long a starved worker is waited for, from its ping or its cancel: four timeouts (or grace periods), and
+    /// at least 30 s. Under two CPU hogs this kernel starved a worker for about ten seconds at a time; killing it
+    /// sooner only spawns a replacement that waits as long. A worker cannot make itself look starved (it must be
+    /// runnable, at normal priority, and get under a tenth of a CPU), so a long limit only bounds a machine's
+    /// overload, not a worker's.
+    func starvationLimit(_ timeout: UInt64) -> UInt64 { max(4 * timeout, 30_000_000_000) }
 
     /// Whether the machine is running `worker`, judged since `check`: nil if it is not runnable, runs at a priority
     /// it lowered itself, or cannot be read, and its silence is its own; else the check to judge from next time (`check`, or, at the first look,

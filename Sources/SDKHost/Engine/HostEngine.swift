@@ -364,7 +364,7 @@ package final class HostEngine: @unchecked Sendable {
 
     /// Kills `worker` if it has not acknowledged the cancel of `id` a grace period from now, unless it is
     /// runnable and the machine is not running it (`starvation(of:since:now:)`): then it gets another grace
-    /// period, up to four since the cancel.
+    /// period, up to `starvationLimit` since the cancel.
     func armCancelGrace(_ worker: WorkerProcess, _ id: RequestID, sentAt: UInt64, check: StarvationCheck?) {
         let grace = nanoseconds(configuration.cancelGracePeriodSeconds)
         worker.cancelTimers[id] = loop.schedule(afterNanoseconds: grace) { [unowned self, weak worker] in
@@ -372,7 +372,7 @@ package final class HostEngine: @unchecked Sendable {
             worker.cancelTimers[id] = nil
             guard worker.inFlight.contains(id), !worker.lifecycle.isOver else { return }
             let now = self.loop.now, waited = now &- sentAt
-            if waited < 4 * grace, let look = self.starvation(of: worker, since: check, now: now), look.starved {
+            if waited < self.starvationLimit(grace), let look = self.starvation(of: worker, since: check, now: now), look.starved {
                 if check == nil {
                     self.log(.warning, "\(worker.extensionID) pid \(worker.pid) has not acknowledged the cancel of \(id) for "
                         + "\(tenths(waited)) s but is runnable: waiting to see whether it gets a CPU")
