@@ -475,8 +475,8 @@ extension HostEngine {
     /// its scheduler) is not running it, so its silence says nothing about the worker. Such a worker is waited for
     /// up to `starvationLimit`; one that gets a tenth of a CPU or more in that time and still does not answer is
     /// hung (a busy loop) and is killed at the next tick, and one asleep, stopped, stuck in the kernel or at a
-    /// priority it lowered itself at once. A loaded suite
-    /// showed why: a new worker, runnable, waited 9.3 s for a CPU and ran 22 ms while two busy processes ran.
+    /// priority it lowered itself at once. A loaded suite showed why: a new worker, runnable, waited 9.3 s for a
+    /// CPU and ran 22 ms while two busy processes ran.
     func starvedNotHung(_ worker: WorkerProcess, now: UInt64, silent: UInt64) -> Bool {
         guard silent <= starvationLimit(nanoseconds(configuration.heartbeatTimeoutSeconds)),
             let look = starvation(of: worker, since: worker.starvationCheck, now: now)
@@ -498,8 +498,9 @@ extension HostEngine {
     func starvationLimit(_ timeout: UInt64) -> UInt64 { max(4 * timeout, 30_000_000_000) }
 
     /// Whether the machine is running `worker`, judged since `check`: nil if it is not runnable, runs at a priority
-    /// it lowered itself, or cannot be read, and its silence is its own; else the check to judge from next time (`check`, or, at the first look,
-    /// a new one, which gives it the benefit of the doubt), and whether it has had under a tenth of a CPU since.
+    /// it lowered itself, or cannot be read, and its silence is its own; else the check to judge from next time
+    /// (`check`, or, at the first look, a new one, which gives it the benefit of the doubt), and whether it has had
+    /// under a tenth of a CPU since.
     func starvation(of worker: WorkerProcess, since check: StarvationCheck?, now: UInt64)
         -> (check: StarvationCheck, starved: Bool, times: SchedulerTimes)?
     {
@@ -523,24 +524,21 @@ func tenths(_ nanoseconds: UInt64) -> String {
 /// once, when a worker is killed as hung.
 func threadStates(_ pid: pid_t) -> String {
     guard let tids = listDirectory("/proc/\(pid)/task") else { return "threads unknown" }
+    func text(_ path: String) -> String { (try? readFile(path)).map { String(decoding: $0, as: UTF8.self) } ?? "?" }
     let states = tids.sorted { (Int($0) ?? 0) < (Int($1) ?? 0) }.prefix(8).map { tid -> String in
         let thread = ThreadSchedule(pid: pid, tid: tid)
-        let wchan = (try? readFile("/proc/\(pid)/task/\(tid)/wchan")).map { String(decoding: $0, as: UTF8.self) } ?? "?"
-        let comm = (try? readFile("/proc/\(pid)/task/\(tid)/comm")).map { String(decoding: $0, as: UTF8.self) } ?? "?"
+        let wchan = text("/proc/\(pid)/task/\(tid)/wchan")
+        let comm = text("/proc/\(pid)/task/\(tid)/comm")
         let cpu = thread.ran.flatMap { ran in thread.waited.map { " ran \(ran / 1_000_000) ms, waited \($0 / 1_000_000) ms" } } ?? ""
         return "\(comm.filter { !$0.isNewline }) \(thread.state) \(wchan.isEmpty ? "0" : wchan)\(cpu)"
     }
-    // How the scheduler treats it: its policy and priority, its autogroup (one per session), the CPUs it may use.
-    func field(_ text: String, _ name: String) -> String? {
-        text.split(separator: "\n").first { $0.hasPrefix(name) }.map { line in
-            String((line.split(separator: ":", maxSplits: 1).last ?? "").drop { $0 == " " || $0 == "\t" })
-        }
-    }
-    let sched = (try? readFile("/proc/\(pid)/sched")).map { String(decoding: $0, as: UTF8.self) } ?? ""
-    let status = (try? readFile("/proc/\(pid)/status")).map { String(decoding: $0, as: UTF8.self) } ?? ""
-    let autogroup = (try? readFile("/proc/\(pid)/autogroup")).map { String(decoding: $0, as: UTF8.self) } ?? "?"
-    let placement = "policy \(field(sched, "policy") ?? "?"), prio \(field(sched, "prio") ?? "?"), "
-        + "\(autogroup.filter { !$0.isNewline }), CPUs \(field(status, "Cpus_allowed_list") ?? "?")"
+    // How the scheduler treats it: its main thread's policy and nice (stat, as read above), its autogroup (one per
+    // session), the CPUs it may use.
+    let main = ThreadSchedule(pid: pid, tid: "\(pid)")
+    let cpus = text("/proc/\(pid)/status").split(separator: "\n").first { $0.hasPrefix("Cpus_allowed_list:") }
+        .map { String($0.dropFirst("Cpus_allowed_list:".count).drop { $0 == " " || $0 == "\t" }) } ?? "?"
+    let placement = "policy \(main.policy.map(String.init) ?? "?"), nice \(main.nice.map(String.init) ?? "?"), "
+        + "\(text("/proc/\(pid)/autogroup").filter { !$0.isNewline }), CPUs \(cpus)"
     return "threads: " + states.joined(separator: ", ") + (tids.count > 8 ? " and \(tids.count - 8) more" : "") + "; " + placement
 }
 

@@ -55,9 +55,8 @@ package struct SchedulerTimes: Equatable, Sendable {
     /// Read from /proc, or nil (gone, unreadable, or more than `maxThreads` threads).
     init?(readingProcess pid: pid_t) {
         guard let tids = listDirectory("/proc/\(pid)/task"), !tids.isEmpty, tids.count <= Self.maxThreads,
-            let process = try? readFile("/proc/\(pid)/stat"), let fields = statFields(process), fields.count > 12,
-            let utime = UInt64(String(decoding: fields[11], as: UTF8.self)),  // field 14
-            let stime = UInt64(String(decoding: fields[12], as: UTF8.self))  // field 15
+            let process = try? readFile("/proc/\(pid)/stat"), let fields = statFields(process),
+            let utime = statField(fields, 14).flatMap({ UInt64($0) }), let stime = statField(fields, 15).flatMap({ UInt64($0) })
         else { return nil }
         // From the process's own stat, which counts its exited threads too: a sum over the threads alive now could
         // go down between two looks.
@@ -80,6 +79,12 @@ func statFields(_ line: [UInt8]) -> [ArraySlice<UInt8>]? {
     return line[(close + 1)...].split(whereSeparator: { $0 == UInt8(ascii: " ") || $0 == UInt8(ascii: "\n") })
 }
 
+/// Field `n` of a stat line, numbered as proc(5) numbers them (3, the state, is the first after the command),
+/// from its `statFields`; nil past the end.
+func statField(_ fields: [ArraySlice<UInt8>], _ n: Int) -> String? {
+    n >= 3 && fields.count > n - 3 ? String(decoding: fields[n - 3], as: UTF8.self) : nil
+}
+
 /// When a silent worker was first seen runnable, its pid then (a sandboxed worker's changes once its launcher
 /// names it) and the CPU time it had.
 struct StarvationCheck: Equatable {
@@ -99,10 +104,9 @@ struct ThreadSchedule {
 
     init(pid: pid_t, tid: String) {
         if let stat = try? readFile("/proc/\(pid)/task/\(tid)/stat"), let fields = statFields(stat) {
-            func field(_ n: Int) -> String? { fields.count > n - 3 ? String(decoding: fields[n - 3], as: UTF8.self) : nil }
-            state = field(3) ?? "?"
-            nice = field(19).flatMap { Int($0) }
-            policy = field(41).flatMap { Int($0) }
+            state = statField(fields, 3) ?? "?"
+            nice = statField(fields, 19).flatMap { Int($0) }
+            policy = statField(fields, 41).flatMap { Int($0) }
         }
         let sched = (try? readFile("/proc/\(pid)/task/\(tid)/schedstat")).map { String(decoding: $0, as: UTF8.self) } ?? ""
         let times = sched.split(separator: " ").prefix(2).compactMap { UInt64($0.filter(\.isNumber)) }

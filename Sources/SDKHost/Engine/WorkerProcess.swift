@@ -208,13 +208,11 @@ struct ByteTail {
     var text: String { String(decoding: bytes, as: UTF8.self) }
 }
 
-/// The parent pid in /proc/<pid>/stat (the field after the command name, which may hold spaces and parentheses,
-/// so it is read after the last ')'), or nil.
+/// The parent pid in /proc/<pid>/stat (field 4, read after the command, which may hold spaces and parentheses:
+/// `statFields`), or nil.
 func parentPID(of pid: pid_t) -> pid_t? {
-    guard let bytes = try? readFile("/proc/\(pid)/stat"), let close = bytes.lastIndex(of: UInt8(ascii: ")")) else { return nil }
-    let fields = bytes[(close + 1)...].split(separator: UInt8(ascii: " "))
-    guard fields.count > 1 else { return nil }
-    return pid_t(String(decoding: fields[1], as: UTF8.self))
+    guard let bytes = try? readFile("/proc/\(pid)/stat"), let fields = statFields(bytes) else { return nil }
+    return statField(fields, 4).flatMap { pid_t($0) }
 }
 
 extension WorkerProcess: PooledWorker {
