@@ -47,28 +47,39 @@ public struct BinaryPlistEncoder: Sendable {
     /// size is returned (a reply of hundreds of MiB is refused without being copied).
     static func write(_ size: EncodedSize, appendingTo out: inout [UInt8], limit: Int = .max,
                       _ writeObjects: (inout Writer) -> Int) -> Int? {
-        let refSize = byteWidth(UInt64(size.objects))
-        let tableOffset = bplistMagic.count + size.bytes + size.references * refSize
-        let offsetSize = byteWidth(UInt64(tableOffset))
-        let total = tableOffset + size.objects * offsetSize + 32
+        let total = size.payloadBytes
         if total > limit { return total }
         let start = out.count
         appendZeros(total, to: &out)
         out.withUnsafeMutableBytes { buffer in
-            let base = buffer.baseAddress! + start
-            var writer = Writer(base: base, refSize: refSize, offsetSize: offsetSize, table: base + tableOffset)
-            writer.putBytes(bplistMagic)
-            let written = writeObjects(&writer)
-            precondition(writer.cursor == tableOffset && written == size.objects,
-                         "bplist encoder: the size pass and the write pass disagree")
-            // Trailer: 6 unused bytes, the two widths, object count, top object 0, offset table position.
-            let trailer = base + tableOffset + size.objects * offsetSize
-            trailer.storeBytes(of: UInt8(offsetSize), toByteOffset: 6, as: UInt8.self)
-            trailer.storeBytes(of: UInt8(refSize), toByteOffset: 7, as: UInt8.self)
-            trailer.storeBytes(of: UInt64(size.objects).bigEndian, toByteOffset: 8, as: UInt64.self)
-            trailer.storeBytes(of: UInt64(tableOffset).bigEndian, toByteOffset: 24, as: UInt64.self)
+            _ = write(size, into: UnsafeMutableRawBufferPointer(rebasing: buffer[start...]), writeObjects)
         }
         return nil
+    }
+
+    /// Stores the payload sized by `size` at the start of `buffer` and returns its length; nil, with nothing
+    /// stored, when it does not fit.
+    static func write(_ size: EncodedSize, into buffer: UnsafeMutableRawBufferPointer,
+                      _ writeObjects: (inout Writer) -> Int) -> Int? {
+        let total = size.payloadBytes
+        guard total <= buffer.count, let base = buffer.baseAddress else { return nil }
+        let refSize = byteWidth(UInt64(size.objects))
+        let tableOffset = bplistMagic.count + size.bytes + size.references * refSize
+        let offsetSize = byteWidth(UInt64(tableOffset))
+        var writer = Writer(base: base, refSize: refSize, offsetSize: offsetSize, table: base + tableOffset)
+        writer.putBytes(bplistMagic)
+        let written = writeObjects(&writer)
+        precondition(writer.cursor == tableOffset && written == size.objects,
+                     "bplist encoder: the size pass and the write pass disagree")
+        // Trailer: 6 unused bytes, the two widths, object count, top object 0, offset table position.
+        let trailer = base + tableOffset + size.objects * offsetSize
+        (trailer).initializeMemory(as: UInt8.self, repeating: 0, count: 6)
+        trailer.storeBytes(of: UInt8(offsetSize), toByteOffset: 6, as: UInt8.self)
+        trailer.storeBytes(of: UInt8(refSize), toByteOffset: 7, as: UInt8.self)
+        trailer.storeBytes(of: UInt64(size.objects).bigEndian, toByteOffset: 8, as: UInt64.self)
+        trailer.storeBytes(of: UInt64(0), toByteOffset: 16, as: UInt64.self)
+        trailer.storeBytes(of: UInt64(tableOffset).bigEndian, toByteOffset: 24, as: UInt64.self)
+        return total
     }
 }
 
@@ -77,6 +88,13 @@ struct EncodedSize {
     var objects = 0
     var references = 0
     var bytes = 0
+
+    /// The whole payload's length: magic, objects, references, offset table, trailer.
+    var payloadBytes: Int {
+        let refSize = byteWidth(UInt64(objects))
+        let tableOffset = bplistMagic.count + bytes + references * refSize
+        return tableOffset + objects * byteWidth(UInt64(tableOffset)) + 32
+    }
 
     mutating func add(_ value: PlistValue) {
         objects += 1

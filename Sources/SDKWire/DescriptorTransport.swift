@@ -17,8 +17,8 @@ package struct OutgoingDescriptors {
     package mutating func encode(_ message: Message, with encoder: inout BinaryPlistEncoder, appendingTo bytes: inout [UInt8],
                                  limits: WireLimits = .default) throws(WireError)
     {
-        if let flat = FlatFrame.entries(of: message) {
-            try Frame.append(to: &bytes, limits: limits) { FlatFrame.appendPayload(flat, to: &$0); return nil }
+        if let flat = message.flatFields {
+            try Frame.append(to: &bytes, limits: limits) { FlatFrame.appendPayload(flat, to: &$0, limit: limits.maxFrameBytes) }
             return
         }
         let start = bytes.count
@@ -103,9 +103,9 @@ package struct IncomingDescriptors {
         return try Message(plist: plist, files: claimed)
     }
 
-    /// The next whole frame in `reader` as a message, or nil when none is buffered. The per-request messages we
-    /// write (`cancel`, `credit`, and a `begin` or `complete` without descriptors) are read without a
-    /// `PlistValue` tree; anything else is decoded and then parsed.
+    /// The next whole frame in `reader` as a message, or nil when none is buffered. The flat messages as we
+    /// write them (`FlatFrame`), and a `begin` or `complete` without descriptors, are read without a `PlistValue`
+    /// tree; anything else is decoded and then parsed.
     ///
     /// - Throws: `WireError` for a frame that does not decode, `MessageError` for an invalid message.
     package mutating func nextMessage(from reader: inout FrameReader) throws -> Message? {

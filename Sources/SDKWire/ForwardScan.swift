@@ -88,7 +88,7 @@ struct ForwardableFields {
 }
 
 extension UnsafeRawBufferPointer {
-    /// Whether these bytes are `name`'s (the scanners' key and type checks, here and in FlatFrame).
+    /// Whether these bytes are `name`'s (the scanner's key and type checks).
     @inline(__always)
     func spells(_ name: StaticString) -> Bool {
         guard count == name.utf8CodeUnitCount else { return false }

@@ -3,8 +3,8 @@
 // message and one per item, and the id as a String. Here the same two passes as `BinaryPlistEncoder` (size, then
 // store in place) walk the message's fields directly; only `attachments` and `userInfo`, which are already
 // `PlistValue`s, go through the generic writer. The bytes are ordinary bplist00 with the keys `Message.plist`
-// writes, so any reader (ours, Foundation, plistlib) sees the same message. `FlatFrame` emits its small messages
-// (`assigned`, `cancel`, `credit`) through the same `FieldSink`.
+// writes, so any reader (ours, Foundation, plistlib) sees the same message. `FlatFrame` emits the flat messages
+// (`ping`, `pong`, `assigned`, `cancel`, ...) through the same `FieldSink`.
 
 /// What the two passes do with each object; `emit` calls them in the same order for both.
 protocol FieldSink {

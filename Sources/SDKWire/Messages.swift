@@ -153,13 +153,12 @@ public enum Message: Sendable, Equatable {
 
     /// The wire form.
     public var plist: PlistValue {
+        if let flat = flatFields {
+            var d = [String: PlistValue](minimumCapacity: flat.count)
+            for (key, value) in flat { d[key.rawValue] = value.plist }
+            return .dictionary(d)
+        }
         switch self {
-        case let .hello(version, identifier, hostPid, idle):
-            return .fields([.type: MessageType.hello.plist, .version: .integer(version), .identifier: .string(identifier),
-                    .hostPid: .integer(Int64(hostPid)), .idleTimeoutMs: .integer(idle)])
-        case let .welcome(version, identifier, pid):
-            return .fields([.type: MessageType.welcome.plist, .version: .integer(version), .identifier: .string(identifier),
-                    .pid: .integer(Int64(pid))])
         case let .begin(id, items, extensionID, deadlineMs):
             var d = Self.itemsMessage(.begin, id, items)
             if let extensionID { d[.`extension`] = .string(extensionID) }
@@ -169,37 +168,13 @@ public enum Message: Sendable, Equatable {
             return .dictionary(Self.itemsMessage(.complete, id, items))
         case let .partial(id, items):
             return .dictionary(Self.itemsMessage(.partial, id, items))
-        case let .credit(id, count):
-            return .fields([.type: MessageType.credit.plist, .id: .string(id.uuidString), .count: .integer(count)])
-        case let .cancel(id):
-            return .fields([.type: MessageType.cancel.plist, .id: .string(id.uuidString)])
         case let .cancelled(id, error):
             return .fields([.type: MessageType.cancelled.plist, .id: .string(id.uuidString), .error: error.plist])
-        case let .ping(seq):
-            return .fields([.type: MessageType.ping.plist, .seq: .integer(seq)])
-        case let .pong(seq):
-            return .fields([.type: MessageType.pong.plist, .seq: .integer(seq)])
-        case let .error(message, id):
-            var d = [String: PlistValue](fields: [.type: MessageType.error.plist, .message: .string(message)])
-            if let id { d[.id] = .string(id.uuidString) }
-            return .dictionary(d)
-        case let .connect(version, app):
-            var d = [String: PlistValue](fields: [.type: MessageType.connect.plist, .version: .integer(version)])
-            if let app { d[.app] = .string(app) }
-            return .dictionary(d)
-        case let .prewarm(id, extensionID):
-            return .fields([.type: MessageType.prewarm.plist, .id: .string(id.uuidString), .`extension`: .string(extensionID)])
-        case let .prewarmed(id, pid):
-            return .fields([.type: MessageType.prewarmed.plist, .id: .string(id.uuidString), .pid: .integer(Int64(pid))])
         case let .connected(version, pid, extensions, points):
             return .fields([.type: MessageType.connected.plist, .version: .integer(version), .pid: .integer(Int64(pid)),
                     .extensions: .array(extensions.map(PlistValue.string)), .points: .dictionary(points.mapValues(PlistValue.string))])
-        case .subscribe:
-            return .fields([.type: MessageType.subscribe.plist])
         case let .event(event):
             return .fields([.type: MessageType.event.plist, .event: event])
-        case let .assigned(id, pid):
-            return .fields([.type: MessageType.assigned.plist, .id: .string(id.uuidString), .pid: .integer(Int64(pid))])
         case let .interrupted(id, reason):
             return .fields([.type: MessageType.interrupted.plist, .id: .string(id.uuidString), .reason: reason])
         case let .sandboxed(layers, skipped, pid, timings):
@@ -208,10 +183,6 @@ public enum Message: Sendable, Equatable {
             if let pid { fields[.pid] = .string(String(pid)) }
             if !timings.isEmpty { fields[.timings] = .array(timings.map(PlistValue.string)) }
             return .dictionary(fields)
-        case let .launchFailed(reason):
-            return .fields([.type: MessageType.launchFailed.plist, .reason: .string(reason)])
-        case let .status(seq):
-            return .fields([.type: MessageType.status.plist, .seq: .integer(seq)])
         case let .statusReport(seq, report):
             return .fields([.type: MessageType.statusReport.plist, .seq: .integer(seq), .report: report])
         case let .leak(id, alive, afterMs):
@@ -229,10 +200,41 @@ public enum Message: Sendable, Equatable {
         case let .hostCallError(id, call, error):
             return .fields([.type: MessageType.hostCallError.plist, .id: .string(id.uuidString), .call: .integer(call),
                             .error: error.plist])
-        case let .hostCallCancel(id, call):
-            return .fields([.type: MessageType.hostCallCancel.plist, .id: .string(id.uuidString), .call: .integer(call)])
-        case let .unknown(type):
-            return .fields([.type: .string(type)])
+        case .hello, .welcome, .credit, .cancel, .ping, .pong, .error, .connect, .prewarm, .prewarmed, .subscribe,
+            .assigned, .launchFailed, .status, .hostCallCancel, .unknown:
+            preconditionFailure("a flat message is written from its flatFields")
+        }
+    }
+
+    /// The fields of a message whose values are all strings and integers, in the order they are written; nil for
+    /// the others (items, errors, reports, lists). Their `plist` is made from these, and `FlatFrame` writes and
+    /// reads them without a `PlistValue` tree.
+    package var flatFields: [(MessageKey, FlatValue)]? {
+        switch self {
+        case let .hello(version, identifier, hostPid, idle):
+            [(.type, .type(.hello)), (.version, .integer(version)), (.identifier, .string(identifier)),
+             (.hostPid, .integer(Int64(hostPid))), (.idleTimeoutMs, .integer(idle))]
+        case let .welcome(version, identifier, pid):
+            [(.type, .type(.welcome)), (.version, .integer(version)), (.identifier, .string(identifier)), (.pid, .integer(Int64(pid)))]
+        case let .credit(id, count): [(.type, .type(.credit)), (.id, .id(id)), (.count, .integer(count))]
+        case let .cancel(id): [(.type, .type(.cancel)), (.id, .id(id))]
+        case let .ping(seq): [(.type, .type(.ping)), (.seq, .integer(seq))]
+        case let .pong(seq): [(.type, .type(.pong)), (.seq, .integer(seq))]
+        case let .error(message, id):
+            if let id { [(.type, .type(.error)), (.message, .string(message)), (.id, .id(id))] } else { [(.type, .type(.error)), (.message, .string(message))] }
+        case let .connect(version, app):
+            if let app { [(.type, .type(.connect)), (.version, .integer(version)), (.app, .string(app))] } else { [(.type, .type(.connect)), (.version, .integer(version))] }
+        case let .prewarm(id, extensionID): [(.type, .type(.prewarm)), (.id, .id(id)), (.`extension`, .string(extensionID))]
+        case let .prewarmed(id, pid): [(.type, .type(.prewarmed)), (.id, .id(id)), (.pid, .integer(Int64(pid)))]
+        case .subscribe: [(.type, .type(.subscribe))]
+        case let .assigned(id, pid): [(.type, .type(.assigned)), (.id, .id(id)), (.pid, .integer(Int64(pid)))]
+        case let .launchFailed(reason): [(.type, .type(.launchFailed)), (.reason, .string(reason))]
+        case let .status(seq): [(.type, .type(.status)), (.seq, .integer(seq))]
+        case let .hostCallCancel(id, call): [(.type, .type(.hostCallCancel)), (.id, .id(id)), (.call, .integer(call))]
+        case let .unknown(type): [(.type, .string(type))]
+        case .begin, .complete, .partial, .cancelled, .connected, .event, .interrupted, .sandboxed, .statusReport, .leak,
+            .hostCall, .hostCallResult, .hostCallError:
+            nil
         }
     }
 

@@ -35,7 +35,7 @@ enum CodecBench {
         }
         r.decode = medianMicrosecondsPerCall(n) { blackHole(try! BinaryPlistDecoder.decode(payload)) }
         var assigned: [UInt8] = []
-        FlatFrame.appendPayload(FlatFrame.entries(of: .assigned(id: RequestID(), pid: 4242))!, to: &assigned)
+        _ = FlatFrame.appendPayload(Message.assigned(id: RequestID(), pid: 4242).flatFields!, to: &assigned)
         r.assignedDecode = medianMicrosecondsPerCall(n) { blackHole(try! Message(plist: BinaryPlistDecoder.decode(assigned))) }
         r.assignedFlat = medianMicrosecondsPerCall(n) { blackHole(assigned.withUnsafeBytes { FlatFrame.message(from: $0) }!) }
         let begin = Message.begin(id: RequestID(), items: [EmbeddedBench.item], extensionID: nil, deadlineMs: 30_000)

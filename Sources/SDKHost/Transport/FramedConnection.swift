@@ -355,7 +355,7 @@ package final class FramedConnection {
                     }
                     var decoded = 0
                     defer { size = max(payload.count, decoded) }
-                    // `assigned`, `cancel` and `credit` exactly as we write them: no decoding needed.
+                    // A flat message (`ping`, `pong`, `welcome`, `assigned`, `cancel`, ...) exactly as we write it: no decoding.
                     if let message = FlatFrame.message(from: payload) {
                         direct = message
                         return nil
