@@ -2,6 +2,7 @@
 // included), and a status from a daemon that predates a field, or holds a report that does not read, still reads.
 import Foundation
 import Testing
+import SDKWire
 @testable import SDKHost
 
 @Suite struct HostStatusTests {
@@ -32,6 +33,29 @@ import Testing
         #expect(back == status)
         #expect(back.recentCrashes.first?.time == 1_795_000_000.25, "seconds since 1970, not 2001")
         #expect(status.totals.requests == 4 && status.totals.quarantines == 1)
+    }
+
+    /// The plist is written out field by field (the daemon builds one per `status`); it must be exactly the
+    /// Codable form, with every optional present and absent.
+    @Test func thePlistIsTheCodableForm() throws {
+        var status = Self.sample()
+        #expect(status.plist == (try PlistValueEncoder().encode(status)))
+        status.extensions[0].retryInSeconds = 2.5
+        status.extensions[0].latencyP99Milliseconds = 9
+        status.extensions[0].latencyP50Milliseconds = nil
+        status.extensions[0].pools.append(PoolStatus(app: "0/b", state: .quarantined, crashCount: 3, retryInSeconds: 1.25, backoffSeconds: 20))
+        status.extensions[0].workers.append(WorkerStatus(pid: 43, app: nil, uptimeSeconds: 0, inFlight: 0, requestsServed: 0,
+                                                         recycling: true, sandbox: [], sandboxSkipped: ["landlock"]))
+        status.extensions.append(ExtensionStatus(
+            identifier: "y", state: .quarantined, crashCount: 0, retryInSeconds: nil, requests: 0, completions: 0,
+            cancellations: 0, interruptions: 0, interruptionsByReason: [:], latencyP50Milliseconds: nil,
+            latencyP99Milliseconds: nil, slowRequests: 2, slowRequestsPer1000: 1.5, slowRequestSeconds: 3.25, crashes: 0,
+            hangKills: 1, timeouts: 2, overloads: 3, protocolViolations: 4, spawns: 5, recycles: 6, quarantines: 7,
+            leaks: 8, pools: [], workers: []))
+        status.totals = StatusTotals(adding: status.extensions)
+        status.recentLeaks = []
+        #expect(status.plist == (try PlistValueEncoder().encode(status)))
+        #expect(try HostStatus(plist: status.plist) == status)
     }
 
     @Test func anOlderDaemonsStatusAndAReportThatDoesNotReadStillRead() throws {
