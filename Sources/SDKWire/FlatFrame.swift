@@ -27,7 +27,7 @@ package enum FlatValue: Sendable {
 
 package enum FlatFrame {
     /// Appends the payload (no frame header) of a flat message: the dictionary, its keys in order, then its
-    /// values.
+    /// values. Over `limit` bytes nothing is appended and the size it would take is returned.
     package static func appendPayload(_ fields: [(MessageKey, FlatValue)], to out: inout [UInt8], limit: Int = .max) -> Int? {
         BinaryPlistEncoder.encodeFields(appendingTo: &out, limit: limit, { emit(fields, into: &$0) }, { emit(fields, into: &$0) })
     }
@@ -102,17 +102,16 @@ package enum FlatFrame {
         case integer(Int64)
     }
 
-    /// The fields of one payload (at most `capacity`, so no allocation and no hashing), found by a linear
+    /// The fields of one payload (at most five, so no allocation and no hashing), found by a linear
     /// search. A key given twice is refused by the comparison: the message written again has it once.
     private struct Fields {
-        static let capacity = 5
         private var keys = InlineArray<5, MessageKey?>(repeating: nil)
         private var raws = InlineArray<5, Raw>(repeating: .integer(0))
         private var count = 0
 
         /// Adds a field; false when there is no room (no flat message has more).
         mutating func add(_ key: MessageKey, _ value: Raw) -> Bool {
-            guard count < Self.capacity else { return false }
+            guard count < keys.count else { return false }
             keys[count] = key
             raws[count] = value
             count += 1
@@ -206,7 +205,7 @@ extension MessageKey {
         self = key
     }
 
-    /// Every key, by the length of its name (longer than 15: none).
+    /// Every key, by the length of its name (index 16 holds those of 16 bytes or more: none).
     private static let byLength: [[MessageKey]] = (0...16).map { length in allCases.filter { $0.staticName.utf8CodeUnitCount == length } }
 }
 

@@ -88,7 +88,7 @@ struct ForwardableFields {
 }
 
 extension UnsafeRawBufferPointer {
-    /// Whether these bytes are `name`'s (the scanner's key and type checks).
+    /// Whether these bytes are `name`'s (the key and type checks of the scanner and of FlatFrame).
     @inline(__always)
     func spells(_ name: StaticString) -> Bool {
         guard count == name.utf8CodeUnitCount else { return false }

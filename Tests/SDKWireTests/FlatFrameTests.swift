@@ -116,6 +116,36 @@ import Testing
         #expect(try Message(plist: BinaryPlistDecoder.decode(lower)) == .cancel(id: id))
     }
 
+    /// Layouts our writer never makes for the message the fields would read as: a key twice, keys in another
+    /// order, a pid past Int32 (which hello truncates and welcome refuses). The fast reading declines each, and
+    /// the decoder has the last word.
+    @Test func fieldsOurWriterWouldNotWriteAreLeftToTheDecoder() throws {
+        func payload(_ fields: [(MessageKey, FlatValue)]) -> [UInt8] {
+            var out: [UInt8] = []
+            _ = FlatFrame.appendPayload(fields, to: &out)
+            return out
+        }
+        func fast(_ bytes: [UInt8]) -> Message? { bytes.withUnsafeBytes { FlatFrame.message(from: $0) } }
+        let twice = payload([(.type, .type(.ping)), (.seq, .integer(1)), (.seq, .integer(1))])
+        #expect(fast(twice) == nil)
+        let swapped = payload([(.seq, .integer(7)), (.type, .type(.ping))])
+        #expect(fast(swapped) == nil)
+        #expect(try Message(plist: BinaryPlistDecoder.decode(swapped)) == .ping(seq: 7))
+        let wide = payload([(.type, .type(.hello)), (.version, .integer(2)), (.identifier, .string("x")),
+                            (.hostPid, .integer(1 << 32 | 5)), (.idleTimeoutMs, .integer(0))])
+        #expect(fast(wide) == nil)
+        #expect(try Message(plist: BinaryPlistDecoder.decode(wide)) == .hello(version: 2, identifier: "x", hostPid: 5, idleTimeoutMs: 0))
+        let outOfRange = payload([(.type, .type(.welcome)), (.version, .integer(2)), (.identifier, .string("x")),
+                                  (.pid, .integer(1 << 31))])
+        #expect(fast(outOfRange) == nil)
+        #expect(throws: MessageError.self) { try Message(plist: BinaryPlistDecoder.decode(outOfRange)) }
+        let unknownKey = payload([(.type, .type(.ping)), (.seq, .integer(1)), (.app, .string("a"))])
+        #expect(fast(unknownKey) == nil)
+        #expect(try Message(plist: BinaryPlistDecoder.decode(unknownKey)) == .ping(seq: 1))
+        // The writer's own layout of the same messages is taken.
+        #expect(fast(payload([(.type, .type(.ping)), (.seq, .integer(7))])) == .ping(seq: 7))
+    }
+
     @Test func aFlatFrameOverTheLimitIsRefusedAndNothingIsAppended() {
         var bytes: [UInt8] = [1, 2, 3]
         var outgoing = OutgoingDescriptors()

@@ -260,7 +260,7 @@ extension HostStatus {
         ])
     }
 
-    /// A report's Codable form. Every field is a string, a number or a list of strings: nothing to refuse.
+    /// A report's Codable form. Every field is a string, a number, or a list or dictionary of those: nothing to refuse.
     private static func codablePlist<T: Encodable>(_ value: T) -> PlistValue { (try? PlistValueEncoder().encode(value)) ?? [:] }
 
     /// Reads a `statusReport` plist.
