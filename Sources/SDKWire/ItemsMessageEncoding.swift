@@ -192,3 +192,38 @@ package struct ItemsFields {
         }
     }
 }
+
+/// A value of a dictionary written field by field (`BinaryPlistEncoder.encode(fields:appendingTo:)`).
+package enum FieldValue {
+    case string(String)
+    case strings([String])
+    case integer(Int64)
+    case bool(Bool)
+}
+
+extension BinaryPlistEncoder {
+    /// Appends the bplist00 payload of a dictionary of `fields`, keys known when the program is built, written
+    /// straight from them in order: no `PlistValue` tree and no hashing (the launcher's profile, one per spawn).
+    package static func encode(fields: [(StaticString, FieldValue)], appendingTo out: inout [UInt8]) {
+        _ = encodeFields(appendingTo: &out, { emit(fields, into: &$0) }, { emit(fields, into: &$0) })
+    }
+
+    private static func emit<Sink: FieldSink>(_ fields: [(StaticString, FieldValue)], into sink: inout Sink) -> Int {
+        let n = fields.count
+        var next = 1
+        let first = sink.container(0xD0, count: n, references: 2 * n, at: 0, next: &next)
+        for (i, (key, _)) in fields.enumerated() { sink.ascii(key, at: first + i) }
+        for (i, (_, value)) in fields.enumerated() {
+            let at = first + n + i
+            switch value {
+            case .string(let s): sink.string(s, at: at)
+            case .strings(let list):
+                let start = sink.container(0xA0, count: list.count, references: list.count, at: at, next: &next)
+                for (j, s) in list.enumerated() { sink.string(s, at: start + j) }
+            case .integer(let v): sink.value(.integer(v), at: at, next: &next)
+            case .bool(let b): sink.value(.bool(b), at: at, next: &next)
+            }
+        }
+        return next
+    }
+}

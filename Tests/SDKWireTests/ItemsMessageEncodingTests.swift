@@ -81,4 +81,27 @@ import Testing
         #expect(try reader.nextValue() == Message.ping(seq: 7).plist)
         #expect(try reader.nextValue() == nil)
     }
+
+    /// A dictionary written field by field (the launcher's profile) is the dictionary of the same values, for our
+    /// decoder and for Foundation's: UTF-16 strings, long and empty lists, integers of every width, Booleans.
+    @Test func aDictionaryWrittenFieldByFieldIsTheSameDictionary() throws {
+        let long = (0..<20).map { "/path/\($0)" }
+        let fields: [(StaticString, FieldValue)] = [
+            ("Name", .string("naïve ☃")), ("Empty", .strings([])), ("Long", .strings(long)), ("Short", .strings(["a", "日本"])),
+            ("Small", .integer(7)), ("Wide", .integer(1 << 40)), ("Negative", .integer(-3)), ("Yes", .bool(true)),
+            ("No", .bool(false)), ("Blank", .string("")),
+        ]
+        var bytes: [UInt8] = [9]
+        BinaryPlistEncoder.encode(fields: fields, appendingTo: &bytes)
+        #expect(bytes[0] == 9)
+        let payload = Array(bytes.dropFirst())
+        let expected: PlistValue = .dictionary([
+            "Name": .string("naïve ☃"), "Empty": .array([]), "Long": .array(long.map(PlistValue.string)),
+            "Short": .array([.string("a"), .string("日本")]), "Small": .integer(7), "Wide": .integer(1 << 40),
+            "Negative": .integer(-3), "Yes": .bool(true), "No": .bool(false), "Blank": .string(""),
+        ])
+        #expect(try BinaryPlistDecoder.decode(payload) == expected)
+        let foundation = try PropertyListSerialization.propertyList(from: Data(payload), options: [], format: nil)
+        #expect(try PlistFoundation.value(from: foundation, path: "fields") == expected)
+    }
 }

@@ -93,24 +93,25 @@ package enum SandboxProfile {
         }
         var env = environment.filter { !$0.hasPrefix("TMPDIR=") }
         env.append("TMPDIR=\(temporary ?? "/tmp")")
-        var profile: [String: PlistValue] = [
-            "Extension": .string(manifest.identifier),
-            "Executable": .string(executable),
-            "Arguments": .array(arguments.map(PlistValue.string)),
-            "Environment": .array(env.map(PlistValue.string)),
-            "HostPID": .integer(Int64(getpid())),
-            "Sandbox": .string(policy.sandbox.rawValue),
-            "NetworkAllowed": .bool(policy.networkAllowed),
-            "AllowSubprocesses": .bool(policy.allowSubprocesses),
-            "DescriptorLimit": .integer(Int64(workerDescriptorLimit)),
-            "ExecutablePaths": .array(([executable] + runtimePaths).map(PlistValue.string)),
-            "RuntimePaths": .array(runtimePaths.map(PlistValue.string)),
-            "ReadablePaths": .array((runtimeReadablePaths + scriptFolder + policy.readablePaths).map(PlistValue.string)),
-            "WritablePaths": .array(([temporary].compactMap { $0 } + policy.writablePaths).map(PlistValue.string)),
-            "WorkerUID": .integer(Int64(worker.uid)),
-            "WorkerGID": .integer(Int64(worker.gid)),
-            "TempSizeMB": .integer(Int64(policy.tempSizeMB)),
-            "MaxThreads": .integer(Int64(policy.maxThreads)),
+        // Written field by field (no dictionary to hash, no `PlistValue` tree): one profile per spawn.
+        var profile: [(StaticString, FieldValue)] = [
+            ("Extension", .string(manifest.identifier)),
+            ("Executable", .string(executable)),
+            ("Arguments", .strings(arguments)),
+            ("Environment", .strings(env)),
+            ("HostPID", .integer(Int64(getpid()))),
+            ("Sandbox", .string(policy.sandbox.rawValue)),
+            ("NetworkAllowed", .bool(policy.networkAllowed)),
+            ("AllowSubprocesses", .bool(policy.allowSubprocesses)),
+            ("DescriptorLimit", .integer(Int64(workerDescriptorLimit))),
+            ("ExecutablePaths", .strings([executable] + runtimePaths)),
+            ("RuntimePaths", .strings(runtimePaths)),
+            ("ReadablePaths", .strings(runtimeReadablePaths + scriptFolder + policy.readablePaths)),
+            ("WritablePaths", .strings([temporary].compactMap { $0 } + policy.writablePaths)),
+            ("WorkerUID", .integer(Int64(worker.uid))),
+            ("WorkerGID", .integer(Int64(worker.gid))),
+            ("TempSizeMB", .integer(Int64(policy.tempSizeMB))),
+            ("MaxThreads", .integer(Int64(policy.maxThreads))),
         ]
         if manifest.interpreter != nil {
             // Granted folders stay visible: the manifest's, and a package folder the operator lists for the
@@ -120,18 +121,17 @@ package enum SandboxProfile {
             }
             let granted = policy.readablePaths + policy.writablePaths + listedPackages
             let masked = packageFolders(in: runtimePaths).filter { !ExtensionPolicy.path($0, isUnder: granted) }
-            if !masked.isEmpty { profile["MaskedPaths"] = .array(masked.map(PlistValue.string)) }
+            if !masked.isEmpty { profile.append(("MaskedPaths", .strings(masked))) }
         }
-        if let mb = policy.memoryLimitMB { profile["MemoryLimitMB"] = .integer(Int64(mb)) }
-        if let digest = policy.executableSHA256 { profile["ExecutableSHA256"] = .string(digest) }
-        if measured { profile["Timings"] = .bool(true) }
-        if networkNamespace >= 0 { profile["SharedNetworkNamespace"] = .bool(true) }
-        if let deviceFolder { profile["DeviceFolder"] = .string(deviceFolder) }
-        if let rootTemplates { profile["RootTemplates"] = .string(rootTemplates) }
-        if let temporary { profile["WorkerFolder"] = .string(temporary) }
+        if let mb = policy.memoryLimitMB { profile.append(("MemoryLimitMB", .integer(Int64(mb)))) }
+        if let digest = policy.executableSHA256 { profile.append(("ExecutableSHA256", .string(digest))) }
+        if measured { profile.append(("Timings", .bool(true))) }
+        if networkNamespace >= 0 { profile.append(("SharedNetworkNamespace", .bool(true))) }
+        if let deviceFolder { profile.append(("DeviceFolder", .string(deviceFolder))) }
+        if let rootTemplates { profile.append(("RootTemplates", .string(rootTemplates))) }
+        if let temporary { profile.append(("WorkerFolder", .string(temporary))) }
         var bytes: [UInt8] = []
-        var encoder = BinaryPlistEncoder()
-        encoder.encode(.dictionary(profile), appendingTo: &bytes)
+        BinaryPlistEncoder.encode(fields: profile, appendingTo: &bytes)
         guard bytes.count <= SpawnRequest.maxProfileBytes else {
             if let temporary { folders.remove(temporary) }
             throw HostError(.invalidManifest, "\(manifest.manifestPath): the sandbox profile is \(bytes.count) bytes, "
