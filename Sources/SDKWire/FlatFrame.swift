@@ -5,6 +5,10 @@
 // with a heartbeat or a handshake. The bytes are a plain bplist00 any reader takes: the dictionary, its keys in
 // order, then its values, no shared objects.
 
+#if canImport(Glibc)
+import Glibc
+#endif
+
 /// A value in a flat message.
 package enum FlatValue: Sendable {
     /// A message type's name.
@@ -25,15 +29,18 @@ package enum FlatValue: Sendable {
     }
 }
 
+/// A flat message's fields in the order they are written.
+package typealias FlatFields = [(MessageKey, FlatValue)]
+
 package enum FlatFrame {
     /// Appends the payload (no frame header) of a flat message: the dictionary, its keys in order, then its
     /// values. Over `limit` bytes nothing is appended and the size it would take is returned.
-    package static func appendPayload(_ fields: [(MessageKey, FlatValue)], to out: inout [UInt8], limit: Int = .max) -> Int? {
+    package static func appendPayload(_ fields: FlatFields, to out: inout [UInt8], limit: Int = .max) -> Int? {
         BinaryPlistEncoder.encodeFields(appendingTo: &out, limit: limit, { emit(fields, into: &$0) }, { emit(fields, into: &$0) })
     }
 
     /// Objects: 0 the dictionary, 1...n the keys, n+1...2n the values, written in that order.
-    private static func emit<Sink: FieldSink>(_ fields: [(MessageKey, FlatValue)], into sink: inout Sink) -> Int {
+    private static func emit<Sink: FieldSink>(_ fields: FlatFields, into sink: inout Sink) -> Int {
         let n = fields.count
         var next = 1
         let first = sink.container(0xD0, count: n, references: 2 * n, at: 0, next: &next)
@@ -68,7 +75,7 @@ package enum FlatFrame {
         guard n > 0, tableAt > 9 + 2 * n, payload[count - 26] == 1, payload[count - 25] == 1,
             payload[count - 1] == UInt8(tableAt), payload[count - 17] == UInt8(objects)
         else { return nil }
-        var fields = Fields()
+        var fields = Fields(capacity: n)
         for i in 0..<n {
             guard let key = asciiString(payload, objectAt: Int(payload[tableAt + 1 + i]), end: tableAt).flatMap(MessageKey.init(ascii:))
             else { return nil }
@@ -78,10 +85,10 @@ package enum FlatFrame {
                 let width = 1 << Int(payload[at] & 0x0F)
                 guard width <= 8, at + 1 + width <= tableAt else { return nil }
                 // Written with 8 bytes when negative, so the bits are the value.
-                guard fields.add(key, .integer(Int64(bitPattern: BinaryPlistReader.bigEndian(payload, at: at + 1, size: width)))) else { return nil }
+                fields.add(key, .integer(Int64(bitPattern: BinaryPlistReader.bigEndian(payload, at: at + 1, size: width))))
             } else {
                 guard let bytes = asciiString(payload, objectAt: at, end: tableAt) else { return nil }
-                guard fields.add(key, .ascii(bytes)) else { return nil }
+                fields.add(key, .ascii(bytes))
             }
         }
         guard let candidate = fields.message(), let flat = candidate.flatFields else { return nil }
@@ -90,7 +97,7 @@ package enum FlatFrame {
             var size = EncodedSize()
             _ = emit(flat, into: &size)
             guard let written = BinaryPlistEncoder.write(size, into: buffer, { emit(flat, into: &$0) }), written == count,
-                UnsafeRawBufferPointer(rebasing: buffer[0..<count]).elementsEqual(payload)
+                memcmp(buffer.baseAddress!, payload.baseAddress!, count) == 0
             else { return nil }
             return candidate
         }
@@ -102,24 +109,17 @@ package enum FlatFrame {
         case integer(Int64)
     }
 
-    /// The fields of one payload (at most five, so no allocation and no hashing), found by a linear
-    /// search. A key given twice is refused by the comparison: the message written again has it once.
+    /// The fields of one payload, found by a linear search (a handful: no hashing). A key given twice is
+    /// refused by the comparison: the message written again has it once.
     private struct Fields {
-        private var keys = InlineArray<5, MessageKey?>(repeating: nil)
-        private var raws = InlineArray<5, Raw>(repeating: .integer(0))
-        private var count = 0
+        private var entries: [(MessageKey, Raw)] = []
 
-        /// Adds a field; false when there is no room (no flat message has more).
-        mutating func add(_ key: MessageKey, _ value: Raw) -> Bool {
-            guard count < keys.count else { return false }
-            keys[count] = key
-            raws[count] = value
-            count += 1
-            return true
-        }
+        init(capacity: Int) { entries.reserveCapacity(capacity) }
+
+        mutating func add(_ key: MessageKey, _ value: Raw) { entries.append((key, value)) }
 
         subscript(key: MessageKey) -> Raw? {
-            for i in 0..<count where keys[i] == key { return raws[i] }
+            for (k, v) in entries where k == key { return v }
             return nil
         }
 
@@ -199,22 +199,105 @@ package enum FlatFrame {
 }
 
 extension MessageKey {
-    /// The key these ASCII bytes spell, if any: compared with the keys of the same length, without a `String`.
+    /// The key these ASCII bytes spell, if any: compared with the names of the same length, without a `String`.
     init?(ascii bytes: UnsafeRawBufferPointer) {
-        guard let key = Self.byLength[min(bytes.count, 16)].first(where: { bytes.spells($0.staticName) }) else { return nil }
-        self = key
+        switch bytes.count {
+        case 2:
+            if bytes.spells(MessageKey.id.staticName) { self = .id; return }
+        case 3:
+            if bytes.spells(MessageKey.fds.staticName) { self = .fds; return }
+            if bytes.spells(MessageKey.pid.staticName) { self = .pid; return }
+            if bytes.spells(MessageKey.seq.staticName) { self = .seq; return }
+            if bytes.spells(MessageKey.app.staticName) { self = .app; return }
+        case 4:
+            if bytes.spells(MessageKey.type.staticName) { self = .type; return }
+            if bytes.spells(MessageKey.call.staticName) { self = .call; return }
+            if bytes.spells(MessageKey.code.staticName) { self = .code; return }
+            if bytes.spells(MessageKey.text.staticName) { self = .text; return }
+        case 5:
+            if bytes.spells(MessageKey.items.staticName) { self = .items; return }
+            if bytes.spells(MessageKey.count.staticName) { self = .count; return }
+            if bytes.spells(MessageKey.error.staticName) { self = .error; return }
+            if bytes.spells(MessageKey.event.staticName) { self = .event; return }
+            if bytes.spells(MessageKey.alive.staticName) { self = .alive; return }
+            if bytes.spells(MessageKey.title.staticName) { self = .title; return }
+            if bytes.spells(MessageKey.files.staticName) { self = .files; return }
+        case 6:
+            if bytes.spells(MessageKey.points.staticName) { self = .points; return }
+            if bytes.spells(MessageKey.reason.staticName) { self = .reason; return }
+            if bytes.spells(MessageKey.layers.staticName) { self = .layers; return }
+            if bytes.spells(MessageKey.report.staticName) { self = .report; return }
+            if bytes.spells(MessageKey.domain.staticName) { self = .domain; return }
+        case 7:
+            if bytes.spells(MessageKey.version.staticName) { self = .version; return }
+            if bytes.spells(MessageKey.hostPid.staticName) { self = .hostPid; return }
+            if bytes.spells(MessageKey.message.staticName) { self = .message; return }
+            if bytes.spells(MessageKey.skipped.staticName) { self = .skipped; return }
+            if bytes.spells(MessageKey.timings.staticName) { self = .timings; return }
+            if bytes.spells(MessageKey.afterMs.staticName) { self = .afterMs; return }
+            if bytes.spells(MessageKey.service.staticName) { self = .service; return }
+        case 8:
+            if bytes.spells(MessageKey.userInfo.staticName) { self = .userInfo; return }
+        case 9:
+            if bytes.spells(MessageKey.`extension`.staticName) { self = .`extension`; return }
+        case 10:
+            if bytes.spells(MessageKey.deadlineMs.staticName) { self = .deadlineMs; return }
+            if bytes.spells(MessageKey.identifier.staticName) { self = .identifier; return }
+            if bytes.spells(MessageKey.extensions.staticName) { self = .extensions; return }
+        case 11:
+            if bytes.spells(MessageKey.attachments.staticName) { self = .attachments; return }
+        case 13:
+            if bytes.spells(MessageKey.idleTimeoutMs.staticName) { self = .idleTimeoutMs; return }
+        default: break
+        }
+        return nil
     }
-
-    /// Every key, by the length of its name (index 16 holds those of 16 bytes or more: none).
-    private static let byLength: [[MessageKey]] = (0...16).map { length in allCases.filter { $0.staticName.utf8CodeUnitCount == length } }
 }
 
 extension MessageType {
     /// The type these ASCII bytes spell, if any.
     init?(ascii bytes: UnsafeRawBufferPointer) {
-        guard let type = Self.byLength[min(bytes.count, 16)].first(where: { bytes.spells($0.staticName) }) else { return nil }
-        self = type
+        switch bytes.count {
+        case 4:
+            if bytes.spells(MessageType.ping.staticName) { self = .ping; return }
+            if bytes.spells(MessageType.pong.staticName) { self = .pong; return }
+            if bytes.spells(MessageType.leak.staticName) { self = .leak; return }
+        case 5:
+            if bytes.spells(MessageType.hello.staticName) { self = .hello; return }
+            if bytes.spells(MessageType.begin.staticName) { self = .begin; return }
+            if bytes.spells(MessageType.error.staticName) { self = .error; return }
+            if bytes.spells(MessageType.event.staticName) { self = .event; return }
+        case 6:
+            if bytes.spells(MessageType.credit.staticName) { self = .credit; return }
+            if bytes.spells(MessageType.cancel.staticName) { self = .cancel; return }
+            if bytes.spells(MessageType.status.staticName) { self = .status; return }
+        case 7:
+            if bytes.spells(MessageType.welcome.staticName) { self = .welcome; return }
+            if bytes.spells(MessageType.partial.staticName) { self = .partial; return }
+            if bytes.spells(MessageType.connect.staticName) { self = .connect; return }
+            if bytes.spells(MessageType.prewarm.staticName) { self = .prewarm; return }
+        case 8:
+            if bytes.spells(MessageType.complete.staticName) { self = .complete; return }
+            if bytes.spells(MessageType.assigned.staticName) { self = .assigned; return }
+            if bytes.spells(MessageType.hostCall.staticName) { self = .hostCall; return }
+        case 9:
+            if bytes.spells(MessageType.cancelled.staticName) { self = .cancelled; return }
+            if bytes.spells(MessageType.connected.staticName) { self = .connected; return }
+            if bytes.spells(MessageType.sandboxed.staticName) { self = .sandboxed; return }
+            if bytes.spells(MessageType.prewarmed.staticName) { self = .prewarmed; return }
+            if bytes.spells(MessageType.subscribe.staticName) { self = .subscribe; return }
+        case 11:
+            if bytes.spells(MessageType.interrupted.staticName) { self = .interrupted; return }
+        case 12:
+            if bytes.spells(MessageType.statusReport.staticName) { self = .statusReport; return }
+            if bytes.spells(MessageType.launchFailed.staticName) { self = .launchFailed; return }
+        case 13:
+            if bytes.spells(MessageType.hostCallError.staticName) { self = .hostCallError; return }
+        case 14:
+            if bytes.spells(MessageType.hostCallResult.staticName) { self = .hostCallResult; return }
+            if bytes.spells(MessageType.hostCallCancel.staticName) { self = .hostCallCancel; return }
+        default: break
+        }
+        return nil
     }
-
-    private static let byLength: [[MessageType]] = (0...16).map { length in allCases.filter { $0.staticName.utf8CodeUnitCount == length } }
 }

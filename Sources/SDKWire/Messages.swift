@@ -209,7 +209,7 @@ public enum Message: Sendable, Equatable {
     /// The fields of a message whose values are all strings and integers, in the order they are written; nil for
     /// the others (items, errors, reports, lists). Their `plist` is made from these, and `FlatFrame` writes and
     /// reads them without a `PlistValue` tree.
-    package var flatFields: [(MessageKey, FlatValue)]? {
+    package var flatFields: FlatFields? {
         switch self {
         case let .hello(version, identifier, hostPid, idle):
             [(.type, .type(.hello)), (.version, .integer(version)), (.identifier, .string(identifier)),

@@ -27,6 +27,15 @@ import Testing
                 .status(seq: n), .hostCallCancel(id: id, call: n), .unknown(type: s.isEmpty ? "later" : s)]
     }
 
+    @Test func everyKeyAndTypeIsReadFromItsBytes() {
+        for key in MessageKey.allCases {
+            #expect(Array(key.rawValue.utf8).withUnsafeBytes { MessageKey(ascii: $0) } == key)
+            #expect(Array((key.rawValue + "x").utf8).withUnsafeBytes { MessageKey(ascii: $0) } == nil)
+        }
+        for type in MessageType.allCases { #expect(Array(type.rawValue.utf8).withUnsafeBytes { MessageType(ascii: $0) } == type) }
+        #expect(Array("Type".utf8).withUnsafeBytes { MessageKey(ascii: $0) } == nil)
+    }
+
     @Test func everyMessageWithOnlyStringsAndIntegersIsFlat() {
         var g = SeededGenerator(seed: testSeed(default: 0xF1A6))
         let flat = Set(messages(&g).map(\.typeName))
