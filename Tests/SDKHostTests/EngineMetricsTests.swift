@@ -45,4 +45,15 @@ import Testing
         #expect(metrics.recentLeaks.count == EngineMetrics.recentLeakLimit)
         #expect(metrics.recentLeaks.first?.pid == 5 && metrics.recentLeaks.last?.pid == Int32(total - 1))
     }
+
+    @Test func workerTransitionsAreCountedByKindAndNamedWhenRead() {
+        for phase in WorkerLifecycle.Phase.allCases { #expect(WorkerLifecycle.Phase.allCases[phase.index] == phase) }
+        let metrics = EngineMetrics()
+        #expect(metrics.transitions.isEmpty)
+        metrics.countTransition(from: .starting, to: .ready)
+        metrics.countTransition(from: .starting, to: .ready)
+        metrics.countTransition(from: .ready, to: .dead)
+        metrics.countTransition(from: .exiting, to: .dead)
+        #expect(metrics.transitions == ["starting→ready": 2, "ready→dead": 1, "exiting→dead": 1])
+    }
 }

@@ -13,8 +13,25 @@ final class EngineMetrics {
     /// The newest leak reports, oldest first (at most `recentLeakLimit`).
     private(set) var recentLeaks: [LeakReport] = []
     static let recentLeakLimit = 32
-    /// How many times each kind of worker transition ("starting→ready") happened (WorkerLifecycle).
-    var transitions: [String: Int] = [:]
+    /// How many times each kind of worker transition happened (WorkerLifecycle): counted by phase pair, named
+    /// ("starting→ready") only when read. A name built and hashed per transition was ~2 k instructions each.
+    private var transitionCounts: [Int] = Array(repeating: 0, count: phaseCount * phaseCount)
+    private static let phases = WorkerLifecycle.Phase.allCases
+    private static let phaseCount = phases.count
+
+    /// Counts one worker transition.
+    func countTransition(from: WorkerLifecycle.Phase, to: WorkerLifecycle.Phase) {
+        transitionCounts[from.index * Self.phaseCount + to.index] += 1
+    }
+
+    /// How many times each kind of transition that happened did, by name ("starting→ready").
+    var transitions: [String: Int] {
+        var named: [String: Int] = [:]
+        for (i, count) in transitionCounts.enumerated() where count > 0 {
+            named["\(Self.phases[i / Self.phaseCount])→\(Self.phases[i % Self.phaseCount])"] = count
+        }
+        return named
+    }
 
     /// The extensions that have counted anything.
     var extensionIDs: Dictionary<String, ExtensionTally>.Keys { tallies.keys }

@@ -91,7 +91,7 @@ extension HostEngine {
             }
         }
         worker.temporaryDirectory = spawn.temporaryDirectory
-        worker.lifecycle.observer = { [metrics] t in metrics.transitions["\(t.from)→\(t.to)", default: 0] += 1 }
+        worker.lifecycle.observer = { [metrics] t in metrics.countTransition(from: t.from, to: t.to) }
         count(manifest.identifier, \.spawns)
         workers.add(worker)
         // Through the launcher, the worker's own pid comes with its `sandboxed` frame: settled then.

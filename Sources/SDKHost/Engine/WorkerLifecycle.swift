@@ -16,7 +16,7 @@
 import SDKPosix
 
 struct WorkerLifecycle {
-    enum Phase: String, Equatable, CustomStringConvertible {
+    enum Phase: String, Equatable, CaseIterable, CustomStringConvertible {
         /// Spawned; `hello` sent, `welcome` not yet in. Requests may already be queued on its socket.
         case starting
         /// Its handshake is done.
@@ -33,6 +33,19 @@ struct WorkerLifecycle {
         case dead
 
         var description: String { rawValue }
+
+        /// Its position in `allCases`.
+        var index: Int {
+            switch self {
+            case .starting: 0
+            case .ready: 1
+            case .draining: 2
+            case .retiring: 3
+            case .killed: 4
+            case .exiting: 5
+            case .dead: 6
+            }
+        }
     }
 
     /// One change of phase and why.
