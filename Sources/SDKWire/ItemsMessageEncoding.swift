@@ -205,6 +205,8 @@ extension BinaryPlistEncoder {
     /// Appends the bplist00 payload of a dictionary of `fields`, keys known when the program is built, written
     /// straight from them in order: no `PlistValue` tree and no hashing (the launcher's profile, one per spawn).
     package static func encode(fields: [(StaticString, FieldValue)], appendingTo out: inout [UInt8]) {
+        // A key given twice would be read as its first value by one reader and its last by another.
+        assert(Set(fields.map { "\($0.0)" }).count == fields.count, "a key is given twice")
         _ = encodeFields(appendingTo: &out, { emit(fields, into: &$0) }, { emit(fields, into: &$0) })
     }
 

@@ -1,6 +1,7 @@
 // The sandbox profile the host hands the launcher: every key with its value, read back with our decoder, for a
 // strict manifest with the fewest keys and a bestEffort one with every optional key. The launcher (C) looks each
 // key up by name, so a misspelt or missing key would only show as a refused launch.
+import Foundation
 import Glibc
 import HostTestSupport
 @testable import SDKHost
@@ -42,6 +43,24 @@ import Testing
             "TempSizeMB": .integer(Int64(policy.tempSizeMB)), "MaxThreads": .integer(Int64(policy.maxThreads)),
         ].merging(policy.memoryLimitMB.map { ["MemoryLimitMB": .integer(Int64($0))] } ?? [:]) { a, _ in a }
         #expect(d == expected)
+    }
+
+    /// The launcher (main.c) looks each key up by name: the keys it reads are exactly those the host writes.
+    @Test func theLauncherReadsEveryKeyTheHostWrites() throws {
+        let source = try String(contentsOfFile: "\(packageRoot)/Sources/sdk-host-launcher/main.c", encoding: .utf8)
+        var read = Set<String>()
+        for piece in source.components(separatedBy: "_for(&doc, \"").dropFirst() {
+            read.insert(String(piece.prefix { $0 != "\"" }))
+        }
+        let temp = TemporaryExtension(identifier: "com.example.loose-profile", executable: "Echo", policy: """
+            <key>Sandbox</key><string>bestEffort</string><key>MemoryLimitMB</key><integer>300</integer>
+            <key>ExecutableSHA256</key><string>\(String(repeating: "0", count: 64))</string>
+            """)
+        defer { temp.remove() }
+        let manifest = try ExtensionManifest(contentsOf: "\(temp.root)/Ext/Info.plist", configuration: HostConfiguration(extensionSearchPaths: [temp.root]))
+        let written = try profile(of: manifest, premade: "/tmp/w", measured: true, network: 3, devices: "/d", templates: "/t")
+        // MaskedPaths is written for an interpreted extension only (InterpreterTests run one).
+        #expect(read == Set(written.keys).union(["MaskedPaths"]), "\(read.symmetricDifference(Set(written.keys)))")
     }
 
     @Test func aBestEffortProfileHoldsEveryOptionalKey() throws {
