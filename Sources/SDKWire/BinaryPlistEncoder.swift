@@ -47,7 +47,7 @@ public struct BinaryPlistEncoder: Sendable {
     /// size is returned (a reply of hundreds of MiB is refused without being copied).
     static func write(_ size: EncodedSize, appendingTo out: inout [UInt8], limit: Int = .max,
                       _ writeObjects: (inout Writer) -> Int) -> Int? {
-        let total = size.payloadBytes
+        let total = size.layout.total
         if total > limit { return total }
         let start = out.count
         appendZeros(total, to: &out)
@@ -61,11 +61,8 @@ public struct BinaryPlistEncoder: Sendable {
     /// stored, when it does not fit.
     static func write(_ size: EncodedSize, into buffer: UnsafeMutableRawBufferPointer,
                       _ writeObjects: (inout Writer) -> Int) -> Int? {
-        let total = size.payloadBytes
+        let (refSize, offsetSize, tableOffset, total) = size.layout
         guard total <= buffer.count, let base = buffer.baseAddress else { return nil }
-        let refSize = byteWidth(UInt64(size.objects))
-        let tableOffset = bplistMagic.count + size.bytes + size.references * refSize
-        let offsetSize = byteWidth(UInt64(tableOffset))
         var writer = Writer(base: base, refSize: refSize, offsetSize: offsetSize, table: base + tableOffset)
         writer.putBytes(bplistMagic)
         let written = writeObjects(&writer)
@@ -73,7 +70,7 @@ public struct BinaryPlistEncoder: Sendable {
                      "bplist encoder: the size pass and the write pass disagree")
         // Trailer: 6 unused bytes, the two widths, object count, top object 0, offset table position.
         let trailer = base + tableOffset + size.objects * offsetSize
-        (trailer).initializeMemory(as: UInt8.self, repeating: 0, count: 6)
+        trailer.initializeMemory(as: UInt8.self, repeating: 0, count: 6)
         trailer.storeBytes(of: UInt8(offsetSize), toByteOffset: 6, as: UInt8.self)
         trailer.storeBytes(of: UInt8(refSize), toByteOffset: 7, as: UInt8.self)
         trailer.storeBytes(of: UInt64(size.objects).bigEndian, toByteOffset: 8, as: UInt64.self)
@@ -89,11 +86,13 @@ struct EncodedSize {
     var references = 0
     var bytes = 0
 
-    /// The whole payload's length: magic, objects, references, offset table, trailer.
-    var payloadBytes: Int {
+    /// The widths of a reference and of an offset, where the offset table starts, and the whole payload's
+    /// length (magic, objects, references, offset table, trailer).
+    var layout: (refSize: Int, offsetSize: Int, tableOffset: Int, total: Int) {
         let refSize = byteWidth(UInt64(objects))
         let tableOffset = bplistMagic.count + bytes + references * refSize
-        return tableOffset + objects * byteWidth(UInt64(tableOffset)) + 32
+        let offsetSize = byteWidth(UInt64(tableOffset))
+        return (refSize, offsetSize, tableOffset, tableOffset + objects * offsetSize + 32)
     }
 
     mutating func add(_ value: PlistValue) {
