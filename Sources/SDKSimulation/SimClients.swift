@@ -132,7 +132,7 @@ package final class SimClients {
     package var problem: String? { clients.lazy.compactMap(\.problem).first }
 
     /// One client action drawn from `rng`.
-    package func step(_ rng: inout SimulationRandom, daemon: DaemonServer, identifier: String, trace: inout [String]) {
+    package func step(_ rng: inout SimulationRandom, daemon: DaemonServer, identifier: String, trace: inout StepTrace) {
         let open = clients.filter { $0.isOpen && !$0.ended }
         func pick() -> SimClient? { open.isEmpty ? nil : open[Int(rng.next() % UInt64(open.count))] }
         func short(_ id: RequestID) -> Substring { id.uuidString.prefix(8) }

@@ -51,18 +51,9 @@ package struct SimulationTally {
     package var clientOutcomes = 0
     /// Schedules that found a violation (the caller counts them: `run` returns what it found).
     package var violations = 0
-    /// The sum of each schedule's FNV-1a over its steps: the same seeds give the same digest on every run, split
-    /// over any number of processes.
+    /// The sum of each schedule's digest (`ScheduleDigest`): the same seeds give the same digest on every run,
+    /// split over any number of processes.
     package var traceDigest: UInt64 = 0
-
-    mutating func digest(_ trace: [String]) {
-        var hash: UInt64 = 0xCBF2_9CE4_8422_2325
-        for line in trace {
-            for byte in line.utf8 { hash = (hash ^ UInt64(byte)) &* 0x100_0000_01B3 }
-            hash = (hash ^ 0x0A) &* 0x100_0000_01B3
-        }
-        traceDigest &+= hash
-    }
 
     package init() {}
 
@@ -122,6 +113,26 @@ package struct SimulationTally {
             }
         }
         return key
+    }
+}
+
+/// FNV-1a over what a schedule did, as numbers: after every step, how many requests had ended, how many the engine
+/// held and how many of those were the daemon clients'; at the end, each request's id and how it ended. Two runs
+/// of a seed that differ in any step's outcome differ here. No line of text is made for it.
+struct ScheduleDigest {
+    private(set) var value: UInt64 = 0xCBF2_9CE4_8422_2325
+
+    mutating func add(_ number: UInt64) {
+        var n = number
+        for _ in 0..<8 {
+            value = (value ^ (n & 0xFF)) &* 0x100_0000_01B3
+            n >>= 8
+        }
+    }
+
+    mutating func add(_ text: String) {
+        for byte in text.utf8 { value = (value ^ UInt64(byte)) &* 0x100_0000_01B3 }
+        value = (value ^ 0x0A) &* 0x100_0000_01B3
     }
 }
 
@@ -207,6 +218,11 @@ package struct Simulation {
     package let steps: Int
     /// A failure's report lists every step, not the last 25 (`sdk-host-simulate --trace`).
     package var fullTrace = false
+    /// Whether the steps are kept as lines while it runs. Off, a schedule that finds a violation is run again
+    /// with it on, and the report is that run's.
+    package var tracing = false
+    /// A violation reported at this step whatever happened: for the tests of the report itself.
+    package var failAtStep: Int?
     static let maxQueued = 6
 
     package init(seed: UInt64, steps: Int) {
@@ -216,6 +232,19 @@ package struct Simulation {
 
     /// Runs the schedule; returns what went wrong (naming the seed and the last steps), or nil.
     package func run(in world: SimulationWorld, tally: inout SimulationTally) -> String? {
+        guard let problem = runOnce(in: world, tally: &tally) else { return nil }
+        guard !tracing else { return problem }
+        // The same seed again, keeping its steps: it must fail the same way, and its report has them.
+        var replay = self
+        replay.tracing = true
+        var scratch = SimulationTally()
+        let traced = replay.runOnce(in: world, tally: &scratch)
+        if let traced, traced.hasPrefix(problem) { return traced }
+        return problem + "\n  replayed with its steps kept, the seed "
+            + (traced.map { "failed otherwise: \($0)" } ?? "did not fail: it does not replay exactly")
+    }
+
+    private func runOnce(in world: SimulationWorld, tally: inout SimulationTally) -> String? {
         var rng = SimulationRandom(seed: seed)
         let descriptorsBefore = openDescriptorCount()
         // The workers' and clients' sockets, pipes and exit descriptors are simulated: no syscalls, and a
@@ -249,10 +278,12 @@ package struct Simulation {
         configuration.heartbeatIntervalSeconds = 1
         configuration.heartbeatTimeoutSeconds = 3
         configuration.workerExitGracePeriodSeconds = 1
-        let state = ScheduleState(identifier: SimulationWorld.identifier)
+        let state = ScheduleState(identifier: SimulationWorld.identifier, tracing: tracing)
+        var digest = ScheduleDigest()
         func failure(_ what: String) -> String {
-            "seed \(seed): \(what)\n  \(fullTrace ? "steps" : "last steps"):\n    "
-                + state.trace.suffix(fullTrace ? state.trace.count : 25).joined(separator: "\n    ")
+            guard tracing else { return "seed \(seed): \(what)" }
+            return "seed \(seed): \(what)\n  \(fullTrace ? "steps" : "last steps"):\n    "
+                + state.trace.lines.suffix(fullTrace ? state.trace.lines.count : 25).joined(separator: "\n    ")
         }
         let clients = SimClients()
         let problem: String? = {
@@ -286,6 +317,9 @@ package struct Simulation {
                     return failure("request \(twice) ended \(ends.count) times: \(ends)")
                 }
                 let endedCount = state.outcomes.withLock { $0.count }
+                digest.add(UInt64(endedCount))
+                digest.add(UInt64(engine.activeRequestCount))
+                digest.add(UInt64(daemon.clientRequestCount))
                 // Per pool: MaxQueuedRequests, plus the requests of workers that died before their handshake, which
                 // go back to the front (at most MaxWorkers × MaxConcurrentRequests = 4 at a time).
                 if engine.longestQueue > Self.maxQueued + 4 {
@@ -320,7 +354,7 @@ package struct Simulation {
             var violation: String?
 
             engine.loop.runUntilIdle()
-            for _ in 0..<steps {
+            for step in 0..<steps {
                 // What the workers answer and the step's own action are handled in one run of the loop.
                 state.giveCredits(to: engine)
                 state.pumpWorkers(launcher)
@@ -335,7 +369,7 @@ package struct Simulation {
                 tally.steps += 1
                 // After every step. A violation ends the schedule, after the shutdown below (which releases
                 // the engine's descriptors).
-                if let problem = checkStep() {
+                if let problem = step == failAtStep ? failure("told to fail at step \(step)") : checkStep() {
                     violation = problem
                     break
                 }
@@ -387,9 +421,12 @@ package struct Simulation {
         }()
         // Every step, and how each request ended.
         let ends = state.outcomes.withLock { $0 }
-        tally.digest(state.trace + state.begun.map { id in
-            "\(id): " + (ends[id] ?? []).map(SimulationTally.kind(of:)).joined(separator: ", ")
-        })
+        for id in state.begun {
+            digest.add(id.high)
+            digest.add(id.low)
+            for outcome in ends[id] ?? [] { digest.add(SimulationTally.kind(of: outcome)) }
+        }
+        tally.traceDigest &+= digest.value
         if problem == nil, state.retainsAHandler { return failure("a request's handler is still retained") }
         if problem == nil, kernel.openCount > 0 {
             return failure("\(kernel.openCount) simulated descriptor(s) left open: \(kernel.openDescriptors.map(String.init).joined(separator: ", "))")

@@ -81,7 +81,7 @@ struct ThreadedSimulation {
             _ = await eventually(timeout: 30) { stopped.withLock { $0 } }
         }
         func failure(_ what: String) -> String {
-            "seed \(seed): \(what)\n  last steps: " + state.trace.suffix(25).joined(separator: "\n    ")
+            "seed \(seed): \(what)\n  last steps: " + state.trace.lines.suffix(25).joined(separator: "\n    ")
         }
         guard stopped.withLock({ $0 }) else { return failure("shutdown never completed") }
         if let late = state.lateBegin { return failure("request \(late) was sent to a worker after it had ended") }
@@ -172,5 +172,26 @@ struct ThreadedSimulation {
         #expect(first.outcomes == second.outcomes && first.transitions == second.transitions)
         #expect(first.clientOutcomes == second.clientOutcomes && first.clientRequests == second.clientRequests)
         #expect(first.traceDigest == second.traceDigest, "every step the same")
+    }
+
+    /// A schedule runs without keeping its steps; one that fails is run again keeping them, and the report names
+    /// the seed and lists the last steps of that replay.
+    @Test func aViolationIsReportedWithTheStepsOfItsReplay() throws {
+        let world = try SimulationWorld(executable: "/bin/true")
+        defer { world.remove() }
+        world.warmUp()
+        var simulation = Simulation(seed: 0x5D4_0007, steps: 80)
+        simulation.failAtStep = 30
+        var tally = SimulationTally()
+        let report = try #require(simulation.run(in: world, tally: &tally))
+        #expect(report.hasPrefix("seed \(0x5D4_0007): told to fail at step 30\n  last steps:\n"), "\(report)")
+        let steps = report.split(separator: "\n").dropFirst(2)
+        #expect(steps.count == 25, "\(report)")
+        #expect(steps.allSatisfy { $0.hasPrefix("    ") && $0.count > 8 }, "\(report)")
+        // Kept from the start, the same steps are the tail of the full list.
+        simulation.tracing = true
+        simulation.fullTrace = true
+        let full = try #require(simulation.run(in: world, tally: &tally))
+        #expect(full.split(separator: "\n").suffix(25) == report.split(separator: "\n").suffix(25), "\(full)")
     }
 }
