@@ -120,6 +120,8 @@ package final class SimClients {
     package private(set) var clients: [SimClient] = []
     private var opened = 0
     static let maxOpen = 4
+    /// The files the clients' begins bring.
+    package let files = SimFiles(bytes: [UInt8](repeating: 9, count: 8))
 
     package init() {}
 
@@ -143,7 +145,7 @@ package final class SimClients {
             let id = RequestID(high: rng.next(), low: rng.next())
             let known = rng.next() % 15 != 0
             let deadline: Int64? = rng.next() % 5 == 0 ? Int64(rng.next() % 3000) : nil
-            let files = rng.next() % 8 == 0 ? [try? FileAttachment(bytes: [UInt8](repeating: 9, count: 8))].compactMap { $0 } : []
+            let files = rng.next() % 8 == 0 ? [self.files.next()].compactMap { $0 } : []
             let plain = rng.next() % 4 == 0
             client.requests.append(id)
             trace.append("client \(c) begins \(short(id))" + (known ? "" : " for an unknown extension")

@@ -419,6 +419,8 @@ package struct Simulation {
             for (kind, count) in engine.workerTransitions { tally.transitions[kind, default: 0] += count }
             return nil
         }()
+        state.files.close()
+        clients.files.close()
         // Every step, and how each request ended.
         let ends = state.outcomes.withLock { $0 }
         for id in state.begun {

@@ -64,6 +64,7 @@ struct ThreadedSimulation {
 
         // Shutdown, with workers that exit when their socket closes and a clock that moves.
         state.trace.append("shutdown")
+        defer { state.files.close() }
         let stopped = Mutex(false)
         engine.shutdown { stopped.withLock { $0 = true } }
         var rounds = 0
