@@ -68,9 +68,16 @@ private struct XMLParser {
         return value
     }
 
-    func peek(_ text: String) -> Bool {
-        let t = Array(text.utf8)
-        return s.count - i >= t.count && Array(s[i..<i + t.count]) == t
+    /// Whether the input at `i` starts with `text` (compared in place: this runs at every markup position, and a
+    /// copy of each side made two arrays a call).
+    func peek(_ text: StaticString) -> Bool { matches(text, at: i) }
+
+    func matches(_ text: StaticString, at position: Int) -> Bool {
+        let n = text.utf8CodeUnitCount
+        guard s.count - position >= n else { return false }
+        let bytes = text.utf8Start
+        for k in 0..<n where s[position + k] != bytes[k] { return false }
+        return true
     }
 
     /// Skips whitespace, <?...?>, <!DOCTYPE ...> and comments.
@@ -90,11 +97,10 @@ private struct XMLParser {
         }
     }
 
-    mutating func skip(past terminator: String) throws(XMLPlistError) {
-        let t = Array(terminator.utf8)
+    mutating func skip(past terminator: StaticString) throws(XMLPlistError) {
         while i < s.count {
-            if s.count - i >= t.count && Array(s[i..<i + t.count]) == t {
-                i += t.count
+            if matches(terminator, at: i) {
+                i += terminator.utf8CodeUnitCount
                 return
             }
             i += 1
