@@ -391,13 +391,17 @@ public func withHost(
     #expect(released, "the ExtensionHost is still referenced after shutdown", sourceLocation: sourceLocation)
 }
 
-private let warmedUp = Mutex(false)
+/// The one warm-up, started by the first caller; every caller waits for it to end. (A flag set as it started
+/// let a test that came second take its baseline while libdispatch had yet to make its descriptors, and count
+/// them as its leak.)
+private let warmUp = Task<Void, Never> { await runWarmUp() }
 
-/// Runs one full host cycle the first time it is called. libdispatch creates its own descriptors (a timerfd,
-/// a pipe) on first use and keeps them for the life of the process; that one-time setup is not a leak, so
-/// baselines are taken after it.
-public func warmUpOnce() async {
-    guard warmedUp.withLock({ w in defer { w = true }; return !w }) else { return }
+/// Runs one full host cycle the first time it is called, and waits for it at every call. libdispatch creates its
+/// own descriptors (a timerfd, a pipe) on first use and keeps them for the life of the process; that one-time
+/// setup is not a leak, so baselines are taken after it.
+public func warmUpOnce() async { await warmUp.value }
+
+private func runWarmUp() async {
     // The process-wide log writer keeps an eventfd for the life of the process, like libdispatch.
     _ = LogWriter.standardError.pendingBytes
     guard let (host, _) = try? makeHost(), let ext = try? host.extension(identifier: "com.example.echo") else { return }
