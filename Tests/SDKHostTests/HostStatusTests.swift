@@ -53,8 +53,14 @@ import SDKWire
             hangKills: 1, timeouts: 2, overloads: 3, protocolViolations: 4, spawns: 5, recycles: 6, quarantines: 7,
             leaks: 8, pools: [], workers: []))
         status.totals = StatusTotals(adding: status.extensions)
-        status.recentLeaks = []
+        // The reports' optional fields, each way: a crash with no app and a fatal error line, a leak with an app.
+        status.recentCrashes.append(CrashReport(extensionIdentifier: "y", pid: 7, reason: .exited(3), time: 12.5,
+                                                inFlightRequests: [RequestID(), RequestID()], stderrTail: "a\nFatal error: b\n"))
+        var leak = status.recentLeaks[0]
+        leak.app = "0/b"
+        status.recentLeaks.append(leak)
         #expect(status.plist == (try PlistValueEncoder().encode(status)))
+        status.recentLeaks = []
         #expect(try HostStatus(plist: status.plist) == status)
     }
 

@@ -256,12 +256,9 @@ extension HostStatus {
             "pid": .integer(Int64(pid)), "uptimeSeconds": .real(uptimeSeconds),
             "activeRequests": .integer(Int64(activeRequests)), "queuedRequests": .integer(Int64(queuedRequests)),
             "totals": totals.plist, "extensions": .array(extensions.map(\.plist)),
-            "recentCrashes": .array(recentCrashes.map(Self.codablePlist)), "recentLeaks": .array(recentLeaks.map(Self.codablePlist)),
+            "recentCrashes": .array(recentCrashes.map(\.codablePlist)), "recentLeaks": .array(recentLeaks.map(\.codablePlist)),
         ])
     }
-
-    /// A report's Codable form. Every field is a string, a number, or a list or dictionary of those: nothing to refuse.
-    private static func codablePlist<T: Encodable>(_ value: T) -> PlistValue { (try? PlistValueEncoder().encode(value)) ?? [:] }
 
     /// Reads a `statusReport` plist.
     ///

@@ -10,10 +10,15 @@ import Glibc
 
 extension CrashReport {
     /// The on-disk form (read it with `sdk-host plist decode` or `sdk-host crashes`).
-    public var plist: PlistValue {
+    public var plist: PlistValue { plist(time: .date(PlistDate(secondsSince1970: time))) }
+
+    /// Its Codable form: the plist with `time` as seconds since 1970 (below).
+    var codablePlist: PlistValue { plist(time: .real(time)) }
+
+    private func plist(time: PlistValue) -> PlistValue {
         var fields: [String: PlistValue] = [
             "extension": .string(extensionIdentifier), "pid": .integer(Int64(pid)), "reason": reason.plist,
-            "reasonText": .string(reason.description), "time": .date(PlistDate(secondsSince1970: time)),
+            "reasonText": .string(reason.description), "time": time,
             "inFlight": .array(inFlightRequests.map { .string($0.uuidString) }), "stderrTail": .string(stderrTail),
             "fatalError": .string(fatalErrorLine ?? ""),
         ]
@@ -51,10 +56,14 @@ public struct LeakReport: Sendable, Equatable {
     public var app: String?
 
     /// The on-disk form.
-    public var plist: PlistValue {
+    public var plist: PlistValue { plist(time: .date(PlistDate(secondsSince1970: time))) }
+
+    /// Its Codable form: the plist with `time` as seconds since 1970 (below).
+    var codablePlist: PlistValue { plist(time: .real(time)) }
+
+    private func plist(time: PlistValue) -> PlistValue {
         var fields: [String: PlistValue] = ["extension": .string(extensionIdentifier), "pid": .integer(Int64(pid)), "request": .string(requestID.uuidString),
-         "alive": .array(alive.map(PlistValue.string)), "afterMs": .integer(afterMilliseconds),
-         "time": .date(PlistDate(secondsSince1970: time))]
+         "alive": .array(alive.map(PlistValue.string)), "afterMs": .integer(afterMilliseconds), "time": time]
         if let app { fields["app"] = .string(app) }
         return .dictionary(fields)
     }
@@ -93,7 +102,7 @@ private func reportTime(_ value: PlistValue?) -> Double? {
 // seconds since 1970, as `time` is in Swift, not a date (a date under JSON and other encoders is seconds since
 // 2001). A `HostStatus` that holds reports encodes and decodes them so; `reportTime` reads either.
 extension CrashReport: Codable {
-    public func encode(to encoder: any Encoder) throws { try codable(plist, time: time).encode(to: encoder) }
+    public func encode(to encoder: any Encoder) throws { try codablePlist.encode(to: encoder) }
 
     public init(from decoder: any Decoder) throws {
         self = try decodeReport(from: decoder, CrashReport.init(plist:), needs: "extension, pid, reason and time")
@@ -101,18 +110,11 @@ extension CrashReport: Codable {
 }
 
 extension LeakReport: Codable {
-    public func encode(to encoder: any Encoder) throws { try codable(plist, time: time).encode(to: encoder) }
+    public func encode(to encoder: any Encoder) throws { try codablePlist.encode(to: encoder) }
 
     public init(from decoder: any Decoder) throws {
         self = try decodeReport(from: decoder, LeakReport.init(plist:), needs: "extension, pid, request and time")
     }
-}
-
-/// A report's plist form with `time` as seconds since 1970.
-private func codable(_ plist: PlistValue, time: Double) -> PlistValue {
-    guard case .dictionary(var fields) = plist else { return plist }
-    fields["time"] = .real(time)
-    return .dictionary(fields)
 }
 
 /// A report read from its plist form under any decoder.
