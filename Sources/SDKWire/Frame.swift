@@ -64,9 +64,11 @@ public enum Frame {
 /// throws the same error. A payload that is framed correctly but does not decode is consumed, so the next frame
 /// can still be read.
 public struct FrameReader: Sendable {
-    private var buffer: [UInt8] = []
-    private var readIndex = 0
-    private var failure: WireError?
+    // `@usableFromInline`: `withNextPayload` is inlinable, so that a caller in another module gets it specialized
+    // (unspecialized, it looked up its `Result`'s generic metadata at every frame).
+    @usableFromInline var buffer: [UInt8] = []
+    @usableFromInline var readIndex = 0
+    @usableFromInline var failure: WireError?
     /// The limits applied to each frame.
     public let limits: WireLimits
 
@@ -79,7 +81,7 @@ public struct FrameReader: Sendable {
     /// Bytes of memory the buffer holds (its capacity), for memory accounting.
     public var bufferCapacity: Int { buffer.capacity }
 
-    static let retainedCapacity = 256 << 10
+    @usableFromInline static let retainedCapacity = 256 << 10
 
     /// Adds received bytes.
     public mutating func append(_ bytes: UnsafeRawBufferPointer) {
@@ -97,6 +99,7 @@ public struct FrameReader: Sendable {
     ///
     /// - Returns: `body`'s result, or `nil` when no whole frame is buffered yet.
     /// - Throws: `WireError(.frameTooLarge)` for a declared length over the limit; errors thrown by `body`.
+    @inlinable
     public mutating func withNextPayload<R>(
         _ body: (UnsafeRawBufferPointer) throws(WireError) -> R
     ) throws(WireError) -> R? {
