@@ -215,9 +215,11 @@ package final class DaemonServer: @unchecked Sendable {
     private func startServing() {
         scheduleSweep()
         engine.eventObserver = { [unowned self] event in
-            let message = Message.event(event.plist)
+            // Made for the first session that takes it: with no subscriber, an event costs no message.
+            var message: Message?
             for session in self.sessions.values where session.subscribed && session.maySee(app: event.app) {
-                session.send(message)
+                if message == nil { message = .event(event.plist) }
+                session.send(message!)
             }
         }
     }
