@@ -104,7 +104,7 @@ package struct IncomingDescriptors {
     }
 
     /// The next whole frame in `reader` as a message, or nil when none is buffered. The flat messages as we
-    /// write them (`FlatFrame`), and a `begin` or `complete` without descriptors, are read without a `PlistValue`
+    /// write them (`FlatFrame`), and a `begin`, `complete` or `partial` without descriptors, are read without a `PlistValue`
     /// tree; anything else is decoded and then parsed.
     ///
     /// - Throws: `WireError` for a frame that does not decode, `MessageError` for an invalid message.

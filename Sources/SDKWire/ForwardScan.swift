@@ -7,18 +7,19 @@
 // budgets in the same order as a decode, and checks the message's shape as `Message(plist:)` and
 // `ExtensionItem(plist:)` would. So a payload it accepts decodes, and parses as the same message. It accepts a
 // strict subset of valid messages and returns nil for the rest, which the caller decodes as before:
-//   - anything that does not decode, or is not a `begin` or `complete`;
+//   - anything that does not decode, or is not a `begin`, `complete` or `partial` (a `partial` is scanned so that
+//     its receiver knows to decode it this way: the daemon does not forward one unread);
 //   - a message with `fds` or an item with `files` (descriptors travel with a re-encoded frame);
 //   - a top-level key given twice, a UTF-16 key in the message or an item, or an `id` not written as the
 //     36-byte ASCII string object that `ForwardedFrame` rewrites in place.
 //
-// `ForwardScan.decode` is the same walk for a receiver that wants the message: it builds the items' titles,
+// `ForwardScan.decode` is the same walk for a receiver that wants the message (a `begin`, `complete` or `partial`): it builds the items' titles,
 // texts, attachments and userInfo as a decode would, and the message and items from them directly, so the
 // messages sent per request are parsed without hashing their keys into dictionaries first.
 
-/// What the daemon needs of a `begin` or `complete` it forwards unread.
+/// What the daemon needs of a `begin` or `complete` it forwards unread (a `partial` it decodes: `ForwardScan.decode`).
 package struct ScannedMessage: Sendable, Equatable {
-    package enum Kind: Sendable, Equatable { case begin, complete }
+    package enum Kind: Sendable, Equatable { case begin, complete, partial }
     package let kind: Kind
     package let id: RequestID
     /// Where the id's 36 ASCII bytes are in the payload.
@@ -55,6 +56,8 @@ package enum ForwardScan {
             return .begin(id: fields.id, items: items, extensionID: fields.extensionID, deadlineMs: fields.deadlineMs)
         case .complete:
             return .complete(id: fields.id, items: items)
+        case .partial:
+            return .partial(id: fields.id, items: items)
         }
     }
 
@@ -159,6 +162,8 @@ extension BinaryPlistReader {
                     kind = .begin
                 } else if text.spells(MessageType.complete.staticName) {
                     kind = .complete
+                } else if text.spells(MessageType.partial.staticName) {
+                    kind = .partial
                 } else {
                     return nil
                 }
@@ -186,7 +191,7 @@ extension BinaryPlistReader {
         }
         onPath[top] = false
         guard let kind, let id, itemsSeen else { return nil }
-        if kind == .complete { (extensionID, deadlineMs) = (nil, nil) }
+        if kind != .begin { (extensionID, deadlineMs) = (nil, nil) }
         return ForwardableFields(kind: kind, id: id.0, idRange: id.1, extensionID: extensionID, deadlineMs: deadlineMs)
     }
 

@@ -27,6 +27,7 @@ import Testing
         switch message {
         case .begin(let id, _, let ext, let deadline): return (.begin, id, ext, deadline, cost, message)
         case .complete(let id, _): return (.complete, id, nil, nil, cost, message)
+        case .partial(let id, _): return (.partial, id, nil, nil, cost, message)
         default: return nil
         }
     }
@@ -41,7 +42,7 @@ import Testing
             return false
         }
         guard let (kind, id, ext, deadline, cost, message) = decoded(bytes, limits: limits) else {
-            Issue.record("\(context): scanned as \(scanned) but does not decode to a begin or complete: \(bytes)")
+            Issue.record("\(context): scanned as \(scanned) but does not decode to a begin, complete or partial: \(bytes)")
             return true
         }
         #expect(direct == message, "\(context): decoded directly as \(String(describing: direct)), not \(message)")
@@ -64,6 +65,10 @@ import Testing
         let complete = try payload(Message.complete(id: id, items: items).plist)
         #expect(scan(complete)?.kind == .complete)
         #expect(agree(complete, "complete"))
+        // A partial result is scanned so that its receiver builds it by the same walk (nothing forwards it unread).
+        let partial = try payload(Message.partial(id: id, items: items).plist)
+        #expect(scan(partial)?.kind == .partial)
+        #expect(agree(partial, "partial"))
         let bare = try payload(Message.begin(id: id, items: []).plist)
         #expect(scan(bare).map { ($0.extensionID, $0.deadlineMs) } ?? ("x", 1) == (nil, nil))
     }
@@ -81,7 +86,8 @@ import Testing
         #expect(scan(try top(["items": .array([.dictionary(["files": .array([0])])])])) == nil)
         #expect(scan(try top(["items": .array([.dictionary(["files": .array([])])])])) == nil)
         // Other types, and messages that do not parse.
-        #expect(scan(try top(["type": "partial"])) == nil)
+        #expect(scan(try top(["type": "partial"]))?.kind == .partial)
+        #expect(scan(try top(["type": "cancelled"])) == nil)
         #expect(scan(try top(["type": .integer(1)])) == nil)
         #expect(scan(try payload(.dictionary(["type": "complete", "id": .string(id.uuidString)]))) == nil)
         #expect(scan(try top(["id": "not-a-uuid"])) == nil)

@@ -362,13 +362,18 @@ package final class FramedConnection {
                     }
                     if scans {
                         if let fields = ForwardScan.scan(payload, limits: limits) {
+                            // A `partial` is not forwarded unread: built by the same walk instead of decoded.
+                            if fields.kind == .partial, let message = ForwardScan.decode(payload, limits: limits, decodedBytes: &decoded) {
+                                direct = message
+                                return nil
+                            }
                             scanned = fields
                             decoded = fields.decodedBytes
                             return nil
                         }
                         // What the scan refuses, the same walk building items would refuse too.
                     } else if let message = ForwardScan.decode(payload, limits: limits, decodedBytes: &decoded) {
-                        // A `begin` or `complete` without descriptors: its items built without the dictionaries.
+                        // A `begin`, `complete` or `partial` without descriptors: its items built without the dictionaries.
                         direct = message
                         return nil
                     }
