@@ -1,5 +1,6 @@
 // The flat messages (`Message.flatFields`: every value a string or an integer, such as `ping`, `pong`, `hello`,
-// `welcome`, `assigned`, `cancel`, `credit`, `error`) written as frames straight from their fields and read back
+// `welcome`, `assigned`, `cancel`, `credit`, `error`, or one level of tables and lists of those, as in
+// `cancelled`, `interrupted` and `connected`) written as frames straight from their fields and read back
 // without a `PlistValue` tree. Building that tree (a Swift Dictionary, so hashing and allocations) and walking it
 // to encode, then decoding into another and looking each field up, cost more than everything else the host does
 // with a heartbeat or a handshake. The bytes are a plain bplist00 any reader takes: the dictionary, its keys in
@@ -17,6 +18,11 @@ package enum FlatValue: Sendable {
     case id(RequestID)
     case string(String)
     case integer(Int64)
+    /// A dictionary of strings and integers, its keys in order (an interruption's reason, a cancellation's
+    /// error, a daemon's extension points): one level, no deeper.
+    case table([(key: String, value: FlatScalar)])
+    /// A list of strings.
+    case strings([String])
 
     /// The value as a decoder reads it back.
     var plist: PlistValue {
@@ -25,7 +31,39 @@ package enum FlatValue: Sendable {
         case .id(let id): .string(id.uuidString)
         case .string(let s): .string(s)
         case .integer(let i): .integer(i)
+        case .table(let entries):
+            .dictionary(Dictionary(entries.map { ($0.key, $0.value.plist) }, uniquingKeysWith: { _, last in last }))
+        case .strings(let list): .array(list.map(PlistValue.string))
         }
+    }
+}
+
+/// A value in a flat message's table.
+package enum FlatScalar: Sendable {
+    case string(String)
+    case integer(Int64)
+
+    var plist: PlistValue {
+        switch self {
+        case .string(let s): .string(s)
+        case .integer(let i): .integer(i)
+        }
+    }
+
+    /// `value` as a table, keys sorted, if it is a dictionary of strings and integers; nil for anything else.
+    static func table(_ value: PlistValue) -> [(key: String, value: FlatScalar)]? {
+        guard case .dictionary(let d) = value else { return nil }
+        var entries: [(key: String, value: FlatScalar)] = []
+        entries.reserveCapacity(d.count)
+        for (key, value) in d {
+            switch value {
+            case .string(let s): entries.append((key, .string(s)))
+            case .integer(let i): entries.append((key, .integer(i)))
+            default: return nil
+            }
+        }
+        entries.sort { $0.key < $1.key }
+        return entries
     }
 }
 
@@ -39,18 +77,33 @@ package enum FlatFrame {
         BinaryPlistEncoder.encodeFields(appendingTo: &out, limit: limit, { emit(fields, into: &$0) }, { emit(fields, into: &$0) })
     }
 
-    /// Objects: 0 the dictionary, 1...n the keys, n+1...2n the values, written in that order.
+    /// Objects: 0 the dictionary, 1...n the keys, n+1...2n the values, written in that order; a table's or a
+    /// list's own objects follow it, numbered from 2n+1 on.
     private static func emit<Sink: FieldSink>(_ fields: FlatFields, into sink: inout Sink) -> Int {
         let n = fields.count
         var next = 1
         let first = sink.container(0xD0, count: n, references: 2 * n, at: 0, next: &next)
         for (i, (key, _)) in fields.enumerated() { sink.ascii(key.staticName, at: first + i) }
         for (i, (_, value)) in fields.enumerated() {
+            let at = first + n + i
             switch value {
-            case .type(let type): sink.ascii(type.staticName, at: first + n + i)
-            case .id(let id): sink.uuid(id, at: first + n + i)
-            case .string(let s): sink.string(s, at: first + n + i)
-            case .integer(let v): sink.value(.integer(v), at: first + n + i, next: &next)
+            case .type(let type): sink.ascii(type.staticName, at: at)
+            case .id(let id): sink.uuid(id, at: at)
+            case .string(let s): sink.string(s, at: at)
+            case .integer(let v): sink.value(.integer(v), at: at, next: &next)
+            case .table(let entries):
+                let m = entries.count
+                let start = sink.container(0xD0, count: m, references: 2 * m, at: at, next: &next)
+                for (j, entry) in entries.enumerated() { sink.string(entry.key, at: start + j) }
+                for (j, entry) in entries.enumerated() {
+                    switch entry.value {
+                    case .string(let s): sink.string(s, at: start + m + j)
+                    case .integer(let v): sink.value(.integer(v), at: start + m + j, next: &next)
+                    }
+                }
+            case .strings(let list):
+                let start = sink.container(0xA0, count: list.count, references: list.count, at: at, next: &next)
+                for (j, item) in list.enumerated() { sink.string(item, at: start + j) }
             }
         }
         return next
@@ -69,26 +122,54 @@ package enum FlatFrame {
         let marker = payload[8]
         guard marker & 0xF0 == 0xD0, marker & 0x0F != 0x0F else { return nil }
         let n = Int(marker & 0x0F)
-        let objects = 2 * n + 1
+        // The trailer's object count (its low byte: a payload this small has fewer than 256 objects).
+        let objects = Int(payload[count - 17])
         let tableAt = count - 32 - objects
-        // Trailer: one-byte offsets and references, `objects` objects, the table where it is.
-        guard n > 0, tableAt > 9 + 2 * n, payload[count - 26] == 1, payload[count - 25] == 1,
-            payload[count - 1] == UInt8(tableAt), payload[count - 17] == UInt8(objects)
+        // Trailer: one-byte offsets and references, the table where it is.
+        guard n > 0, objects >= 2 * n + 1, tableAt > 9 + 2 * n, payload[count - 26] == 1, payload[count - 25] == 1,
+            payload[count - 1] == UInt8(tableAt)
         else { return nil }
+        /// Where object `index` starts, from the offset table.
+        func offset(of index: Int) -> Int? {
+            guard index < objects else { return nil }
+            let at = Int(payload[tableAt + index])
+            return at < tableAt ? at : nil
+        }
         var fields = Fields(capacity: n)
         for i in 0..<n {
-            guard let key = asciiString(payload, objectAt: Int(payload[tableAt + 1 + i]), end: tableAt).flatMap(MessageKey.init(ascii:))
+            guard let key = offset(of: 1 + i).flatMap({ asciiString(payload, objectAt: $0, end: tableAt) }).flatMap(MessageKey.init(ascii:)),
+                let at = offset(of: 1 + n + i)
             else { return nil }
-            let at = Int(payload[tableAt + 1 + n + i])
-            guard at < tableAt else { return nil }
-            if payload[at] & 0xF0 == 0x10 {
-                let width = 1 << Int(payload[at] & 0x0F)
-                guard width <= 8, at + 1 + width <= tableAt else { return nil }
-                // Written with 8 bytes when negative, so the bits are the value.
-                fields.add(key, .integer(Int64(bitPattern: BinaryPlistReader.bigEndian(payload, at: at + 1, size: width))))
-            } else {
-                guard let bytes = asciiString(payload, objectAt: at, end: tableAt) else { return nil }
-                fields.add(key, .ascii(bytes))
+            let marker = payload[at]
+            switch marker & 0xF0 {
+            case 0xD0, 0xA0:
+                // A table or a list: one-byte references to its keys and values, or to its strings.
+                let m = Int(marker & 0x0F)
+                let isTable = marker & 0xF0 == 0xD0
+                guard m != 0x0F, at + 1 + (isTable ? 2 * m : m) <= tableAt else { return nil }
+                if isTable {
+                    var entries: [(key: UnsafeRawBufferPointer, value: Raw)] = []
+                    entries.reserveCapacity(m)
+                    for j in 0..<m {
+                        guard let keyAt = offset(of: Int(payload[at + 1 + j])), let name = asciiString(payload, objectAt: keyAt, end: tableAt),
+                            let valueAt = offset(of: Int(payload[at + 1 + m + j])), let value = scalar(payload, at: valueAt, end: tableAt)
+                        else { return nil }
+                        entries.append((name, value))
+                    }
+                    fields.add(key, .table(entries))
+                } else {
+                    var list: [UnsafeRawBufferPointer] = []
+                    list.reserveCapacity(m)
+                    for j in 0..<m {
+                        guard let itemAt = offset(of: Int(payload[at + 1 + j])), let item = asciiString(payload, objectAt: itemAt, end: tableAt)
+                        else { return nil }
+                        list.append(item)
+                    }
+                    fields.add(key, .strings(list))
+                }
+            default:
+                guard let value = scalar(payload, at: at, end: tableAt) else { return nil }
+                fields.add(key, value)
             }
         }
         guard let candidate = fields.message(), let flat = candidate.flatFields else { return nil }
@@ -103,10 +184,31 @@ package enum FlatFrame {
         }
     }
 
-    /// A flat payload's fields as read: the bytes of an ASCII string, or an integer.
+    /// A flat payload's fields as read: the bytes of an ASCII string, an integer, or a table or list of those.
     private enum Raw {
         case ascii(UnsafeRawBufferPointer)
         case integer(Int64)
+        case table([(key: UnsafeRawBufferPointer, value: Raw)])
+        case strings([UnsafeRawBufferPointer])
+
+        var scalar: FlatScalar? {
+            switch self {
+            case .ascii(let bytes): .string(String(decoding: bytes, as: UTF8.self))
+            case .integer(let v): .integer(v)
+            case .table, .strings: nil
+            }
+        }
+    }
+
+    /// The integer or ASCII string object at `at`.
+    private static func scalar(_ payload: UnsafeRawBufferPointer, at: Int, end: Int) -> Raw? {
+        if payload[at] & 0xF0 == 0x10 {
+            let width = 1 << Int(payload[at] & 0x0F)
+            guard width <= 8, at + 1 + width <= end else { return nil }
+            // Written with 8 bytes when negative, so the bits are the value.
+            return .integer(Int64(bitPattern: BinaryPlistReader.bigEndian(payload, at: at + 1, size: width)))
+        }
+        return asciiString(payload, objectAt: at, end: end).map(Raw.ascii)
     }
 
     /// The fields of one payload, found by a linear search (a handful: no hashing). A key given twice is
@@ -131,6 +233,21 @@ package enum FlatFrame {
         }
         func id(_ key: MessageKey = .id) -> RequestID? {
             if case .ascii(let bytes)? = self[key] { RequestID(uuidBytes: bytes) } else { nil }
+        }
+        /// A table's entries as Swift values, in order; nil if `key` is not a table of strings and integers.
+        func table(_ key: MessageKey) -> [(key: String, value: FlatScalar)]? {
+            guard case .table(let raw)? = self[key] else { return nil }
+            var out: [(key: String, value: FlatScalar)] = []
+            out.reserveCapacity(raw.count)
+            for entry in raw {
+                guard let value = entry.value.scalar else { return nil }
+                out.append((String(decoding: entry.key, as: UTF8.self), value))
+            }
+            return out
+        }
+        func strings(_ key: MessageKey) -> [String]? {
+            guard case .strings(let raw)? = self[key] else { return nil }
+            return raw.map { String(decoding: $0, as: UTF8.self) }
         }
 
         /// The flat message these fields are, as `Message(plist:)` reads it; nil for any other.
@@ -174,8 +291,27 @@ package enum FlatFrame {
             case .hostCallCancel:
                 guard let id = id(), let call = integer(.call) else { return nil }
                 return .hostCallCancel(id: id, call: call)
-            case .begin, .complete, .partial, .cancelled, .connected, .event, .interrupted, .sandboxed, .statusReport,
-                .leak, .hostCall, .hostCallResult, .hostCallError:
+            case .cancelled:
+                guard let id = id(), let error = table(.error), error.count == 3,
+                    case .integer(let code) = error[0].value, case .string(let domain) = error[1].value,
+                    case .string(let message) = error[2].value
+                else { return nil }
+                return .cancelled(id: id, error: ExtensionError(domain: domain, code: code, message: message))
+            case .interrupted:
+                guard let id = id(), let reason = table(.reason) else { return nil }
+                return .interrupted(id: id, reason: FlatValue.table(reason).plist)
+            case .connected:
+                guard let version = integer(.version), let pid = integer(.pid), let extensions = strings(.extensions),
+                    let points = table(.points)
+                else { return nil }
+                var named: [String: String] = [:]
+                for (key, value) in points {
+                    guard case .string(let point) = value else { return nil }
+                    named[key] = point
+                }
+                return .connected(version: version, pid: Int32(truncatingIfNeeded: pid), extensions: extensions, extensionPoints: named)
+            case .begin, .complete, .partial, .event, .sandboxed, .statusReport, .leak, .hostCall, .hostCallResult,
+                .hostCallError:
                 return nil
             }
         }

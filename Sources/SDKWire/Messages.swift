@@ -168,14 +168,10 @@ public enum Message: Sendable, Equatable {
             return .dictionary(Self.itemsMessage(.complete, id, items))
         case let .partial(id, items):
             return .dictionary(Self.itemsMessage(.partial, id, items))
-        case let .cancelled(id, error):
-            return .fields([.type: MessageType.cancelled.plist, .id: .string(id.uuidString), .error: error.plist])
-        case let .connected(version, pid, extensions, points):
-            return .fields([.type: MessageType.connected.plist, .version: .integer(version), .pid: .integer(Int64(pid)),
-                    .extensions: .array(extensions.map(PlistValue.string)), .points: .dictionary(points.mapValues(PlistValue.string))])
         case let .event(event):
             return .fields([.type: MessageType.event.plist, .event: event])
         case let .interrupted(id, reason):
+            // A reason that is not a table of strings and integers (`flatFields`).
             return .fields([.type: MessageType.interrupted.plist, .id: .string(id.uuidString), .reason: reason])
         case let .sandboxed(layers, skipped, pid, timings):
             var fields = [String: PlistValue](fields: [.type: MessageType.sandboxed.plist, .layers: .array(layers.map(PlistValue.string)),
@@ -200,15 +196,16 @@ public enum Message: Sendable, Equatable {
         case let .hostCallError(id, call, error):
             return .fields([.type: MessageType.hostCallError.plist, .id: .string(id.uuidString), .call: .integer(call),
                             .error: error.plist])
-        case .hello, .welcome, .credit, .cancel, .ping, .pong, .error, .connect, .prewarm, .prewarmed, .subscribe,
-            .assigned, .launchFailed, .status, .hostCallCancel, .unknown:
+        case .hello, .welcome, .credit, .cancel, .cancelled, .ping, .pong, .error, .connect, .connected, .prewarm,
+            .prewarmed, .subscribe, .assigned, .launchFailed, .status, .hostCallCancel, .unknown:
             preconditionFailure("a flat message is written from its flatFields")
         }
     }
 
-    /// The fields of a message whose values are all strings and integers, in the order they are written; nil for
-    /// the others (items, errors, reports, lists). Their `plist` is made from these, and `FlatFrame` writes and
-    /// reads them without a `PlistValue` tree.
+    /// The fields of a message whose values are all strings and integers, or one level of tables and lists of
+    /// those (a cancellation's error, an interruption's reason, `connected`), in the order they are written; nil
+    /// for the others (items, reports, events). Their `plist` is made from these, and `FlatFrame` writes and reads
+    /// them without a `PlistValue` tree.
     package var flatFields: FlatFields? {
         switch self {
         case let .hello(version, identifier, hostPid, idle):
@@ -232,8 +229,19 @@ public enum Message: Sendable, Equatable {
         case let .status(seq): [(.type, .type(.status)), (.seq, .integer(seq))]
         case let .hostCallCancel(id, call): [(.type, .type(.hostCallCancel)), (.id, .id(id)), (.call, .integer(call))]
         case let .unknown(type): [(.type, .string(type))]
-        case .begin, .complete, .partial, .cancelled, .connected, .event, .interrupted, .sandboxed, .statusReport, .leak,
-            .hostCall, .hostCallResult, .hostCallError:
+        case let .cancelled(id, error):
+            // The table's keys in order: code, domain, message.
+            [(.type, .type(.cancelled)), (.id, .id(id)),
+             (.error, .table([(MessageKey.code.rawValue, .integer(error.code)), (MessageKey.domain.rawValue, .string(error.domain)),
+                              (MessageKey.message.rawValue, .string(error.message))]))]
+        case let .connected(version, pid, extensions, points):
+            [(.type, .type(.connected)), (.version, .integer(version)), (.pid, .integer(Int64(pid))),
+             (.extensions, .strings(extensions)),
+             (.points, .table(points.sorted { $0.key < $1.key }.map { ($0.key, .string($0.value)) }))]
+        case let .interrupted(id, reason):
+            FlatScalar.table(reason).map { [(.type, .type(.interrupted)), (.id, .id(id)), (.reason, .table($0))] }
+        case .begin, .complete, .partial, .event, .sandboxed, .statusReport, .leak, .hostCall, .hostCallResult,
+            .hostCallError:
             nil
         }
     }

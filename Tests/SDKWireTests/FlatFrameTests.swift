@@ -24,7 +24,29 @@ import Testing
                 .hello(version: n, identifier: s, hostPid: pid, idleTimeoutMs: n), .welcome(version: n, identifier: s, pid: pid),
                 .error(message: s, id: id), .error(message: s, id: nil), .connect(version: n, app: s), .connect(version: n, app: nil),
                 .prewarm(id: id, extensionID: s), .prewarmed(id: id, pid: pid), .subscribe, .launchFailed(reason: s),
-                .status(seq: n), .hostCallCancel(id: id, call: n), .unknown(type: s.isEmpty ? "later" : s)]
+                .status(seq: n), .hostCallCancel(id: id, call: n), .unknown(type: s.isEmpty ? "later" : s),
+                // With a table of strings and integers, or a list of strings.
+                .cancelled(id: id, error: ExtensionError(domain: s, code: n, message: "cancelled")),
+                .interrupted(id: id, reason: ["kind": "signal", "code": .integer(n)]),
+                .interrupted(id: id, reason: ["kind": "protocol", "detail": .string(s)]), .interrupted(id: id, reason: [:]),
+                .connected(version: n, pid: pid, extensions: [s, "com.example.echo"], extensionPoints: ["com.sdk-host.service": s]),
+                .connected(version: n, pid: pid, extensions: [], extensionPoints: [:])]
+    }
+
+    /// Whether every string of the fields, keys of tables included, is ASCII.
+    static func allASCII(_ fields: FlatFields) -> Bool {
+        func ascii(_ s: String) -> Bool { s.utf8.allSatisfy { $0 < 0x80 } }
+        return fields.allSatisfy { field in
+            switch field.1 {
+            case .string(let s): ascii(s)
+            case .strings(let list): list.allSatisfy(ascii)
+            case .table(let entries):
+                entries.allSatisfy { entry in
+                    if case .string(let s) = entry.value { ascii(entry.key) && ascii(s) } else { ascii(entry.key) }
+                }
+            case .type, .id, .integer: true
+            }
+        }
     }
 
     @Test func everyKeyAndTypeIsReadFromItsBytes() {
@@ -36,13 +58,20 @@ import Testing
         #expect(Array("Type".utf8).withUnsafeBytes { MessageKey(ascii: $0) } == nil)
     }
 
-    @Test func everyMessageWithOnlyStringsAndIntegersIsFlat() {
+    @Test func everyMessageWithOnlyStringsAndIntegersIsFlat() throws {
         var g = SeededGenerator(seed: testSeed(default: 0xF1A6))
         let flat = Set(messages(&g).map(\.typeName))
-        // The others carry a list, a dictionary or items.
-        let notFlat: Set<MessageType> = [.begin, .complete, .partial, .cancelled, .connected, .event, .interrupted, .sandboxed,
-                                         .statusReport, .leak, .hostCall, .hostCallResult, .hostCallError]
+        // The others carry items, a report, or lists and dictionaries of other shapes.
+        let notFlat: Set<MessageType> = [.begin, .complete, .partial, .event, .sandboxed, .statusReport, .leak, .hostCall,
+                                         .hostCallResult, .hostCallError]
         for type in MessageType.allCases { #expect(flat.contains(type.rawValue) != notFlat.contains(type), "\(type)") }
+        // An interruption whose reason is not a table of strings and integers is written through the general encoder.
+        let id = RequestID()
+        #expect(Message.interrupted(id: id, reason: ["kind": "x", "list": .array([])]).flatFields == nil)
+        #expect(Message.interrupted(id: id, reason: ["kind": .bool(true)]).flatFields == nil)
+        #expect(Message.interrupted(id: id, reason: "signal").flatFields == nil)
+        let nested = Message.interrupted(id: id, reason: ["kind": "x", "more": ["a": 1]])
+        #expect(try Message(plist: BinaryPlistDecoder.decode(BinaryPlistEncoder.encode(nested.plist))) == nested)
     }
 
     @Test func flatMessagesAreTheFramesOfTheSameMessages() throws {
@@ -81,7 +110,7 @@ import Testing
                 let payload = flatPayload(message)
                 let fast = payload.withUnsafeBytes { FlatFrame.message(from: $0) }
                 // Only a payload over 255 bytes or with a string that is not ASCII is left to the decoder.
-                let ascii = message.flatFields!.allSatisfy { if case .string(let s) = $0.1 { s.utf8.allSatisfy { $0 < 0x80 } } else { true } }
+                let ascii = Self.allASCII(message.flatFields!)
                 let plain = payload.count < 256 && ascii && message.type != nil  // an unknown type: the decoder's
                 #expect(fast == (plain ? message : nil), "\(message)")
                 if fast != nil { taken += 1 }
