@@ -51,6 +51,8 @@ package final class FakeWorker: WorkerChild, @unchecked Sendable {
     @exclusivity(unchecked) package var alive = true
     /// Whether it answers a ping (a test makes it fall silent).
     @exclusivity(unchecked) package var answersPings = true
+    /// Whether the schedule's checks have seen it reaped.
+    @exclusivity(unchecked) package var notedReaped = false
 
     /// Where its descriptors live: the simulated kernel, or (nil) the real one.
     let kernel: SimulatedKernel?
@@ -124,7 +126,7 @@ package final class FakeWorker: WorkerChild, @unchecked Sendable {
     package func pump(identifier: String) -> Bool {
         guard alive else { return false }
         let endOfFile = inbox.readAll(from: socket)
-        while let message = inbox.nextMessage() {
+        while let message = inbox.nextMessage(scanningBegins: true) {
             switch message {
             case .hello: send(.welcome(version: protocolVersion, identifier: identifier, pid: pid))
             case .ping(let seq): if answersPings { send(.pong(seq: seq)) }
@@ -177,8 +179,11 @@ struct SocketInbox {
         }
     }
 
-    /// The next whole message read, or nil (none, or one that does not decode).
-    mutating func nextMessage() -> Message? { try? incoming.nextMessage(from: &reader) }
+    /// The next whole message read, or nil (none, or one that does not decode). With `scanningBegins`, a `begin`
+    /// that brings no files comes without its items: a fake worker records the id and would throw them away.
+    mutating func nextMessage(scanningBegins: Bool = false) -> Message? {
+        try? incoming.nextMessage(from: &reader, buildingBeginItems: !scanningBegins)
+    }
 }
 
 /// Workers' temp folders, in memory (`HostConfiguration.workerFolders`): the engine makes one for each worker and

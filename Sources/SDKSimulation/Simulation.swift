@@ -307,6 +307,8 @@ package struct Simulation {
             daemon.makeRequestID = { ids.next() }
             let engine = daemon.engine
             engine.loop.execute { daemon.startSimulated() }
+            /// Workers seen reaped so far.
+            var reaped: Set<pid_t> = []
             func checkStep() -> String? {
                 if let late = state.lateBegin { return failure("request \(late) was sent to a worker after it had ended") }
                 if let late = state.partials.withLock({ $0.afterEnd }) {
@@ -317,17 +319,18 @@ package struct Simulation {
                     return failure("request \(twice) ended \(ends.count) times: \(ends)")
                 }
                 let endedCount = state.outcomes.withLock { $0.count }
+                let clientRequests = daemon.clientRequestCount
                 digest.add(UInt64(endedCount))
                 digest.add(UInt64(engine.activeRequestCount))
-                digest.add(UInt64(daemon.clientRequestCount))
+                digest.add(UInt64(clientRequests))
                 // Per pool: MaxQueuedRequests, plus the requests of workers that died before their handshake, which
                 // go back to the front (at most MaxWorkers × MaxConcurrentRequests = 4 at a time).
                 if engine.longestQueue > Self.maxQueued + 4 {
                     return failure("a queue of \(engine.longestQueue) requests, past MaxQueuedRequests \(Self.maxQueued) + 4 requeued")
                 }
-                if engine.activeRequestCount - daemon.clientRequestCount + endedCount != state.begun.count {
+                if engine.activeRequestCount - clientRequests + endedCount != state.begun.count {
                     return failure("\(state.begun.count) begun, \(endedCount) ended, \(engine.activeRequestCount) held "
-                        + "(\(daemon.clientRequestCount) of them the daemon's clients')")
+                        + "(\(clientRequests) of them the daemon's clients')")
                 }
                 if let problem = clients.problem { return failure(problem) }
                 if let id = state.sentTooOften { return failure("request \(id) was sent to more than three workers") }
@@ -339,8 +342,9 @@ package struct Simulation {
                         + "\(daemonConfiguration.maxInFlightRequests)")
                 }
                 // A worker's death, once reaped, ends what it was running (or sends it on): nothing stays with it.
-                var reaped: Set<pid_t> = []
-                for worker in launcher.workers where !worker.alive && worker.shared.withLock({ $0.reaped }) {
+                // The reaped are noted once each (a worker stays reaped).
+                for worker in launcher.workers where !worker.alive && !worker.notedReaped && worker.shared.withLock({ $0.reaped }) {
+                    worker.notedReaped = true
                     reaped.insert(worker.pid)
                 }
                 if !reaped.isEmpty {

@@ -107,12 +107,19 @@ package struct IncomingDescriptors {
     /// write them (`FlatFrame`), and a `begin`, `complete` or `partial` without descriptors, are read without a `PlistValue`
     /// tree; anything else is decoded and then parsed.
     ///
+    /// Without `buildingBeginItems`, a `begin` without descriptors comes with no items, its id and fields checked
+    /// as the daemon's forwarding checks them (the simulation's fake workers, which only record the id).
+    ///
     /// - Throws: `WireError` for a frame that does not decode, `MessageError` for an invalid message.
-    package mutating func nextMessage(from reader: inout FrameReader) throws -> Message? {
+    package mutating func nextMessage(from reader: inout FrameReader, buildingBeginItems: Bool = true) throws -> Message? {
         let limits = reader.limits
         var direct: Message?
         guard let decoded = try reader.withNextPayload({ payload throws(WireError) -> PlistValue? in
             var charged = 0
+            if !buildingBeginItems, let scanned = ForwardScan.scan(payload, limits: limits), scanned.kind == .begin {
+                direct = .begin(id: scanned.id, items: [], extensionID: scanned.extensionID, deadlineMs: scanned.deadlineMs)
+                return nil
+            }
             direct = FlatFrame.message(from: payload) ?? ForwardScan.decode(payload, limits: limits, decodedBytes: &charged)
             return direct == nil ? try BinaryPlistDecoder.decode(payload, limits: limits) : nil
         }) else { return nil }

@@ -39,7 +39,11 @@ final class RequestTable {
     /// Requests waiting, in all queues.
     var queuedCount: Int { queues.values.reduce(0) { $0 + $1.count } }
     /// The longest queue's length.
-    var longestQueue: Int { queues.values.map(\.count).max() ?? 0 }
+    var longestQueue: Int {
+        var longest = 0
+        for queue in queues.values { longest = max(longest, queue.count) }
+        return longest
+    }
     /// The pools with requests waiting.
     var queuedPools: [String] { Array(queues.keys) }
 
