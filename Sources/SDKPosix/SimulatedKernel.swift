@@ -53,6 +53,10 @@ package final class SimulatedKernel: @unchecked Sendable {
     /// Bytes a peer may hold unread before a send fails with EAGAIN.
     package let capacity: Int
 
+    // The channels' and ends' fields are not checked for exclusive access at run time either, for the reason
+    // `table` gives: `readiness` reads them for every watched descriptor at every turn, on the kernel's one
+    // thread, and no access to them calls out.
+
     /// One direction of a socket pair or pipe.
     final class Channel {
         struct Segment {
@@ -61,12 +65,12 @@ package final class SimulatedKernel: @unchecked Sendable {
             /// Owned by the channel until read (then by the reader) or closed.
             var descriptors: [Int32]
         }
-        var segments = Deque<Segment>()
-        var unread = 0
-        var writerClosed = false
-        var readerClosed = false
+        @exclusivity(unchecked) var segments = Deque<Segment>()
+        @exclusivity(unchecked) var unread = 0
+        @exclusivity(unchecked) var writerClosed = false
+        @exclusivity(unchecked) var readerClosed = false
         /// The writer closed with bytes of the reader's unread: the reader's next read past its queue fails.
-        var reset = false
+        @exclusivity(unchecked) var reset = false
     }
 
     final class Endpoint {
@@ -74,8 +78,8 @@ package final class SimulatedKernel: @unchecked Sendable {
         let kind: Kind
         let inbound: Channel?
         let outbound: Channel?
-        var counter: UInt64 = 0
-        var references = 1
+        @exclusivity(unchecked) var counter: UInt64 = 0
+        @exclusivity(unchecked) var references = 1
         init(_ kind: Kind, inbound: Channel?, outbound: Channel?) {
             self.kind = kind
             self.inbound = inbound
