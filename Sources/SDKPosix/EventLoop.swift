@@ -66,7 +66,7 @@ public final class EventLoop: @unchecked Sendable {
     /// Whether the last turn found or did work (loop thread only): an idle loop does not poll again.
     private var lastWaitFoundWork = false
     /// `run`'s buffers, kept between the turns of a driven loop (`runUntilIdle` enters `run` at every call; three
-    /// new arrays each time were ~1% of a simulated schedule). The turn holder's alone.
+    /// new arrays each time were ~1% of a simulated schedule). Touched by `run` alone.
     private var runBuffers = RunBuffers()
     private let busyPollHitCount = Atomic<Int>(0)
     /// Waits that busy polling answered without sleeping (for tests and diagnostics).

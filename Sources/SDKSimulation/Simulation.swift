@@ -27,6 +27,8 @@ import Glibc
 package struct SimulationRandom: RandomNumberGenerator {
     private var state: UInt64
     package init(seed: UInt64) { state = seed }
+    /// How far the sequence has gone (the digest takes it after every step: a run that drew differently differs).
+    package var position: UInt64 { state }
     package mutating func next() -> UInt64 {
         state &+= 0x9E37_79B9_7F4A_7C15
         var z = state
@@ -117,8 +119,9 @@ package struct SimulationTally {
 }
 
 /// FNV-1a over what a schedule did, as numbers: after every step, how many requests had ended, how many the engine
-/// held and how many of those were the daemon clients'; at the end, each request's id and how it ended. Two runs
-/// of a seed that differ in any step's outcome differ here. No line of text is made for it.
+/// held, how many of those were the daemon clients', and how far the generator had gone (a step whose choices
+/// depend on what the engine holds draws differently when that differs); at the end, each request's id and how it
+/// ended. No line of text is made for it.
 struct ScheduleDigest {
     private(set) var value: UInt64 = 0xCBF2_9CE4_8422_2325
 
@@ -239,9 +242,16 @@ package struct Simulation {
         replay.tracing = true
         var scratch = SimulationTally()
         let traced = replay.runOnce(in: world, tally: &scratch)
-        if let traced, traced.hasPrefix(problem) { return traced }
+        if let traced, Self.headline(traced) == Self.headline(problem) { return traced }
         return problem + "\n  replayed with its steps kept, the seed "
             + (traced.map { "failed otherwise: \($0)" } ?? "did not fail: it does not replay exactly")
+    }
+
+    /// A report's first line without what differs between two runs of one seed: the process's open descriptors
+    /// (their numbers and inodes), which follow "; open now".
+    static func headline(_ report: String) -> Substring {
+        let line = report.prefix { $0 != "\n" }
+        return line.firstRange(of: "; open now").map { line[..<$0.lowerBound] } ?? line
     }
 
     private func runOnce(in world: SimulationWorld, tally: inout SimulationTally) -> String? {
@@ -371,6 +381,7 @@ package struct Simulation {
                 }
                 engine.loop.runUntilIdle()
                 tally.steps += 1
+                digest.add(rng.position)
                 // After every step. A violation ends the schedule, after the shutdown below (which releases
                 // the engine's descriptors).
                 if let problem = step == failAtStep ? failure("told to fail at step \(step)") : checkStep() {

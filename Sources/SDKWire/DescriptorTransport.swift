@@ -116,11 +116,11 @@ package struct IncomingDescriptors {
         var direct: Message?
         guard let decoded = try reader.withNextPayload({ payload throws(WireError) -> PlistValue? in
             var charged = 0
-            if !buildingBeginItems, let scanned = ForwardScan.scan(payload, limits: limits), scanned.kind == .begin {
+            direct = FlatFrame.message(from: payload)
+            if direct == nil, !buildingBeginItems, let scanned = ForwardScan.scan(payload, limits: limits), scanned.kind == .begin {
                 direct = .begin(id: scanned.id, items: [], extensionID: scanned.extensionID, deadlineMs: scanned.deadlineMs)
-                return nil
             }
-            direct = FlatFrame.message(from: payload) ?? ForwardScan.decode(payload, limits: limits, decodedBytes: &charged)
+            if direct == nil { direct = ForwardScan.decode(payload, limits: limits, decodedBytes: &charged) }
             return direct == nil ? try BinaryPlistDecoder.decode(payload, limits: limits) : nil
         }) else { return nil }
         if let direct {

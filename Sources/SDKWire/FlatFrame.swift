@@ -111,7 +111,8 @@ package enum FlatFrame {
 
     /// The message in `payload` if it is, byte for byte, what `appendPayload` writes for a flat message; nil for
     /// anything else (which is then decoded as usual). The fields are read from where that layout puts them (one-
-    /// byte references and offsets, so payloads under 256 bytes; ASCII strings; integers) and the message is made
+    /// byte references and offsets, so payloads under 256 bytes; ASCII strings, integers, and one level of tables
+    /// and lists of those) and the message is made
     /// from them; then it is written again and compared whole. So a payload is taken only if it is exactly our
     /// own encoding of the message returned, which the decoder reads as that message (`FlatFrameTests`): no check
     /// of the decoder's is skipped for any other payload, and a field read wrongly here only declines the fast way.
@@ -129,44 +130,15 @@ package enum FlatFrame {
         guard n > 0, objects >= 2 * n + 1, tableAt > 9 + 2 * n, payload[count - 26] == 1, payload[count - 25] == 1,
             payload[count - 1] == UInt8(tableAt)
         else { return nil }
-        /// Where object `index` starts, from the offset table.
-        func offset(of index: Int) -> Int? {
-            guard index < objects else { return nil }
-            let at = Int(payload[tableAt + index])
-            return at < tableAt ? at : nil
-        }
-        var fields = Fields(capacity: n)
+        var fields = Fields(payload: payload, objects: objects, tableAt: tableAt, capacity: n)
         for i in 0..<n {
-            guard let key = offset(of: 1 + i).flatMap({ asciiString(payload, objectAt: $0, end: tableAt) }).flatMap(MessageKey.init(ascii:)),
-                let at = offset(of: 1 + n + i)
+            guard let key = fields.offset(of: 1 + i).flatMap({ asciiString(payload, objectAt: $0, end: tableAt) }).flatMap(MessageKey.init(ascii:)),
+                let at = fields.offset(of: 1 + n + i)
             else { return nil }
-            let marker = payload[at]
-            switch marker & 0xF0 {
+            switch payload[at] & 0xF0 {
             case 0xD0, 0xA0:
-                // A table or a list: one-byte references to its keys and values, or to its strings.
-                let m = Int(marker & 0x0F)
-                let isTable = marker & 0xF0 == 0xD0
-                guard m != 0x0F, at + 1 + (isTable ? 2 * m : m) <= tableAt else { return nil }
-                if isTable {
-                    var entries: [(key: UnsafeRawBufferPointer, value: Raw)] = []
-                    entries.reserveCapacity(m)
-                    for j in 0..<m {
-                        guard let keyAt = offset(of: Int(payload[at + 1 + j])), let name = asciiString(payload, objectAt: keyAt, end: tableAt),
-                            let valueAt = offset(of: Int(payload[at + 1 + m + j])), let value = scalar(payload, at: valueAt, end: tableAt)
-                        else { return nil }
-                        entries.append((name, value))
-                    }
-                    fields.add(key, .table(entries))
-                } else {
-                    var list: [UnsafeRawBufferPointer] = []
-                    list.reserveCapacity(m)
-                    for j in 0..<m {
-                        guard let itemAt = offset(of: Int(payload[at + 1 + j])), let item = asciiString(payload, objectAt: itemAt, end: tableAt)
-                        else { return nil }
-                        list.append(item)
-                    }
-                    fields.add(key, .strings(list))
-                }
+                // A table or a list: read when the message is made (`Fields.table`, `Fields.strings`).
+                fields.add(key, .container(at))
             default:
                 guard let value = scalar(payload, at: at, end: tableAt) else { return nil }
                 fields.add(key, value)
@@ -184,23 +156,16 @@ package enum FlatFrame {
         }
     }
 
-    /// A flat payload's fields as read: the bytes of an ASCII string, an integer, or a table or list of those.
+    /// A flat payload's fields as read: the bytes of an ASCII string, an integer, or where a table or a list of
+    /// those starts (all trivially copied: no field costs a retain).
     private enum Raw {
         case ascii(UnsafeRawBufferPointer)
         case integer(Int64)
-        case table([(key: UnsafeRawBufferPointer, value: Raw)])
-        case strings([UnsafeRawBufferPointer])
-
-        var scalar: FlatScalar? {
-            switch self {
-            case .ascii(let bytes): .string(String(decoding: bytes, as: UTF8.self))
-            case .integer(let v): .integer(v)
-            case .table, .strings: nil
-            }
-        }
+        case container(Int)
     }
 
     /// The integer or ASCII string object at `at`.
+    @inline(__always)
     private static func scalar(_ payload: UnsafeRawBufferPointer, at: Int, end: Int) -> Raw? {
         if payload[at] & 0xF0 == 0x10 {
             let width = 1 << Int(payload[at] & 0x0F)
@@ -214,15 +179,38 @@ package enum FlatFrame {
     /// The fields of one payload, found by a linear search (a handful: no hashing). A key given twice is
     /// refused by the comparison: the message written again has it once.
     private struct Fields {
+        private let payload: UnsafeRawBufferPointer
+        private let objects: Int, tableAt: Int
         private var entries: [(MessageKey, Raw)] = []
 
-        init(capacity: Int) { entries.reserveCapacity(capacity) }
+        init(payload: UnsafeRawBufferPointer, objects: Int, tableAt: Int, capacity: Int) {
+            self.payload = payload
+            self.objects = objects
+            self.tableAt = tableAt
+            entries.reserveCapacity(capacity)
+        }
 
         mutating func add(_ key: MessageKey, _ value: Raw) { entries.append((key, value)) }
 
         subscript(key: MessageKey) -> Raw? {
             for (k, v) in entries where k == key { return v }
             return nil
+        }
+
+        /// Where object `index` starts, from the offset table; nil past the table.
+        func offset(of index: Int) -> Int? {
+            guard index >= 0, index < objects else { return nil }
+            let at = Int(payload[tableAt + index])
+            return at < tableAt ? at : nil
+        }
+
+        /// The container under `key` if its marker is `marker` (0xD0 a table, 0xA0 a list): where its one-byte
+        /// references start, and how many entries it has.
+        private func container(_ key: MessageKey, _ marker: UInt8) -> (references: Int, count: Int)? {
+            guard case .container(let at)? = self[key], payload[at] & 0xF0 == marker else { return nil }
+            let count = Int(payload[at] & 0x0F)
+            guard count != 0x0F, at + 1 + (marker == 0xD0 ? 2 * count : count) <= tableAt else { return nil }
+            return (at + 1, count)
         }
 
         func integer(_ key: MessageKey) -> Int64? {
@@ -234,20 +222,37 @@ package enum FlatFrame {
         func id(_ key: MessageKey = .id) -> RequestID? {
             if case .ascii(let bytes)? = self[key] { RequestID(uuidBytes: bytes) } else { nil }
         }
-        /// A table's entries as Swift values, in order; nil if `key` is not a table of strings and integers.
+        /// A table's entries as Swift values, in order; nil if `key` is not a table of ASCII strings and integers.
         func table(_ key: MessageKey) -> [(key: String, value: FlatScalar)]? {
-            guard case .table(let raw)? = self[key] else { return nil }
+            guard let (references, m) = container(key, 0xD0) else { return nil }
             var out: [(key: String, value: FlatScalar)] = []
-            out.reserveCapacity(raw.count)
-            for entry in raw {
-                guard let value = entry.value.scalar else { return nil }
-                out.append((String(decoding: entry.key, as: UTF8.self), value))
+            out.reserveCapacity(m)
+            for j in 0..<m {
+                guard let keyAt = offset(of: Int(payload[references + j])),
+                    let name = asciiString(payload, objectAt: keyAt, end: tableAt),
+                    let valueAt = offset(of: Int(payload[references + m + j]))
+                else { return nil }
+                switch scalar(payload, at: valueAt, end: tableAt) {
+                case .ascii(let bytes)?: out.append((String(decoding: name, as: UTF8.self), .string(String(decoding: bytes, as: UTF8.self))))
+                case .integer(let v)?: out.append((String(decoding: name, as: UTF8.self), .integer(v)))
+                default: return nil
+                }
             }
             return out
         }
+
+        /// A list's strings, in order; nil if `key` is not a list of ASCII strings.
         func strings(_ key: MessageKey) -> [String]? {
-            guard case .strings(let raw)? = self[key] else { return nil }
-            return raw.map { String(decoding: $0, as: UTF8.self) }
+            guard let (references, m) = container(key, 0xA0) else { return nil }
+            var out: [String] = []
+            out.reserveCapacity(m)
+            for j in 0..<m {
+                guard let itemAt = offset(of: Int(payload[references + j])),
+                    let item = asciiString(payload, objectAt: itemAt, end: tableAt)
+                else { return nil }
+                out.append(String(decoding: item, as: UTF8.self))
+            }
+            return out
         }
 
         /// The flat message these fields are, as `Message(plist:)` reads it; nil for any other.
@@ -318,6 +323,7 @@ package enum FlatFrame {
     }
 
     /// The bytes of the ASCII string object at `at` (a one-byte length, or `0x5F` and a one-byte integer).
+    @inline(__always)
     private static func asciiString(_ payload: UnsafeRawBufferPointer, objectAt at: Int, end: Int) -> UnsafeRawBufferPointer? {
         guard at < end, payload[at] & 0xF0 == 0x50 else { return nil }
         var start = at + 1

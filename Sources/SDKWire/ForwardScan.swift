@@ -33,15 +33,16 @@ package struct ScannedMessage: Sendable, Equatable {
 }
 
 package enum ForwardScan {
-    /// The message `payload` holds, if it is a `begin` or `complete` that can be forwarded without decoding it;
-    /// nil when it must be decoded (see the file header), including every payload that is not valid.
+    /// The message `payload` holds, if it is a `begin` or `complete` that can be forwarded without decoding it,
+    /// or a `partial` (which its receiver then builds with `decode`); nil when it must be decoded (see the file
+    /// header), including every payload that is not valid.
     package static func scan(_ payload: UnsafeRawBufferPointer, limits: WireLimits) -> ScannedMessage? {
         var items: [ExtensionItem]? = nil
         guard let (fields, charged) = walk(payload, limits: limits, building: &items) else { return nil }
         return fields.message(decodedBytes: charged)
     }
 
-    /// The `begin` or `complete` in `payload` decoded by the same walk as `scan`, building the items' values
+    /// The `begin`, `complete` or `partial` in `payload` decoded by the same walk as `scan`, building the items' values
     /// but not the message's or the items' own dictionaries (their keys were hashed into a Swift Dictionary
     /// only to be looked up once). It takes what `scan` takes and returns nil for the rest, which the caller
     /// decodes as before; `decodedBytes` is what `BinaryPlistDecoder.decode` would have charged.
@@ -137,7 +138,8 @@ private let notForwardable = WireError(.invalidObject, "not forwardable unread")
 
 extension BinaryPlistReader {
     /// Walks the whole payload as `value(object: topObject, depth: 0)` would, returning the message's fields if
-    /// it is a forwardable `begin` or `complete`. With `items` non-nil, the items are built into it as well.
+    /// it is a forwardable `begin` or `complete`, or a `partial`. With `items` non-nil, the items are built into it
+    /// as well.
     mutating func forwardableFields(building items: inout [ExtensionItem]?) throws(WireError) -> ForwardableFields? {
         let top = topObject
         guard case .dictionary(let n, let start) = try header(of: top) else { return nil }

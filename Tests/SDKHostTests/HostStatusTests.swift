@@ -60,7 +60,6 @@ import SDKWire
         leak.app = "0/b"
         status.recentLeaks.append(leak)
         #expect(status.plist == (try PlistValueEncoder().encode(status)))
-        status.recentLeaks = []
         #expect(try HostStatus(plist: status.plist) == status)
     }
 
