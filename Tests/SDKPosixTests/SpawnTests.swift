@@ -30,23 +30,14 @@ func links(of pid: pid_t) -> [Int: String] {
     return out
 }
 
-/// Waits (up to 10 s) until `pid` is in an interruptible sleep, the state `/proc/<pid>/stat` shows as `S`: a
-/// process that is still loading its libraries is running (`R`) or waiting on the disk (`D`), never `S`.
-func waitUntilAsleep(_ pid: pid_t) -> Bool {
-    let deadline = ContinuousClock.now + .seconds(10)
-    while ContinuousClock.now < deadline {
-        if procStatFields("\(pid)")?.first == "S" { return true }
-        usleep(1_000)
-    }
-    return false
-}
-
 @Suite(.serialized) struct SpawnTests {
-    @Test func childGetsExactlyItsFourDescriptors() throws {
+    @Test func childGetsExactlyItsFourDescriptors() async throws {
         let channels = try spawnWithChannels(SpawnRequest(path: "/bin/sleep", arguments: ["sleep", "5"], environment: []))
         // Until `sleep` is asleep, the dynamic loader may hold a library open on descriptor 4 for a moment: that is
-        // the child's own descriptor, not one it inherited. Asleep, it holds only what it was given.
-        #expect(waitUntilAsleep(channels.process.pid), "the child never went to sleep")
+        // the child's own descriptor, not one it inherited. Asleep (`S` in /proc/<pid>/stat: a process loading its
+        // libraries is running or waiting on the disk, never `S`), it holds only what it was given.
+        let pid = channels.process.pid
+        #expect(await eventually(timeout: 10) { procStatFields("\(pid)")?.first == "S" }, "the child never went to sleep")
         let fds = links(of: channels.process.pid)
         #expect(Set(fds.keys) == [0, 1, 2, 3], "child descriptors: \(fds)")
         #expect(fds[0] == "/dev/null")
