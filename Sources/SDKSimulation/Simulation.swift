@@ -145,6 +145,8 @@ package struct SimulationWorld {
     package static let identifier = "com.example.sim"
     package let root: String
     let executableDirectory: String
+    /// The user, launcher and manifest every schedule's engine starts with, read once (the files do not change).
+    private(set) var startInputs: EngineStartInputs?
 
     /// Writes the manifest under a new folder in `temporaryDirectory`.
     package init(executable: String, temporaryDirectory: String = "/tmp") throws(HostError) {
@@ -179,6 +181,7 @@ package struct SimulationWorld {
         } catch {
             throw HostError(.system, "cannot write the simulation's manifest: \(error)")
         }
+        startInputs = try EngineStartInputs.read(hostConfiguration())
         // Dispatch opens its own epoll and eventfd the first time work goes to a global queue (an engine's start
         // does): open them now, or the first schedule counts them as its leak.
         // Its timerfd opens the first time a timer is set: set one too.
@@ -195,6 +198,14 @@ package struct SimulationWorld {
     package func warmUp() {
         var scratch = SimulationTally()
         _ = Simulation(seed: 0, steps: 80).run(in: self, tally: &scratch)
+    }
+
+    /// A schedule's host configuration, before its simulated parts.
+    func hostConfiguration() -> HostConfiguration {
+        var configuration = HostConfiguration(extensionSearchPaths: [root], executableSearchPaths: [executableDirectory])
+        configuration.allowedSandboxModes = [.strict, .bestEffort, .none]
+        configuration.startInputs = startInputs
+        return configuration
     }
 
     package func remove() {
@@ -264,8 +275,7 @@ package struct Simulation {
         defer { SimulatedKernel.current = nil }
         let clock = ManualClock()
         let launcher = SimLauncher(kernel: kernel)
-        var configuration = HostConfiguration(extensionSearchPaths: [world.root],
-                                              executableSearchPaths: [world.executableDirectory])
+        var configuration = world.hostConfiguration()
         configuration.clock = clock
         configuration.exitNoticeWatcher = launcher.notices
         configuration.drivenLoop = true
@@ -275,7 +285,6 @@ package struct Simulation {
         // The folders are in memory; the engine's one sweep of its temp folder for dead hosts' folders (on a
         // Dispatch thread, with a descriptor open while it reads) reads the world's small folder, not /tmp.
         configuration.temporaryDirectory = world.root
-        configuration.allowedSandboxModes = [.strict, .bestEffort, .none]
         configuration.logLevel = .error
         if getenv("SIM_LOG") != nil {
             configuration.logLevel = .debug

@@ -235,6 +235,9 @@ public struct HostConfiguration: Sendable {
     /// Adjusts every manifest's policy after it is read (`sdk-host conformance` shortens the timeouts it tests and
     /// lists its own host service).
     package var adjustPolicy: (@Sendable (inout ExtensionPolicy) -> Void)?
+    /// What the engine reads from the file system as it starts, read once beforehand; nil: each engine reads
+    /// them (`EngineStartInputs.read`). The simulation starts an engine per schedule from the same files.
+    package var startInputs: EngineStartInputs?
     /// Drives the engine's timers by hand (tests and the simulation); nil for the monotonic clock.
     package var clock: ManualClock?
     /// Who watches workers' exit notices; nil: `ExitNoticeWatcher.shared` (the simulation brings its own).
@@ -304,6 +307,31 @@ extension HostConfiguration {
         }
         return found
     }()
+}
+
+/// What an engine reads from the file system as it starts: the workers' user (from /etc/passwd), the sandbox
+/// launcher's path, and the manifests in the search paths with the problems of those it skipped.
+package struct EngineStartInputs: Sendable {
+    let workerIdentity: WorkerIdentity
+    let launcherPath: String?
+    let manifests: [String: ExtensionManifest]
+    let problems: [HostError]
+
+    /// Reads them as `configuration` says.
+    ///
+    /// - Throws: `HostError` for a `workerUser` that names no user, or a search path that is not a folder.
+    package static func read(_ configuration: HostConfiguration) throws(HostError) -> EngineStartInputs {
+        let identity: WorkerIdentity
+        do throws(HostError) {
+            identity = try WorkerIdentity(resolving: configuration.workerUser)
+        } catch {
+            throw HostError(error.code, "workerUser: \(error.detail)")
+        }
+        let launcherPath = SandboxProfile.findLauncher(configured: configuration.launcherPath,
+                                                       searchPaths: configuration.executableSearchPaths)
+        let (found, problems) = try ExtensionManifest.discover(in: configuration)
+        return EngineStartInputs(workerIdentity: identity, launcherPath: launcherPath, manifests: found, problems: problems)
+    }
 }
 
 /// The uid and gid a root host's workers run as.

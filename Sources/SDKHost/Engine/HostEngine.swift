@@ -84,16 +84,17 @@ package final class HostEngine: @unchecked Sendable {
                 + "outside \(HostConfiguration.busyPollMicrosecondsRange)")
         }
         self.configuration = configuration
-        do throws(HostError) {
-            workerIdentity = try WorkerIdentity(resolving: configuration.workerUser)
-        } catch {
-            throw HostError(error.code, "workerUser: \(error.detail)")
+        let inputs: EngineStartInputs
+        if let prepared = configuration.startInputs {
+            inputs = prepared
+        } else {
+            inputs = try EngineStartInputs.read(configuration)
         }
+        workerIdentity = inputs.workerIdentity
         launcher = configuration.launcher ?? PosixLauncher()
         workerFolders = configuration.workerFolders ?? FileSystemFolders()
-        launcherPath = SandboxProfile.findLauncher(configured: configuration.launcherPath,
-                                                   searchPaths: configuration.executableSearchPaths)
-        let (found, problems) = try ExtensionManifest.discover(in: configuration)
+        launcherPath = inputs.launcherPath
+        let (found, problems) = (inputs.manifests, inputs.problems)
         manifests = found
         manifestSnapshot = Mutex(manifests)
         crashStore = try configuration.crashReportDirectory.map { directory throws(HostError) in
