@@ -181,8 +181,19 @@ struct SocketInbox {
 
     /// The next whole message read, or nil (none, or one that does not decode). With `scanningBegins`, a `begin`
     /// that brings no files comes without its items: a fake worker records the id and would throw them away.
-    mutating func nextMessage(scanningBegins: Bool = false) -> Message? {
-        try? incoming.nextMessage(from: &reader, buildingBeginItems: !scanningBegins)
+    /// With `skippingStatusReports`, a status report is checked as a decode would check it and passed over
+    /// unbuilt: a client never looks inside one, and building it cost more than the rest of what it reads.
+    mutating func nextMessage(scanningBegins: Bool = false, skippingStatusReports: Bool = false) -> Message? {
+        let limits = reader.limits
+        while skippingStatusReports {
+            var peek = reader
+            let skipped = try? peek.withNextPayload { payload throws(WireError) in
+                ForwardScan.isStatusReport(payload, limits: limits)
+            }
+            guard skipped == true else { break }
+            reader = peek
+        }
+        return try? incoming.nextMessage(from: &reader, buildingBeginItems: !scanningBegins)
     }
 }
 

@@ -86,7 +86,7 @@ package final class SimClient {
     func pump(toTheEnd: Bool = false) {
         guard isOpen, !ended, !slow || toTheEnd else { return }
         if inbox.readAll(from: socket) { ended = true }
-        while let message = inbox.nextMessage() {
+        while let message = inbox.nextMessage(skippingStatusReports: true) {
             switch message {
             case .complete(let id, _), .cancelled(let id, _), .interrupted(let id, _):
                 guard requests.contains(id) else {

@@ -62,6 +62,18 @@ package enum ForwardScan {
         }
     }
 
+    /// Whether `payload` is a `statusReport` without descriptors that a decode would accept: every object is
+    /// checked as the decoder checks it, building nothing. For a reader that never looks inside a report (the
+    /// simulation's clients); false for anything else, which the caller decodes as usual.
+    package static func isStatusReport(_ payload: UnsafeRawBufferPointer, limits: WireLimits) -> Bool {
+        guard var reader = try? BinaryPlistReader(payload, limits: limits) else { return false }
+        return withUnsafeTemporaryAllocation(of: Bool.self, capacity: reader.objectCount) { onPath in
+            onPath.initialize(repeating: false)
+            reader.onPath = onPath
+            return (try? reader.isStatusReport()) == true
+        }
+    }
+
     /// The walk both share: the fields, and what a decode would charge, or nil.
     private static func walk(_ payload: UnsafeRawBufferPointer, limits: WireLimits, building items: inout [ExtensionItem]?)
         -> (ForwardableFields, decodedBytes: Int)?
@@ -74,6 +86,30 @@ package enum ForwardScan {
             guard let fields = try? reader.forwardableFields(building: &items) else { return nil }
             return (fields, budget - reader.byteBudget)
         }
+    }
+}
+
+extension BinaryPlistReader {
+    /// `ForwardScan.isStatusReport`: the type is looked at first, so another message costs a few headers.
+    mutating func isStatusReport() throws(WireError) -> Bool {
+        let top = topObject
+        guard case .dictionary(let n, let start) = try header(of: top) else { return false }
+        var types = 0
+        for i in 0..<n {
+            guard case .ascii(let keyRange) = try header(of: try ref(at: start + i * refSize)) else { return false }
+            switch TopKey(UnsafeRawBufferPointer(rebasing: base[keyRange])) {
+            case .type:
+                guard case .ascii(let r) = try header(of: try ref(at: start + (n + i) * refSize)),
+                    UnsafeRawBufferPointer(rebasing: base[r]).spells(MessageType.statusReport.staticName)
+                else { return false }
+                types += 1
+            case .fds: return false
+            default: break
+            }
+        }
+        guard types == 1 else { return false }
+        try skim(object: top, depth: 0)
+        return true
     }
 }
 
