@@ -78,10 +78,7 @@ package final class ScheduleState: @unchecked Sendable {
     @exclusivity(unchecked) private var pumps = 0
     /// An overrun request (the app's, or a daemon client's) the engine still holds two pumps after its burst.
     package func overrunStillRunning(_ engine: HostEngine) -> RequestID? {
-        let due = overran.filter { $0.pump < pumps - 1 }
-        guard !due.isEmpty else { return nil }
-        let active = Set(engine.activeRequestIDs)
-        return due.first { active.contains($0.id) }?.id
+        overran.first { $0.pump < pumps - 1 && engine.holds($0.id) }?.id
     }
     @exclusivity(unchecked) private var handles: [Weak] = []
     /// Requests that had ended when the previous pump started: a begin read now was written after that pump

@@ -366,11 +366,8 @@ package struct Simulation {
                     worker.notedReaped = true
                     reaped.insert(worker.pid)
                 }
-                if !reaped.isEmpty {
-                    for id in engine.activeRequestIDs {
-                        guard let pid = engine.workerPID(serving: id), reaped.contains(pid) else { continue }
-                        return failure("request \(id) is still with worker \(pid), which is dead and reaped")
-                    }
+                if !reaped.isEmpty, let (id, pid) = engine.requestServed(byAnyOf: reaped) {
+                    return failure("request \(id) is still with worker \(pid), which is dead and reaped")
                 }
                 return nil
             }

@@ -29,10 +29,14 @@ extension HostEngine: HostBackend {
     package var queuedRequestCount: Int { requests.queuedCount }
     /// The longest queue of any pool (loop thread).
     package var longestQueue: Int { requests.longestQueue }
-    /// The host's child serving request `id` (the worker, or its launcher), if it is assigned to one (loop thread).
-    package func workerPID(serving id: RequestID) -> pid_t? { requests[id]?.worker?.childPID }
-    /// The requests that have begun and not ended (loop thread).
-    package var activeRequestIDs: [RequestID] { requests.ids }
+    /// A request that has not ended and is assigned to a worker whose child is one of `pids`, and that child
+    /// (loop thread).
+    package func requestServed(byAnyOf pids: Set<pid_t>) -> (id: RequestID, pid: pid_t)? {
+        requests.first { record in record.worker.map { pids.contains($0.childPID) } ?? false }
+            .map { ($0.id, $0.worker!.childPID) }
+    }
+    /// Whether request `id` has begun and not ended (loop thread).
+    package func holds(_ id: RequestID) -> Bool { requests[id] != nil }
     /// Workers listed in any pool (loop thread).
     package var listedWorkerCount: Int { workers.count }
 

@@ -17,6 +17,12 @@ final class RequestTable {
     /// Their ids, in no order.
     var ids: [RequestID] { Array(records.keys) }
 
+    /// The first request, in no order, that satisfies `predicate`.
+    func first(where predicate: (RequestRecord) -> Bool) -> RequestRecord? {
+        for record in records.values where predicate(record) { return record }
+        return nil
+    }
+
     /// The request `id`, if it has not ended.
     subscript(id: RequestID) -> RequestRecord? { records[id] }
 
