@@ -130,21 +130,35 @@ package enum FlatFrame {
         guard n > 0, objects >= 2 * n + 1, tableAt > 9 + 2 * n, payload[count - 26] == 1, payload[count - 25] == 1,
             payload[count - 1] == UInt8(tableAt)
         else { return nil }
-        var fields = Fields(payload: payload, objects: objects, tableAt: tableAt, capacity: n)
-        for i in 0..<n {
-            guard let key = fields.offset(of: 1 + i).flatMap({ asciiString(payload, objectAt: $0, end: tableAt) }).flatMap(MessageKey.init(ascii:)),
-                let at = fields.offset(of: 1 + n + i)
-            else { return nil }
-            switch payload[at] & 0xF0 {
-            case 0xD0, 0xA0:
-                // A table or a list: read when the message is made (`Fields.table`, `Fields.strings`).
-                fields.add(key, .container(at))
-            default:
-                guard let value = scalar(payload, at: at, end: tableAt) else { return nil }
-                fields.add(key, value)
-            }
+        // The type is written first: a message that is not flat (a `begin`, a `complete`) is declined before its
+        // other fields are read.
+        func object(_ index: Int) -> Int? {
+            let at = Int(payload[tableAt + index])
+            return index < objects && at < tableAt ? at : nil
         }
-        guard let candidate = fields.message(), let flat = candidate.flatFields else { return nil }
+        guard let typeKey = object(1).flatMap({ asciiString(payload, objectAt: $0, end: tableAt) }),
+            MessageKey(ascii: typeKey) == .type,
+            let typeName = object(1 + n).flatMap({ asciiString(payload, objectAt: $0, end: tableAt) }),
+            MessageType(ascii: typeName)?.isFlat == true
+        else { return nil }
+        let read: Message? = withUnsafeTemporaryAllocation(of: (MessageKey, Raw).self, capacity: n) { storage in
+            var fields = Fields(payload: payload, objects: objects, tableAt: tableAt, storage: storage)
+            for i in 0..<n {
+                guard let key = fields.offset(of: 1 + i).flatMap({ asciiString(payload, objectAt: $0, end: tableAt) }).flatMap(MessageKey.init(ascii:)),
+                    let at = fields.offset(of: 1 + n + i)
+                else { return nil }
+                switch payload[at] & 0xF0 {
+                case 0xD0, 0xA0:
+                    // A table or a list: read when the message is made (`Fields.table`, `Fields.strings`).
+                    fields.add(key, .container(at))
+                default:
+                    guard let value = scalar(payload, at: at, end: tableAt) else { return nil }
+                    fields.add(key, value)
+                }
+            }
+            return fields.message()
+        }
+        guard let candidate = read, let flat = candidate.flatFields else { return nil }
         // Written again into a buffer on the stack and compared.
         return withUnsafeTemporaryAllocation(byteCount: 256, alignment: 8) { buffer in
             var size = EncodedSize()
@@ -181,19 +195,24 @@ package enum FlatFrame {
     private struct Fields {
         private let payload: UnsafeRawBufferPointer
         private let objects: Int, tableAt: Int
-        private var entries: [(MessageKey, Raw)] = []
+        /// On the stack (a payload has at most 14 fields): no allocation per message.
+        private let entries: UnsafeMutableBufferPointer<(MessageKey, Raw)>
+        private var count = 0
 
-        init(payload: UnsafeRawBufferPointer, objects: Int, tableAt: Int, capacity: Int) {
+        init(payload: UnsafeRawBufferPointer, objects: Int, tableAt: Int, storage: UnsafeMutableBufferPointer<(MessageKey, Raw)>) {
             self.payload = payload
             self.objects = objects
             self.tableAt = tableAt
-            entries.reserveCapacity(capacity)
+            entries = storage
         }
 
-        mutating func add(_ key: MessageKey, _ value: Raw) { entries.append((key, value)) }
+        mutating func add(_ key: MessageKey, _ value: Raw) {
+            (entries.baseAddress! + count).initialize(to: (key, value))
+            count += 1
+        }
 
         subscript(key: MessageKey) -> Raw? {
-            for (k, v) in entries where k == key { return v }
+            for i in 0..<count where entries[i].0 == key { return entries[i].1 }
             return nil
         }
 
@@ -397,6 +416,18 @@ extension MessageKey {
 }
 
 extension MessageType {
+    /// Whether a message of this type can be flat (`Message.flatFields`, `Fields.message`).
+    var isFlat: Bool {
+        switch self {
+        case .hello, .welcome, .credit, .cancel, .cancelled, .ping, .pong, .error, .connect, .connected, .assigned,
+            .interrupted, .status, .launchFailed, .prewarm, .prewarmed, .subscribe, .hostCallCancel:
+            true
+        case .begin, .complete, .partial, .event, .sandboxed, .statusReport, .leak, .hostCall, .hostCallResult,
+            .hostCallError:
+            false
+        }
+    }
+
     /// The type these ASCII bytes spell, if any.
     init?(ascii bytes: UnsafeRawBufferPointer) {
         switch bytes.count {
