@@ -165,19 +165,29 @@ final class WorkerProcess {
     }
 }
 
-/// A fixed-size memory of recently seen ids (oldest forgotten first).
+/// A fixed-size memory of recently seen ids (oldest forgotten first). The ring grows as ids come (every worker has
+/// one, and most never see `capacity` ids), then wraps.
 struct RecentIDs {
-    private var ring: [RequestID?]
+    private var ring: [RequestID] = []
     private var set: Set<RequestID> = []
+    /// The oldest, once the ring is full.
     private var next = 0
+    let capacity: Int
 
-    init(capacity: Int) { ring = Array(repeating: nil, count: capacity) }
+    init(capacity: Int) {
+        precondition(capacity > 0, "RecentIDs needs room for one id")
+        self.capacity = capacity
+    }
 
     mutating func insert(_ id: RequestID) {
-        if let old = ring[next] { set.remove(old) }
-        ring[next] = id
+        if ring.count < capacity {
+            ring.append(id)
+        } else {
+            set.remove(ring[next])
+            ring[next] = id
+            next = (next + 1) % capacity
+        }
         set.insert(id)
-        next = (next + 1) % ring.count
     }
 
     func contains(_ id: RequestID) -> Bool { set.contains(id) }
