@@ -133,8 +133,9 @@ package enum FlatFrame {
         // The type is written first: a message that is not flat (a `begin`, a `complete`) is declined before its
         // other fields are read.
         func object(_ index: Int) -> Int? {
+            guard index < objects else { return nil }
             let at = Int(payload[tableAt + index])
-            return index < objects && at < tableAt ? at : nil
+            return at < tableAt ? at : nil
         }
         guard let typeKey = object(1).flatMap({ asciiString(payload, objectAt: $0, end: tableAt) }),
             MessageKey(ascii: typeKey) == .type,

@@ -13,6 +13,9 @@
 //   - a top-level key given twice, a UTF-16 key in the message or an item, or an `id` not written as the
 //     36-byte ASCII string object that `ForwardedFrame` rewrites in place.
 //
+// `ForwardScan.isStatusReport` checks a `statusReport` the same way for a reader that never looks inside one (the
+// simulation's clients): it takes a strict subset of what decodes as one, and builds nothing.
+//
 // `ForwardScan.decode` is the same walk for a receiver that wants the message (a `begin`, `complete` or `partial`): it builds the items' titles,
 // texts, attachments and userInfo as a decode would, and the message and items from them directly, so the
 // messages sent per request are parsed without hashing their keys into dictionaries first.
@@ -90,24 +93,31 @@ package enum ForwardScan {
 }
 
 extension BinaryPlistReader {
-    /// `ForwardScan.isStatusReport`: the type is looked at first, so another message costs a few headers.
+    /// `ForwardScan.isStatusReport`: the type is looked at first, so another message costs a few headers. Each
+    /// of `type`, `seq` and `report` once (`type` the name, `seq` an integer, `report` anything, as
+    /// `Message(plist:)` requires), no `fds`, ASCII keys only; then every object, as a decode checks it.
     mutating func isStatusReport() throws(WireError) -> Bool {
         let top = topObject
         guard case .dictionary(let n, let start) = try header(of: top) else { return false }
-        var types = 0
+        var isReport = false, seqs = 0, reports = 0
         for i in 0..<n {
             guard case .ascii(let keyRange) = try header(of: try ref(at: start + i * refSize)) else { return false }
-            switch TopKey(UnsafeRawBufferPointer(rebasing: base[keyRange])) {
-            case .type:
-                guard case .ascii(let r) = try header(of: try ref(at: start + (n + i) * refSize)),
+            let value = try ref(at: start + (n + i) * refSize)
+            switch MessageKey(ascii: UnsafeRawBufferPointer(rebasing: base[keyRange])) {
+            case .type?:
+                guard !isReport, case .ascii(let r) = try header(of: value),
                     UnsafeRawBufferPointer(rebasing: base[r]).spells(MessageType.statusReport.staticName)
                 else { return false }
-                types += 1
-            case .fds: return false
+                isReport = true
+            case .seq?:
+                guard case .integer = try header(of: value) else { return false }
+                seqs += 1
+            case .report?: reports += 1
+            case .fds?: return false
             default: break
             }
         }
-        guard types == 1 else { return false }
+        guard isReport, seqs == 1, reports == 1 else { return false }
         try skim(object: top, depth: 0)
         return true
     }

@@ -23,13 +23,14 @@ func fail(_ text: String) -> Never {
 // differs from run to run, and so would a schedule. A seed replays exactly only with one hashing seed: this
 // program runs itself again with the runtime's deterministic hashing.
 // The same run sets glibc's allocator for a program that makes and frees a great many small objects in bursts
-// (a schedule's messages, closures and records): a per-thread cache of 1,000 blocks per size rather than 7, and
-// the heap's top kept rather than trimmed and grown again (~4% more schedules a second; docs/BENCHMARKS.md).
+// (a schedule's messages, closures and records): a per-thread cache of 1,000 blocks per size rather than 7, the
+// heap's top kept rather than trimmed and grown again, and blocks up to 32 MiB (glibc's largest) from the heap
+// rather than each its own mapping (~4% more schedules a second; docs/BENCHMARKS.md).
 // A GLIBC_TUNABLES of the caller's is kept as it is.
 if getenv("SWIFT_DETERMINISTIC_HASHING") == nil {
     setenv("SWIFT_DETERMINISTIC_HASHING", "1", 1)
     setenv("GLIBC_TUNABLES", "glibc.malloc.tcache_count=1000:glibc.malloc.trim_threshold=268435456:"
-        + "glibc.malloc.mmap_threshold=268435456:glibc.malloc.top_pad=67108864", 0)
+        + "glibc.malloc.mmap_threshold=33554432:glibc.malloc.top_pad=67108864", 0)
     var argv = CommandLine.arguments.map { strdup($0) } + [nil]
     execv("/proc/self/exe", &argv)
     fail("cannot run itself again with deterministic hashing: \(String(cString: strerror(errno)))")

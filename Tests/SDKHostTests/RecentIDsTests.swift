@@ -17,8 +17,8 @@ import SDKWire
         recent.insert(id(4))
         #expect(!recent.contains(id(1)), "the oldest goes first once the ring is full")
         #expect(recent.contains(id(2)) && recent.contains(id(3)) && recent.contains(id(4)))
-        for n in 5...9 { recent.insert(id(n)) }
-        #expect((1...6).allSatisfy { !recent.contains(id($0)) })
-        #expect((7...9).allSatisfy { recent.contains(id($0)) }, "after wrapping, still exactly the last three")
+        for n: UInt64 in 5...9 { recent.insert(id(n)) }
+        #expect((UInt64(1)...6).allSatisfy { !recent.contains(id($0)) })
+        #expect((UInt64(7)...9).allSatisfy { recent.contains(id($0)) }, "after wrapping, still exactly the last three")
     }
 }

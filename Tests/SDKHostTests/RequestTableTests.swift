@@ -36,6 +36,17 @@ import Testing
         #expect(table.count == 1)
     }
 
+    @Test func firstWhereSeesEveryRequestHeldAndNoneRemoved() {
+        let table = RequestTable()
+        let a = record("p"), b = record("q")
+        #expect(table.first { _ in true } == nil)
+        #expect(table.insert(a) && table.insert(b))
+        #expect(table.first { $0.poolKey == "q" } === b)
+        #expect(table.first { $0.poolKey == "r" } == nil)
+        #expect(table.remove(b.id) === b)
+        #expect(table.first { $0.poolKey == "q" } == nil, "a removed request is not seen")
+    }
+
     @Test func queuesKeepTheirOrderAndARequeuedRequestGoesFirst() {
         let table = RequestTable()
         let a = record(), b = record(), c = record()

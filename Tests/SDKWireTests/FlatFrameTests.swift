@@ -64,7 +64,11 @@ import Testing
         // The others carry items, a report, or lists and dictionaries of other shapes.
         let notFlat: Set<MessageType> = [.begin, .complete, .partial, .event, .sandboxed, .statusReport, .leak, .hostCall,
                                          .hostCallResult, .hostCallError]
-        for type in MessageType.allCases { #expect(flat.contains(type.rawValue) != notFlat.contains(type), "\(type)") }
+        for type in MessageType.allCases {
+            #expect(flat.contains(type.rawValue) != notFlat.contains(type), "\(type)")
+            // The reader declines the others by their type before reading their fields.
+            #expect(type.isFlat != notFlat.contains(type), "\(type)")
+        }
         // An interruption whose reason is not a table of strings and integers is written through the general encoder.
         let id = RequestID()
         #expect(Message.interrupted(id: id, reason: ["kind": "x", "list": .array([])]).flatFields == nil)

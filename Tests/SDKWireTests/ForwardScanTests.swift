@@ -166,6 +166,44 @@ import Testing
         #expect(agree(encoded, "deep, within the default limit"))
     }
 
+    /// A status report passed over unbuilt (the simulation's clients do) must be one a decode reads as a status
+    /// report without descriptors; anything refused is decoded as usual.
+    @Test func aStatusReportIsTakenOnlyWhenItDecodesAsOne() throws {
+        func isReport(_ bytes: [UInt8]) -> Bool { bytes.withUnsafeBytes { ForwardScan.isStatusReport($0, limits: Self.limits) } }
+        func decodesAsReport(_ bytes: [UInt8]) -> Bool {
+            guard let plist = try? bytes.withUnsafeBytes({ try BinaryPlistDecoder.decode($0, limits: Self.limits) }),
+                (try? Message.descriptorCount(of: plist)) == 0, case .statusReport? = try? Message(plist: plist)
+            else { return false }
+            return true
+        }
+        let report: PlistValue = ["pid": 7, "extensions": .array([["identifier": "com.example.echo", "requests": 3]])]
+        let valid = try payload(Message.statusReport(seq: 4, report: report).plist)
+        #expect(isReport(valid) && decodesAsReport(valid))
+        // Refused: what a decode refuses, and what it reads as something else or with descriptors.
+        let refused: [PlistValue] = [
+            ["type": "statusReport", "seq": 4], ["type": "statusReport", "report": report],
+            ["type": "statusReport", "seq": "4", "report": report], ["type": "statusReport", "seq": 4, "report": report, "fds": 0],
+            ["type": "status", "seq": 4], Message.ping(seq: 1).plist, ["seq": 4, "report": report], .array(["statusReport"]),
+        ]
+        for value in refused { #expect(!isReport(try payload(value)), "\(value)") }
+        // Its bytes mutated: whatever is still taken decodes as a status report.
+        let seed = testSeed(default: 0x57A7)
+        var g = SeededGenerator(seed: seed)
+        var taken = 0
+        for round in 0..<3_000 {
+            var mutated = valid
+            for _ in 0..<Int.random(in: 1...3, using: &g) {
+                let index = Int.random(in: 0..<mutated.count, using: &g)
+                mutated[index] ^= 1 << UInt8.random(in: 0..<8, using: &g)
+            }
+            if isReport(mutated) {
+                taken += 1
+                #expect(decodesAsReport(mutated), "seed \(seed) round \(round): taken, yet not decoded as a status report")
+            }
+        }
+        #expect(taken > 0, "seed \(seed): no mutation was still a report")
+    }
+
     /// Random messages near the valid ones, then their bytes mutated: whatever the scan takes, the decoder takes
     /// as the same message.
     @Test func agreesWithTheDecoderOnRandomAndMutatedMessages() throws {

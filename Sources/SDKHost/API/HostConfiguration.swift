@@ -236,7 +236,8 @@ public struct HostConfiguration: Sendable {
     /// lists its own host service).
     package var adjustPolicy: (@Sendable (inout ExtensionPolicy) -> Void)?
     /// What the engine reads from the file system as it starts, read once beforehand; nil: each engine reads
-    /// them (`EngineStartInputs.read`). The simulation starts an engine per schedule from the same files.
+    /// them (`EngineStartInputs.read`). The simulation starts an engine per schedule from the same files. Only
+    /// the start uses them: a reload (SIGHUP) reads the manifests again.
     package var startInputs: EngineStartInputs?
     /// Drives the engine's timers by hand (tests and the simulation); nil for the monotonic clock.
     package var clock: ManualClock?
