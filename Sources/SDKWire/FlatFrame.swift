@@ -132,11 +132,7 @@ package enum FlatFrame {
         else { return nil }
         // The type is written first: a message that is not flat (a `begin`, a `complete`) is declined before its
         // other fields are read.
-        func object(_ index: Int) -> Int? {
-            guard index < objects else { return nil }
-            let at = Int(payload[tableAt + index])
-            return at < tableAt ? at : nil
-        }
+        func object(_ index: Int) -> Int? { offset(payload, objects: objects, tableAt: tableAt, of: index) }
         guard let typeKey = object(1).flatMap({ asciiString(payload, objectAt: $0, end: tableAt) }),
             MessageKey(ascii: typeKey) == .type,
             let typeName = object(1 + n).flatMap({ asciiString(payload, objectAt: $0, end: tableAt) }),
@@ -217,12 +213,7 @@ package enum FlatFrame {
             return nil
         }
 
-        /// Where object `index` starts, from the offset table; nil past the table.
-        func offset(of index: Int) -> Int? {
-            guard index >= 0, index < objects else { return nil }
-            let at = Int(payload[tableAt + index])
-            return at < tableAt ? at : nil
-        }
+        func offset(of index: Int) -> Int? { FlatFrame.offset(payload, objects: objects, tableAt: tableAt, of: index) }
 
         /// The container under `key` if its marker is `marker` (0xD0 a table, 0xA0 a list): where its one-byte
         /// references start, and how many entries it has.
@@ -340,6 +331,14 @@ package enum FlatFrame {
                 return nil
             }
         }
+    }
+
+    /// Where object `index` starts, from the one-byte offset table at `tableAt`; nil past the table.
+    @inline(__always)
+    private static func offset(_ payload: UnsafeRawBufferPointer, objects: Int, tableAt: Int, of index: Int) -> Int? {
+        guard index >= 0, index < objects else { return nil }
+        let at = Int(payload[tableAt + index])
+        return at < tableAt ? at : nil
     }
 
     /// The bytes of the ASCII string object at `at` (a one-byte length, or `0x5F` and a one-byte integer).

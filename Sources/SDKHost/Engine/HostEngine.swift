@@ -94,8 +94,7 @@ package final class HostEngine: @unchecked Sendable {
         launcher = configuration.launcher ?? PosixLauncher()
         workerFolders = configuration.workerFolders ?? FileSystemFolders()
         launcherPath = inputs.launcherPath
-        let (found, problems) = (inputs.manifests, inputs.problems)
-        manifests = found
+        manifests = inputs.manifests
         manifestSnapshot = Mutex(manifests)
         crashStore = try configuration.crashReportDirectory.map { directory throws(HostError) in
             try CrashReportStore(directory: directory, limit: configuration.crashReportLimit)
@@ -107,7 +106,7 @@ package final class HostEngine: @unchecked Sendable {
         } catch {
             throw HostError(.system, "cannot start the host event loop: \(error)")
         }
-        logSkippedManifests(problems)
+        logSkippedManifests(inputs.problems)
         prepareSandboxResources()
         if manifests.values.contains(where: { $0.policy.minWarmWorkers > 0 }) {
             loop.execute { [unowned self] in
