@@ -419,6 +419,8 @@ int sdk_is_path_only(int fd) {
     return flags >= 0 && (flags & O_PATH) != 0;
 }
 
+int sdk_flags_path_only(int flags) { return (flags & O_PATH) != 0; }
+
 int sdk_open_path_only(const char *path) { return open(path, O_PATH | O_CLOEXEC); }
 
 int sdk_is_memfd(int fd) {

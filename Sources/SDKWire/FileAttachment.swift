@@ -132,12 +132,13 @@ public final class FileAttachment: Sendable, Hashable, CustomStringConvertible {
     package static func refusedOnReceipt(_ fd: Int32) -> String? {
         let flags = fcntl(fd, F_GETFL)
         guard flags >= 0 else { return "fcntl failed: \(String(cString: strerror(errno)))" }
-        if sdk_is_path_only(fd) == 1 { return "an O_PATH descriptor, not an open file" }
+        if sdk_flags_path_only(flags) == 1 { return "an O_PATH descriptor, not an open file" }
         if let problem = notARegularFile(fd) { return problem }
         // A memfd's seals bind every descriptor of it, however opened; any other file must be open read-only.
-        if sdk_is_memfd(fd) == 1 {
-            return sdk_is_snapshot_memfd(fd) == 1 ? nil : "a memfd not sealed against writing, growing and shrinking"
-        }
+        // Only a memfd can carry these seals (any other file starts sealed against new seals), so a sealed file is
+        // taken without reading its /proc link, which cost a syscall per descriptor received.
+        if sdk_is_snapshot_memfd(fd) == 1 { return nil }
+        if sdk_is_memfd(fd) == 1 { return "a memfd not sealed against writing, growing and shrinking" }
         return flags & O_ACCMODE == O_RDONLY ? nil : "open for writing; attachments are read-only"
     }
 

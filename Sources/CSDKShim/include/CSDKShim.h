@@ -170,11 +170,14 @@ int sdk_unread_output_bytes(int fd);
 int sdk_make_network_namespace(void);
 /// 1 when `fd` was opened with O_PATH (it names a file but cannot read it), else 0.
 int sdk_is_path_only(int fd);
+/// Whether F_GETFL flags include O_PATH.
+int sdk_flags_path_only(int flags);
 /// open(path, O_PATH | O_CLOEXEC): for tests and Crasher, which hand such a descriptor to the host on purpose.
 int sdk_open_path_only(const char *path);
 /// 1 when `fd` is a memfd (its /proc/self/fd link reads "/memfd:…"), else 0.
 int sdk_is_memfd(int fd);
-/// 1 when `fd` is a memfd sealed against writing, growing and shrinking; 0 when it is a memfd that is not.
+/// 1 when `fd` is sealed against writing, growing and shrinking (only a memfd can be: any other file starts
+/// sealed against new seals), else 0.
 int sdk_is_snapshot_memfd(int fd);
 /// Copies `length` bytes of `in` from offset 0 to `out`'s current position: copy_file_range, else sendfile,
 /// else read and write. `in`'s own offset is not moved. 0, or an errno value.
