@@ -414,11 +414,6 @@ int sdk_unread_output_bytes(int fd) {
     return ioctl(fd, SIOCOUTQ, &bytes) == 0 ? bytes : -1;
 }
 
-int sdk_is_path_only(int fd) {
-    int flags = fcntl(fd, F_GETFL);
-    return flags >= 0 && (flags & O_PATH) != 0;
-}
-
 int sdk_flags_path_only(int flags) { return (flags & O_PATH) != 0; }
 
 int sdk_open_path_only(const char *path) { return open(path, O_PATH | O_CLOEXEC); }

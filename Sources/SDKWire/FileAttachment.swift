@@ -98,8 +98,9 @@ public final class FileAttachment: Sendable, Hashable, CustomStringConvertible {
         let flags = fcntl(fd, F_GETFL)
         guard flags >= 0 else { throw FileAttachmentError("fcntl", subject, errno: errno) }
         if let problem = Self.notARegularFile(fd) { throw FileAttachmentError("attach", subject, reason: problem) }
-        if sdk_is_path_only(fd) == 1 { throw FileAttachmentError("attach", subject, reason: "an O_PATH descriptor, which cannot be read") }
-        if sdk_is_memfd(fd) == 1 && sdk_is_snapshot_memfd(fd) != 1 {
+        if sdk_flags_path_only(flags) == 1 { throw FileAttachmentError("attach", subject, reason: "an O_PATH descriptor, which cannot be read") }
+        // Sealed first: a sealed file is a snapshot memfd, and needs no /proc link read.
+        if sdk_is_snapshot_memfd(fd) != 1 && sdk_is_memfd(fd) == 1 {
             // Whoever holds it could still change it: attach a sealed copy of what it holds now.
             var info = stat()
             guard fstat(fd, &info) == 0 else { throw FileAttachmentError("fstat", subject, errno: errno) }

@@ -168,9 +168,7 @@ int sdk_unread_output_bytes(int fd);
 /// short-lived thread (a network namespace belongs to a thread, so the process's own stays as it was). Needs
 /// CAP_SYS_ADMIN.
 int sdk_make_network_namespace(void);
-/// 1 when `fd` was opened with O_PATH (it names a file but cannot read it), else 0.
-int sdk_is_path_only(int fd);
-/// Whether F_GETFL flags include O_PATH.
+/// 1 when F_GETFL `flags` include O_PATH (the descriptor names a file but cannot read it), else 0.
 int sdk_flags_path_only(int flags);
 /// open(path, O_PATH | O_CLOEXEC): for tests and Crasher, which hand such a descriptor to the host on purpose.
 int sdk_open_path_only(const char *path);
