@@ -38,10 +38,13 @@ struct TimerHeap {
         return TimerID(raw: UInt64(slots[slot].generation) << 32 | UInt64(slot))
     }
 
-    mutating func cancel(_ id: TimerID) {
+    /// Returns the cancelled timer's body, so that the caller releases it (and whatever it captured, whose deinit
+    /// may use the loop) after its access to the heap has ended.
+    @discardableResult
+    mutating func cancel(_ id: TimerID) -> (() -> Void)? {
         let slot = Int(id.raw & 0xFFFF_FFFF)
-        guard slot < slots.count, slots[slot].generation == UInt32(id.raw >> 32), slots[slot].index >= 0 else { return }
-        remove(at: slots[slot].index)
+        guard slot < slots.count, slots[slot].generation == UInt32(id.raw >> 32), slots[slot].index >= 0 else { return nil }
+        return remove(at: slots[slot].index)
     }
 
     /// The earliest deadline, if any.
@@ -50,17 +53,17 @@ struct TimerHeap {
     /// Removes and returns the body of the earliest timer due by `now`.
     mutating func popExpired(now: UInt64) -> (() -> Void)? {
         guard let top = heap.first, top.deadline <= now else { return nil }
-        remove(at: 0)
-        return top.body
+        return remove(at: 0)
     }
 
-    private mutating func remove(at index: Int) {
-        let removed = heap[index].slot
-        slots[removed].index = -1
-        slots[removed].generation &+= 1
-        freeSlots.append(removed)
+    /// Removes the entry at `index`; returns its body (released by the caller, not inside this mutation).
+    private mutating func remove(at index: Int) -> () -> Void {
+        let removed = heap[index]
+        slots[removed.slot].index = -1
+        slots[removed.slot].generation &+= 1
+        freeSlots.append(removed.slot)
         let last = heap.removeLast()
-        guard index < heap.count else { return }
+        guard index < heap.count else { return removed.body }
         heap[index] = last
         slots[last.slot].index = index
         if index > 0 && heap[(index - 1) / 2].deadline > last.deadline {
@@ -68,6 +71,7 @@ struct TimerHeap {
         } else {
             siftDown(index)
         }
+        return removed.body
     }
 
     private mutating func swapEntries(_ a: Int, _ b: Int) {
