@@ -23,18 +23,28 @@ package struct StepTrace {
     }
 }
 
-/// The files begins bring: descriptors of one sealed memfd, made at the first one a schedule needs. A new
-/// descriptor of it is one syscall (a dup); a new memfd was four and an inode to make and free, ~3% of a
+/// The files begins bring: descriptors of one sealed memfd, made at the first one needed (or by `prepare()`). A
+/// new descriptor of it is one syscall (a dup); a new memfd was four and an inode to make and free, ~3% of a
 /// schedule. The engine checks and passes each as it would any file; `close()` ends the memfd's own descriptor.
+/// `sdk-host-simulate` makes one per process for all its schedules (`SimulationWorld`); a memfd per schedule was
+/// ~1% more.
 package final class SimFiles {
     private let bytes: [UInt8]
     @exclusivity(unchecked) private var template: FileAttachment?
 
     package init(bytes: [UInt8]) { self.bytes = bytes }
 
+    /// What the app's and the daemon clients' files hold.
+    package static let appBytes = [UInt8](repeating: 7, count: 16), clientBytes = [UInt8](repeating: 9, count: 8)
+
+    /// Makes the memfd now: before a schedule's leak check counts the process's descriptors.
+    package func prepare() {
+        if template == nil { template = try? FileAttachment(bytes: bytes) }
+    }
+
     /// A descriptor of the memfd, or nil if it cannot be made.
     package func next() -> FileAttachment? {
-        if template == nil { template = try? FileAttachment(bytes: bytes) }
+        prepare()
         guard let template else { return nil }
         let fd = fcntl(template.rawDescriptor, F_DUPFD_CLOEXEC, 0)
         return fd >= 0 ? FileAttachment(adopting: fd) : nil
@@ -86,11 +96,13 @@ package final class ScheduleState: @unchecked Sendable {
     @exclusivity(unchecked) private var endedBeforeLastPump: Set<RequestID> = []
 
     /// The files the app's begins bring.
-    package let files = SimFiles(bytes: [UInt8](repeating: 7, count: 16))
+    package let files: SimFiles
 
-    package init(identifier: String, tracing: Bool = true) {
+    /// `files`: the app's files, if not a memfd of this schedule's own.
+    package init(identifier: String, tracing: Bool = true, files: SimFiles? = nil) {
         self.identifier = identifier
         trace = StepTrace(enabled: tracing)
+        self.files = files ?? SimFiles(bytes: SimFiles.appBytes)
     }
 
     /// Whether a handler of a request is still retained.

@@ -121,9 +121,12 @@ package final class SimClients {
     private var opened = 0
     static let maxOpen = 4
     /// The files the clients' begins bring.
-    package let files = SimFiles(bytes: [UInt8](repeating: 9, count: 8))
+    package let files: SimFiles
 
-    package init() {}
+    /// `files`: the clients' files, if not a memfd of this schedule's own.
+    package init(files: SimFiles? = nil) {
+        self.files = files ?? SimFiles(bytes: SimFiles.clientBytes)
+    }
 
     /// Lets every client read what the daemon sent.
     package func pump() {

@@ -147,6 +147,10 @@ package struct SimulationWorld {
     let executableDirectory: String
     /// The user, launcher and manifest every schedule's engine starts with, read once (the files do not change).
     private(set) var startInputs: EngineStartInputs?
+    /// The files the app's and the clients' begins bring, one memfd each for every schedule (`remove()` closes
+    /// them): open before a schedule counts its descriptors, and every descriptor of them a schedule makes is its
+    /// own to close.
+    let appFiles = SimFiles(bytes: SimFiles.appBytes), clientFiles = SimFiles(bytes: SimFiles.clientBytes)
 
     /// Writes the manifest under a new folder in `temporaryDirectory`.
     package init(executable: String, temporaryDirectory: String = "/tmp") throws(HostError) {
@@ -182,6 +186,8 @@ package struct SimulationWorld {
             throw HostError(.system, "cannot write the simulation's manifest: \(error)")
         }
         startInputs = try EngineStartInputs.read(hostConfiguration())
+        appFiles.prepare()
+        clientFiles.prepare()
         // Dispatch opens its own epoll and eventfd the first time work goes to a global queue (an engine's start
         // does): open them now, or the first schedule counts them as its leak.
         // Its timerfd opens the first time a timer is set: set one too.
@@ -209,6 +215,8 @@ package struct SimulationWorld {
     }
 
     package func remove() {
+        appFiles.close()
+        clientFiles.close()
         _ = unlink("\(root)/Sim/Info.plist")
         rmdir("\(root)/Sim")
         rmdir(root)
@@ -297,14 +305,14 @@ package struct Simulation {
         configuration.heartbeatIntervalSeconds = 1
         configuration.heartbeatTimeoutSeconds = 3
         configuration.workerExitGracePeriodSeconds = 1
-        let state = ScheduleState(identifier: SimulationWorld.identifier, tracing: tracing)
+        let state = ScheduleState(identifier: SimulationWorld.identifier, tracing: tracing, files: world.appFiles)
         var digest = ScheduleDigest()
         func failure(_ what: String) -> String {
             guard tracing else { return "seed \(seed): \(what)" }
             return "seed \(seed): \(what)\n  \(fullTrace ? "steps" : "last steps"):\n    "
                 + state.trace.lines.suffix(fullTrace ? state.trace.lines.count : 25).joined(separator: "\n    ")
         }
-        let clients = SimClients()
+        let clients = SimClients(files: world.clientFiles)
         let problem: String? = {
             // The daemon's engine serves both the embedded app's requests (`submit`) and the daemon's clients.
             var daemonConfiguration = DaemonConfiguration(defaultExtensionSearchPaths: [world.root])
@@ -440,8 +448,6 @@ package struct Simulation {
             for (kind, count) in engine.workerTransitions { tally.transitions[kind, default: 0] += count }
             return nil
         }()
-        state.files.close()
-        clients.files.close()
         // Every step, and how each request ended.
         let ends = state.outcomes.withLock { $0 }
         for id in state.begun {
