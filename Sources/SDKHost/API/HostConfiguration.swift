@@ -380,12 +380,16 @@ package struct WorkerIdentity: Sendable, Equatable {
 }
 
 /// The running executable's path (/proc/self/exe), or nil.
-package func currentExecutablePath() -> String? {
+package func currentExecutablePath() -> String? { executablePathOfThisProcess }
+
+/// Read once: a process's image is the same file until it ends (an exec makes a new image, with this read again).
+/// Every `HostConfiguration()` asked for it, one readlink each.
+private let executablePathOfThisProcess: String? = {
     var buffer = [CChar](repeating: 0, count: 4096)
     let n = readlink("/proc/self/exe", &buffer, buffer.count - 1)
     guard n > 0 else { return nil }
     return String(decoding: buffer[0..<n].map { UInt8(bitPattern: $0) }, as: UTF8.self)
-}
+}()
 
 /// The running executable's file name (/proc/self/exe), or nil.
 func currentExecutableName() -> String? {
