@@ -147,8 +147,10 @@ extension HostEngine {
     /// folder (a root host's).
     func prepareSandboxResources() {
         let temporaryBase = configuration.temporaryDirectory
-        DispatchQueue.global(qos: .utility).async {
-            SandboxProfile.removeOrphanedWorkerDirectoriesOnce(in: temporaryBase)
+        if SandboxProfile.claimOrphanSweep(of: temporaryBase) {
+            DispatchQueue.global(qos: .utility).async {
+                SandboxProfile.removeOrphanedWorkerDirectories(in: temporaryBase)
+            }
         }
         guard launcherPath != nil else { return }
         if manifests.values.contains(where: { $0.policy.usesWorkerFolder }) {

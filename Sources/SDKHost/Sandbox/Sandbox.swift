@@ -237,15 +237,15 @@ package enum SandboxProfile {
         return String(decoding: template.dropLast().map { UInt8(bitPattern: $0) }, as: UTF8.self)
     }
 
-    /// The temporary folders this process has swept (`removeOrphanedWorkerDirectoriesOnce`).
+    /// The temporary folders this process has swept, or is sweeping (`claimOrphanSweep`).
     private static let swept = Mutex<Set<String>>([])
 
-    /// `removeOrphanedWorkerDirectories`, the first time a host of this process uses `base`: orphans are left by
-    /// hosts of other processes, so one sweep per process finds them, and an app that makes many hosts does not
-    /// read a large temporary folder again for each (the read competed with the new host's first spawn).
-    static func removeOrphanedWorkerDirectoriesOnce(in base: String) {
-        guard swept.withLock({ $0.insert(base).inserted }) else { return }
-        removeOrphanedWorkerDirectories(in: base)
+    /// Whether `base` is this process's to sweep now (`removeOrphanedWorkerDirectories`): true the first time a
+    /// host of this process uses it. Orphans are left by hosts of other processes, so one sweep per process finds
+    /// them, and an app that makes many hosts neither reads a large temporary folder again for each (the read
+    /// competed with the new host's first spawn) nor wakes a thread to find it swept.
+    static func claimOrphanSweep(of base: String) -> Bool {
+        swept.withLock { $0.insert(base).inserted }
     }
 
     /// A host killed with SIGKILL cannot remove its workers' folders (the workers die with it). The next host
