@@ -255,7 +255,7 @@ package final class DaemonServer: @unchecked Sendable {
 
     func connectedMessage() -> Message {
         let infos = engine.extensions
-        return .connected(version: protocolVersion, pid: getpid(), extensions: infos.map(\.identifier),
+        return .connected(version: protocolVersion, pid: getpid(), extensions: infos.map { $0.identifier },
                           extensionPoints: Dictionary(uniqueKeysWithValues: infos.map { ($0.identifier, $0.extensionPointIdentifier) }))
     }
 

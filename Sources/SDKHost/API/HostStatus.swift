@@ -153,12 +153,12 @@ extension HostEngine {
     package func statusOnLoop() -> HostStatus {
         let now = loop.now
         // Every installed extension, used or not, so an operator sees what could run.
-        let ids = Set(manifests.keys).union(metrics.extensionIDs).union(workers.all.map(\.extensionID)).union(supervisor.pools.values.map(\.extensionID))
+        let ids = Set(manifests.keys).union(metrics.extensionIDs).union(workers.all.map { $0.extensionID }).union(supervisor.pools.values.map { $0.extensionID })
         let extensions = ids.sorted().map { id -> ExtensionStatus in
             let c = metrics.tallies[id]?.statistics ?? HostStatistics()
             let a = metrics.tallies[id]?.activity ?? ExtensionActivity()
             // Pools with a crash record, and pools that only have workers.
-            let keys = Set(supervisor.pools.values.filter { $0.extensionID == id }.map(\.key))
+            let keys = Set(supervisor.pools.values.filter { $0.extensionID == id }.map { $0.key })
                 .union(workers.poolKeys(of: id))
             let poolStates = keys.sorted().map { key in
                 let p = supervisor.pools[key] ?? PoolState(key: key, extensionID: id, app: workers[key].first?.app, restartWindow: 0)
@@ -178,8 +178,8 @@ extension HostEngine {
                              sandboxMicroseconds: w.sandboxMicroseconds)
             }.sorted { $0.pid < $1.pid }
             return ExtensionStatus(
-                identifier: id, state: state, crashCount: poolStates.map(\.crashCount).max() ?? 0,
-                retryInSeconds: poolStates.compactMap(\.retryInSeconds).min(),
+                identifier: id, state: state, crashCount: poolStates.map { $0.crashCount }.max() ?? 0,
+                retryInSeconds: poolStates.compactMap { $0.retryInSeconds }.min(),
                 requests: c.requests, completions: c.completions, cancellations: c.cancellations,
                 interruptions: c.interruptions, interruptionsByReason: a.interruptionsByKind,
                 latencyP50Milliseconds: a.latency.percentile(0.5).map { $0 * 1000 },
@@ -216,8 +216,8 @@ extension HostStatus {
         queuedRequests = try c.decode(Int.self, forKey: .queuedRequests)
         totals = try c.decode(StatusTotals.self, forKey: .totals)
         extensions = try c.decode([ExtensionStatus].self, forKey: .extensions)
-        recentCrashes = (try c.decodeIfPresent([Skippable<CrashReport>].self, forKey: .recentCrashes) ?? []).compactMap(\.value)
-        recentLeaks = (try c.decodeIfPresent([Skippable<LeakReport>].self, forKey: .recentLeaks) ?? []).compactMap(\.value)
+        recentCrashes = (try c.decodeIfPresent([Skippable<CrashReport>].self, forKey: .recentCrashes) ?? []).compactMap { $0.value }
+        recentLeaks = (try c.decodeIfPresent([Skippable<LeakReport>].self, forKey: .recentLeaks) ?? []).compactMap { $0.value }
     }
 }
 
@@ -255,8 +255,8 @@ extension HostStatus {
         .dictionary([
             "pid": .integer(Int64(pid)), "uptimeSeconds": .real(uptimeSeconds),
             "activeRequests": .integer(Int64(activeRequests)), "queuedRequests": .integer(Int64(queuedRequests)),
-            "totals": totals.plist, "extensions": .array(extensions.map(\.plist)),
-            "recentCrashes": .array(recentCrashes.map(\.codablePlist)), "recentLeaks": .array(recentLeaks.map(\.codablePlist)),
+            "totals": totals.plist, "extensions": .array(extensions.map { $0.plist }),
+            "recentCrashes": .array(recentCrashes.map { $0.codablePlist }), "recentLeaks": .array(recentLeaks.map { $0.codablePlist }),
         ])
     }
 
@@ -290,7 +290,7 @@ extension ExtensionStatus {
             "slowRequestSeconds": .real(slowRequestSeconds), "crashes": .int(crashes), "hangKills": .int(hangKills),
             "timeouts": .int(timeouts), "overloads": .int(overloads), "protocolViolations": .int(protocolViolations),
             "spawns": .int(spawns), "recycles": .int(recycles), "quarantines": .int(quarantines), "leaks": .int(leaks),
-            "pools": .array(pools.map(\.plist)), "workers": .array(workers.map(\.plist)),
+            "pools": .array(pools.map { $0.plist }), "workers": .array(workers.map { $0.plist }),
         ]
         if let retryInSeconds { d["retryInSeconds"] = .real(retryInSeconds) }
         if let latencyP50Milliseconds { d["latencyP50Milliseconds"] = .real(latencyP50Milliseconds) }

@@ -48,9 +48,9 @@ final class EngineMetrics {
     /// keeps a fair share (`crashReportEvictions`).
     func addCrashReport(_ report: CrashReport, limit: Int) {
         crashReports.append(report)
-        let evicted = crashReportEvictions(crashReports.map(\.extensionIdentifier), limit: limit)
+        let evicted = crashReportEvictions(crashReports.map { $0.extensionIdentifier }, limit: limit)
         if !evicted.isEmpty {
-            crashReports = crashReports.enumerated().filter { !evicted.contains($0.offset) }.map(\.element)
+            crashReports = crashReports.enumerated().filter { !evicted.contains($0.offset) }.map { $0.element }
         }
     }
 

@@ -31,7 +31,7 @@ extension HostEngine {
             return false
         }
         if !ofUID.contains(where: { $0.poolKey == key }),
-            Set(ofUID.map(\.poolKey)).count >= configuration.maxAppPoolsPerUID
+            Set(ofUID.map { $0.poolKey }).count >= configuration.maxAppPoolsPerUID
         {
             makeRoom(among: ofUID, limit: "MaxAppPoolsPerUID \(configuration.maxAppPoolsPerUID)")
             return false
@@ -45,7 +45,7 @@ extension HostEngine {
         waitingForRoom = true
         guard !candidates.contains(where: { $0.lifecycle.retired && !$0.lifecycle.isOver }) else { return }
         let idle = candidates.filter { $0.inFlight.isEmpty && $0.lifecycle.isRunning }
-        let busyPools = Set(candidates.filter { !$0.inFlight.isEmpty }.map(\.poolKey))
+        let busyPools = Set(candidates.filter { !$0.inFlight.isEmpty }.map { $0.poolKey })
         guard let victim = idle.first(where: { !busyPools.contains($0.poolKey) }) ?? idle.first else { return }
         log(.info, "\(victim.extensionID): retiring idle worker pid \(victim.pid)"
             + (victim.app.map { " of app \($0)" } ?? "") + " to make room (\(limit))")

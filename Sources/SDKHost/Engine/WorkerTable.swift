@@ -35,7 +35,7 @@ final class WorkerTable<Worker: PooledWorker> {
     var count: Int { pools.values.reduce(0) { $0 + $1.count } }
     /// Pools that list a worker of `extensionID`.
     func poolKeys(of extensionID: String) -> [String] {
-        pools.filter { $0.value.first?.extensionID == extensionID }.map(\.key)
+        pools.filter { $0.value.first?.extensionID == extensionID }.map { $0.key }
     }
     /// Nothing listed and nothing waiting to be reaped.
     var isEmpty: Bool { pools.isEmpty && dying.isEmpty }
