@@ -207,8 +207,8 @@ public final class ExitNoticeWatcher: ExitNoticeWatching, @unchecked Sendable {
             let generation = sdk_atomic_load_u32(control)
             var unopened: [ExitNoticePage] = []
             pages = state.withLock { s in
-                unopened = s.watches.values.filter { !$0.statOpened }.map(\.page)
-                return s.watches.values.map(\.page)
+                unopened = s.watches.values.filter { !$0.statOpened }.map { $0.page }
+                return s.watches.values.map { $0.page }
             }
             for page in unopened { openStat(page) }
             if pages.isEmpty {

@@ -117,7 +117,7 @@ package final class FakeWorker: WorkerChild, @unchecked Sendable {
         var bytes: [UInt8] = []
         var outgoing = OutgoingDescriptors()
         try! outgoing.encode(message, with: &encoder, appendingTo: &bytes)
-        let descriptors = message.fileAttachments.map(\.rawDescriptor)
+        let descriptors = message.fileAttachments.map { $0.rawDescriptor }
         _ = bytes.withUnsafeBytes { try? sendNonBlocking(socket, $0, descriptors: descriptors) }
     }
 
@@ -133,7 +133,7 @@ package final class FakeWorker: WorkerChild, @unchecked Sendable {
             case .begin(let id, let items, _, _):
                 pending.append(id)
                 begins.append(id)
-                let brought = items.flatMap(\.fileAttachments)
+                let brought = items.flatMap { $0.fileAttachments }
                 if !brought.isEmpty { files[id] = brought }
             case .cancel(let id): cancelRequested.insert(id)
             default: break

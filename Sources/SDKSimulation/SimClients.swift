@@ -67,7 +67,7 @@ package final class SimClient {
         } else {
             guard (try? outgoing.encode(message, with: &encoder, appendingTo: &bytes)) != nil else { return }
         }
-        write(bytes, descriptors: message.fileAttachments.map(\.rawDescriptor))
+        write(bytes, descriptors: message.fileAttachments.map { $0.rawDescriptor })
     }
 
     func write(_ bytes: [UInt8], descriptors: [Int32] = []) {
@@ -134,7 +134,7 @@ package final class SimClients {
     }
 
     /// The first thing that went wrong, if anything.
-    package var problem: String? { clients.lazy.compactMap(\.problem).first }
+    package var problem: String? { clients.lazy.compactMap { $0.problem }.first }
 
     /// One client action drawn from `rng`.
     package func step(_ rng: inout SimulationRandom, daemon: DaemonServer, identifier: String, trace: inout StepTrace) {

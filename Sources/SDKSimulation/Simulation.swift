@@ -448,7 +448,7 @@ package struct Simulation {
             if launcher.notices.count != 0 { return failure("\(launcher.notices.count) exit-notice watch(es) outlived their workers") }
             if let problem = folders.problem { return failure(problem) }
             if !folders.live.isEmpty { return failure("worker temp folder(s) left: \(folders.live.joined(separator: ", "))") }
-            for outcome in all.values.compactMap(\.first) { tally.add(outcome) }
+            for outcome in all.values.compactMap({ $0.first }) { tally.add(outcome) }
             tally.filesReturned += state.filesReturned.withLock { $0 }
             tally.clients += clients.clients.count
             for client in clients.clients {

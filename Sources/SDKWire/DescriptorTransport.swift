@@ -49,7 +49,7 @@ package struct OutgoingDescriptors {
     package func nextWrite(from sent: Int, upTo count: Int) -> (end: Int, descriptors: [Int32]) {
         guard let next = marks.first else { return (count, []) }
         guard next.offset == sent else { return (next.offset, []) }
-        return (marks.count > 1 ? marks[1].offset : count, next.files.map(\.rawDescriptor))
+        return (marks.count > 1 ? marks[1].offset : count, next.files.map { $0.rawDescriptor })
     }
 
     /// A write from `sent` put at least one byte on the wire: the descriptors of a frame starting there went with

@@ -260,7 +260,7 @@ public enum Message: Sendable, Equatable {
         switch self {
         case .begin(_, let items, _, _), .complete(_, let items), .partial(_, let items), .hostCall(_, _, _, let items),
             .hostCallResult(_, _, let items):
-            return items.flatMap(\.fileAttachments)
+            return items.flatMap { $0.fileAttachments }
         default:
             return []
         }
