@@ -483,7 +483,8 @@ package struct Simulation {
                 return failure("\(open - descriptorsBefore) descriptor(s) left open; open now: "
                     + openDescriptors().sorted().joined(separator: ", "))
             }
-            world.descriptorBaseline.count = open
+            // A count that failed (-1: the listing could not be opened) is not carried: the next schedule counts.
+            if open >= 0 { world.descriptorBaseline.count = open }
         }
         return problem
     }
