@@ -3,6 +3,7 @@
 import SDKWire
 import Dispatch
 import SDKPosix
+import Synchronization
 
 /// Limits and policy for one extension. Manifests override the configuration's defaults key by key.
 public struct ExtensionPolicy: Sendable, Equatable {
@@ -380,16 +381,22 @@ package struct WorkerIdentity: Sendable, Equatable {
 }
 
 /// The running executable's path (/proc/self/exe), or nil.
-package func currentExecutablePath() -> String? { executablePathOfThisProcess }
-
-/// Read once: a process's image is the same file until it ends (an exec makes a new image, with this read again).
-/// Every `HostConfiguration()` asked for it, one readlink each.
-private let executablePathOfThisProcess: String? = {
+///
+/// Read once (every `HostConfiguration()` asked, one readlink each): a process's image is the same file until it
+/// ends, and an exec makes a new image that reads it again. A read that failed is tried again at the next call.
+/// A folder renamed while the process runs is not followed (nor was the file: a replaced executable read as
+/// "<path> (deleted)").
+package func currentExecutablePath() -> String? {
+    if let known = executablePathOfThisProcess.withLock({ $0 }) { return known }
     var buffer = [CChar](repeating: 0, count: 4096)
     let n = readlink("/proc/self/exe", &buffer, buffer.count - 1)
     guard n > 0 else { return nil }
-    return String(decoding: buffer[0..<n].map { UInt8(bitPattern: $0) }, as: UTF8.self)
-}()
+    let path = String(decoding: buffer[0..<n].map { UInt8(bitPattern: $0) }, as: UTF8.self)
+    executablePathOfThisProcess.withLock { $0 = path }
+    return path
+}
+
+private let executablePathOfThisProcess = Mutex<String?>(nil)
 
 /// The running executable's file name (/proc/self/exe), or nil.
 func currentExecutableName() -> String? {
