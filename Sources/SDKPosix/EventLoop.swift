@@ -259,7 +259,10 @@ public final class EventLoop: @unchecked Sendable {
             try retryingEINTR("epoll_ctl(ADD)", detail: "fd \(fd)") { sdk_epoll_ctl(epfd, SDK_EPOLL_CTL_ADD, fd, events) }
             realRegistrations += 1
         }
-        handlers[fd] = handler
+        // A handler this replaces (a real descriptor closed unregistered, its number reused) is released after the
+        // dictionary's mutation, as every closure the loop drops is.
+        let replaced = handlers.updateValue(handler, forKey: fd)
+        withExtendedLifetime(replaced) {}
     }
 
     /// Changes the events watched on `fd`.
