@@ -1174,14 +1174,15 @@ static const char *refused_on_receipt(int fd) {
         if (S_ISDIR(st.st_mode)) return "a directory, not a regular file or memfd";
         return "not a regular file or memfd";
     }
+    /* Sealed against writing, growing and shrinking: a snapshot memfd (no other file can carry those seals), taken
+       without reading its /proc link. Otherwise a memfd is refused, and any other file must be open read-only. */
+    int seals = fcntl(fd, F_GET_SEALS);
+    int needed = F_SEAL_WRITE | F_SEAL_GROW | F_SEAL_SHRINK;
+    if (seals >= 0 && (seals & needed) == needed) return NULL;
     char link[64], target[16];
     snprintf(link, sizeof link, "/proc/self/fd/%d", fd);
     ssize_t n = readlink(link, target, sizeof target);
-    if (n >= 7 && memcmp(target, "/memfd:", 7) == 0) {
-        int seals = fcntl(fd, F_GET_SEALS);
-        int needed = F_SEAL_WRITE | F_SEAL_GROW | F_SEAL_SHRINK;
-        return seals >= 0 && (seals & needed) == needed ? NULL : "a memfd not sealed against writing, growing and shrinking";
-    }
+    if (n >= 7 && memcmp(target, "/memfd:", 7) == 0) return "a memfd not sealed against writing, growing and shrinking";
     return (flags & O_ACCMODE) == O_RDONLY ? NULL : "open for writing; attachments are read-only";
 }
 

@@ -136,8 +136,10 @@ public final class FileAttachment: Sendable, Hashable, CustomStringConvertible {
         if sdk_flags_path_only(flags) == 1 { return "an O_PATH descriptor, not an open file" }
         if let problem = notARegularFile(fd) { return problem }
         // A memfd's seals bind every descriptor of it, however opened; any other file must be open read-only.
-        // Only a memfd can carry these seals (any other file starts sealed against new seals), so a sealed file is
-        // taken without reading its /proc link, which cost a syscall per descriptor received.
+        // Only a memfd can carry these seals (seals exist only on tmpfs and hugetlbfs files, and one not made by
+        // memfd_create starts sealed against new seals), so a sealed file is taken without reading its /proc link,
+        // which cost a syscall per descriptor received. Where that link cannot be read, a sealed memfd open for
+        // writing is now taken too: it cannot change, whatever its mode.
         if sdk_is_snapshot_memfd(fd) == 1 { return nil }
         if sdk_is_memfd(fd) == 1 { return "a memfd not sealed against writing, growing and shrinking" }
         return flags & O_ACCMODE == O_RDONLY ? nil : "open for writing; attachments are read-only"

@@ -174,8 +174,8 @@ int sdk_flags_path_only(int flags);
 int sdk_open_path_only(const char *path);
 /// 1 when `fd` is a memfd (its /proc/self/fd link reads "/memfd:…"), else 0.
 int sdk_is_memfd(int fd);
-/// 1 when `fd` is sealed against writing, growing and shrinking (only a memfd can be: any other file starts
-/// sealed against new seals), else 0.
+/// 1 when `fd` is sealed against writing, growing and shrinking (only a memfd can be: seals exist on tmpfs and
+/// hugetlbfs files alone, and one not made by memfd_create starts sealed against new seals), else 0.
 int sdk_is_snapshot_memfd(int fd);
 /// Copies `length` bytes of `in` from offset 0 to `out`'s current position: copy_file_range, else sendfile,
 /// else read and write. `in`'s own offset is not moved. 0, or an errno value.
