@@ -352,7 +352,13 @@ enum CPUSplit {
     private static func workers(before: [pid_t: UInt64], after: [pid_t: UInt64]) -> UInt64? {
         let both = before.keys.filter { after[$0] != nil }
         guard !both.isEmpty else { return nil }
-        return both.reduce(0) { $0 + (after[$1]! &- before[$1]!) }
+        // A child's figure includes its live descendants, so it drops when one of them ends between the readings
+        // (a sandboxed worker under its launcher): that child counts 0, not a wrapped difference. The wrap, added
+        // with a checked `+`, had stopped `bench` with SIGILL in ~1 run in 10.
+        return both.reduce(0) { sum, pid in
+            let (end, start) = (after[pid]!, before[pid]!)
+            return sum + (end > start ? end - start : 0)
+        }
     }
 }
 
