@@ -123,9 +123,9 @@ package final class SimClients {
     /// The files the clients' begins bring.
     package let files: SimFiles
 
-    /// `files`: the clients' files, if not a memfd of this schedule's own.
-    package init(files: SimFiles? = nil) {
-        self.files = files ?? SimFiles(bytes: SimFiles.clientBytes)
+    /// `files`: the memfd the clients' files are made of (the world's, shared by its schedules).
+    package init(files: SimFiles) {
+        self.files = files
     }
 
     /// Lets every client read what the daemon sent.
