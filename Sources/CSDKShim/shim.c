@@ -28,6 +28,8 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+_Thread_local void *sdk_simulated_kernel;
+
 int sdk_spawn(const char *path, char *const argv[], char *const envp[], int ipc_fd, int stdout_fd,
               int stderr_fd, int profile_fd, int notice_fd, int netns_fd, pid_t *pid) {
     posix_spawn_file_actions_t actions;

@@ -35,20 +35,16 @@ package final class SimulatedKernel: @unchecked Sendable {
     package static func isSimulated(_ fd: Int32) -> Bool { fd >= firstDescriptor && current != nil }
 
     /// The kernel the calling thread's simulated descriptors belong to, set by a simulation for the length of a
-    /// schedule. Per thread: simulations (and tests) on other threads have kernels of their own.
+    /// schedule. Per thread (a C thread-local the setter retains): simulations (and tests) on other threads have
+    /// kernels of their own.
     package static var current: SimulatedKernel? {
-        get { pthread_getspecific(currentKey).map { Unmanaged<SimulatedKernel>.fromOpaque($0).takeUnretainedValue() } }
+        @inline(__always) get { sdk_simulated_kernel_get().map { Unmanaged<SimulatedKernel>.fromOpaque($0).takeUnretainedValue() } }
         set {
-            if let old = pthread_getspecific(currentKey) { Unmanaged<SimulatedKernel>.fromOpaque(old).release() }
-            pthread_setspecific(currentKey, newValue.map { Unmanaged.passRetained($0).toOpaque() })
+            let old = sdk_simulated_kernel_get()
+            sdk_simulated_kernel_set(newValue.map { Unmanaged.passRetained($0).toOpaque() })
+            if let old { Unmanaged<SimulatedKernel>.fromOpaque(old).release() }
         }
     }
-
-    private static let currentKey: pthread_key_t = {
-        var key = pthread_key_t()
-        precondition(pthread_key_create(&key, nil) == 0, "pthread_key_create")
-        return key
-    }()
 
     /// Bytes a peer may hold unread before a send fails with EAGAIN.
     package let capacity: Int
@@ -93,14 +89,14 @@ package final class SimulatedKernel: @unchecked Sendable {
     /// (the check cost more than the lookup), and the kernel is confined to one thread, where no access to it
     /// overlaps another (none calls out while it holds one).
     @exclusivity(unchecked) private var table: [Endpoint?] = []
-    private var nextDescriptor = SimulatedKernel.firstDescriptor
+    @exclusivity(unchecked) private var nextDescriptor = SimulatedKernel.firstDescriptor
 
     package init(capacity: Int = 32 * 1024) {
         self.capacity = capacity
     }
 
     /// Simulated descriptors open now (a schedule ends with none).
-    package private(set) var openCount = 0
+    @exclusivity(unchecked) package private(set) var openCount = 0
 
     /// The open simulated descriptors, for a failure's report.
     package var openDescriptors: [Int32] { table.indices.filter { table[$0] != nil }.map { Self.firstDescriptor + Int32($0) } }

@@ -48,6 +48,13 @@ static inline uint32_t sdk_atomic_add_u32(uint32_t *word, uint32_t value) {
     return __atomic_add_fetch(word, value, __ATOMIC_SEQ_CST);
 }
 
+/// The calling thread's simulated kernel (SDKPosix's `SimulatedKernel.current`), retained by the Swift side; NULL on
+/// a thread where no simulation runs. A C thread-local, not a pthread key: every wrapper asks for it on each
+/// simulated descriptor, and a TLS load costs a fraction of pthread_getspecific and its key's lazy creation.
+extern _Thread_local void *sdk_simulated_kernel;
+static inline void *sdk_simulated_kernel_get(void) { return sdk_simulated_kernel; }
+static inline void sdk_simulated_kernel_set(void *kernel) { sdk_simulated_kernel = kernel; }
+
 /// FUTEX_WAKE of every waiter on a shared futex (the Crasher's forged exit notices).
 void sdk_futex_wake_shared(uint32_t *word);
 
