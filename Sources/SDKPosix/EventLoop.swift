@@ -328,6 +328,15 @@ public final class EventLoop: @unchecked Sendable {
     /// The loop's clock in nanoseconds: `monotonicNanoseconds` unless a test drives time by hand.
     public var now: UInt64 { clock?.now() ?? monotonicNanoseconds() }
 
+    /// epoll_wait(2) into `run`'s buffers, 64 at most. The buffers are parameters, not captures: `run`'s arrays
+    /// captured by a nested function made every access to them a checked one, two runtime calls a turn.
+    @inline(__always)
+    private static func wait(_ epfd: Int32, _ fds: inout [Int32], _ events: inout [UInt32], _ timeout: Int32) -> Int32 {
+        fds.withUnsafeMutableBufferPointer { f in
+            events.withUnsafeMutableBufferPointer { e in sdk_epoll_wait(epfd, f.baseAddress, e.baseAddress, 64, timeout) }
+        }
+    }
+
     private func runBeforeSleepHooks() {
         while !beforeSleep.isEmpty {
             let hooks = beforeSleep
@@ -424,30 +433,28 @@ public final class EventLoop: @unchecked Sendable {
             // wakes the loop whenever a timer is pending.
             sleepsOnManualClock = clock != nil && timeout != 0
             releaseTurn()
-            func wait(_ timeout: Int32) -> Int32 {
-                fds.withUnsafeMutableBufferPointer { f in
-                    events.withUnsafeMutableBufferPointer { e in
-                        sdk_epoll_wait(epfd, f.baseAddress, e.baseAddress, 64, timeout)
-                    }
-                }
-            }
             var n: Int32 = 0
             if driven {
                 // Nothing is queued and no timer is due: if no descriptor is ready either, the caller gets its
                 // turn back. Only the loop's own descriptors in its epoll set: none can be ready (no wake-ups, no
                 // timerfd under a manual clock), so it is not asked.
-                n = realRegistrations > 0 ? wait(0) : 0
+                n = realRegistrations > 0 ? Self.wait(epfd, &fds, &events, 0) : 0
                 if n >= 0, !simulated.isEmpty {
                     n = simulated.ready(into: &fds, &events, after: Int(n), hangUp: Self.hangUp)
                 }
                 if n == 0 && timeout != 0 { return }
             } else if timeout != 0, busyPollNanoseconds > 0, clock == nil, lastWaitFoundWork {
-                n = busyPoll(nanoseconds: busyPollNanoseconds, stopsWhen: { runQueue?.oversubscribed() ?? false }) {
-                    wait(0)
+                let epfd = epfd, busyPollNanoseconds = busyPollNanoseconds
+                n = fds.withUnsafeMutableBufferPointer { f in
+                    events.withUnsafeMutableBufferPointer { e in
+                        busyPoll(nanoseconds: busyPollNanoseconds, stopsWhen: { runQueue?.oversubscribed() ?? false }) {
+                            sdk_epoll_wait(epfd, f.baseAddress, e.baseAddress, 64, 0)
+                        }
+                    }
                 }
                 if n > 0 { busyPollHitCount.add(1, ordering: .relaxed) }
             }
-            if n == 0 && !driven { n = wait(timeout) }
+            if n == 0 && !driven { n = Self.wait(epfd, &fds, &events, timeout) }
             // A turn that ran tasks polls afterwards too (its wait had timeout 0 and may well have found nothing).
             lastWaitFoundWork = n > 0 || timeout == 0
             takeTurn()
