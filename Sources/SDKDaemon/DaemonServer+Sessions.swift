@@ -210,26 +210,29 @@ extension HostStatus {
 /// One connected client. `@unchecked Sendable`: used only on the engine's loop thread (the closures that
 /// capture it are called there).
 final class ClientSession: @unchecked Sendable {
+    // Stored properties `@exclusivity(unchecked)` but for `calls`, which holds the engine's closures: plain data
+    // on the loop thread, no access to which calls out. The simulation's per-step checks read `internalIDs` of
+    // every session (`clientRequestCount`, `largestClientInFlight`).
     let connection: FramedConnection
     let credentials: PeerCredentials
     /// Its key in `DaemonServer.sessions`, set when admitted.
-    var number = 0
+    @exclusivity(unchecked) var number = 0
     let connectedAt: UInt64
-    var handshaken = false
+    @exclusivity(unchecked) var handshaken = false
     /// Whether the client asked for worker events (`subscribe`).
-    var subscribed = false
+    @exclusivity(unchecked) var subscribed = false
     /// "uid/name": the pool of workers this client's requests go to (`WorkerSharing` perApp).
-    var app: String?
+    @exclusivity(unchecked) var app: String?
     /// The client's request id → the engine's.
-    var internalIDs: [RequestID: RequestID] = [:]
+    @exclusivity(unchecked) var internalIDs: [RequestID: RequestID] = [:]
     /// Frame bytes of this client's requests that have not ended.
-    var pendingBytes = 0
+    @exclusivity(unchecked) var pendingBytes = 0
     /// Descriptor attachments of this client's requests that have not ended.
-    var pendingDescriptors = 0
-    var overloads = 0
+    @exclusivity(unchecked) var pendingDescriptors = 0
+    @exclusivity(unchecked) var overloads = 0
     /// Host calls sent to this client and not answered, by the daemon's number for them.
     var calls: [Int64: (clientID: RequestID, done: @Sendable (Result<[ExtensionItem], ExtensionError>) -> Void)] = [:]
-    var lastCall: Int64 = 0
+    @exclusivity(unchecked) var lastCall: Int64 = 0
 
     init(connection: FramedConnection, credentials: PeerCredentials, connectedAt: UInt64) {
         self.connection = connection

@@ -50,9 +50,14 @@ enum RequestPhase: String, Equatable, CustomStringConvertible {
 
 /// One request. Loop-confined.
 final class RequestRecord {
+    // Stored properties `@exclusivity(unchecked)`, as the engine's other tables: loop-confined data whose methods
+    // call nothing that could reach back into it, so the runtime's access checks could never fire. They were ~10%
+    // of the checks a simulated schedule made. What holds the caller's closures or objects (`deliver`,
+    // `progress`, `deliverForwarded`, `services`, `hostCalls`, `onWorkerAssigned`) keeps its checks: dropping one
+    // runs the caller's deinits inside the write.
     /// Its phase, and the changes that led there with their causes (the last `historyLimit`).
-    private(set) var phase = RequestPhase.begun
-    private(set) var history: [(to: RequestPhase, cause: StaticString)] = []
+    @exclusivity(unchecked) private(set) var phase = RequestPhase.begun
+    @exclusivity(unchecked) private(set) var history: [(to: RequestPhase, cause: StaticString)] = []
     static let historyLimit = 6
 
     /// The one place a request's phase changes. An illegal change (a begin after its end, a second end) traps
@@ -72,13 +77,13 @@ final class RequestRecord {
     let id: RequestID
     let extensionID: String
     /// Dropped when the request is sent to a worker or ends: the host keeps no copy.
-    var items: [ExtensionItem]
+    @exclusivity(unchecked) var items: [ExtensionItem]
     /// Cleared when the outcome is delivered, so nothing of the caller is retained afterwards.
     var deliver: (@Sendable (RequestOutcome) -> Void)?
     /// Takes partial results; cleared with `deliver`.
     var progress: (@Sendable ([ExtensionItem]) -> Void)?
     /// The daemon's forwarding (SubmittedRequest); dropped with `items` and `deliver`.
-    var forwardedBegin: ForwardedFrame?
+    @exclusivity(unchecked) var forwardedBegin: ForwardedFrame?
     var deliverForwarded: (@Sendable (RequestOutcome, UnsafeRawBufferPointer, Range<Int>) -> Void)?
     /// Answers its worker's host calls; dropped with `deliver`.
     var services: (any HostServiceProvider)?
@@ -86,27 +91,27 @@ final class RequestRecord {
     /// cancelled) when it ends.
     var hostCalls: [Int64: @Sendable () -> Void] = [:]
     /// `SubmittedRequest.publishesPid`.
-    var publishesPid = true
+    @exclusivity(unchecked) var publishesPid = true
     let deadline: Double?
     /// The pool that serves it (the extension, or the extension for one daemon client app).
-    var poolKey: String = ""
-    var app: String?
+    @exclusivity(unchecked) var poolKey: String = ""
+    @exclusivity(unchecked) var app: String?
     /// When it began (loop clock), for latency and hang reports.
-    var startedAt: UInt64 = 0
+    @exclusivity(unchecked) var startedAt: UInt64 = 0
     /// Its extension's counters (set when it starts).
-    var tally: ExtensionTally?
+    @exclusivity(unchecked) var tally: ExtensionTally?
     /// Its extension's `SlowRequestThresholdMilliseconds`, in nanoseconds.
-    var slowRequestThreshold: UInt64 = .max
+    @exclusivity(unchecked) var slowRequestThreshold: UInt64 = .max
     /// Times it went back to the queue because its worker died before its handshake.
-    var requeues = 0
-    var worker: WorkerProcess?
-    var deadlineTimer: TimerID?
+    @exclusivity(unchecked) var requeues = 0
+    @exclusivity(unchecked) var worker: WorkerProcess?
+    @exclusivity(unchecked) var deadlineTimer: TimerID?
     /// Told the worker's pid when the request is sent to one (demo and tools; called on the loop thread).
     var onWorkerAssigned: (@Sendable (pid_t) -> Void)?
     /// Links in the extension's wait queue.
-    fileprivate var queueNext: RequestRecord?
-    fileprivate unowned(unsafe) var queuePrev: RequestRecord?
-    fileprivate(set) var isQueued = false
+    @exclusivity(unchecked) fileprivate var queueNext: RequestRecord?
+    @exclusivity(unchecked) fileprivate unowned(unsafe) var queuePrev: RequestRecord?
+    @exclusivity(unchecked) fileprivate(set) var isQueued = false
 
     init(id: RequestID, extensionID: String, items: [ExtensionItem], deadline: Double?,
          deliver: @escaping @Sendable (RequestOutcome) -> Void)
@@ -121,9 +126,10 @@ final class RequestRecord {
 
 /// Requests waiting for a worker, oldest first. Loop-confined.
 final class RequestQueue {
-    private(set) var count = 0
-    private var head: RequestRecord?
-    private unowned(unsafe) var tail: RequestRecord?
+    // Unchecked stored properties: see RequestRecord.
+    @exclusivity(unchecked) private(set) var count = 0
+    @exclusivity(unchecked) private var head: RequestRecord?
+    @exclusivity(unchecked) private unowned(unsafe) var tail: RequestRecord?
 
     var isEmpty: Bool { count == 0 }
     var first: RequestRecord? { head }

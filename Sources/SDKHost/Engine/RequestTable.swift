@@ -8,8 +8,11 @@
 
 /// Requests begun and not ended, and the queues of those waiting for a worker.
 final class RequestTable {
-    private var records: [RequestID: RequestRecord] = [:]
-    private var queues: [String: RequestQueue] = [:]
+    // Stored properties `@exclusivity(unchecked)`, as the engine's other tables: loop-confined data whose methods
+    // call nothing that could reach back into it (callbacks are read out and called after the access ends), so
+    // the runtime's access checks could never fire. They were ~10% of the checks a simulated schedule made.
+    @exclusivity(unchecked) private var records: [RequestID: RequestRecord] = [:]
+    @exclusivity(unchecked) private var queues: [String: RequestQueue] = [:]
 
     /// Requests begun and not ended.
     var count: Int { records.count }

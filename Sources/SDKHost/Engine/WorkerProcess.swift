@@ -9,82 +9,86 @@ import Glibc
 import SDKPosix
 
 final class WorkerProcess {
+    // Stored properties `@exclusivity(unchecked)` (see RequestRecord), but for `stdoutLines` and `stderrLines`,
+    // whose appends call the engine's log sink inside the access, and `readyWaiters`, which holds callers'
+    // closures. `lifecycle`'s one callout, its observer, counts transitions in EngineMetrics and never reaches a
+    // worker.
     let extensionID: String
     let policy: ExtensionPolicy
     /// The pool it serves (see HostEngine+Supervision), and the daemon client app of that pool.
-    var poolKey: String
-    var app: String?
+    @exclusivity(unchecked) var poolKey: String
+    @exclusivity(unchecked) var app: String?
     /// Seconds this worker lives idle before it is retired, instead of the policy's `IdleTimeoutSeconds`: set
     /// when its app has no connection left (HostEngine+Capacity `appLeft`).
-    var idleTimeoutOverride: Double?
+    @exclusivity(unchecked) var idleTimeoutOverride: Double?
     /// The pid of the process that runs the extension: the host's child, or, when the launcher runs the worker in
     /// its own pid namespace and stays as its supervisor, the launcher's child (`sandboxed` names it, and
     /// `adoptWorkerPID` checks it). Reported and read in /proc; signals go to the host's child, through its pidfd.
-    private(set) var pid: pid_t
+    @exclusivity(unchecked) private(set) var pid: pid_t
     /// The host's own child: the worker, or its launcher.
     let childPID: pid_t
     let startedAt: UInt64
     /// Its phase, and what was recorded on the way (WorkerLifecycle.swift).
-    var lifecycle = WorkerLifecycle()
+    @exclusivity(unchecked) var lifecycle = WorkerLifecycle()
 
     // Descriptors: the raw numbers stay valid until the matching `close…` call.
     let stdoutFD: Int32
     let stderrFD: Int32
     let exitFD: Int32
     private let child: any WorkerChild
-    private var childOpen = true
-    private var stdoutPipe: FileDescriptor?
-    private var stderrPipe: FileDescriptor?
+    @exclusivity(unchecked) private var childOpen = true
+    @exclusivity(unchecked) private var stdoutPipe: FileDescriptor?
+    @exclusivity(unchecked) private var stderrPipe: FileDescriptor?
     /// Whether the exit descriptor is in the loop's epoll set.
-    var exitWatched = false
+    @exclusivity(unchecked) var exitWatched = false
     /// The page its runtime registered its exit notice in, if it was given one (ExitNotice.swift).
     let exitNotice: ExitNoticePage?
     /// Whether the exit-notice watcher has its page.
-    var exitNoticeWatched = false
+    @exclusivity(unchecked) var exitNoticeWatched = false
     /// The IPC socket.
     let connection: FramedConnection
 
     /// Requests sent to this worker whose `complete`/`cancelled` has not arrived.
-    var inFlight: Set<RequestID> = []
+    @exclusivity(unchecked) var inFlight: Set<RequestID> = []
     /// Partial results received per request and not yet credited back (at most `streamWindow` each).
-    var streamOutstanding: [RequestID: Int] = [:]
+    @exclusivity(unchecked) var streamOutstanding: [RequestID: Int] = [:]
     /// Leaks this worker has reported (at most one per request it was sent is counted).
-    var leaksReported = 0
+    @exclusivity(unchecked) var leaksReported = 0
     /// Ids this worker finished recently, to tell a late duplicate (dropped) from an unknown id (a violation).
-    var recentlyFinished = RecentIDs(capacity: 256)
-    var stderrTail = ByteTail(capacity: 64 * 1024)
+    @exclusivity(unchecked) var recentlyFinished = RecentIDs(capacity: 256)
+    @exclusivity(unchecked) var stderrTail = ByteTail(capacity: 64 * 1024)
     var stdoutLines = OutputLines()
     var stderrLines = OutputLines()
     /// The log lines its messages may cause (`HostEngine.logForWorker`).
-    var messageLines = LineBudget()
-    var pingSentAt: UInt64?
-    var pingSeq: Int64 = 0
+    @exclusivity(unchecked) var messageLines = LineBudget()
+    @exclusivity(unchecked) var pingSentAt: UInt64?
+    @exclusivity(unchecked) var pingSeq: Int64 = 0
     /// When a worker past its heartbeat timeout was first seen runnable, and its CPU time then: whether it gets a
     /// CPU is judged from there (`HostEngine.starvedNotHung`).
-    var starvationCheck: StarvationCheck?
-    var idleTimer: TimerID?
+    @exclusivity(unchecked) var starvationCheck: StarvationCheck?
+    @exclusivity(unchecked) var idleTimer: TimerID?
     /// Kills it if it has not exited in time after being retired or losing its socket.
-    var exitTimer: TimerID?
+    @exclusivity(unchecked) var exitTimer: TimerID?
     /// Requests the host abandoned (cancel, deadline) that the worker has not acknowledged yet, each with the
     /// timer that kills the worker if it ignores the cancel past the grace period.
-    var cancelTimers: [RequestID: TimerID] = [:]
+    @exclusivity(unchecked) var cancelTimers: [RequestID: TimerID] = [:]
     /// Polls for the exit when the exit descriptor could not be watched.
-    var reapPollTimer: TimerID?
+    @exclusivity(unchecked) var reapPollTimer: TimerID?
     /// The private temp folder (TMPDIR), removed once the worker has exited.
-    var temporaryDirectory: String?
+    @exclusivity(unchecked) var temporaryDirectory: String?
     /// The layers its launcher reported (`sandboxed`), and what bestEffort skipped.
-    var sandboxLayers: [String] = []
-    var sandboxSkipped: [String] = []
+    @exclusivity(unchecked) var sandboxLayers: [String] = []
+    @exclusivity(unchecked) var sandboxSkipped: [String] = []
     /// What each step of the launcher took, in µs (only when `HostConfiguration.measuresSandboxLayers`).
-    var sandboxMicroseconds: [String: Int] = [:]
-    var sandboxReported = false
+    @exclusivity(unchecked) var sandboxMicroseconds: [String: Int] = [:]
+    @exclusivity(unchecked) var sandboxReported = false
     /// Whether `pid` is its own for good (`HostEngine.settlePid`): its `spawned` event is out and its requests'
     /// pids are published.
-    var pidKnown = false
+    @exclusivity(unchecked) var pidKnown = false
     /// The launcher's reason when it could not apply the sandbox (`launchFailed`).
-    var launchFailure: String?
+    @exclusivity(unchecked) var launchFailure: String?
     /// Requests sent to it, ever.
-    var requestsSent = 0
+    @exclusivity(unchecked) var requestsSent = 0
     /// `prewarm` calls waiting for its `welcome` (or its death).
     var readyWaiters: [@Sendable (Result<pid_t, RequestFailure>) -> Void] = []
 
