@@ -24,7 +24,7 @@ import Testing
 
     @Test func eventsMoveThePhaseAndRecordWhy() {
         var life = WorkerLifecycle()
-        #expect(life.phase == .starting && life.isLive && !life.welcomed)
+        #expect(life.phase == .starting && life.phase.isLive && !life.welcomed)
         let moved1 = life.welcome()
         #expect(moved1)
         #expect(life.phase == .ready && life.welcomed)
@@ -32,7 +32,7 @@ import Testing
         #expect(!moved2, "a second welcome is a protocol violation")
         let moved3 = life.recycle("MaxRequestsPerWorker 3")
         #expect(moved3)
-        #expect(life.phase == .draining && !life.isLive && life.isRunning && life.recycleReason == "MaxRequestsPerWorker 3")
+        #expect(life.phase == .draining && !life.phase.isLive && life.phase.isRunning && life.recycleReason == "MaxRequestsPerWorker 3")
         let moved4 = life.recycle("again")
         #expect(!moved4, "recycled once")
         let moved5 = life.retire("recycled and drained")
@@ -44,7 +44,7 @@ import Testing
         #expect(life.kill?.reason == .hostShutdown)
         let moved8 = life.reaped(.signaled(9))
         #expect(moved8)
-        #expect(life.phase == .dead && life.isOver)
+        #expect(life.phase == .dead && life.phase.isOver)
         #expect(life.history.map(\.to) == [.ready, .draining, .retiring, .killed, .dead])
         #expect(life.history.map(\.cause) == ["welcome", "recycled: MaxRequestsPerWorker 3", "recycled and drained",
                                               "killed: host shut down", "reaped: signal 9 (SIGKILL)"])

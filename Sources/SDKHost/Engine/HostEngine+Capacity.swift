@@ -19,7 +19,7 @@ extension HostEngine {
     /// Whether a new worker for pool `key` (of `app`) fits under the caps. When it does not, an idle worker in
     /// the way is retired (unless one is already on its way out) and the caller's request waits.
     func capacityAllows(pool key: String, app: String?) -> Bool {
-        let running = workers.all.filter { !$0.lifecycle.isOver }
+        let running = workers.all.filter { !$0.lifecycle.phase.isOver }
         if running.count >= configuration.maxWorkersTotal {
             makeRoom(among: running, limit: "MaxWorkersTotal \(configuration.maxWorkersTotal)")
             return false
@@ -43,8 +43,8 @@ extension HostEngine {
     /// is already leaving; notes that requests wait for room.
     private func makeRoom(among candidates: [WorkerProcess], limit: String) {
         waitingForRoom = true
-        guard !candidates.contains(where: { $0.lifecycle.retired && !$0.lifecycle.isOver }) else { return }
-        let idle = candidates.filter { $0.inFlight.isEmpty && $0.lifecycle.isRunning }
+        guard !candidates.contains(where: { $0.lifecycle.retired && !$0.lifecycle.phase.isOver }) else { return }
+        let idle = candidates.filter { $0.inFlight.isEmpty && $0.lifecycle.phase.isRunning }
         let busyPools = Set(candidates.filter { !$0.inFlight.isEmpty }.map { $0.poolKey })
         guard let victim = idle.first(where: { !busyPools.contains($0.poolKey) }) ?? idle.first else { return }
         log(.info, "\(victim.extensionID): retiring idle worker pid \(victim.pid)"
@@ -64,7 +64,7 @@ extension HostEngine {
     /// request (`LeakCheckDelaySeconds`, plus half a second), rather than after the idle timeout.
     package func appLeft(_ app: String) {
         loop.preconditionInLoop()
-        for worker in workers.all where worker.app == app && !worker.lifecycle.isOver {
+        for worker in workers.all where worker.app == app && !worker.lifecycle.phase.isOver {
             let idle = min(worker.policy.idleTimeoutSeconds, worker.policy.leakCheckDelaySeconds + 0.5)
             guard worker.idleTimeoutOverride == nil, idle < worker.policy.idleTimeoutSeconds else { continue }
             worker.idleTimeoutOverride = idle

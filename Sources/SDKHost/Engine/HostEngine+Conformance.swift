@@ -11,7 +11,7 @@ extension HostEngine {
     /// `completion` says whether there was such a worker with its connection open.
     package func sendRaw(_ bytes: [UInt8], toWorker pid: pid_t, completion: @escaping @Sendable (Bool) -> Void) {
         let queued = loop.execute { [unowned self] in
-            guard let worker = workers.worker(pid: pid, where: { $0.connection.isOpen && !$0.lifecycle.isOver }) else {
+            guard let worker = workers.worker(pid: pid, where: { $0.connection.isOpen && !$0.lifecycle.phase.isOver }) else {
                 return completion(false)
             }
             worker.connection.sendUnchecked(bytes)

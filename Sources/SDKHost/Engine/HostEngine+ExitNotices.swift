@@ -12,7 +12,7 @@ extension HostEngine {
     /// there, never by `pollForExit`. The notice runs on the watcher's thread, which takes the loop's turn when the
     /// loop sleeps (saving a wake-up), else hands it over.
     func watchExitNotice(_ worker: WorkerProcess) {
-        guard let page = worker.exitNotice, worker.exitWatched, !worker.lifecycle.isOver, !worker.exitNoticeWatched else { return }
+        guard let page = worker.exitNotice, worker.exitWatched, !worker.lifecycle.phase.isOver, !worker.exitNoticeWatched else { return }
         let pid = worker.pid
         worker.exitNoticeWatched = exitNotices.watch(page) { [weak self] notice in
             guard let self else { return }

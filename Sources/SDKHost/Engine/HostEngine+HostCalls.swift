@@ -74,7 +74,7 @@ extension HostEngine {
     /// An answer too large for a frame becomes an error, so that the call still ends.
     func hostCallAnswered(_ id: RequestID, _ call: Int64, _ result: Result<[ExtensionItem], ExtensionError>) {
         guard let record = requests[id], record.hostCalls.removeValue(forKey: call) != nil, let worker = record.worker,
-            worker.inFlight.contains(id), !worker.lifecycle.isOver
+            worker.inFlight.contains(id), !worker.lifecycle.phase.isOver
         else { return }
         switch result {
         case .success(let items):

@@ -46,7 +46,7 @@ extension HostEngine {
                 return
             }
             // Read after its death: recorded (no requeue), and nothing more to start.
-            if worker.lifecycle.isOver { return }
+            if worker.lifecycle.phase.isOver { return }
             settlePid(worker)
             // After this turn's writes (the requests queued for it go out first).
             loop.runBeforeSleeping { [weak self, weak worker] in
@@ -179,7 +179,7 @@ extension HostEngine {
     }
 
     func scheduleIdleRetirement(_ worker: WorkerProcess) {
-        guard worker.inFlight.isEmpty, worker.lifecycle.isRunning, worker.idleTimer == nil
+        guard worker.inFlight.isEmpty, worker.lifecycle.phase.isRunning, worker.idleTimer == nil
         else { return }
         let idle = worker.idleTimeoutOverride ?? worker.policy.idleTimeoutSeconds
         worker.idleTimer = loop.schedule(afterNanoseconds: nanoseconds(idle)) {
@@ -255,7 +255,7 @@ extension HostEngine {
 
     func protocolViolation(_ worker: WorkerProcess, _ detail: String) {
         worker.connection.close()
-        if worker.lifecycle.isOver {
+        if worker.lifecycle.phase.isOver {
             // Found in what it left on its socket, read after its exit: nothing to kill, but its requests end
             // for this rather than for its exit status (unless the host had killed it: that reason stands).
             guard worker.lifecycle.brokeProtocolAfterEnd(detail) else { return }
@@ -276,9 +276,9 @@ extension HostEngine {
     /// descriptor; if it lingers without its socket, it is killed.
     func socketBroken(_ worker: WorkerProcess) {
         worker.connection.close()
-        guard !worker.lifecycle.isOver, worker.exitTimer == nil else { return }
+        guard !worker.lifecycle.phase.isOver, worker.exitTimer == nil else { return }
         worker.exitTimer = loop.schedule(afterNanoseconds: 2_000_000_000) { [unowned self, weak worker] in
-            guard let worker, !worker.lifecycle.isOver else { return }
+            guard let worker, !worker.lifecycle.phase.isOver else { return }
             worker.exitTimer = nil
             self.kill(worker, worker.lifecycle.retired ? .hostShutdown : .protocolViolation("closed its connection"))
         }
@@ -323,7 +323,7 @@ extension HostEngine {
     /// a crash, and start what its death makes room for.
     func workerEnded(_ worker: WorkerProcess, status: ExitStatus?) {
         unwatchExitNotice(worker)
-        assert(worker.lifecycle.isOver, "workerEnded of a worker that is \(worker.lifecycle.phase)")
+        assert(worker.lifecycle.phase.isOver, "workerEnded of a worker that is \(worker.lifecycle.phase)")
         workers.remove(worker)
         for timer in [worker.idleTimer, worker.exitTimer, worker.reapPollTimer].compactMap({ $0 }) { loop.cancelTimer(timer) }
         for timer in worker.cancelTimers.values { loop.cancelTimer(timer) }
@@ -429,7 +429,7 @@ extension HostEngine {
         worker.connection.close()
         if let timer = worker.exitTimer { loop.cancelTimer(timer) }
         worker.exitTimer = loop.schedule(afterNanoseconds: nanoseconds(grace)) { [unowned self, weak worker] in
-            guard let worker, !worker.lifecycle.isOver else { return }
+            guard let worker, !worker.lifecycle.phase.isOver else { return }
             worker.exitTimer = nil
             self.kill(worker, .hostShutdown)
         }

@@ -355,7 +355,7 @@ package final class HostEngine: @unchecked Sendable {
     func abandon(_ id: RequestID, _ outcome: RequestOutcome) {
         let worker = requests[id]?.worker
         finish(id, outcome)
-        guard let worker, worker.inFlight.contains(id), !worker.lifecycle.isOver, worker.connection.isOpen,
+        guard let worker, worker.inFlight.contains(id), !worker.lifecycle.phase.isOver, worker.connection.isOpen,
             worker.cancelTimers[id] == nil
         else { return }
         send(.cancel(id: id), to: worker)
@@ -370,7 +370,7 @@ package final class HostEngine: @unchecked Sendable {
         worker.cancelTimers[id] = loop.schedule(afterNanoseconds: grace) { [unowned self, weak worker] in
             guard let worker else { return }
             worker.cancelTimers[id] = nil
-            guard worker.inFlight.contains(id), !worker.lifecycle.isOver else { return }
+            guard worker.inFlight.contains(id), !worker.lifecycle.phase.isOver else { return }
             let now = self.loop.now, waited = now &- sentAt
             if waited < self.starvationLimit(grace), let look = self.starvation(of: worker, since: check, now: now), look.starved {
                 if check == nil {

@@ -46,6 +46,18 @@ struct WorkerLifecycle {
             case .dead: 6
             }
         }
+
+        /// Starting, ready or draining: alive and not on its way out.
+        var isRunning: Bool {
+            switch self {
+            case .starting, .ready, .draining: true
+            case .retiring, .killed, .exiting, .dead: false
+            }
+        }
+        /// Counts against MaxWorkers and may take a new request: starting or ready.
+        var isLive: Bool { self == .starting || self == .ready }
+        /// Its requests are over: exiting or dead.
+        var isOver: Bool { self == .exiting || self == .dead }
     }
 
     /// One change of phase and why.
@@ -135,7 +147,7 @@ struct WorkerLifecycle {
 
     /// Asked to exit. False unless it was running (starting, ready or draining).
     mutating func retire(_ cause: String) -> Bool {
-        guard isRunning else { return false }
+        guard phase.isRunning else { return false }
         return move(to: .retiring, because: cause)
     }
 
@@ -151,7 +163,7 @@ struct WorkerLifecycle {
     /// ended: not when the host had killed it already, or another violation came first.
     @discardableResult
     mutating func brokeProtocolAfterEnd(_ detail: String) -> Bool {
-        guard isOver, kill == nil, violationAfterEnd == nil else { return false }
+        guard phase.isOver, kill == nil, violationAfterEnd == nil else { return false }
         violationAfterEnd = detail
         return true
     }
@@ -167,12 +179,9 @@ struct WorkerLifecycle {
 
     // MARK: Questions
 
-    /// Starting, ready or draining: alive and not on its way out.
-    var isRunning: Bool { phase == .starting || phase == .ready || phase == .draining }
-    /// Counts against MaxWorkers and may take a new request: starting or ready.
-    var isLive: Bool { phase == .starting || phase == .ready }
-    /// Its requests are over: exiting or dead.
-    var isOver: Bool { phase == .exiting || phase == .dead }
+    // `isRunning`, `isLive` and `isOver` are the phase's (`lifecycle.phase.isLive`): asked of a worker's stored
+    // lifecycle, a question of the whole struct copied it first (a retain and a release of each of its fields),
+    // and `workerWithRoom` asks for every request.
     /// Before its handshake, in a phase where the launcher's messages still count (not retiring or over).
     var beforeWelcome: Bool { !welcomed && (phase == .starting || phase == .draining || phase == .killed) }
 

@@ -120,7 +120,7 @@ final class WorkerProcess {
 
     /// Whether a new request may be sent to it now.
     var acceptsRequests: Bool {
-        lifecycle.isLive && connection.isOpen && inFlight.count < policy.maxConcurrentRequests
+        lifecycle.phase.isLive && connection.isOpen && inFlight.count < policy.maxConcurrentRequests
     }
 
     func closeStdout() { stdoutPipe.take()?.close() }
@@ -230,5 +230,5 @@ func parentPID(of pid: pid_t) -> pid_t? {
 }
 
 extension WorkerProcess: PooledWorker {
-    var countsAgainstMaxWorkers: Bool { lifecycle.isLive }
+    var countsAgainstMaxWorkers: Bool { lifecycle.phase.isLive }
 }
