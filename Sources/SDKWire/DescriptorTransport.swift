@@ -103,9 +103,22 @@ package struct IncomingDescriptors {
         return try Message(plist: plist, files: claimed)
     }
 
+    /// `payload` as a `begin`, `complete` or `partial` read without a `PlistValue` tree (`ForwardScan.decode`),
+    /// claiming the descriptors its `fds` says it carries as `message(from:)` would; nil, with nothing claimed,
+    /// for what must be decoded and parsed (and any error reported) that way.
+    package mutating func decodeDirectly(_ payload: UnsafeRawBufferPointer, limits: WireLimits, decodedBytes: inout Int)
+        -> Message?
+    {
+        guard let (message, claimed) = ForwardScan.decode(payload, limits: limits, decodedBytes: &decodedBytes, available: files)
+        else { return nil }
+        lastClaimed = claimed
+        if claimed > 0 { files.removeFirst(claimed) }
+        return message
+    }
+
     /// The next whole frame in `reader` as a message, or nil when none is buffered. The flat messages as we
-    /// write them (`FlatFrame`), and a `begin`, `complete` or `partial` without descriptors, are read without a `PlistValue`
-    /// tree; anything else is decoded and then parsed.
+    /// write them (`FlatFrame`), and a `begin`, `complete` or `partial` with or without descriptors, are read
+    /// without a `PlistValue` tree; anything else is decoded and then parsed.
     ///
     /// Without `buildingBeginItems`, a `begin` without descriptors comes with no items, its id and fields checked
     /// as the daemon's forwarding checks them (the simulation's fake workers, which only record the id).
@@ -120,13 +133,15 @@ package struct IncomingDescriptors {
             if direct == nil, !buildingBeginItems, let scanned = ForwardScan.scan(payload, limits: limits), scanned.kind == .begin {
                 direct = .begin(id: scanned.id, items: [], extensionID: scanned.extensionID, deadlineMs: scanned.deadlineMs)
             }
-            if direct == nil { direct = ForwardScan.decode(payload, limits: limits, decodedBytes: &charged) }
+            if direct != nil {
+                lastClaimed = 0
+                return nil
+            }
+            // Claims its descriptors, if it is taken.
+            direct = decodeDirectly(payload, limits: limits, decodedBytes: &charged)
             return direct == nil ? try BinaryPlistDecoder.decode(payload, limits: limits) : nil
         }) else { return nil }
-        if let direct {
-            lastClaimed = 0
-            return direct
-        }
+        if let direct { return direct }
         return try message(from: decoded!)
     }
 

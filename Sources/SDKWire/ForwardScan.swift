@@ -18,7 +18,10 @@
 //
 // `ForwardScan.decode` is the same walk for a receiver that wants the message (a `begin`, `complete` or `partial`): it builds the items' titles,
 // texts, attachments and userInfo as a decode would, and the message and items from them directly, so the
-// messages sent per request are parsed without hashing their keys into dictionaries first.
+// messages sent per request are parsed without hashing their keys into dictionaries first. Given the descriptors
+// that arrived, it also takes a message with `fds` and items with `files`, resolving them as
+// `IncomingDescriptors.message(from:)` does; any `fds` or `files` entry that is not an integer in range is left
+// to that path, which reports it.
 
 /// What the daemon needs of a `begin` or `complete` it forwards unread (a `partial` it decodes: `ForwardScan.decode`).
 package struct ScannedMessage: Sendable, Equatable {
@@ -41,7 +44,8 @@ package enum ForwardScan {
     /// header), including every payload that is not valid.
     package static func scan(_ payload: UnsafeRawBufferPointer, limits: WireLimits) -> ScannedMessage? {
         var items: [ExtensionItem]? = nil
-        guard let (fields, charged) = walk(payload, limits: limits, building: &items) else { return nil }
+        var descriptors: DescriptorFields? = nil
+        guard let (fields, charged) = walk(payload, limits: limits, building: &items, descriptors: &descriptors) else { return nil }
         return fields.message(decodedBytes: charged)
     }
 
@@ -52,8 +56,43 @@ package enum ForwardScan {
     package static func decode(_ payload: UnsafeRawBufferPointer, limits: WireLimits, decodedBytes: inout Int)
         -> Message?
     {
+        var noDescriptors: DescriptorFields? = nil
+        return decode(payload, limits: limits, decodedBytes: &decodedBytes, descriptors: &noDescriptors, available: [])
+    }
+
+    /// `decode` for a frame whose descriptors may have arrived: `available` are those received and not yet claimed,
+    /// oldest first. A message with `fds` n claims the first n of them, and its items' `files` name them by index,
+    /// as `IncomingDescriptors.message(from:)` resolves them. Returns the message and how many it claims; nil for
+    /// what that path must decide, including every `fds` or `files` it would refuse.
+    package static func decode(_ payload: UnsafeRawBufferPointer, limits: WireLimits, decodedBytes: inout Int,
+                                available: [FileAttachment]) -> (message: Message, claimed: Int)? {
+        var descriptors: DescriptorFields? = DescriptorFields()
+        guard let message = decode(payload, limits: limits, decodedBytes: &decodedBytes, descriptors: &descriptors,
+                                   available: available)
+        else { return nil }
+        return (message, descriptors!.count)
+    }
+
+    private static func decode(_ payload: UnsafeRawBufferPointer, limits: WireLimits, decodedBytes: inout Int,
+                               descriptors: inout DescriptorFields?, available: [FileAttachment]) -> Message? {
         var built: [ExtensionItem]? = []
-        guard let (fields, charged) = walk(payload, limits: limits, building: &built), let items = built else { return nil }
+        guard let (fields, charged) = walk(payload, limits: limits, building: &built, descriptors: &descriptors),
+            var items = built
+        else { return nil }
+        if let descriptors {
+            // As `Message.descriptorCount(of:)` and `ExtensionItem(plist:files:)`: the count is what arrived at most,
+            // and every index names one of the claimed.
+            guard descriptors.count <= available.count else { return nil }
+            for (item, indices) in descriptors.itemFiles {
+                var resolved: [FileAttachment] = []
+                resolved.reserveCapacity(indices.count)
+                for i in indices {
+                    guard i >= 0, i < descriptors.count else { return nil }
+                    resolved.append(available[Int(i)])
+                }
+                items[item].fileAttachments = resolved
+            }
+        }
         decodedBytes = charged
         switch fields.kind {
         case .begin:
@@ -78,15 +117,15 @@ package enum ForwardScan {
     }
 
     /// The walk both share: the fields, and what a decode would charge, or nil.
-    private static func walk(_ payload: UnsafeRawBufferPointer, limits: WireLimits, building items: inout [ExtensionItem]?)
-        -> (ForwardableFields, decodedBytes: Int)?
+    private static func walk(_ payload: UnsafeRawBufferPointer, limits: WireLimits, building items: inout [ExtensionItem]?,
+                             descriptors: inout DescriptorFields?) -> (ForwardableFields, decodedBytes: Int)?
     {
         guard var reader = try? BinaryPlistReader(payload, limits: limits) else { return nil }
         let budget = reader.byteBudget
         return withUnsafeTemporaryAllocation(of: Bool.self, capacity: reader.objectCount) { onPath in
             onPath.initialize(repeating: false)
             reader.onPath = onPath
-            guard let fields = try? reader.forwardableFields(building: &items) else { return nil }
+            guard let fields = try? reader.forwardableFields(building: &items, descriptors: &descriptors) else { return nil }
             return (fields, budget - reader.byteBudget)
         }
     }
@@ -135,6 +174,13 @@ struct ForwardableFields {
         ScannedMessage(kind: kind, id: id, idRange: idRange, extensionID: extensionID, deadlineMs: deadlineMs,
                        decodedBytes: decodedBytes)
     }
+}
+
+/// A message's descriptors as the walk reads them when it may carry some (`ForwardScan.decode(_:limits:decodedBytes:
+/// available:)`): its `fds`, and the `files` indices of each item built, by the item's position.
+struct DescriptorFields {
+    var count = 0
+    var itemFiles: [(item: Int, indices: [Int64])] = []
 }
 
 extension UnsafeRawBufferPointer {
@@ -186,7 +232,11 @@ extension BinaryPlistReader {
     /// Walks the whole payload as `value(object: topObject, depth: 0)` would, returning the message's fields if
     /// it is a forwardable `begin` or `complete`, or a `partial`. With `items` non-nil, the items are built into it
     /// as well.
-    mutating func forwardableFields(building items: inout [ExtensionItem]?) throws(WireError) -> ForwardableFields? {
+    /// With `descriptors` non-nil (and `items` being built), `fds` and the items' `files` are read into it: an
+    /// `fds` that is an integer in 0...`maxDescriptorsPerMessage`, `files` that are arrays of integers.
+    mutating func forwardableFields(building items: inout [ExtensionItem]?, descriptors: inout DescriptorFields?)
+        throws(WireError) -> ForwardableFields?
+    {
         let top = topObject
         guard case .dictionary(let n, let start) = try header(of: top) else { return nil }
         try enter(object: top, depth: 0)
@@ -229,10 +279,13 @@ extension BinaryPlistReader {
                 guard case .integer(let v) = try header(of: valueObject) else { return nil }
                 deadlineMs = v
             case .items:
-                try forwardableItems(valueObject, building: &items)
+                try forwardableItems(valueObject, building: &items, descriptors: &descriptors)
                 itemsSeen = true
             case .fds:
-                return nil
+                guard descriptors != nil, case .integer(let v) = try header(of: valueObject), v >= 0,
+                    v <= Int64(maxDescriptorsPerMessage)
+                else { return nil }
+                descriptors!.count = Int(v)
             case .other:
                 try skim(object: valueObject, depth: 1)
             }
@@ -243,9 +296,11 @@ extension BinaryPlistReader {
         return ForwardableFields(kind: kind, id: id.0, idRange: id.1, extensionID: extensionID, deadlineMs: deadlineMs)
     }
 
-    /// The `items` array at depth 1: each a dictionary that `ExtensionItem(plist:)` accepts, with no `files`.
+    /// The `items` array at depth 1: each a dictionary that `ExtensionItem(plist:)` accepts, with no `files`
+    /// unless `descriptors` is non-nil (then their indices go there, the last occurrence of the key standing).
     /// With `built` non-nil, each item is appended to it as `ExtensionItem(plist:)` would make it.
-    private mutating func forwardableItems(_ object: Int, building built: inout [ExtensionItem]?) throws(WireError) {
+    private mutating func forwardableItems(_ object: Int, building built: inout [ExtensionItem]?,
+                                           descriptors: inout DescriptorFields?) throws(WireError) {
         guard case .array(let count, let start) = try header(of: object) else { throw notForwardable }
         try enter(object: object, depth: 1)
         let building = built != nil
@@ -255,6 +310,7 @@ extension BinaryPlistReader {
             guard case .dictionary(let n, let entries) = try header(of: item) else { throw notForwardable }
             try enter(object: item, depth: 2)
             var made = ExtensionItem()
+            var files: [Int64]?
             for k in 0..<n {
                 guard case .ascii(let keyRange) = try header(of: try ref(at: entries + k * refSize)) else {
                     throw notForwardable
@@ -288,12 +344,22 @@ extension BinaryPlistReader {
                     guard case .dictionary(let values) = try value(object: valueObject, depth: 3) else { throw notForwardable }
                     made.userInfo = values
                 case .files:
-                    throw notForwardable
+                    guard building, descriptors != nil,
+                        case .array(let values) = try value(object: valueObject, depth: 3)
+                    else { throw notForwardable }
+                    var indices: [Int64] = []
+                    indices.reserveCapacity(values.count)
+                    for v in values {
+                        guard case .integer(let index) = v else { throw notForwardable }
+                        indices.append(index)
+                    }
+                    files = indices
                 case .other:
                     try skim(object: valueObject, depth: 3)
                 }
             }
             onPath[item] = false
+            if let files, !files.isEmpty { descriptors!.itemFiles.append((built!.count, files)) }
             if building { built!.append(made) }
         }
         onPath[object] = false

@@ -229,6 +229,84 @@ import Testing
         #expect(takenMutated > 0, "seed \(seed)")
     }
 
+    /// With the descriptors that arrived, the walk also reads `fds` and the items' `files`: whatever it takes, the
+    /// decoder and `Message(plist:files:)` take as the same message, with the same descriptors, claiming as many
+    /// and charging as much; and it takes the messages our encoder writes with files.
+    @Test func claimsDescriptorsAsTheDecoderClaimsThem() throws {
+        let seed = testSeed(default: 0xFD5)
+        var g = SeededGenerator(seed: seed)
+        let pool = try (0..<4).map { try FileAttachment(bytes: [UInt8($0)]) }
+        func slow(_ bytes: [UInt8], _ available: [FileAttachment]) -> (Message, Int, Int)? {
+            var cost = 0
+            guard let plist = try? bytes.withUnsafeBytes({ try BinaryPlistDecoder.decode($0, limits: Self.limits, decodedBytes: &cost) }),
+                let count = try? Message.descriptorCount(of: plist), count <= available.count,
+                let message = try? Message(plist: plist, files: Array(available.prefix(count)))
+            else { return nil }
+            return (message, count, cost)
+        }
+        var taken = 0, takenWithFiles = 0
+        func check(_ bytes: [UInt8], _ available: [FileAttachment], _ context: String) {
+            var cost = -1
+            guard let (message, claimed) = bytes.withUnsafeBytes({
+                ForwardScan.decode($0, limits: Self.limits, decodedBytes: &cost, available: available)
+            }) else { return }
+            taken += 1
+            if !message.fileAttachments.isEmpty { takenWithFiles += 1 }
+            guard let (expected, count, expectedCost) = slow(bytes, available) else {
+                Issue.record("\(context): taken as \(message) claiming \(claimed), but the decoder refuses it")
+                return
+            }
+            #expect(message == expected, "\(context)")
+            #expect(claimed == count, "\(context): claimed \(claimed), the decoder \(count)")
+            #expect(cost == expectedCost, "\(context): charged \(cost), the decoder \(expectedCost)")
+        }
+        // What our encoder writes: every file resolved to the very attachment sent.
+        let id = RequestID()
+        let items = [ExtensionItem(title: "a", fileAttachments: [pool[0], pool[1]]), ExtensionItem(),
+                     ExtensionItem(text: "b", fileAttachments: [pool[2]])]
+        for message in [Message.begin(id: id, items: items, extensionID: "com.example.echo"), .complete(id: id, items: items),
+                        .partial(id: id, items: items)] {
+            let bytes = try payload(message.plist)
+            var cost = 0
+            let read = bytes.withUnsafeBytes { ForwardScan.decode($0, limits: Self.limits, decodedBytes: &cost, available: pool) }
+            #expect(read?.message == message && read?.claimed == 3, "\(message)")
+            #expect(scan(bytes) == nil, "a message with descriptors is never forwarded unread")
+        }
+        for round in 0..<2_000 {
+            var d: [String: PlistValue] = ["type": .string(["begin", "complete", "partial"].randomElement(using: &g)!),
+                                           "id": .string(RequestID().uuidString)]
+            // Mostly as many as arrived and indices in range (taken), else anything near that (left to the decoder).
+            let available = Array(pool.prefix(Int.random(in: 0...4, using: &g)))
+            let fds = Int.random(in: 0..<4, using: &g) > 0 ? Int64(available.count) : Int64.random(in: -1...4, using: &g)
+            func index() -> Int64 {
+                Int.random(in: 0..<5, using: &g) > 0 && fds > 0 ? Int64.random(in: 0..<fds, using: &g) : Int64.random(in: -1...4, using: &g)
+            }
+            switch Int.random(in: 0..<8, using: &g) {
+            case 0: break
+            case 1: d["fds"] = .string("2")
+            default: d["fds"] = .integer(fds)
+            }
+            d["items"] = .array((0..<Int.random(in: 0..<3, using: &g)).map { _ in
+                var item: [String: PlistValue] = ["title": "t"]
+                switch Int.random(in: 0..<6, using: &g) {
+                case 0: break
+                case 1: item["files"] = .integer(0)
+                case 2: item["files"] = .array([.string("0")])
+                default: item["files"] = .array((0..<Int.random(in: 0..<3, using: &g)).map { _ in .integer(index()) })
+                }
+                return .dictionary(item)
+            })
+            let bytes = try payload(.dictionary(d))
+            check(bytes, available, "seed \(seed) round \(round)")
+            var mutated = bytes
+            let index = Int.random(in: 0..<mutated.count, using: &g)
+            mutated[index] ^= 1 << UInt8.random(in: 0..<8, using: &g)
+            check(mutated, available, "seed \(seed) round \(round) mutated")
+        }
+        #expect(takenWithFiles > 100, "seed \(seed): only \(takenWithFiles) taken with files")
+        #expect(taken > takenWithFiles, "seed \(seed)")
+    }
+
     static func nearlyAMessage(_ g: inout SeededGenerator) -> PlistValue {
         func pick<T>(_ options: [T]) -> T { options.randomElement(using: &g)! }
         var d: [String: PlistValue] = [:]

@@ -353,8 +353,9 @@ package final class FramedConnection {
                 let keep = keepsPayloads
                 let scans = keep && onForwardable != nil
                 var scanned: ScannedMessage?
-                // A message read without a `PlistValue` tree (so one without `fds`).
+                // A message read without a `PlistValue` tree; `claimed` when it took its descriptors itself.
                 var direct: Message?
+                var claimed = false
                 guard let decoded = try reader.withNextPayload({ payload throws(WireError) -> PlistValue? in
                     if keep {
                         currentPayload.removeAll(keepingCapacity: currentPayload.capacity <= 64 << 10)
@@ -378,17 +379,21 @@ package final class FramedConnection {
                             decoded = fields.decodedBytes
                             return nil
                         }
-                        // What the scan refuses, the same walk building items would refuse too.
-                    } else if let message = ForwardScan.decode(payload, limits: limits, decodedBytes: &decoded) {
-                        // A `begin`, `complete` or `partial` without descriptors: its items built without the dictionaries.
+                        // What the scan refuses, the same walk building items refuses too, but for a message
+                        // with descriptors: that is never forwarded unread, and is read as below.
+                    }
+                    if let message = incoming.decodeDirectly(payload, limits: limits, decodedBytes: &decoded) {
+                        // A `begin`, `complete` or `partial`: its items built without the dictionaries, its
+                        // descriptors claimed.
                         direct = message
+                        claimed = true
                         return nil
                     }
                     return try BinaryPlistDecoder.decode(payload, limits: limits, decodedBytes: &decoded)
                 }) else { return }
                 currentFrameBytes = size
                 if let direct {
-                    incoming.claimedNone()
+                    if !claimed { incoming.claimedNone() }
                     onMessage?(direct)
                     continue
                 }
