@@ -260,6 +260,8 @@ public enum Message: Sendable, Equatable {
         switch self {
         case .begin(_, let items, _, _), .complete(_, let items), .partial(_, let items), .hostCall(_, _, _, let items),
             .hostCallResult(_, _, let items):
+            // Most messages carry none: no array is made for them.
+            guard items.contains(where: { !$0.fileAttachments.isEmpty }) else { return [] }
             return items.flatMap { $0.fileAttachments }
         default:
             return []

@@ -68,6 +68,9 @@ final class RequestRecord {
             assertionFailure("request \(id): \(phase) → \(next) is not allowed (\(cause))")
             return false
         }
+        // Room for the whole history at the first change: growing it one append at a time was two more
+        // allocations per request.
+        if history.isEmpty { history.reserveCapacity(Self.historyLimit) }
         if history.count == Self.historyLimit { history.removeFirst() }
         history.append((next, cause))
         phase = next

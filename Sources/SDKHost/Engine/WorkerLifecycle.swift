@@ -105,6 +105,7 @@ struct WorkerLifecycle {
             assertionFailure("worker lifecycle: \(phase) → \(next) is not allowed (\(cause))")
             return false
         }
+        if history.isEmpty { history.reserveCapacity(Self.historyLimit) }  // one allocation, not one per doubling
         if history.count == Self.historyLimit { history.removeFirst() }
         let transition = Transition(from: phase, to: next, cause: cause)
         history.append(transition)
