@@ -69,7 +69,7 @@ package struct OutgoingDescriptors {
 /// by a FileAttachment from the moment it arrives.
 package struct IncomingDescriptors {
     private var files: [FileAttachment] = []
-    /// How many descriptors the last message returned by `message(from:)` claimed.
+    /// How many descriptors the last message read (`message(from:)`, `decodeDirectly`, `nextMessage`) claimed.
     package private(set) var lastClaimed = 0
 
     package init() {}

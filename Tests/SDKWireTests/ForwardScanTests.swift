@@ -1,10 +1,15 @@
 // ForwardScan: the daemon forwards a begin or complete it has only scanned, so whatever the scan accepts must
 // decode, parse as the same message, and cost the same against the byte budget. It may refuse valid messages
 // (they are then decoded); it must never accept an invalid one. `ForwardScan.decode` builds the message by the
-// same walk: it takes exactly what the scan takes, and makes the message and the charge a decode makes.
+// same walk: without descriptors it takes exactly what the scan takes, and makes the message and the charge a
+// decode makes; given the descriptors that arrived, it also takes messages with `fds` and `files`.
 import HostTestSupport
 @testable import SDKWire
 import Testing
+
+#if canImport(Glibc)
+import Glibc
+#endif
 
 @Suite struct ForwardScanTests {
     static let limits = WireLimits.default
@@ -305,6 +310,79 @@ import Testing
         }
         #expect(takenWithFiles > 100, "seed \(seed): only \(takenWithFiles) taken with files")
         #expect(taken > takenWithFiles, "seed \(seed)")
+    }
+
+    /// A frame with descriptors read as a receiver reads it (`IncomingDescriptors.nextMessage`): its items get the
+    /// descriptors that arrived, in the order the frame numbers them; a frame that says it carries more than
+    /// arrived is an error, and one that leaves some unclaimed is a problem for the connection.
+    @Test func aFrameWithDescriptorsClaimsWhatArrivedWithIt() throws {
+        let files = try (0..<3).map { try FileAttachment(bytes: [UInt8(10 + $0)]) }
+        let id = RequestID()
+        let message = Message.complete(id: id, items: [ExtensionItem(title: "a", fileAttachments: [files[1], files[0]]),
+                                                       ExtensionItem(fileAttachments: [files[2]])])
+        var frame: [UInt8] = []
+        var encoder = BinaryPlistEncoder()
+        var outgoing = OutgoingDescriptors()
+        try outgoing.encode(message, with: &encoder, appendingTo: &frame)
+        /// The frame as a receiver gets it, with `extra` more descriptors than it carries (negative: fewer).
+        func receive(extra: Int) throws -> (Message?, IncomingDescriptors) {
+            let sent = message.fileAttachments + (extra > 0 ? Array(files.prefix(extra)) : [])
+            var raw = sent.prefix(sent.count + min(extra, 0)).map { fcntl($0.rawDescriptor, F_DUPFD_CLOEXEC, 0) }
+            var incoming = IncomingDescriptors()
+            #expect(incoming.adopt(&raw, truncated: false) == nil)
+            var reader = FrameReader()
+            frame.withUnsafeBytes { reader.append($0) }
+            return (try incoming.nextMessage(from: &reader), incoming)
+        }
+        let (read, incoming) = try receive(extra: 0)
+        guard case .complete(let readID, let items)? = read else {
+            Issue.record("read as \(String(describing: read))")
+            return
+        }
+        #expect(readID == id && incoming.lastClaimed == 3 && incoming.unclaimedProblem(frameHalfRead: false) == nil)
+        #expect(try items.map { try $0.fileAttachments.map { try $0.readAll() } } == [[[11], [10]], [[12]]])
+        #expect(items.flatMap(\.fileAttachments).allSatisfy { received in !files.contains { $0 === received } },
+                "the received descriptors are the receiver's own")
+        #expect(throws: MessageError.self) { _ = try receive(extra: -1) }
+        #expect(try receive(extra: 1).1.unclaimedProblem(frameHalfRead: false) != nil)
+    }
+
+    /// A hostile peer's layouts our encoder never writes: an item's `files` twice (the last stands, as in a decoded
+    /// dictionary) and one `files` list shared by two items (charged at each reference, as a decode charges it).
+    @Test func filesGivenTwiceOrSharedAreReadAsTheDecoderReadsThem() throws {
+        let pool = try (0..<2).map { try FileAttachment(bytes: [UInt8($0)]) }
+        let id = RequestID().uuidString
+        var b = RawPlist()
+        let keys = (b.ascii("type"), b.ascii("complete"), b.ascii("id"), b.ascii(id), b.ascii("items"), b.ascii("files"), b.ascii("fds"))
+        let zero = b.integer(0), one = b.integer(1), two = b.integer(2), notANumber = b.ascii("0")
+        let first = b.array([zero]), second = b.array([one]), bad = b.array([notANumber])
+        for (a, c) in [(first, second), (second, first), (bad, first), (first, bad)] {
+            var r = b
+            let item = r.dict([(keys.5, a), (keys.5, c)])
+            let top = r.dict([(keys.0, keys.1), (keys.2, keys.3), (keys.4, r.array([item])), (keys.6, two)])
+            let bytes = r.build(top: top)
+            var cost = 0
+            let fast = bytes.withUnsafeBytes { ForwardScan.decode($0, limits: Self.limits, decodedBytes: &cost, available: pool) }
+            var slowCost = 0
+            let plist = try bytes.withUnsafeBytes { try BinaryPlistDecoder.decode($0, limits: Self.limits, decodedBytes: &slowCost) }
+            let slow = try? Message(plist: plist, files: pool)
+            if let fast {
+                #expect(fast.message == slow && fast.claimed == 2 && cost == slowCost, "\(a), \(c)")
+            } else {
+                #expect(a == bad || c == bad, "a valid layout was refused: \(a), \(c)")
+            }
+            if c == bad { #expect(slow == nil && fast == nil) }
+        }
+        var r = b
+        let shared = r.array([one, zero])
+        let itemA = r.dict([(keys.5, shared)]), itemB = r.dict([(keys.5, shared)])
+        let items = r.array([itemA, itemB])
+        let top = r.dict([(keys.0, keys.1), (keys.2, keys.3), (keys.4, items), (keys.6, two)])
+        let bytes = r.build(top: top)
+        var cost = 0, slowCost = 0
+        let fast = try #require(bytes.withUnsafeBytes { ForwardScan.decode($0, limits: Self.limits, decodedBytes: &cost, available: pool) })
+        let plist = try bytes.withUnsafeBytes { try BinaryPlistDecoder.decode($0, limits: Self.limits, decodedBytes: &slowCost) }
+        #expect(fast.message == (try Message(plist: plist, files: pool)) && cost == slowCost)
     }
 
     static func nearlyAMessage(_ g: inout SeededGenerator) -> PlistValue {

@@ -6,8 +6,9 @@
 /// The engine's figures. Loop-confined.
 final class EngineMetrics {
     // Stored properties `@exclusivity(unchecked)`, as the engine's other tables: loop-confined data whose methods
-    // call nothing that could reach back into it (callbacks are read out and called after the access ends), so
-    // the runtime's access checks could never fire. They were ~10% of the checks a simulated schedule made.
+    // call nothing that could reach back into it while an access is open (a caller's predicate, as in
+    // `first(where:)`, runs over a copy the read has already taken; keep it so), so the runtime's access checks
+    // could never fire. They were ~10% of the checks a simulated schedule made.
     /// Each extension's counters and activity, made on first use; a request holds its extension's, so counting
     /// it costs no lookup by name.
     @exclusivity(unchecked) private(set) var tallies: [String: ExtensionTally] = [:]

@@ -47,8 +47,9 @@ final class PoolState {
 /// Every pool's crash record. Loop-confined.
 final class PoolSupervisor {
     // Stored properties `@exclusivity(unchecked)`, as the engine's other tables: loop-confined data whose methods
-    // call nothing that could reach back into it (callbacks are read out and called after the access ends), so
-    // the runtime's access checks could never fire. They were ~10% of the checks a simulated schedule made.
+    // call nothing that could reach back into it while an access is open (a caller's predicate, as in
+    // `first(where:)`, runs over a copy the read has already taken; keep it so), so the runtime's access checks
+    // could never fire. They were ~10% of the checks a simulated schedule made.
     @exclusivity(unchecked) private(set) var pools: [String: PoolState] = [:]
 
     /// Pool `key`'s state, made on first use.

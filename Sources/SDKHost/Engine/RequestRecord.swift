@@ -54,7 +54,8 @@ final class RequestRecord {
     // call nothing that could reach back into it, so the runtime's access checks could never fire. They were ~10%
     // of the checks a simulated schedule made. What holds the caller's closures or objects (`deliver`,
     // `progress`, `deliverForwarded`, `services`, `hostCalls`, `onWorkerAssigned`) keeps its checks: dropping one
-    // runs the caller's deinits inside the write.
+    // runs the caller's deinits inside the write. `items` holds the caller's files too, but their deinit only
+    // closes a descriptor.
     /// Its phase, and the changes that led there with their causes (the last `historyLimit`).
     @exclusivity(unchecked) private(set) var phase = RequestPhase.begun
     @exclusivity(unchecked) private(set) var history: [(to: RequestPhase, cause: StaticString)] = []

@@ -9,8 +9,9 @@
 /// Requests begun and not ended, and the queues of those waiting for a worker.
 final class RequestTable {
     // Stored properties `@exclusivity(unchecked)`, as the engine's other tables: loop-confined data whose methods
-    // call nothing that could reach back into it (callbacks are read out and called after the access ends), so
-    // the runtime's access checks could never fire. They were ~10% of the checks a simulated schedule made.
+    // call nothing that could reach back into it while an access is open (a caller's predicate, as in
+    // `first(where:)`, runs over a copy the read has already taken; keep it so), so the runtime's access checks
+    // could never fire. They were ~10% of the checks a simulated schedule made.
     @exclusivity(unchecked) private var records: [RequestID: RequestRecord] = [:]
     @exclusivity(unchecked) private var queues: [String: RequestQueue] = [:]
 
