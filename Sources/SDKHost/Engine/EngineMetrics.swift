@@ -5,10 +5,7 @@
 
 /// The engine's figures. Loop-confined.
 final class EngineMetrics {
-    // Stored properties `@exclusivity(unchecked)`, as the engine's other tables: loop-confined data whose methods
-    // call nothing that could reach back into it while an access is open (a caller's predicate, as in
-    // `first(where:)`, runs over a copy the read has already taken; keep it so), so the runtime's access checks
-    // could never fire. They were ~10% of the checks a simulated schedule made.
+    // Stored properties `@exclusivity(unchecked)`: see RequestTable.
     /// Each extension's counters and activity, made on first use; a request holds its extension's, so counting
     /// it costs no lookup by name.
     @exclusivity(unchecked) private(set) var tallies: [String: ExtensionTally] = [:]
@@ -125,7 +122,7 @@ struct LatencyHistogram: Sendable, Equatable {
 /// An extension's counters and what its requests did. A class, so a request can keep its extension's and count
 /// in place.
 final class ExtensionTally {
-    // Unchecked stored properties: see EngineMetrics.
+    // Stored properties `@exclusivity(unchecked)`: see RequestTable.
     @exclusivity(unchecked) var statistics = HostStatistics()
     @exclusivity(unchecked) var activity = ExtensionActivity()
 

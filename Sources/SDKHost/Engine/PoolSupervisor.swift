@@ -8,7 +8,7 @@ import SDKPosix
 
 /// Crash-loop state of one pool. Loop-confined.
 final class PoolState {
-    // Unchecked stored properties: see PoolSupervisor.
+    // Stored properties `@exclusivity(unchecked)`: see RequestTable.
     let key: String
     let extensionID: String
     /// The app (uid plus name) this pool serves; nil for the extension's base pool.
@@ -46,10 +46,7 @@ final class PoolState {
 
 /// Every pool's crash record. Loop-confined.
 final class PoolSupervisor {
-    // Stored properties `@exclusivity(unchecked)`, as the engine's other tables: loop-confined data whose methods
-    // call nothing that could reach back into it while an access is open (a caller's predicate, as in
-    // `first(where:)`, runs over a copy the read has already taken; keep it so), so the runtime's access checks
-    // could never fire. They were ~10% of the checks a simulated schedule made.
+    // Stored properties `@exclusivity(unchecked)`: see RequestTable.
     @exclusivity(unchecked) private(set) var pools: [String: PoolState] = [:]
 
     /// Pool `key`'s state, made on first use.

@@ -50,12 +50,10 @@ enum RequestPhase: String, Equatable, CustomStringConvertible {
 
 /// One request. Loop-confined.
 final class RequestRecord {
-    // Stored properties `@exclusivity(unchecked)`, as the engine's other tables: loop-confined data whose methods
-    // call nothing that could reach back into it, so the runtime's access checks could never fire. They were ~10%
-    // of the checks a simulated schedule made. What holds the caller's closures or objects (`deliver`,
-    // `progress`, `deliverForwarded`, `services`, `hostCalls`, `onWorkerAssigned`) keeps its checks: dropping one
-    // runs the caller's deinits inside the write. `items` holds the caller's files too, but their deinit only
-    // closes a descriptor.
+    // Stored properties `@exclusivity(unchecked)` (see RequestTable), but what holds the caller's closures or
+    // objects (`deliver`, `progress`, `deliverForwarded`, `services`, `hostCalls`, `onWorkerAssigned`) keeps its
+    // checks: dropping one runs the caller's deinits inside the write. `items` holds the caller's files too, but
+    // their deinit only closes a descriptor.
     /// Its phase, and the changes that led there with their causes (the last `historyLimit`).
     @exclusivity(unchecked) private(set) var phase = RequestPhase.begun
     @exclusivity(unchecked) private(set) var history: [(to: RequestPhase, cause: StaticString)] = []
@@ -130,7 +128,7 @@ final class RequestRecord {
 
 /// Requests waiting for a worker, oldest first. Loop-confined.
 final class RequestQueue {
-    // Unchecked stored properties: see RequestRecord.
+    // Stored properties `@exclusivity(unchecked)`: see RequestTable.
     @exclusivity(unchecked) private(set) var count = 0
     @exclusivity(unchecked) private var head: RequestRecord?
     @exclusivity(unchecked) private unowned(unsafe) var tail: RequestRecord?

@@ -9,7 +9,7 @@ import Glibc
 import SDKPosix
 
 final class WorkerProcess {
-    // Stored properties `@exclusivity(unchecked)` (see RequestRecord), but for `stdoutLines` and `stderrLines`,
+    // Stored properties `@exclusivity(unchecked)` (see RequestTable), but for `stdoutLines` and `stderrLines`,
     // whose appends call the engine's log sink inside the access, and `readyWaiters`, which holds callers'
     // closures. `lifecycle`'s one callout, its observer, counts transitions in EngineMetrics and never reaches a
     // worker.

@@ -21,10 +21,7 @@ protocol PooledWorker: AnyObject {
 
 /// The workers listed per pool, and those waiting to be reaped. Loop-confined.
 final class WorkerTable<Worker: PooledWorker> {
-    // Stored properties `@exclusivity(unchecked)`, as the engine's other tables: loop-confined data whose methods
-    // call nothing that could reach back into it while an access is open (a caller's predicate, as in
-    // `first(where:)`, runs over a copy the read has already taken; keep it so), so the runtime's access checks
-    // could never fire. They were ~10% of the checks a simulated schedule made.
+    // Stored properties `@exclusivity(unchecked)`: see RequestTable.
     @exclusivity(unchecked) private var pools: [String: [Worker]] = [:]
     /// Ended on their exit notice and not yet reaped: no longer listed.
     @exclusivity(unchecked) private(set) var dying: [Worker] = []
