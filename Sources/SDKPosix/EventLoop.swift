@@ -332,9 +332,14 @@ public final class EventLoop: @unchecked Sendable {
     /// captured by a nested function made every access to them a checked one, two runtime calls a turn.
     @inline(__always)
     private static func wait(_ epfd: Int32, _ fds: inout [Int32], _ events: inout [UInt32], _ timeout: Int32) -> Int32 {
-        fds.withUnsafeMutableBufferPointer { f in
-            events.withUnsafeMutableBufferPointer { e in sdk_epoll_wait(epfd, f.baseAddress, e.baseAddress, 64, timeout) }
-        }
+        fds.withUnsafeMutableBufferPointer { f in events.withUnsafeMutableBufferPointer { e in wait(epfd, f, e, timeout) } }
+    }
+
+    /// The same into buffers already held (the busy poll's, which waits many times).
+    @inline(__always)
+    private static func wait(_ epfd: Int32, _ fds: UnsafeMutableBufferPointer<Int32>, _ events: UnsafeMutableBufferPointer<UInt32>,
+                             _ timeout: Int32) -> Int32 {
+        sdk_epoll_wait(epfd, fds.baseAddress, events.baseAddress, 64, timeout)
     }
 
     private func runBeforeSleepHooks() {
@@ -448,7 +453,7 @@ public final class EventLoop: @unchecked Sendable {
                 n = fds.withUnsafeMutableBufferPointer { f in
                     events.withUnsafeMutableBufferPointer { e in
                         busyPoll(nanoseconds: busyPollNanoseconds, stopsWhen: { runQueue?.oversubscribed() ?? false }) {
-                            sdk_epoll_wait(epfd, f.baseAddress, e.baseAddress, 64, 0)
+                            Self.wait(epfd, f, e, 0)
                         }
                     }
                 }
