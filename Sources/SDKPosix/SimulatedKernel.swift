@@ -261,6 +261,7 @@ package final class SimulatedKernel: @unchecked Sendable {
     package func unreadOutput(_ fd: Int32) -> Int { endpoint(fd, "ioctl(SIOCOUTQ)").outbound?.unread ?? 0 }
 
     /// What epoll would report for `fd` now (level-triggered), before masking with what is watched.
+    @inline(__always)
     package func readiness(_ fd: Int32) -> UInt32 {
         guard let endpoint = lookup(fd) else { return 0 }
         let readable = SDK_EPOLLIN, writable = SDK_EPOLLOUT, peerClosed = SDK_EPOLLRDHUP
@@ -324,17 +325,26 @@ struct SimulatedWatchList {
     mutating func ready(into fds: inout [Int32], _ events: inout [UInt32], after count: Int, hangUp: UInt32) -> Int32 {
         guard let kernel = SimulatedKernel.current else { return Int32(count) }
         var n = count
-        let start = interest.firstIndex { $0.fd > scanAfter } ?? 0
-        for i in 0..<interest.count where n < fds.count {
-            let (fd, watched) = interest[(start + i) % interest.count]
-            let ready = kernel.readiness(fd) & (watched | hangUp)
-            if ready != 0 {
-                fds[n] = fd
-                events[n] = ready
-                n += 1
+        let limit = fds.count
+        let start = scanAfter < 0 ? 0 : interest.firstIndex { $0.fd > scanAfter } ?? 0
+        // From `start` to the end, then from the first up to `start` (no division per descriptor).
+        interest.withUnsafeBufferPointer { watched in
+            fds.withUnsafeMutableBufferPointer { fds in
+                events.withUnsafeMutableBufferPointer { events in
+                    for pass in 0..<2 {
+                        for i in pass == 0 ? start..<watched.count : 0..<start where n < limit {
+                            let ready = kernel.readiness(watched[i].fd) & (watched[i].events | hangUp)
+                            if ready != 0 {
+                                fds[n] = watched[i].fd
+                                events[n] = ready
+                                n += 1
+                            }
+                        }
+                    }
+                }
             }
         }
-        scanAfter = n == fds.count ? fds[n - 1] : -1
+        scanAfter = n == limit ? fds[n - 1] : -1
         return Int32(n)
     }
 }

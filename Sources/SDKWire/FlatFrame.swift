@@ -354,8 +354,7 @@ package enum FlatFrame {
         }
         guard start + length <= end else { return nil }
         let bytes = UnsafeRawBufferPointer(rebasing: payload[start..<start + length])
-        for b in bytes where b >= 0x80 { return nil }
-        return bytes
+        return firstNonASCII(bytes) == nil ? bytes : nil
     }
 }
 
