@@ -56,6 +56,8 @@ package final class HostEngine: @unchecked Sendable {
     var rootTemplates: String?
     /// A request waits for a worker cap to make room (HostEngine+Capacity).
     var waitingForRoom = false
+    /// Each extension's worker environment and what it was made of (`workerEnvironment`).
+    var workerEnvironments: [String: (inputs: WorkerEnvironmentInputs, environment: [String])] = [:]
     /// Each pool's crash record, quarantine and probation (PoolSupervisor.swift).
     let supervisor = PoolSupervisor()
     /// Counters, latencies, crash and leak reports, worker transitions (EngineMetrics.swift).
