@@ -365,22 +365,3 @@ func hex(_ byte: UInt8) -> String {
     let s = String(byte, radix: 16)
     return s.count == 1 ? "0" + s : s
 }
-
-/// The first byte of `bytes` that is not ASCII (0x80 or above), or nil. Eight bytes at a time: every string of
-/// every message is checked (a request id is 36 bytes), and a byte-by-byte loop was ~2% of the simulation.
-@inline(__always)
-func firstNonASCII(_ bytes: UnsafeRawBufferPointer) -> UInt8? {
-    guard let base = bytes.baseAddress else { return nil }
-    let count = bytes.count
-    var i = 0
-    while i + 8 <= count {
-        if base.loadUnaligned(fromByteOffset: i, as: UInt64.self) & 0x8080_8080_8080_8080 != 0 { break }
-        i += 8
-    }
-    while i < count {
-        let b = base.load(fromByteOffset: i, as: UInt8.self)
-        if b >= 0x80 { return b }
-        i += 1
-    }
-    return nil
-}
