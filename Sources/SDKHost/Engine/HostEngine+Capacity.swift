@@ -19,21 +19,31 @@ extension HostEngine {
     /// Whether a new worker for pool `key` (of `app`) fits under the caps. When it does not, an idle worker in
     /// the way is retired (unless one is already on its way out) and the caller's request waits.
     func capacityAllows(pool key: String, app: String?) -> Bool {
-        let running = workers.all.filter { !$0.lifecycle.phase.isOver }
-        if running.count >= configuration.maxWorkersTotal {
-            makeRoom(among: running, limit: "MaxWorkersTotal \(configuration.maxWorkersTotal)")
+        // One pass, counting (asked before every spawn); the workers in the way are listed only when a cap is hit.
+        let uid = Self.uid(ofApp: app)
+        var running = 0, ofUID = 0, listsPool = false
+        var poolsOfUID: [String] = []
+        for worker in workers.all where !worker.lifecycle.phase.isOver {
+            running += 1
+            guard let uid, Self.uid(ofApp: worker.app) == uid else { continue }
+            ofUID += 1
+            if worker.poolKey == key { listsPool = true }
+            if !poolsOfUID.contains(worker.poolKey) { poolsOfUID.append(worker.poolKey) }
+        }
+        func inTheWay(ofUID only: Bool) -> [WorkerProcess] {
+            workers.all.filter { !$0.lifecycle.phase.isOver && (!only || Self.uid(ofApp: $0.app) == uid) }
+        }
+        if running >= configuration.maxWorkersTotal {
+            makeRoom(among: inTheWay(ofUID: false), limit: "MaxWorkersTotal \(configuration.maxWorkersTotal)")
             return false
         }
-        guard let uid = Self.uid(ofApp: app) else { return true }
-        let ofUID = running.filter { Self.uid(ofApp: $0.app) == uid }
-        if ofUID.count >= configuration.maxWorkersPerUID {
-            makeRoom(among: ofUID, limit: "MaxWorkersPerUID \(configuration.maxWorkersPerUID)")
+        guard uid != nil else { return true }
+        if ofUID >= configuration.maxWorkersPerUID {
+            makeRoom(among: inTheWay(ofUID: true), limit: "MaxWorkersPerUID \(configuration.maxWorkersPerUID)")
             return false
         }
-        if !ofUID.contains(where: { $0.poolKey == key }),
-            Set(ofUID.map { $0.poolKey }).count >= configuration.maxAppPoolsPerUID
-        {
-            makeRoom(among: ofUID, limit: "MaxAppPoolsPerUID \(configuration.maxAppPoolsPerUID)")
+        if !listsPool, poolsOfUID.count >= configuration.maxAppPoolsPerUID {
+            makeRoom(among: inTheWay(ofUID: true), limit: "MaxAppPoolsPerUID \(configuration.maxAppPoolsPerUID)")
             return false
         }
         return true
