@@ -103,6 +103,13 @@ package final class ScheduleState: @unchecked Sendable {
         self.identifier = identifier
         trace = StepTrace(enabled: tracing)
         self.files = files ?? SimFiles(bytes: SimFiles.appBytes)
+        // A schedule of 80 steps begins ~35 requests: its tables are made that size at once, not grown (and
+        // every id hashed again) several times over.
+        outcomes.withLock { $0.reserveCapacity(64) }
+        sends.reserveCapacity(64)
+        endedBeforeLastPump.reserveCapacity(64)
+        begun.reserveCapacity(64)
+        handles.reserveCapacity(64)
     }
 
     /// Whether a handler of a request is still retained.

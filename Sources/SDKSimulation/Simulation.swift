@@ -42,7 +42,24 @@ package struct SimulationTally {
     /// Requests' outcomes by kind ("completed", "timed out", …).
     package var outcomes: [String: Int] = [:]
     /// Worker lifecycle transitions by kind ("ready→killed", …).
-    package var transitions: [String: Int] = [:]
+    package var transitions: [String: Int] {
+        var named = mergedTransitions
+        for (i, count) in transitionCounts.enumerated() where count > 0 {
+            named[HostEngine.workerTransitionNames[i], default: 0] += count
+        }
+        return named
+    }
+    /// This process's schedules' transitions, by the engine's index of their kind (named when read: a name per
+    /// kind hashed after every schedule was ~0.7% of one).
+    private var transitionCounts: [Int] = []
+    /// The transitions of other processes' tallies (`merge`), by name.
+    private var mergedTransitions: [String: Int] = [:]
+
+    /// Adds a schedule's `HostEngine.workerTransitionCounts`.
+    mutating func addTransitions(_ counts: [Int]) {
+        if transitionCounts.isEmpty { transitionCounts = counts; return }
+        for i in counts.indices { transitionCounts[i] += counts[i] }
+    }
     package var steps = 0
     /// Completions that brought files back to the app (descriptors passed both ways).
     package var filesReturned = 0
@@ -76,7 +93,7 @@ package struct SimulationTally {
             let name = String(fields[1]), count = Int(truncatingIfNeeded: value)
             switch fields[0] {
             case "outcome": outcomes[name, default: 0] += count
-            case "transition": transitions[name, default: 0] += count
+            case "transition": mergedTransitions[name, default: 0] += count
             case "digest": traceDigest &+= value
             case "count":
                 switch name {
@@ -363,7 +380,7 @@ package struct Simulation {
                 tally.clientRequests += client.requests.count
                 tally.clientOutcomes += client.outcomes.values.reduce(0, +)
             }
-            for (kind, count) in engine.workerTransitions { tally.transitions[kind, default: 0] += count }
+            tally.addTransitions(engine.workerTransitionCounts)
             return nil
         }()
         // Every step, and how each request ended.

@@ -16,9 +16,13 @@ final class EngineMetrics {
     static let recentLeakLimit = 32
     /// How many times each kind of worker transition happened (WorkerLifecycle): counted by phase pair, named
     /// ("starting→ready") only when read. A name built and hashed per transition was ~2 k instructions each.
-    @exclusivity(unchecked) private var transitionCounts: [Int] = Array(repeating: 0, count: phaseCount * phaseCount)
+    @exclusivity(unchecked) private(set) var transitionCounts: [Int] = Array(repeating: 0, count: phaseCount * phaseCount)
     private static let phases = WorkerLifecycle.Phase.allCases
     private static let phaseCount = phases.count
+    /// The name of each kind counted in `transitionCounts`, at the same index ("starting→ready").
+    static let transitionNames: [String] = (0..<phaseCount * phaseCount).map {
+        "\(phases[$0 / phaseCount])→\(phases[$0 % phaseCount])"
+    }
 
     /// Counts one worker transition.
     func countTransition(from: WorkerLifecycle.Phase, to: WorkerLifecycle.Phase) {
@@ -28,9 +32,7 @@ final class EngineMetrics {
     /// How many times each kind of transition that happened did, by name ("starting→ready").
     var transitions: [String: Int] {
         var named: [String: Int] = [:]
-        for (i, count) in transitionCounts.enumerated() where count > 0 {
-            named["\(Self.phases[i / Self.phaseCount])→\(Self.phases[i % Self.phaseCount])"] = count
-        }
+        for (i, count) in transitionCounts.enumerated() where count > 0 { named[Self.transitionNames[i]] = count }
         return named
     }
 
