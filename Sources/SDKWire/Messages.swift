@@ -155,7 +155,7 @@ public enum Message: Sendable, Equatable {
     public var plist: PlistValue {
         if let flat = flatFields {
             var d = [String: PlistValue](minimumCapacity: flat.count)
-            for (key, value) in flat { d[key.rawValue] = value.plist }
+            for field in flat { d[field.key.rawValue] = field.value.plist }
             return .dictionary(d)
         }
         switch self {
@@ -209,37 +209,51 @@ public enum Message: Sendable, Equatable {
     package var flatFields: FlatFields? {
         switch self {
         case let .hello(version, identifier, hostPid, idle):
-            [(.type, .type(.hello)), (.version, .integer(version)), (.identifier, .string(identifier)),
-             (.hostPid, .integer(Int64(hostPid))), (.idleTimeoutMs, .integer(idle))]
+            [.field(.type, .type(.hello)), .field(.version, .integer(version)), .field(.identifier, .string(identifier)),
+             .field(.hostPid, .integer(Int64(hostPid))), .field(.idleTimeoutMs, .integer(idle))]
         case let .welcome(version, identifier, pid):
-            [(.type, .type(.welcome)), (.version, .integer(version)), (.identifier, .string(identifier)), (.pid, .integer(Int64(pid)))]
-        case let .credit(id, count): [(.type, .type(.credit)), (.id, .id(id)), (.count, .integer(count))]
-        case let .cancel(id): [(.type, .type(.cancel)), (.id, .id(id))]
-        case let .ping(seq): [(.type, .type(.ping)), (.seq, .integer(seq))]
-        case let .pong(seq): [(.type, .type(.pong)), (.seq, .integer(seq))]
+            [.field(.type, .type(.welcome)), .field(.version, .integer(version)), .field(.identifier, .string(identifier)),
+             .field(.pid, .integer(Int64(pid)))]
+        case let .credit(id, count):
+            [.field(.type, .type(.credit)), .field(.id, .id(id)), .field(.count, .integer(count))]
+        case let .cancel(id): [.field(.type, .type(.cancel)), .field(.id, .id(id))]
+        case let .ping(seq): [.field(.type, .type(.ping)), .field(.seq, .integer(seq))]
+        case let .pong(seq): [.field(.type, .type(.pong)), .field(.seq, .integer(seq))]
         case let .error(message, id):
-            if let id { [(.type, .type(.error)), (.message, .string(message)), (.id, .id(id))] } else { [(.type, .type(.error)), (.message, .string(message))] }
+            if let id {
+                [.field(.type, .type(.error)), .field(.message, .string(message)), .field(.id, .id(id))]
+            } else {
+                [.field(.type, .type(.error)), .field(.message, .string(message))]
+            }
         case let .connect(version, app):
-            if let app { [(.type, .type(.connect)), (.version, .integer(version)), (.app, .string(app))] } else { [(.type, .type(.connect)), (.version, .integer(version))] }
-        case let .prewarm(id, extensionID): [(.type, .type(.prewarm)), (.id, .id(id)), (.`extension`, .string(extensionID))]
-        case let .prewarmed(id, pid): [(.type, .type(.prewarmed)), (.id, .id(id)), (.pid, .integer(Int64(pid)))]
-        case .subscribe: [(.type, .type(.subscribe))]
-        case let .assigned(id, pid): [(.type, .type(.assigned)), (.id, .id(id)), (.pid, .integer(Int64(pid)))]
-        case let .launchFailed(reason): [(.type, .type(.launchFailed)), (.reason, .string(reason))]
-        case let .status(seq): [(.type, .type(.status)), (.seq, .integer(seq))]
-        case let .hostCallCancel(id, call): [(.type, .type(.hostCallCancel)), (.id, .id(id)), (.call, .integer(call))]
-        case let .unknown(type): [(.type, .string(type))]
+            if let app {
+                [.field(.type, .type(.connect)), .field(.version, .integer(version)), .field(.app, .string(app))]
+            } else {
+                [.field(.type, .type(.connect)), .field(.version, .integer(version))]
+            }
+        case let .prewarm(id, extensionID):
+            [.field(.type, .type(.prewarm)), .field(.id, .id(id)), .field(.`extension`, .string(extensionID))]
+        case let .prewarmed(id, pid):
+            [.field(.type, .type(.prewarmed)), .field(.id, .id(id)), .field(.pid, .integer(Int64(pid)))]
+        case .subscribe: [.field(.type, .type(.subscribe))]
+        case let .assigned(id, pid):
+            [.field(.type, .type(.assigned)), .field(.id, .id(id)), .field(.pid, .integer(Int64(pid)))]
+        case let .launchFailed(reason): [.field(.type, .type(.launchFailed)), .field(.reason, .string(reason))]
+        case let .status(seq): [.field(.type, .type(.status)), .field(.seq, .integer(seq))]
+        case let .hostCallCancel(id, call):
+            [.field(.type, .type(.hostCallCancel)), .field(.id, .id(id)), .field(.call, .integer(call))]
+        case let .unknown(type): [.field(.type, .string(type))]
         case let .cancelled(id, error):
             // The table's keys in order: code, domain, message.
-            [(.type, .type(.cancelled)), (.id, .id(id)),
-             (.error, .table([(MessageKey.code.rawValue, .integer(error.code)), (MessageKey.domain.rawValue, .string(error.domain)),
-                              (MessageKey.message.rawValue, .string(error.message))]))]
+            [.field(.type, .type(.cancelled)), .field(.id, .id(id)),
+             .field(.error, .table([(MessageKey.code.rawValue, .integer(error.code)), (MessageKey.domain.rawValue, .string(error.domain)),
+                                    (MessageKey.message.rawValue, .string(error.message))]))]
         case let .connected(version, pid, extensions, points):
-            [(.type, .type(.connected)), (.version, .integer(version)), (.pid, .integer(Int64(pid))),
-             (.extensions, .strings(extensions)),
-             (.points, .table(points.sorted { $0.key < $1.key }.map { ($0.key, .string($0.value)) }))]
+            [.field(.type, .type(.connected)), .field(.version, .integer(version)), .field(.pid, .integer(Int64(pid))),
+             .field(.extensions, .strings(extensions)),
+             .field(.points, .table(points.sorted { $0.key < $1.key }.map { ($0.key, .string($0.value)) }))]
         case let .interrupted(id, reason):
-            FlatScalar.table(reason).map { [(.type, .type(.interrupted)), (.id, .id(id)), (.reason, .table($0))] }
+            FlatScalar.table(reason).map { [.field(.type, .type(.interrupted)), .field(.id, .id(id)), .field(.reason, .table($0))] }
         case .begin, .complete, .partial, .event, .sandboxed, .statusReport, .leak, .hostCall, .hostCallResult,
             .hostCallError:
             nil

@@ -37,7 +37,7 @@ import Testing
     static func allASCII(_ fields: FlatFields) -> Bool {
         func ascii(_ s: String) -> Bool { s.utf8.allSatisfy { $0 < 0x80 } }
         return fields.allSatisfy { field in
-            switch field.1 {
+            switch field.value {
             case .string(let s): ascii(s)
             case .strings(let list): list.allSatisfy(ascii)
             case .table(let entries):
@@ -164,7 +164,7 @@ import Testing
     @Test func fieldsOurWriterWouldNotWriteAreLeftToTheDecoder() throws {
         func payload(_ fields: [(MessageKey, FlatValue)]) -> [UInt8] {
             var out: [UInt8] = []
-            _ = FlatFrame.appendPayload(fields, to: &out)
+            _ = FlatFrame.appendPayload(fields.map { FlatField($0.0, $0.1) }, to: &out)
             return out
         }
         func fast(_ bytes: [UInt8]) -> Message? { bytes.withUnsafeBytes { FlatFrame.message(from: $0) } }
