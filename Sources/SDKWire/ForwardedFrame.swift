@@ -57,12 +57,22 @@ package struct ForwardedFrame: Sendable {
             refs = dict + 2 + (1 << Int(p[dict + 1] & 0x0F))
         }
         guard count <= objects else { return nil }
-        // A second "id" key is refused: a decoder keeps the last, and this would rewrite the first.
+        // A second "id" key is refused: a decoder keeps the last, and this would rewrite the first. So is a key in
+        // any form but an ASCII string (short, or with its length as a one-byte integer), as encoders write keys:
+        // a UTF-16 "id" is an id key too, and one this loop did not see would be the one a decoder reads.
         var found: Range<Int>?
         for k in 0..<count {
             guard let keyRef = uint(refs + k * refSize, refSize), let key = offset(ofObject: keyRef),
-                key + 3 <= trailer, p[key] == 0x52,
-                UnsafeRawBufferPointer(rebasing: p[(key + 1)..<(key + 3)]).spells(MessageKey.id.staticName)
+                key + 1 <= trailer, p[key] >> 4 == 0x5
+            else { return nil }
+            var length = Int(p[key] & 0x0F), start = key + 1
+            if length == 0x0F {
+                guard key + 3 <= trailer, p[key + 1] == 0x10 else { return nil }
+                length = Int(p[key + 2])
+                start = key + 3
+            }
+            guard length == 2, start + 2 <= trailer,
+                UnsafeRawBufferPointer(rebasing: p[start..<(start + 2)]).spells(MessageKey.id.staticName)
             else { continue }
             guard let valueRef = uint(refs + (count + k) * refSize, refSize), let value = offset(ofObject: valueRef),
                 value + 3 + 36 <= trailer, p[value] == 0x5F, p[value + 1] == 0x10, p[value + 2] == 36

@@ -55,6 +55,23 @@ import Testing
         #expect(array.withUnsafeBytes { ForwardedFrame.idRange(in: $0) } == nil)
     }
 
+    @Test func anIdKeyInAnotherFormIsNeverMissed() throws {
+        // Two "id" keys: the short ASCII one first, then "id" as UTF-16, or as ASCII with its length given as an
+        // integer. A decoder reads the last; rewriting the first would send on a frame whose id, as the receiver
+        // reads it, is another request's (the peer's own choice).
+        let first = RequestID(), last = RequestID()
+        func uuid(_ id: RequestID) -> [UInt8] { [0x5F, 0x10, 36] + Array(id.uuidString.utf8) }
+        for lastKey: [UInt8] in [[0x62, 0, 0x69, 0, 0x64], [0x5F, 0x10, 2, 0x69, 0x64]] {
+            let bytes = handBuilt(objects: [
+                [0xD4, 1, 2, 3, 4, 5, 6, 7, 8],  // {type, id, items, id}: keys 1-4, values 5-8
+                [0x54] + Array("type".utf8), [0x52] + Array("id".utf8), [0x55] + Array("items".utf8), lastKey,
+                [0x58] + Array("complete".utf8), uuid(first), [0xA0], uuid(last),
+            ])
+            #expect(try Message(plist: BinaryPlistDecoder.decode(bytes)) == .complete(id: last, items: []))
+            #expect(bytes.withUnsafeBytes { ForwardedFrame.idRange(in: $0) } == nil, "\(lastKey)")
+        }
+    }
+
     /// New ids are random version-4 UUIDs (128 bits from one getrandom call), or the daemon's `distinct()` ones:
     /// distinct and well-formed on the wire.
     @Test(arguments: [false, true])
@@ -87,9 +104,13 @@ import Testing
             default:  // random noise with a bplist magic
                 bytes = Array("bplist00".utf8) + (0..<Int.random(in: 0..<200, using: &g)).map { _ in UInt8.random(in: 0...255, using: &g) }
             }
-            // The answer is either nil or 36 bytes inside the payload, before its trailer.
+            // The answer is either nil or 36 bytes inside the payload, before its trailer, and they are the id a
+            // decoder reads.
             if let range = bytes.withUnsafeBytes({ ForwardedFrame.idRange(in: $0) }) {
                 #expect(range.count == 36 && range.lowerBound >= 0 && range.upperBound <= bytes.count - 32)
+                if let decoded = try? BinaryPlistDecoder.decode(bytes) {
+                    #expect(decoded["id"]?.stringValue == String(decoding: bytes[range], as: UTF8.self))
+                }
             }
         }
     }
