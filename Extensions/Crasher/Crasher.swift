@@ -17,12 +17,14 @@ enum Leak {
 
 @main
 struct Crasher: RequestHandler {
-    /// CRASHER_FAULT_AT_START=abort makes the worker die before the handshake (tests of a crash at launch);
+    /// CRASHER_FAULT_AT_START=abort makes the worker die before the handshake (tests of a crash at launch), `exit0`
+    /// exit 0 then;
     /// `abort-while:<path>` only while that file exists (a crash loop a test can end); `sleep:<ms>` starts slowly.
     init() {
         guard let raw = getenv("CRASHER_FAULT_AT_START") else { return }
         let fault = String(cString: raw)
         if fault == "abort" { abort() }
+        if fault == "exit0" { exit(0) }
         if fault.hasPrefix("abort-while:"), access(String(fault.dropFirst(12)), F_OK) == 0 { abort() }
         // `welcome-v1`: a welcome of protocol 1 before the runtime's own, as an extension built against the old SDK
         // would answer.
@@ -40,6 +42,22 @@ struct Crasher: RequestHandler {
             try? Frame.encode(Message.hostCall(id: RequestID(), call: 1, service: "document.part", items: []).plist,
                               with: &encoder, appendingTo: &frame)
             _ = frame.withUnsafeBytes { write(3, $0.baseAddress, $0.count) }
+        }
+        // `pingflood`: 100,000 pings before the handshake, then never a read: the host must not queue a pong for
+        // each (what it sends a worker that does not read stays in its memory).
+        if fault == "pingflood" {
+            var encoder = BinaryPlistEncoder()
+            var frames: [UInt8] = []
+            for seq in 0..<100_000 {
+                try? Frame.encode(Message.ping(seq: Int64(seq)).plist, with: &encoder, appendingTo: &frames)
+            }
+            var sent = 0
+            while sent < frames.count {
+                let n = frames.withUnsafeBytes { write(3, $0.baseAddress! + sent, $0.count - sent) }
+                if n <= 0 { break }
+                sent += n
+            }
+            while true { sleep(60) }
         }
         // `sleep:<ms>`: a slow start, so that a test can kill the worker before its handshake for certain.
         if fault.hasPrefix("sleep:"), let ms = UInt32(fault.dropFirst(6)) { usleep(ms * 1000) }
@@ -248,6 +266,20 @@ struct Crasher: RequestHandler {
             let partial: [UInt8] = [0, 0, 0, 100] + Array("bplist00xx".utf8)
             _ = partial.withUnsafeBytes { write(3, $0.baseAddress, $0.count) }
             kill(getpid(), SIGSTOP)
+        case "pong-forge":
+            // Hung (this handler, inline on the runtime's reader, sleeps for good), but a thread of its own sends a
+            // pong that answers no ping (seq -1) every 50 ms: the host must still see the heartbeats missed.
+            var thread = pthread_t()
+            pthread_create(&thread, nil, { _ in
+                var encoder = BinaryPlistEncoder()
+                while true {
+                    var frame: [UInt8] = []
+                    try? Frame.encode(Message.pong(seq: -1).plist, with: &encoder, appendingTo: &frame)
+                    _ = frame.withUnsafeBytes { write(3, $0.baseAddress, $0.count) }
+                    usleep(50_000)
+                }
+            }, nil)
+            while true { sleep(60) }
         case "stop":
             // Stops itself: it answers nothing, heartbeats included, and cannot honour a cancel.
             kill(getpid(), SIGSTOP)

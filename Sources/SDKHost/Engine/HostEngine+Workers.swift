@@ -16,6 +16,9 @@ import SDKPosix
 extension HostEngine {
     // MARK: I/O
 
+    /// A worker's ping is answered only while less than this is queued for it, unread.
+    static let maxPendingBytesForPong = 64 << 10
+
     func send(_ message: Message, to worker: WorkerProcess) {
         do {
             try worker.connection.send(message)
@@ -70,10 +73,22 @@ extension HostEngine {
                 log(.debug, "\(worker.extensionID): cancellation of \(id) acknowledged")
             }
             requestSlotFreed(worker)
-        case .pong:
+        case .pong(let seq):
+            // Only the answer to the ping outstanding counts: a pong of the worker's own (any seq, at any time) sent
+            // from another thread would keep a hung worker alive.
+            guard worker.pingSentAt != nil, seq == worker.pingSeq else {
+                log(.debug, "\(worker.extensionID) pid \(worker.pid): pong \(seq) answers no ping; ignored")
+                return
+            }
             worker.pingSentAt = nil
             worker.starvationCheck = nil
         case .ping(let seq):
+            // Answered while the worker reads what it is sent: the pongs of one that pings and never reads would
+            // pile up in its output buffer without bound.
+            guard worker.connection.pendingOutputBytes <= Self.maxPendingBytesForPong else {
+                log(.debug, "\(worker.extensionID) pid \(worker.pid): ping \(seq) not answered; its output is backed up")
+                return
+            }
             send(.pong(seq: seq), to: worker)
         case .error(let text, let id):
             logForWorker(worker, .warning, "\(worker.extensionID) pid \(worker.pid) reported an error\(id.map { " for \($0)" } ?? ""): "
