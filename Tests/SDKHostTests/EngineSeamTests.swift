@@ -167,6 +167,71 @@ final class Canary: Sendable {}
         }
     }
 
+    /// A daemon client may name any extension: requests for 500 that are not installed, each name 4 KB, each end
+    /// `launchFailed` once, and leave no counters (nor status entries) behind: a tally each grew without bound.
+    @Test func requestsForExtensionsNotInstalledLeaveNothingPerName() async throws {
+        try await withHost { host, _ in
+            let before = try #require(await host.status())
+            let outcomes = Mutex<[RequestID: [RequestOutcome]]>([:])
+            for i in 0..<500 {
+                let id = RequestID()
+                host.engine.submit(SubmittedRequest(
+                    id: id, extensionID: "com.example.absent.\(i)." + String(repeating: "x", count: 4096),
+                    items: [ExtensionItem(title: "x")], deadline: nil, onWorkerAssigned: nil,
+                    deliver: { outcome in outcomes.withLock { $0[id, default: []].append(outcome) } }))
+            }
+            #expect(await eventually { outcomes.withLock { $0.count } == 500 })
+            for (_, ended) in outcomes.withLock({ $0 }) {
+                guard ended.count == 1, case .interrupted(.launchFailed(let detail)) = ended[0] else {
+                    Issue.record("not one launchFailed: \(ended.map { "\($0)".prefix(80) })")
+                    continue
+                }
+                #expect(detail.hasPrefix("unknown extension com.example.absent."))
+            }
+            let after = try #require(await host.status())
+            #expect(after.extensions.count == before.extensions.count, "\(after.extensions.count) extensions listed")
+            #expect(!after.extensions.contains { $0.identifier.hasPrefix("com.example.absent.") })
+            #expect(after.totals == before.totals)
+        }
+    }
+
+    /// A worker that sends 100,000 pings and never reads: the host answers while its output to the worker is
+    /// small, and no more (a pong queued for each was 5 MB held for a worker that would never take it).
+    @Test func aWorkerThatPingsAndNeverReadsGetsNoPongsPiledUp() async throws {
+        try await withHost({ $0.workerEnvironment = ["CRASHER_FAULT_AT_START=pingflood"] }) { host, _ in
+            let crasher = try host.extension(identifier: "com.example.crasher")
+            let id = crasher.beginRequest(withInputItems: [ExtensionItem(title: "echo")], deadline: 60)
+            var most = 0
+            let start = monotonicNanoseconds()
+            while monotonicNanoseconds() - start < 5_000_000_000 {
+                let pending = await withCheckedContinuation { c in
+                    host.engine.loop.execute {
+                        c.resume(returning: host.engine.workers.all.map { $0.connection.pendingOutputBytes }.max() ?? 0)
+                    }
+                }
+                most = max(most, pending)
+                try await Task.sleep(nanoseconds: 20_000_000)
+            }
+            #expect(most > 0, "the worker's socket filled: pongs were queued")
+            #expect(most <= HostEngine.maxPendingBytesForPong + 4096, "\(most) bytes queued for a worker that never reads")
+            crasher.cancelRequest(id)
+        }
+    }
+
+    /// A hung worker whose own thread sends pongs that answer no ping is still killed as hung: a pong counts only
+    /// as the answer to the ping outstanding.
+    @Test func aPongThatAnswersNoPingDoesNotKeepAHungWorkerAlive() async throws {
+        try await withHost({
+            $0.heartbeatInterval = .seconds(0.1)
+            $0.heartbeatTimeout = .seconds(0.5)
+            $0.workerEnvironment = ["CRASHER_INLINE=1"]
+        }) { host, _ in
+            let (ext, recorder) = try recordedExtension(host, "com.example.crasher")
+            let id = ext.beginRequest(withInputItems: [ExtensionItem(title: "pong-forge")], deadline: 120)
+            #expect(await recorder.wait(for: id, timeout: 60) == .interrupted(.hang))
+        }
+    }
+
     @Test func pastMaxQueuedRequestsARequestEndsOverloadedAtOnce() async throws {
         try await withSingleSlotHost({ $0.maxQueuedRequests = 10 }) { host, ext in
             let recorder = Recorder()

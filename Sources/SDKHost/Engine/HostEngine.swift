@@ -166,9 +166,13 @@ package final class HostEngine: @unchecked Sendable {
         record.startedAt = loop.now
         record.poolKey = poolKey(manifest, app: record.app)
         if let manifest { record.slowRequestThreshold = nanoseconds(manifest.policy.slowRequestThresholdSeconds) }
-        let tally = metrics.tally(record.extensionID)
-        record.tally = tally
-        tally.statistics.requests += 1
+        // Counted per installed extension only: a daemon client may name any number that are not, and a tally
+        // (and a status entry) for each would grow without bound. Such a request ends at once, `launchFailed`.
+        if let manifest {
+            let tally = metrics.tally(manifest.identifier)
+            record.tally = tally
+            tally.statistics.requests += 1
+        }
         if let deadline = record.deadline {
             let id = record.id
             record.deadlineTimer = loop.schedule(afterNanoseconds: nanoseconds(deadline)) { [unowned self] in
@@ -310,10 +314,9 @@ package final class HostEngine: @unchecked Sendable {
         let deliverForwarded = record.deliverForwarded
         record.deliver = nil
         record.deliverForwarded = nil
-        let tally = record.tally ?? metrics.tally(record.extensionID)
         if case .completed = outcome { poolSucceeded(record.poolKey) }
         let elapsed = loop.now &- record.startedAt
-        if tally.record(outcome, elapsed: elapsed, slowThreshold: record.slowRequestThreshold) {
+        if let tally = record.tally, tally.record(outcome, elapsed: elapsed, slowThreshold: record.slowRequestThreshold) {
             log(.info, "\(record.extensionID): request \(id) ran \(Double(elapsed) / 1e6) ms (hang threshold "
                 + "\(Double(record.slowRequestThreshold) / 1e6) ms)")
         }
