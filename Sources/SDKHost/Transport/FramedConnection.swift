@@ -95,6 +95,8 @@ package final class FramedConnection {
     @exclusivity(unchecked) package var onForwardable: ((ScannedMessage) -> Bool)?
     /// Output queued and not yet written.
     package var pendingOutputBytes: Int { outbound.count - sent }
+    /// Bytes of memory the payload kept for `withForwardablePayload` holds (its capacity).
+    package var keptPayloadCapacity: Int { currentPayload.capacity }
     /// Descriptors sent or queued that the peer has not read, above which the connection ends; nil for no limit.
     /// A peer that never reads would otherwise keep them open in this process and in the kernel (which limits
     /// descriptors in flight per user: others' descriptor passing would fail).
@@ -345,6 +347,10 @@ package final class FramedConnection {
     }
 
     private func deliverFrames() {
+        // The payload kept for `withForwardablePayload` is needed only while its message is delivered: past 64 KiB
+        // it is let go once the frames read are delivered (an idle connection held its last frame, up to the
+        // frame limit, uncharged: 16 MiB for each of a client's connections).
+        defer { if currentPayload.capacity > 64 << 10 { currentPayload = [] } }
         while isOpen {
             let message: Message
             do {
