@@ -219,7 +219,9 @@ struct WorkerLifecycle {
             case nil: reason = .exited(-1)
             }
         }
-        let clean = status == .exited(0) && !hadRequests && kill == nil && violationAfterEnd == nil
+        // An exit 0 with nothing in flight is a worker stopping when idle; before its handshake it is a worker that
+        // never started (a warm pool's would be started again at once, for ever, never counted towards quarantine).
+        let clean = status == .exited(0) && welcomed && !hadRequests && kill == nil && violationAfterEnd == nil
         let stoppedByHost = retired && (kill == nil || kill?.reason == .hostShutdown)
         let crashed = !(clean || stoppedByHost)
         let onItsOwn: Bool
