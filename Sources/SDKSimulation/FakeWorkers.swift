@@ -53,6 +53,11 @@ package final class FakeWorker: WorkerChild, @unchecked Sendable {
     @exclusivity(unchecked) package var answersPings = true
     /// Whether the schedule's checks have seen it reaped.
     @exclusivity(unchecked) package var notedReaped = false
+    /// A slow start: it answers the host's hello only when the schedule says (`welcome(identifier:)`), and may die
+    /// before it does.
+    @exclusivity(unchecked) package var holdsWelcome = false
+    /// The hello it has not answered yet.
+    @exclusivity(unchecked) private var helloHeld = false
 
     /// Where its descriptors live: the simulated kernel, or (nil) the real one.
     let kernel: SimulatedKernel?
@@ -121,6 +126,15 @@ package final class FakeWorker: WorkerChild, @unchecked Sendable {
         _ = bytes.withUnsafeBytes { try? sendNonBlocking(socket, $0, descriptors: descriptors) }
     }
 
+    /// Ends a slow start: the welcome now if the hello came, at once when it comes otherwise.
+    package func welcome(identifier: String) {
+        holdsWelcome = false
+        if helloHeld {
+            helloHeld = false
+            send(.welcome(version: protocolVersion, identifier: identifier, pid: pid))
+        }
+    }
+
     /// Reads what the host sent (its socket is readable); answers hello and ping at once, records begins and
     /// cancels. Returns whether the host closed the socket.
     package func pump(identifier: String) -> Bool {
@@ -128,7 +142,8 @@ package final class FakeWorker: WorkerChild, @unchecked Sendable {
         let endOfFile = inbox.readAll(from: socket)
         while let message = inbox.nextMessage(scanningBegins: true) {
             switch message {
-            case .hello: send(.welcome(version: protocolVersion, identifier: identifier, pid: pid))
+            case .hello:
+                if holdsWelcome { helloHeld = true } else { send(.welcome(version: protocolVersion, identifier: identifier, pid: pid)) }
             case .ping(let seq): if answersPings { send(.pong(seq: seq)) }
             case .begin(let id, let items, _, _):
                 pending.append(id)
@@ -232,8 +247,8 @@ package final class SimWorkerFolders: WorkerFolders, @unchecked Sendable {
 
 /// Creates fake workers; can be told to fail the next spawn.
 package final class SimLauncher: WorkerLauncher, @unchecked Sendable {
-    // @unchecked Sendable: `workers` and `failNext` are behind the Mutex.
-    private let state = Mutex<(workers: [FakeWorker], failNext: Bool, nextPid: pid_t)>(([], false, 900_000))
+    // @unchecked Sendable: `workers`, `failNext` and `slowNext` are behind the Mutex.
+    private let state = Mutex<(workers: [FakeWorker], failNext: Bool, slowNext: Bool, nextPid: pid_t)>(([], false, false, 900_000))
 
     /// The exit-notice watcher the engine is given (`HostConfiguration.exitNoticeWatcher`).
     package let notices = SimExitNotices()
@@ -248,6 +263,8 @@ package final class SimLauncher: WorkerLauncher, @unchecked Sendable {
 
     package var workers: [FakeWorker] { state.withLock { $0.workers } }
     package func failNextSpawn() { state.withLock { $0.failNext = true } }
+    /// The next worker starts slowly (`FakeWorker.holdsWelcome`).
+    package func slowNextSpawn() { state.withLock { $0.slowNext = true } }
 
     package func launch(_ request: SpawnRequest) throws(SystemError) -> LaunchedWorker {
         let fail = state.withLock { s -> Bool in
@@ -268,13 +285,15 @@ package final class SimLauncher: WorkerLauncher, @unchecked Sendable {
             // Both ends of the socket: the engine's, and the fake worker's, which reads until EAGAIN.
             for fd in [sv[0], sv[1], out[0], err[0]] { _ = fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK) }
         }
-        let pid = state.withLock { s -> pid_t in
+        let (pid, slow) = state.withLock { s -> (pid_t, Bool) in
             s.nextPid += 1
-            return s.nextPid
+            defer { s.slowNext = false }
+            return (s.nextPid, s.slowNext)
         }
         // The page alone, with no memfd: that would be the worker's descriptor 5, and this worker has no process.
         let page = ExitNoticePage.unshared()
         let worker = FakeWorker(pid: pid, socket: sv[1], stdoutWrite: out[1], stderrWrite: err[1], exitNotice: page, kernel: kernel)
+        worker.holdsWelcome = slow
         state.withLock { $0.workers.append(worker) }
         return LaunchedWorker(child: worker, socket: FileDescriptor(adopting: sv[0]),
                               stdout: FileDescriptor(adopting: out[0]), stderr: FileDescriptor(adopting: err[0]),

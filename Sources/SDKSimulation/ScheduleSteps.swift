@@ -149,7 +149,8 @@ package final class ScheduleState: @unchecked Sendable {
     /// `apps`, half from one of three daemon apps), a cancel, a worker that completes (sending back its begin's
     /// files; sometimes twice), acknowledges a cancel, sends a partial result (sometimes a burst past the credit
     /// window), crashes, starts exiting with an exit notice, gets a notice that is not an exit, exits or replies
-    /// for an unknown id, a spawn that fails, or the clock moving.
+    /// for an unknown id, a spawn that fails, a spawn that starts slowly (and welcomes, crashes or exits 0 before its
+    /// handshake at a later step), or the clock moving.
     package func step(_ rng: inout SimulationRandom, engine: HostEngine, launcher: SimLauncher, clock: ManualClock,
                       apps: Bool)
     {
@@ -278,6 +279,24 @@ package final class ScheduleState: @unchecked Sendable {
             trace.append("worker \(worker.pid) sends \(count) partial result(s) for \(short(id))")
             if count == 20, outcomes.withLock({ $0[id] == nil }) { overran.append((id, pumps)) }
             for _ in 0..<count { worker.send(.partial(id: id, items: [ExtensionItem(title: "part")])) }
+        case 85..<86:
+            trace.append("the next spawn starts slowly")
+            launcher.slowNextSpawn()
+        case 86..<88:
+            // A worker that has not said welcome yet: it does now, or dies before its handshake (its requests go
+            // back to the queue, at most twice; an exit 0 then is no clean stop).
+            guard let worker = randomWorker({ $0.holdsWelcome }) else { break }
+            switch rng.next() % 3 {
+            case 0:
+                trace.append("worker \(worker.pid) says welcome at last")
+                worker.welcome(identifier: identifier)
+            case 1:
+                trace.append("worker \(worker.pid) crashes before its handshake")
+                worker.die(.signaled(SIGSEGV))
+            default:
+                trace.append("worker \(worker.pid) exits 0 before its handshake")
+                worker.die(.exited(0))
+            }
         default:
             let ms = rng.next() % 1500
             trace.append("clock +\(ms) ms")

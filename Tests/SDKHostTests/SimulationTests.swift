@@ -163,7 +163,7 @@ struct ThreadedSimulation {
             #expect(tally.outcomes[kind, default: 0] > 0, "no schedule ended a request as \(kind): \(tally.outcomes)")
         }
         for kind in ["starting→ready", "ready→killed", "killed→dead", "ready→retiring", "retiring→dead", "ready→dead",
-                     "ready→exiting", "exiting→dead", "ready→draining"] {
+                     "ready→exiting", "exiting→dead", "ready→draining", "starting→dead", "starting→killed"] {
             #expect(tally.transitions[kind, default: 0] > 0, "no worker went \(kind): \(tally.transitions)")
         }
         #expect(tally.filesReturned > 0, "no completion brought a file back")
