@@ -284,7 +284,7 @@ package final class ScheduleState: @unchecked Sendable {
             launcher.slowNextSpawn()
         case 86..<88:
             // A worker that has not said welcome yet: it does now, or dies before its handshake (its requests go
-            // back to the queue, at most twice; an exit 0 then is no clean stop).
+            // back to the queue, at most twice; the engine counts an exit 0 then as a crash, WorkerLifecycleTests).
             guard let worker = randomWorker({ $0.holdsWelcome }) else { break }
             switch rng.next() % 3 {
             case 0:

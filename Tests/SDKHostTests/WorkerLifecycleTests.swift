@@ -72,8 +72,7 @@ import Testing
         _ = life.reaped(.signaled(11))
         let welcomed = life.welcome()
         #expect(welcomed && life.welcomed && life.phase == .dead)
-        #expect(!life.ending(status: .signaled(11), hadRequests: true, launchFailure: nil, launcherFailureStatus: 125,
-                             shuttingDown: false).requeuesRequests)
+        #expect(!Self.ending(life, .signaled(11)).requeuesRequests)
     }
 
     @Test func halfAFrameLeftOnTheSocketOfAnExitedWorkerIsWhyItsRequestsEnd() {
@@ -113,9 +112,10 @@ import Testing
     }
 
     static func ending(_ life: WorkerLifecycle, _ status: SDKPosix.ExitStatus?, requests: Bool = true,
-                       launchFailure: String? = nil, shuttingDown: Bool = false) -> WorkerLifecycle.Ending {
-        life.ending(status: status, hadRequests: requests, launchFailure: launchFailure, launcherFailureStatus: 125,
-                    shuttingDown: shuttingDown)
+                       livedPastIdleTimeout: Bool = true, launchFailure: String? = nil,
+                       shuttingDown: Bool = false) -> WorkerLifecycle.Ending {
+        life.ending(status: status, hadRequests: requests, livedPastIdleTimeout: livedPastIdleTimeout,
+                    launchFailure: launchFailure, launcherFailureStatus: 125, shuttingDown: shuttingDown)
     }
 
     @Test func endingsAreAccountedForOnce() {
@@ -125,6 +125,9 @@ import Testing
         #expect(Self.ending(ready, .signaled(11)) == .init(reason: .signal(11), crashed: true, diedOnItsOwn: true, requeuesRequests: false))
         // An idle worker that exits 0: nothing to report.
         #expect(!Self.ending(ready, .exited(0), requests: false).crashed)
+        // Sooner than its idle timeout, or before its handshake, an exit 0 is no clean stop.
+        #expect(Self.ending(ready, .exited(0), requests: false, livedPastIdleTimeout: false).diedOnItsOwn)
+        #expect(Self.ending(WorkerLifecycle(), .exited(0), requests: false).diedOnItsOwn)
         // Died before its handshake, on its own: its requests wait for the next worker, unless the host stops.
         let fresh = WorkerLifecycle()
         #expect(Self.ending(fresh, .signaled(11)).requeuesRequests)

@@ -349,9 +349,10 @@ extension HostEngine {
 
         let inFlight = Array(worker.inFlight).sorted { $0.uuidString < $1.uuidString }
         worker.inFlight.removeAll()
+        let idle = nanoseconds(worker.idleTimeoutOverride ?? worker.policy.idleTimeoutSeconds)
         let ending = worker.lifecycle.ending(
-            status: status, hadRequests: !inFlight.isEmpty, launchFailure: worker.launchFailure,
-            launcherFailureStatus: launcherFailureStatus, shuttingDown: shuttingDown)
+            status: status, hadRequests: !inFlight.isEmpty, livedPastIdleTimeout: loop.now &- worker.startedAt >= idle,
+            launchFailure: worker.launchFailure, launcherFailureStatus: launcherFailureStatus, shuttingDown: shuttingDown)
         let reason = ending.reason, crashed = ending.crashed
         if crashed { count(worker.extensionID, \.crashes) }
         let waiters = worker.readyWaiters

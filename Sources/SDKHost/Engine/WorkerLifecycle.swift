@@ -202,8 +202,8 @@ struct WorkerLifecycle {
 
     /// Its ending, given its exit `status`, whether requests were in flight, the launcher's failure if it
     /// reported one, and whether the host is stopping.
-    func ending(status: ExitStatus?, hadRequests: Bool, launchFailure: String?, launcherFailureStatus: Int32,
-                shuttingDown: Bool) -> Ending
+    func ending(status: ExitStatus?, hadRequests: Bool, livedPastIdleTimeout: Bool, launchFailure: String?,
+                launcherFailureStatus: Int32, shuttingDown: Bool) -> Ending
     {
         let reason: InterruptionReason
         if let launchFailure, status == .exited(launcherFailureStatus) {
@@ -219,9 +219,12 @@ struct WorkerLifecycle {
             case nil: reason = .exited(-1)
             }
         }
-        // An exit 0 with nothing in flight is a worker stopping when idle; before its handshake it is a worker that
-        // never started (a warm pool's would be started again at once, for ever, never counted towards quarantine).
-        let clean = status == .exited(0) && welcomed && !hadRequests && kill == nil && violationAfterEnd == nil
+        // An exit 0 with nothing in flight, after its handshake and its idle timeout, is a worker stopping when
+        // idle (a runtime's backstop waits twice the timeout; the host retires idle workers first). Sooner, it is
+        // a worker that would not stay up: a warm pool's would be started again at once, for ever, and never
+        // counted towards quarantine.
+        let clean = status == .exited(0) && welcomed && livedPastIdleTimeout && !hadRequests && kill == nil
+            && violationAfterEnd == nil
         let stoppedByHost = retired && (kill == nil || kill?.reason == .hostShutdown)
         let crashed = !(clean || stoppedByHost)
         let onItsOwn: Bool
