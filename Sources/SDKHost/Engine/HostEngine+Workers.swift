@@ -480,7 +480,9 @@ extension HostEngine {
                     kill(worker, .hang)
                 }
             } else {
-                worker.pingSeq += 1
+                // Not guessable: a pong counts only with it, so a worker must read its socket to answer. Negative,
+                // so every ping is the same size on the wire.
+                worker.pingSeq = Int64(bitPattern: pingSeqs.next() | 1 << 63)
                 worker.pingSentAt = now
                 send(.ping(seq: worker.pingSeq), to: worker)
             }

@@ -1,0 +1,19 @@
+// SplitMix64 (Steele, Lea and Flood): a tiny, seedable generator, the same sequence on every machine. The
+// simulation draws every choice from one (a failure replays from its printed seed); the engine draws its pings'
+// seqs from one seeded by the system's generator.
+
+/// SplitMix64.
+package struct SplitMix64: RandomNumberGenerator {
+    /// How far the sequence has gone.
+    package private(set) var state: UInt64
+
+    package init(seed: UInt64) { state = seed }
+
+    package mutating func next() -> UInt64 {
+        state &+= 0x9E37_79B9_7F4A_7C15
+        var z = state
+        z = (z ^ (z >> 30)) &* 0xBF58_476D_1CE4_E5B9
+        z = (z ^ (z >> 27)) &* 0x94D0_49BB_1331_11EB
+        return z ^ (z >> 31)
+    }
+}
