@@ -45,7 +45,9 @@ package enum ForwardScan {
     package static func scan(_ payload: UnsafeRawBufferPointer, limits: WireLimits) -> ScannedMessage? {
         var items: [ExtensionItem]? = nil
         var descriptors: DescriptorFields? = nil
-        guard let (fields, charged) = walk(payload, limits: limits, building: &items, descriptors: &descriptors) else { return nil }
+        guard let (fields, charged) = walk(payload, limits: limits, building: &items, descriptors: &descriptors),
+            ForwardedFrame.idStandsAlone(in: payload, at: fields.idRange)
+        else { return nil }
         return fields.message(decodedBytes: charged)
     }
 

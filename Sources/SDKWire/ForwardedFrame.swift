@@ -80,7 +80,67 @@ package struct ForwardedFrame: Sendable {
             guard found == nil else { return nil }
             found = (value + 3)..<(value + 3 + 36)
         }
+        guard let found, idStandsAlone(in: p, at: found) else { return nil }
         return found
+    }
+
+    /// Whether the id string whose 36 bytes are at `range` shares none of its bytes with anything else a decoder
+    /// reads: no other object, no container's references, not the offset table. A decoder allows objects to
+    /// overlap; one laid over the id would read otherwise once the id is rewritten (a frame the receiver
+    /// decodes as another message, or cannot decode: its connection, and every request on it, would end).
+    /// Every object's extent is read from its header; a marker it does not know refuses.
+    package static func idStandsAlone(in p: UnsafeRawBufferPointer, at range: Range<Int>) -> Bool {
+        let n = p.count
+        guard n >= 40, range.lowerBound >= 11 else { return false }
+        let trailer = n - 32
+        let offsetSize = Int(p[trailer + 6]), refSize = Int(p[trailer + 7])
+        guard (1...8).contains(offsetSize), (1...8).contains(refSize) else { return false }
+        func uint(_ at: Int, _ size: Int) -> Int? {
+            guard at >= 0, size >= 1, size <= 8, at <= n - size else { return nil }
+            let v = BinaryPlistReader.bigEndian(p, at: at, size: size)
+            return v <= UInt64(Int.max) ? Int(v) : nil
+        }
+        guard let objects = uint(trailer + 8, 8), let table = uint(trailer + 24, 8), objects <= n else { return false }
+        let id = (range.lowerBound - 3)..<range.upperBound
+        // The offset table (and the trailer after it).
+        let (tableBytes, overflow) = objects.multipliedReportingOverflow(by: offsetSize)
+        guard !overflow, table <= n, tableBytes <= n - table, !id.overlaps(table..<(table + tableBytes)), id.upperBound <= trailer
+        else { return false }
+        /// Where the object at `at` ends, or nil for a marker or a length this does not read.
+        func end(ofObjectAt at: Int) -> Int? {
+            guard at < n else { return nil }
+            let marker = p[at], low = Int(marker & 0x0F)
+            func counted(_ unit: Int) -> Int? {
+                var count = low, start = at + 1
+                if low == 0x0F {
+                    guard at + 1 < n, p[at + 1] >> 4 == 0x1, p[at + 1] & 0x0F <= 3 else { return nil }
+                    let width = 1 << Int(p[at + 1] & 0x0F)
+                    guard let c = uint(at + 2, width) else { return nil }
+                    count = c
+                    start = at + 2 + width
+                }
+                let (bytes, over) = count.multipliedReportingOverflow(by: unit)
+                guard !over, bytes <= n - start else { return nil }
+                return start + bytes
+            }
+            switch marker >> 4 {
+            case 0x0: return at + 1
+            case 0x1, 0x2: return low <= 4 ? at + 1 + (1 << low) : nil
+            case 0x3: return at + 9
+            case 0x4, 0x5: return counted(1)
+            case 0x6: return counted(2)
+            case 0x8: return at + 2 + low
+            case 0xA, 0xC: return counted(refSize)
+            case 0xD: return counted(2 * refSize)
+            default: return nil
+            }
+        }
+        for index in 0..<objects {
+            guard let at = uint(table + index * offsetSize, offsetSize) else { return false }
+            if at == id.lowerBound { continue }  // the id itself, under this index or another
+            guard let last = end(ofObjectAt: at), !id.overlaps(at..<last) else { return false }
+        }
+        return true
     }
 
     /// Writes `id` over the payload's id.

@@ -43,7 +43,12 @@ import Glibc
         var directCost = -1
         let direct = bytes.withUnsafeBytes { ForwardScan.decode($0, limits: limits, decodedBytes: &directCost) }
         guard let scanned = scan(bytes, limits: limits) else {
-            #expect(direct == nil, "\(context): decoded directly as \(String(describing: direct)) but not scanned")
+            // The scan refuses what the direct decode refuses, and an id it could not rewrite in place (another
+            // object overlaps it), which the direct decode, rewriting nothing, takes.
+            if direct != nil {
+                #expect(bytes.withUnsafeBytes { ForwardedFrame.idRange(in: $0) } == nil,
+                        "\(context): decoded directly as \(String(describing: direct)) but not scanned")
+            }
             return false
         }
         guard let (kind, id, ext, deadline, cost, message) = decoded(bytes, limits: limits) else {

@@ -72,6 +72,38 @@ import Testing
         }
     }
 
+    @Test func anIdThatAnotherObjectOverlapsIsNotRewrittenInPlace() throws {
+        // A decoder lets objects overlap. Object 8 starts at the id's first character ('3', read as a date's
+        // marker): the id rewritten in place, the receiver would read another date there, or no date at all.
+        let id = try #require(RequestID(uuidString: "30000000-0000-4000-8000-000000000001"))
+        let objects: [[UInt8]] = [
+            [0xD4, 1, 2, 3, 4, 5, 6, 7, 8],  // {type, id, items, extra}: keys 1-4, values 5-8
+            [0x54] + Array("type".utf8), [0x52] + Array("id".utf8), [0x55] + Array("items".utf8),
+            [0x55] + Array("extra".utf8), [0x58] + Array("complete".utf8),
+            [0x5F, 0x10, 36] + Array(id.uuidString.utf8), [0xA0], [],
+        ]
+        var offsets: [Int] = []
+        var at = 8
+        for object in objects.dropLast() {
+            offsets.append(at)
+            at += object.count
+        }
+        offsets.append(offsets[6] + 3)
+        let bytes = handBuilt(objects: objects, offsetsOverride: offsets)
+        let decoded = try BinaryPlistDecoder.decode(bytes)
+        guard case .date? = decoded["extra"] else {
+            Issue.record("the overlapping object does not read as a date: \(decoded)")
+            return
+        }
+        #expect(try Message(plist: decoded) == .complete(id: id, items: []))
+        #expect(bytes.withUnsafeBytes { ForwardedFrame.idRange(in: $0) } == nil)
+        #expect(bytes.withUnsafeBytes { ForwardScan.scan($0, limits: .default) } == nil)
+        // Laid out without the overlap, the same message is forwardable.
+        let apart = handBuilt(objects: Array(objects.dropLast()) + [[0x33] + [UInt8](repeating: 0, count: 8)])
+        #expect(apart.withUnsafeBytes { ForwardedFrame.idRange(in: $0) } != nil)
+        #expect(apart.withUnsafeBytes { ForwardScan.scan($0, limits: .default) } != nil)
+    }
+
     /// New ids are random version-4 UUIDs (128 bits from one getrandom call), or the daemon's `distinct()` ones:
     /// distinct and well-formed on the wire.
     @Test(arguments: [false, true])
@@ -110,6 +142,12 @@ import Testing
                 #expect(range.count == 36 && range.lowerBound >= 0 && range.upperBound <= bytes.count - 32)
                 if let decoded = try? BinaryPlistDecoder.decode(bytes) {
                     #expect(decoded["id"]?.stringValue == String(decoding: bytes[range], as: UTF8.self))
+                    // Rewritten, it still decodes, and with the new id.
+                    let replacement = RequestID()
+                    var rewritten = bytes
+                    ForwardedFrame.write(replacement, into: &rewritten, at: range)
+                    let reread = try? BinaryPlistDecoder.decode(rewritten)
+                    #expect(reread?["id"]?.stringValue == replacement.uuidString)
                 }
             }
         }
