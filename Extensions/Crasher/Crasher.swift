@@ -174,6 +174,25 @@ struct Crasher: RequestHandler {
             }
             _ = frames.withUnsafeBytes { write(3, $0.baseAddress, $0.count) }
             while true { sleep(60) }
+        case "call-unlisted-flood":
+            // 20,000 host calls to a service the manifest does not list, each named with 1 KB, and never a read
+            // (inline, on the runtime's reader): the host answers each with an error that names the service.
+            var encoder = BinaryPlistEncoder()
+            let service = String(repeating: "s", count: 1024)
+            for batch in 0..<200 {
+                var frames: [UInt8] = []
+                for k in 1...100 {
+                    try? Frame.encode(Message.hostCall(id: context.requestID, call: Int64(batch * 100 + k), service: service,
+                                                       items: []).plist, with: &encoder, appendingTo: &frames)
+                }
+                var sent = 0
+                while sent < frames.count {
+                    let n = frames.withUnsafeBytes { write(3, $0.baseAddress! + sent, $0.count - sent) }
+                    if n <= 0 { while true { sleep(60) } }
+                    sent += n
+                }
+            }
+            while true { sleep(60) }
         case "fd-pipe":
             // A pipe as a "file" attachment: a reader could block on it for good, so the host must refuse it.
             var fds: [Int32] = [-1, -1]

@@ -157,7 +157,7 @@ extension DaemonServer {
         case .badInput(let detail):
             engine.log(.warning, "client uid \(session.credentials.uid) pid \(session.credentials.pid) sent bad input "
                 + "(\(detail)); dropped that client only")
-        case .broken(let detail):
+        case .broken(let detail), .notReading(let detail):
             engine.log(.warning, "client uid \(session.credentials.uid) pid \(session.credentials.pid) dropped: \(detail)")
         case .endOfFile:
             break

@@ -198,22 +198,66 @@ final class Canary: Sendable {}
     /// A worker that sends 100,000 pings and never reads: the host answers while its output to the worker is
     /// small, and no more (a pong queued for each was 5 MB held for a worker that would never take it).
     @Test func aWorkerThatPingsAndNeverReadsGetsNoPongsPiledUp() async throws {
-        try await withHost({ $0.workerEnvironment = ["CRASHER_FAULT_AT_START=pingflood"] }) { host, _ in
+        try await withHost({
+            $0.workerEnvironment = ["CRASHER_FAULT_AT_START=pingflood"]
+            $0.heartbeatTimeout = .seconds(120)  // it answers no heartbeat either: not killed while it is watched
+        }) { host, _ in
             let crasher = try host.extension(identifier: "com.example.crasher")
-            let id = crasher.beginRequest(withInputItems: [ExtensionItem(title: "echo")], deadline: 60)
+            let id = crasher.beginRequest(withInputItems: [ExtensionItem(title: "echo")], deadline: 120)
+            // Watched until its socket has been full for 3 s (a loaded machine may start it slowly).
             var most = 0
+            var fullSince: UInt64?
             let start = monotonicNanoseconds()
-            while monotonicNanoseconds() - start < 5_000_000_000 {
+            while monotonicNanoseconds() - start < 60_000_000_000 {
                 let pending = await withCheckedContinuation { c in
                     host.engine.loop.execute {
                         c.resume(returning: host.engine.workers.all.map { $0.connection.pendingOutputBytes }.max() ?? 0)
                     }
                 }
                 most = max(most, pending)
+                if most > 0, fullSince == nil { fullSince = monotonicNanoseconds() }
+                if let fullSince, monotonicNanoseconds() - fullSince > 3_000_000_000 { break }
                 try await Task.sleep(nanoseconds: 20_000_000)
             }
             #expect(most > 0, "the worker's socket filled: pongs were queued")
             #expect(most <= HostEngine.maxPendingBytesForPong + 4096, "\(most) bytes queued for a worker that never reads")
+            crasher.cancelRequest(id)
+        }
+    }
+
+    /// A worker that provokes replies and never reads them (host calls to a service it may not call, each
+    /// refused with an error naming it): past what its policy lets the host send it, the host stops reading it.
+    /// It held every error, 20 MB here, until the heartbeat ended the worker (kept from it here: 120 s).
+    @Test func aWorkerThatProvokesRepliesAndNeverReadsIsNotRead() async throws {
+        try await withHost({
+            $0.workerEnvironment = ["CRASHER_INLINE=1"]
+            $0.wireLimits = WireLimits(maxFrameBytes: 64 << 10)
+            $0.heartbeatTimeout = .seconds(120)
+        }) { host, _ in
+            let crasher = try host.extension(identifier: "com.example.crasher")
+            let id = crasher.beginRequest(withInputItems: [ExtensionItem(title: "call-unlisted-flood")], deadline: 120)
+            // Watched until its queued output has stopped growing for 3 s (a loaded machine may start it slowly).
+            var most = 0, limit = 0
+            var grewAt = monotonicNanoseconds()
+            let start = grewAt
+            while monotonicNanoseconds() - start < 60_000_000_000 {
+                let (pending, outputLimit) = await withCheckedContinuation { c in
+                    host.engine.loop.execute {
+                        let worker = host.engine.workers.all.first
+                        c.resume(returning: (worker?.connection.pendingOutputBytes ?? 0, worker?.connection.outputLimit ?? 0))
+                    }
+                }
+                if pending > most {
+                    most = pending
+                    grewAt = monotonicNanoseconds()
+                }
+                limit = max(limit, outputLimit)
+                if most > 0, monotonicNanoseconds() - grewAt > 3_000_000_000 { break }
+                try await Task.sleep(nanoseconds: 20_000_000)
+            }
+            #expect(limit > 0 && limit < 16 << 20, "the worker's output limit is \(limit)")
+            #expect(most > 0, "the worker's socket filled: errors were queued")
+            #expect(most <= limit + (64 << 10), "\(most) bytes queued for a worker that never reads (limit \(limit))")
             crasher.cancelRequest(id)
         }
     }

@@ -60,6 +60,13 @@ extension HostEngine {
         let worker = WorkerProcess(extensionID: manifest.identifier, policy: manifest.policy, poolKey: poolKey, app: app,
                                    launched: launched, loop: loop, wireLimits: configuration.wireLimits)
         worker.connection.keepsPayloads = forwardsPayloads
+        // What the host has to send a worker is bounded by its policy: its requests' begins, its host calls'
+        // answers, a frame each at most, and a little more. Past that it is not reading what it provokes (errors,
+        // pongs): the host stops reading it (its heartbeat, unanswered, then ends it), and lets it go past that by a
+        // frame, rather than hold its replies without bound.
+        let frames = manifest.policy.maxConcurrentRequests + manifest.policy.maxHostCallsInFlight + 2
+        let (outputLimit, overflow) = frames.multipliedReportingOverflow(by: configuration.wireLimits.maxFrameBytes)
+        worker.connection.outputLimit = overflow ? nil : outputLimit
         if forwardsPayloads {
             worker.connection.onForwardable = { [unowned self, unowned worker] scanned in
                 self.forwardableCompletion(scanned, from: worker)
@@ -79,10 +86,9 @@ extension HostEngine {
             try worker.connection.start(
                 onMessage: { [unowned self, unowned worker] message in self.handle(message, from: worker) },
                 onEnd: { [unowned self, unowned worker] end in
-                    if case .badInput(let detail) = end {
-                        self.protocolViolation(worker, detail)
-                    } else {
-                        self.socketBroken(worker)
+                    switch end {
+                    case .badInput(let detail), .notReading(let detail): self.protocolViolation(worker, detail)
+                    case .broken, .endOfFile: self.socketBroken(worker)
                     }
                 })
             try loop.register(worker.stdoutFD, events: EventLoop.readable) { [unowned self, unowned worker] _ in

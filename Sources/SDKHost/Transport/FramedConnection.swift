@@ -26,6 +26,8 @@ package enum ConnectionEnd: Equatable, Sendable {
     case broken(String)
     /// The peer sent something that is not a valid frame or message.
     case badInput(String)
+    /// The peer does not read what it is sent: past the output limit, or the unread-descriptor limit.
+    case notReading(String)
 }
 
 /// Bytes of input buffered across many connections, with a ceiling. Loop-confined.
@@ -89,6 +91,8 @@ package final class FramedConnection {
     /// payloads instead of encoding them again). Off by default: it costs a copy per frame.
     @exclusivity(unchecked) package var keepsPayloads = false
     private var currentPayload: [UInt8] = []
+    /// The most `currentPayload` keeps between frames (its capacity).
+    static let retainedPayloadCapacity = 64 << 10
     /// Offered each `begin` and `complete` that `ForwardScan` can vouch for (with `keepsPayloads`), before it is
     /// decoded; the payload is `withForwardablePayload`'s while it runs. True means taken: the frame is not
     /// decoded or delivered to `onMessage`. False, and it is decoded and delivered as any other.
@@ -317,7 +321,7 @@ package final class FramedConnection {
             // Deferred: `send` may be running inside the owner's own handler.
             let unread = pendingOutputBytes
             loop.runBeforeSleeping { [weak self] in
-                self?.end(.broken("the peer does not read: \(unread) bytes of output unread"))
+                self?.end(.notReading("the peer does not read: \(unread) bytes of output unread"))
             }
             return
         }
@@ -350,7 +354,7 @@ package final class FramedConnection {
         // The payload kept for `withForwardablePayload` is needed only while its message is delivered: past 64 KiB
         // it is let go once the frames read are delivered (an idle connection held its last frame, up to the
         // frame limit, uncharged: 16 MiB for each of a client's connections).
-        defer { if currentPayload.capacity > 64 << 10 { currentPayload = [] } }
+        defer { if currentPayload.capacity > Self.retainedPayloadCapacity { currentPayload = [] } }
         while isOpen {
             let message: Message
             do {
@@ -364,7 +368,7 @@ package final class FramedConnection {
                 var claimed = false
                 guard let decoded = try reader.withNextPayload({ payload throws(WireError) -> PlistValue? in
                     if keep {
-                        currentPayload.removeAll(keepingCapacity: currentPayload.capacity <= 64 << 10)
+                        currentPayload.removeAll(keepingCapacity: currentPayload.capacity <= Self.retainedPayloadCapacity)
                         currentPayload.append(contentsOf: payload)
                     }
                     var decoded = 0
@@ -434,7 +438,7 @@ package final class FramedConnection {
             if unread > limit {
                 // Deferred like the output limit: a flush may run inside the owner's own handler.
                 loop.runBeforeSleeping { [weak self] in
-                    self?.end(.broken("the peer leaves \(unread) descriptors unread (at most \(limit))"))
+                    self?.end(.notReading("the peer leaves \(unread) descriptors unread (at most \(limit))"))
                 }
                 return
             }
