@@ -21,7 +21,8 @@ import CSDKShim
 import Synchronization
 
 /// One page shared with one worker: a one-page memfd sealed against shrinking, growing and further seals, mapped
-/// shared. Its first word is the worker's robust futex. Unmapped when the last reference goes.
+/// shared. Its first word is the worker's robust futex. Unmapped when the last reference goes. (The simulation's
+/// fake workers have `unshared` ones: its two words on the heap.)
 public final class ExitNoticePage: @unchecked Sendable {
     /// The futex word. Loaded and swapped atomically only: the worker writes it too.
     let word: UnsafeMutablePointer<UInt32>

@@ -63,6 +63,7 @@ extension HostEngine {
         let before = Set(manifests.keys)
         manifests = fresh
         manifestSnapshot.withLock { $0 = fresh }
+        workerEnvironments = workerEnvironments.filter { fresh[$0.key] != nil }
         for worker in workers.all where worker.lifecycle.recycle("manifests reloaded") {
             recycleIfDrained(worker)
         }
