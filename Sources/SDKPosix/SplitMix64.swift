@@ -1,6 +1,6 @@
 // SplitMix64 (Steele, Lea and Flood): a tiny, seedable generator, the same sequence on every machine. The
-// simulation draws every choice from one (a failure replays from its printed seed); the engine draws its pings'
-// seqs from one seeded by the system's generator.
+// simulation draws every choice from one (a failure replays from its printed seed). Not for what must not be
+// guessed: one output gives away the state.
 
 /// SplitMix64.
 package struct SplitMix64: RandomNumberGenerator {

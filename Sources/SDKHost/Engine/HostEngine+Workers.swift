@@ -480,9 +480,10 @@ extension HostEngine {
                     kill(worker, .hang)
                 }
             } else {
-                // Not guessable: a pong counts only with it, so a worker must read its socket to answer. Negative,
-                // so every ping is the same size on the wire.
-                worker.pingSeq = Int64(bitPattern: pingSeqs.next() | 1 << 63)
+                // Not guessable: a pong counts only with it, so a worker must read its socket to answer (each seq
+                // from the system's generator: a seeded one's outputs give away the ones after them). Negative, so
+                // every ping is the same size on the wire.
+                worker.pingSeq = Int64(bitPattern: UInt64.random(in: 0...UInt64.max) | 1 << 63)
                 worker.pingSentAt = now
                 send(.ping(seq: worker.pingSeq), to: worker)
             }

@@ -67,8 +67,6 @@ package final class HostEngine: @unchecked Sendable {
     var lastPoolKey: (extensionID: String, app: String?, key: String)?
     var readBuffer = [UInt8](uninitializedCount: 64 * 1024)
     var heartbeatTimer: TimerID?
-    /// Where the pings' seqs come from (`heartbeat`), seeded from the system's generator.
-    var pingSeqs = SplitMix64(seed: .random(in: 0...UInt64.max))
     /// The uid and gid a root host's workers run as (`HostConfiguration.workerUser`), resolved once.
     let workerIdentity: WorkerIdentity
     /// Where workers' temp folders are made (`HostConfiguration.workerFolders`).
