@@ -18,19 +18,20 @@ enum Leak {
 @main
 struct Crasher: RequestHandler {
     /// CRASHER_FAULT_AT_START=abort makes the worker die before the handshake (tests of a crash at launch), `exit0`
-    /// exit 0 then, `exit0-later` exit 0 just after it;
+    /// exit 0 then, `exit0-later` exit 0 just after it (half a second after start);
     /// `abort-while:<path>` only while that file exists (a crash loop a test can end); `sleep:<ms>` starts slowly.
     init() {
         guard let raw = getenv("CRASHER_FAULT_AT_START") else { return }
         let fault = String(cString: raw)
         if fault == "abort" { abort() }
         if fault == "exit0" { exit(0) }
-        // `exit0-later`: exit 0 a moment after the runtime's handshake, with nothing asked of it.
+        // `exit0-later`: exit 0 half a second after start (after the runtime's handshake, but on a loaded machine),
+        // with nothing asked of it; `_exit`, not running exit handlers beside the runtime's threads.
         if fault == "exit0-later" {
             var thread = pthread_t()
             pthread_create(&thread, nil, { _ in
-                usleep(200_000)
-                exit(0)
+                usleep(500_000)
+                _exit(0)
             }, nil)
         }
         if fault.hasPrefix("abort-while:"), access(String(fault.dropFirst(12)), F_OK) == 0 { abort() }

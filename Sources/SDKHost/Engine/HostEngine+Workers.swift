@@ -349,7 +349,9 @@ extension HostEngine {
 
         let inFlight = Array(worker.inFlight).sorted { $0.uuidString < $1.uuidString }
         worker.inFlight.removeAll()
-        let idle = nanoseconds(worker.idleTimeoutOverride ?? worker.policy.idleTimeoutSeconds)
+        // At least a second: a manifest's IdleTimeoutSeconds may be 0.1 (with 64 warm workers, an extension that
+        // exits at once would be restarted hundreds of times a second, every exit clean).
+        let idle = max(nanoseconds(worker.idleTimeoutOverride ?? worker.policy.idleTimeoutSeconds), 1_000_000_000)
         let ending = worker.lifecycle.ending(
             status: status, hadRequests: !inFlight.isEmpty, livedPastIdleTimeout: loop.now &- worker.startedAt >= idle,
             launchFailure: worker.launchFailure, launcherFailureStatus: launcherFailureStatus, shuttingDown: shuttingDown)
