@@ -64,9 +64,10 @@ extension HostEngine {
         // answers, a frame each at most, and a little more. Past that it is not reading what it provokes (errors,
         // pongs): the host stops reading it (its heartbeat, unanswered, then ends it), and lets it go past that by a
         // frame, rather than hold its replies without bound.
+        // (At least 4 MiB: with small frames, cancels, credits and pings could add up past a few frames.)
         let frames = manifest.policy.maxConcurrentRequests + manifest.policy.maxHostCallsInFlight + 2
         let (outputLimit, overflow) = frames.multipliedReportingOverflow(by: configuration.wireLimits.maxFrameBytes)
-        worker.connection.outputLimit = overflow ? nil : outputLimit
+        worker.connection.outputLimit = overflow ? nil : max(outputLimit, 4 << 20)
         if forwardsPayloads {
             worker.connection.onForwardable = { [unowned self, unowned worker] scanned in
                 self.forwardableCompletion(scanned, from: worker)
