@@ -30,28 +30,15 @@ package struct ForwardedFrame: Sendable {
     /// Where the 36 ASCII bytes of the top-level dictionary's "id" string are, or nil if there are none. Every
     /// read is bounds-checked: the payload may come from a hostile peer (though it has decoded once already).
     package static func idRange(in p: UnsafeRawBufferPointer) -> Range<Int>? {
-        let n = p.count
-        guard n >= 40, p[0] == 0x62, p[1] == 0x70 else { return nil }  // "bp"
-        let trailer = n - 32
-        let offsetSize = Int(p[trailer + 6]), refSize = Int(p[trailer + 7])
-        guard (1...8).contains(offsetSize), (1...8).contains(refSize) else { return nil }
-        func uint(_ at: Int, _ size: Int) -> Int? {
-            guard at >= 0, size <= 8, at + size <= n else { return nil }
-            let v = BinaryPlistReader.bigEndian(p, at: at, size: size)
-            return v <= UInt64(Int.max) ? Int(v) : nil
-        }
-        guard let objects = uint(trailer + 8, 8), let top = uint(trailer + 16, 8),
-            let table = uint(trailer + 24, 8), top < objects, objects <= n
+        guard p.count >= 40, p[0] == 0x62, p[1] == 0x70,  // "bp"
+            let layout = Layout(p), layout.top < layout.objects
         else { return nil }
-        func offset(ofObject index: Int) -> Int? {
-            guard index < objects, let at = uint(table + index * offsetSize, offsetSize), at < trailer else { return nil }
-            return at
-        }
-        guard let dict = offset(ofObject: top), p[dict] >> 4 == 0xD else { return nil }
+        let (trailer, refSize, objects) = (layout.trailer, layout.refSize, layout.objects)
+        guard let dict = layout.offset(layout.top), p[dict] >> 4 == 0xD else { return nil }
         var count = Int(p[dict] & 0x0F), refs = dict + 1
         if count == 0x0F {
             // The count follows as an integer object: 0x1k, then 2^k bytes.
-            guard dict + 1 < trailer, p[dict + 1] >> 4 == 0x1, let c = uint(dict + 2, 1 << Int(p[dict + 1] & 0x0F))
+            guard dict + 1 < trailer, p[dict + 1] >> 4 == 0x1, let c = layout.uint(dict + 2, 1 << Int(p[dict + 1] & 0x0F))
             else { return nil }
             count = c
             refs = dict + 2 + (1 << Int(p[dict + 1] & 0x0F))
@@ -62,7 +49,7 @@ package struct ForwardedFrame: Sendable {
         // a UTF-16 "id" is an id key too, and one this loop did not see would be the one a decoder reads.
         var found: Range<Int>?
         for k in 0..<count {
-            guard let keyRef = uint(refs + k * refSize, refSize), let key = offset(ofObject: keyRef),
+            guard let keyRef = layout.uint(refs + k * refSize, refSize), let key = layout.offset(keyRef),
                 key + 1 <= trailer, p[key] >> 4 == 0x5
             else { return nil }
             var length = Int(p[key] & 0x0F), start = key + 1
@@ -74,7 +61,7 @@ package struct ForwardedFrame: Sendable {
             guard length == 2, start + 2 <= trailer,
                 UnsafeRawBufferPointer(rebasing: p[start..<(start + 2)]).spells(MessageKey.id.staticName)
             else { continue }
-            guard let valueRef = uint(refs + (count + k) * refSize, refSize), let value = offset(ofObject: valueRef),
+            guard let valueRef = layout.uint(refs + (count + k) * refSize, refSize), let value = layout.offset(valueRef),
                 value + 3 + 36 <= trailer, p[value] == 0x5F, p[value + 1] == 0x10, p[value + 2] == 36
             else { return nil }
             guard found == nil else { return nil }
@@ -90,21 +77,13 @@ package struct ForwardedFrame: Sendable {
     /// decodes as another message, or cannot decode: its connection, and every request on it, would end).
     /// Every object's extent is read from its header; a marker it does not know refuses.
     package static func idStandsAlone(in p: UnsafeRawBufferPointer, at range: Range<Int>) -> Bool {
+        guard range.lowerBound >= 11, let layout = Layout(p) else { return false }
         let n = p.count
-        guard n >= 40, range.lowerBound >= 11 else { return false }
-        let trailer = n - 32
-        let offsetSize = Int(p[trailer + 6]), refSize = Int(p[trailer + 7])
-        guard (1...8).contains(offsetSize), (1...8).contains(refSize) else { return false }
-        func uint(_ at: Int, _ size: Int) -> Int? {
-            guard at >= 0, size >= 1, size <= 8, at <= n - size else { return nil }
-            let v = BinaryPlistReader.bigEndian(p, at: at, size: size)
-            return v <= UInt64(Int.max) ? Int(v) : nil
-        }
-        guard let objects = uint(trailer + 8, 8), let table = uint(trailer + 24, 8), objects <= n else { return false }
+        let (trailer, offsetSize, refSize, objects, table) = (layout.trailer, layout.offsetSize, layout.refSize, layout.objects, layout.table)
         let id = (range.lowerBound - 3)..<range.upperBound
         // The offset table (and the trailer after it).
         let (tableBytes, overflow) = objects.multipliedReportingOverflow(by: offsetSize)
-        guard !overflow, table <= n, tableBytes <= n - table, !id.overlaps(table..<(table + tableBytes)), id.upperBound <= trailer
+        guard !overflow, tableBytes <= n - table, !id.overlaps(table..<(table + tableBytes)), id.upperBound <= trailer
         else { return false }
         /// Where the object at `at` ends, or nil for a marker or a length this does not read.
         func end(ofObjectAt at: Int) -> Int? {
@@ -115,7 +94,7 @@ package struct ForwardedFrame: Sendable {
                 if low == 0x0F {
                     guard at + 1 < n, p[at + 1] >> 4 == 0x1, p[at + 1] & 0x0F <= 3 else { return nil }
                     let width = 1 << Int(p[at + 1] & 0x0F)
-                    guard let c = uint(at + 2, width) else { return nil }
+                    guard let c = layout.uint(at + 2, width) else { return nil }
                     count = c
                     start = at + 2 + width
                 }
@@ -136,11 +115,46 @@ package struct ForwardedFrame: Sendable {
             }
         }
         for index in 0..<objects {
-            guard let at = uint(table + index * offsetSize, offsetSize) else { return false }
+            guard let at = layout.offset(index) else { return false }
             if at == id.lowerBound { continue }  // the id itself, under this index or another
             guard let last = end(ofObjectAt: at), !id.overlaps(at..<last) else { return false }
         }
         return true
+    }
+
+    /// A payload's trailer (its widths, object count, top object and offset table), with the two reads both
+    /// walks above make through it, every one bounds-checked: the payload may come from a hostile peer.
+    private struct Layout {
+        let p: UnsafeRawBufferPointer
+        let trailer: Int, offsetSize: Int, refSize: Int, objects: Int, top: Int, table: Int
+
+        init?(_ p: UnsafeRawBufferPointer) {
+            let n = p.count
+            guard n >= 40 else { return nil }
+            self.p = p
+            trailer = n - 32
+            offsetSize = Int(p[trailer + 6])
+            refSize = Int(p[trailer + 7])
+            guard (1...8).contains(offsetSize), (1...8).contains(refSize) else { return nil }
+            guard let objects = Self.uint(p, trailer + 8, 8), let top = Self.uint(p, trailer + 16, 8),
+                let table = Self.uint(p, trailer + 24, 8), objects <= n, table <= n
+            else { return nil }
+            (self.objects, self.top, self.table) = (objects, top, table)
+        }
+
+        /// The big-endian integer of `size` (1...8) bytes at `at`; nil past the payload or past `Int.max`.
+        static func uint(_ p: UnsafeRawBufferPointer, _ at: Int, _ size: Int) -> Int? {
+            guard at >= 0, size >= 1, size <= 8, at <= p.count - size else { return nil }
+            let v = BinaryPlistReader.bigEndian(p, at: at, size: size)
+            return v <= UInt64(Int.max) ? Int(v) : nil
+        }
+        func uint(_ at: Int, _ size: Int) -> Int? { Self.uint(p, at, size) }
+
+        /// Where object `index` starts: nil past the table, or for an offset into the trailer.
+        func offset(_ index: Int) -> Int? {
+            guard index < objects, let at = uint(table + index * offsetSize, offsetSize), at < trailer else { return nil }
+            return at
+        }
     }
 
     /// Writes `id` over the payload's id.
