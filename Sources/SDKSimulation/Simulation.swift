@@ -22,13 +22,19 @@ import Synchronization
 import Glibc
 #endif
 
-/// The schedule's one generator (SplitMix64), so a failure replays from a printed seed.
+/// SplitMix64: tiny, seedable, the same sequence on every machine, so a failure replays from a printed seed.
 package struct SimulationRandom: RandomNumberGenerator {
-    private var generator: SplitMix64
-    package init(seed: UInt64) { generator = SplitMix64(seed: seed) }
+    private var state: UInt64
+    package init(seed: UInt64) { state = seed }
     /// How far the sequence has gone (the digest takes it after every step: a run that drew differently differs).
-    package var position: UInt64 { generator.state }
-    package mutating func next() -> UInt64 { generator.next() }
+    package var position: UInt64 { state }
+    package mutating func next() -> UInt64 {
+        state &+= 0x9E37_79B9_7F4A_7C15
+        var z = state
+        z = (z ^ (z >> 30)) &* 0xBF58_476D_1CE4_E5B9
+        z = (z ^ (z >> 27)) &* 0x94D0_49BB_1331_11EB
+        return z ^ (z >> 31)
+    }
 }
 
 /// What the schedules reached, over many runs.

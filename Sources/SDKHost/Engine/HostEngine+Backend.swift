@@ -23,10 +23,9 @@ extension HostEngine: HostBackend {
     func workerEvents() -> AsyncStream<WorkerEvent> { events.stream() }
     /// Requests that have begun and not ended (loop thread).
     package var activeRequestCount: Int { requests.count }
-    /// How many times each kind of worker transition ("starting→ready") happened (WorkerLifecycle).
-    package var workerTransitions: [String: Int] { metrics.transitions }
-    /// The same counts, unnamed: the count of kind `workerTransitionNames[i]` at `i` (the simulation adds them up
-    /// after every schedule, and names them once at the end).
+    /// How many times each kind of worker transition happened (WorkerLifecycle): the count of kind
+    /// `workerTransitionNames[i]` ("starting→ready") at `i` (the simulation adds them up after every schedule, and
+    /// names them once at the end).
     package var workerTransitionCounts: [Int] { metrics.transitionCounts }
     package static var workerTransitionNames: [String] { EngineMetrics.transitionNames }
     /// Requests waiting in a queue for a worker (loop thread).
