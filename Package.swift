@@ -109,7 +109,7 @@ let package = Package(
         .executableTarget(name: "foundation-codec-bench", dependencies: ["SDKPosix"]),
         .testTarget(
             name: "SDKWireTests",
-            dependencies: ["SDKWire", "SDKWireFoundation", "HostTestSupport"],
+            dependencies: ["SDKWire", "SDKWireFoundation", "HostTestSupport", "CSDKShim"],
             exclude: ["Fixtures"]
         ),
         // Helpers shared by the host and fault tests (hosts, recorders, leak snapshots).

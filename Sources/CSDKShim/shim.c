@@ -6,6 +6,7 @@
 #include <sys/random.h>
 
 #include <errno.h>
+#include <malloc.h>
 #include <fcntl.h>
 #include <signal.h>
 #include <spawn.h>
@@ -636,4 +637,9 @@ int sdk_exiting_status_fd(int fd, int *status) {
     if (!(flags & 0x4)) return 0;  // PF_EXITING
     *status = (int)code;
     return 1;
+}
+
+size_t sdk_heap_bytes_in_use(void) {
+    struct mallinfo2 info = mallinfo2();
+    return info.uordblks + info.hblkhd;
 }

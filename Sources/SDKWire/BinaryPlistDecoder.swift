@@ -70,8 +70,35 @@ struct BinaryPlistReader {
     var byteBudget: Int
     /// For each object, whether it is a container on the path being decoded (cycle detection).
     var onPath: UnsafeMutableBufferPointer<Bool> = .init(start: nil, count: 0)
-    /// What one decoded value is charged on top of its bytes: roughly its footprint in a Swift container.
-    static let valueCost = 16
+    /// What one decoded value is charged on top of its bytes: its slot in the array or dictionary that holds it.
+    static let valueCost = MemoryLayout<PlistValue>.stride
+    /// What a heap buffer costs beyond its contents: the object's header, count and capacity (32 bytes), and
+    /// malloc's own word and rounding. A non-empty array or data, and a string past the 15 UTF-8 bytes a Swift
+    /// string holds inline, each make one. (Charged at 16 bytes a value and nothing for its storage, 50,000
+    /// references to one 1-element array held 88 bytes each, charged 32; DecodedSizeTests.)
+    static let storageCost = 64
+    /// What a non-empty dictionary's storage costs beyond a heap buffer's: its hash table's own fields and bitmap.
+    static let dictionaryCost = 40
+    /// What each entry of a dictionary costs beyond its key's and value's slots (each charged `valueCost`): the
+    /// empty buckets around it, the table being at most three quarters full (1.33 to 2.67 buckets an entry).
+    static let dictionaryEntryCost = 64
+    /// What each item of a message's `items` becomes: an `ExtensionItem`. Charged by `ForwardScan`'s walk (which
+    /// builds the item, not its dictionary) and by `IncomingDescriptors.message(from:decodedBytes:budget:)`
+    /// (which builds it from the decoded dictionary). Charged 16 bytes, 3.9 M references to one empty dictionary
+    /// in a `complete`'s items passed the 64 MiB budget and built ~790 MB (203 bytes an item, DecodedSizeTests).
+    static let itemCost = MemoryLayout<ExtensionItem>.stride
+
+    /// What building an array of `count` elements holds beyond their slots: charged where one is built (`value`;
+    /// `skim` charges what `value` would). The walk that reads a message's items builds no array of them.
+    @inline(__always)
+    static func storage(ofArray count: Int) -> Int { count > 0 ? storageCost : 0 }
+
+    /// What building a dictionary of `count` entries holds beyond their keys' and values' slots, charged as an
+    /// array's is. The walk builds no dictionary for a message or its items.
+    @inline(__always)
+    static func storage(ofDictionary count: Int) -> Int {
+        count > 0 ? storageCost + dictionaryCost + count * dictionaryEntryCost : 0
+    }
 
     init(_ base: UnsafeRawBufferPointer, limits: WireLimits) throws(WireError) {
         self.base = base
@@ -243,12 +270,12 @@ struct BinaryPlistReader {
         case 0x4:
             let (n, start) = try count(low: low, at: off, object: object)
             try require(start, n, for: object)
-            try charge(n, for: object)
+            try charge(n > 0 ? n + Self.storageCost : 0, for: object)
             return .data(start..<start + n)
         case 0x5:
             let (n, start) = try count(low: low, at: off, object: object)
             try require(start, n, for: object)
-            try charge(n, for: object)
+            try charge(n > 15 ? n + Self.storageCost : n, for: object)
             if let b = firstNonASCII(UnsafeRawBufferPointer(rebasing: base[start..<start + n])) {
                 throw WireError(.invalidObject, "object \(object): byte 0x\(hex(b)) in an ASCII string")
             }
@@ -258,7 +285,7 @@ struct BinaryPlistReader {
             guard n <= (objectsEnd - start) / 2 else {
                 throw WireError(.offsetOutOfRange, "object \(object): string of \(n) UTF-16 units overruns the object area")
             }
-            try charge(3 * n, for: object)  // up to 3 UTF-8 bytes per UTF-16 unit
+            try charge(3 * n + (n > 5 ? Self.storageCost : 0), for: object)  // up to 3 UTF-8 bytes per UTF-16 unit
             return .utf16(start: start, units: n)
         case 0xA:
             let (n, start) = try count(low: low, at: off, object: object)
@@ -288,6 +315,7 @@ struct BinaryPlistReader {
         case .utf16(let start, let units): return .string(utf16BigEndian(start: start, units: units))
         case .array(let n, let start):
             try enter(object: object, depth: depth)
+            try charge(Self.storage(ofArray: n), for: object)
             var elements: [PlistValue] = []
             elements.reserveCapacity(n)
             for i in 0..<n {
@@ -297,8 +325,10 @@ struct BinaryPlistReader {
             return .array(elements)
         case .dictionary(let n, let start):
             try enter(object: object, depth: depth)
+            try charge(Self.storage(ofDictionary: n), for: object)
             var entries: [String: PlistValue] = [:]
-            entries.reserveCapacity(n)
+            // Not for none: reserving room for 0 gave an empty dictionary storage of its own (~120 bytes).
+            if n > 0 { entries.reserveCapacity(n) }
             for i in 0..<n {
                 let keyObject = try ref(at: start + i * refSize)
                 guard case .string(let key) = try value(object: keyObject, depth: depth + 1) else {
@@ -320,10 +350,12 @@ struct BinaryPlistReader {
         case .bool, .integer, .real, .date, .data, .ascii, .utf16: break
         case .array(let n, let start):
             try enter(object: object, depth: depth)
+            try charge(Self.storage(ofArray: n), for: object)
             for i in 0..<n { try skim(object: try ref(at: start + i * refSize), depth: depth + 1) }
             onPath[object] = false
         case .dictionary(let n, let start):
             try enter(object: object, depth: depth)
+            try charge(Self.storage(ofDictionary: n), for: object)
             for i in 0..<n {
                 let keyObject = try ref(at: start + i * refSize)
                 switch try header(of: keyObject) {

@@ -88,10 +88,21 @@ package struct IncomingDescriptors {
     }
 
     /// The message a complete frame's payload is, with as many descriptors from the front of the queue as it
-    /// says it carries.
+    /// says it carries. `decodedBytes` is what decoding `plist` was charged: the items the message will hold are
+    /// added to it (as `ForwardScan`'s walk charges them), and must fit in `budget` (the payload's
+    /// `WireLimits.decodedBytesBudget`) before one is built.
     ///
-    /// - Throws: `MessageError` for an invalid message, or one that claims more descriptors than arrived.
-    package mutating func message(from plist: PlistValue) throws(MessageError) -> Message {
+    /// - Throws: `MessageError` for an invalid message, one whose items do not fit in the budget, or one that
+    ///   claims more descriptors than arrived.
+    package mutating func message(from plist: PlistValue, decodedBytes: inout Int, budget: Int) throws(MessageError)
+        -> Message
+    {
+        if case .dictionary(let fields) = plist, case .array(let items)? = fields[.items] {
+            decodedBytes += items.count * BinaryPlistReader.itemCost
+            guard decodedBytes <= budget else {
+                throw MessageError("its \(items.count) items would take \(decodedBytes) bytes decoded; the budget is \(budget)")
+            }
+        }
         let count = try Message.descriptorCount(of: plist)
         lastClaimed = count
         if count == 0 { return try Message(plist: plist) }
@@ -127,8 +138,8 @@ package struct IncomingDescriptors {
     package mutating func nextMessage(from reader: inout FrameReader, buildingBeginItems: Bool = true) throws -> Message? {
         let limits = reader.limits
         var direct: Message?
+        var charged = 0, budget = 0
         guard let decoded = try reader.withNextPayload({ payload throws(WireError) -> PlistValue? in
-            var charged = 0
             direct = FlatFrame.message(from: payload)
             if direct == nil, !buildingBeginItems, let scanned = ForwardScan.scan(payload, limits: limits), scanned.kind == .begin {
                 direct = .begin(id: scanned.id, items: [], extensionID: scanned.extensionID, deadlineMs: scanned.deadlineMs)
@@ -139,10 +150,12 @@ package struct IncomingDescriptors {
             }
             // Claims its descriptors, if it is taken.
             direct = decodeDirectly(payload, limits: limits, decodedBytes: &charged)
-            return direct == nil ? try BinaryPlistDecoder.decode(payload, limits: limits) : nil
+            guard direct == nil else { return nil }
+            budget = limits.decodedBytesBudget(payloadBytes: payload.count)
+            return try BinaryPlistDecoder.decode(payload, limits: limits, decodedBytes: &charged)
         }) else { return nil }
         if let direct { return direct }
-        return try message(from: decoded!)
+        return try message(from: decoded!, decodedBytes: &charged, budget: budget)
     }
 
     /// A message that carries no descriptors was taken without `message(from:)` (a forwarded frame).

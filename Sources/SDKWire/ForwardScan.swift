@@ -4,8 +4,11 @@
 // most of the daemon's work per request.
 //
 // `ForwardScan.scan` walks the payload with the decoder's own reader (`skim`), charging every object to the same
-// budgets in the same order as a decode, and checks the message's shape as `Message(plist:)` and
-// `ExtensionItem(plist:)` would. So a payload it accepts decodes, and parses as the same message. It accepts a
+// budgets in the same order as `ForwardScan.decode` (which its receiver reads it with), and checks the message's
+// shape as `Message(plist:)` and `ExtensionItem(plist:)` would. So a payload it accepts decodes, and parses as the
+// same message. The walk charges each item an `ExtensionItem` and builds no dictionary for the message or an item
+// and no array of the items, so it charges those nothing (a decode does: at most the decode's charge and the
+// items' together). It accepts a
 // strict subset of valid messages and returns nil for the rest, which the caller decodes as before:
 //   - anything that does not decode, or is not a `begin`, `complete` or `partial` (a `partial` is scanned so that
 //     its receiver knows to decode it this way: the daemon does not forward one unread);
@@ -34,7 +37,7 @@ package struct ScannedMessage: Sendable, Equatable {
     package let extensionID: String?
     /// A `begin`'s `deadlineMs`, if it has one.
     package let deadlineMs: Int64?
-    /// What the message would be charged as decoded (`BinaryPlistDecoder.decode(_:limits:decodedBytes:)`).
+    /// What the message is charged as its receiver reads it (`ForwardScan.decode`).
     package let decodedBytes: Int
 }
 
@@ -54,7 +57,7 @@ package enum ForwardScan {
     /// The `begin`, `complete` or `partial` in `payload` decoded by the same walk as `scan`, building the items' values
     /// but not the message's or the items' own dictionaries (their keys were hashed into a Swift Dictionary
     /// only to be looked up once). It takes what `scan` takes and returns nil for the rest, which the caller
-    /// decodes as before; `decodedBytes` is what `BinaryPlistDecoder.decode` would have charged.
+    /// decodes as before; `decodedBytes` is what the walk charged (what it built; see the file header).
     package static func decode(_ payload: UnsafeRawBufferPointer, limits: WireLimits, decodedBytes: inout Int)
         -> Message?
     {
@@ -310,6 +313,9 @@ extension BinaryPlistReader {
         for i in 0..<count {
             let item = try ref(at: start + i * refSize)
             guard case .dictionary(let n, let entries) = try header(of: item) else { throw notForwardable }
+            // What the receiver builds of it, charged whether built here or not: a forwarded frame is refused
+            // where its reader would refuse it.
+            try charge(Self.itemCost, for: item)
             try enter(object: item, depth: 2)
             var made = ExtensionItem()
             var files: [Int64]?

@@ -70,8 +70,9 @@ public struct WireLimits: Hashable, Sendable {
     }
     /// The most objects a payload may declare, and the most values it may expand to through shared objects.
     public var maxObjects: Int
-    /// The most bytes one payload may decode to, whatever its size (each value is charged about 16 bytes plus
-    /// its string or data bytes). Default 64 MiB.
+    /// The most bytes one payload may decode to, whatever its size (each value is charged what it holds on the
+    /// heap: its slot, its bytes, and the storage a string, data, array, dictionary or message item makes).
+    /// Default 64 MiB.
     public var maxDecodedBytes: Int
     /// How many times its own size a payload may decode to (plus 64 KiB), so that shared references cannot
     /// make a small frame expand. Default 32.

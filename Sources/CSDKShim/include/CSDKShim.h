@@ -187,5 +187,8 @@ int sdk_is_snapshot_memfd(int fd);
 /// Copies `length` bytes of `in` from offset 0 to `out`'s current position: copy_file_range, else sendfile,
 /// else read and write. `in`'s own offset is not moved. 0, or an errno value.
 int sdk_copy_file(int in, int out, uint64_t length);
+/// Bytes malloc has handed out and not had back, in every arena and in mmapped chunks (mallinfo2): for the tests
+/// that hold a decoded value against what decoding it was charged.
+size_t sdk_heap_bytes_in_use(void);
 
 #endif

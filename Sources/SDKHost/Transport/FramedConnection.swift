@@ -359,6 +359,8 @@ package final class FramedConnection {
             let message: Message
             do {
                 var size = 0
+                // What decoding the frame was charged, and its budget (for the items a decoded tree becomes).
+                var charged = 0, budget = 0
                 let limits = reader.limits
                 let keep = keepsPayloads
                 let scans = keep && onForwardable != nil
@@ -372,7 +374,8 @@ package final class FramedConnection {
                         currentPayload.append(contentsOf: payload)
                     }
                     var decoded = 0
-                    defer { size = max(payload.count, decoded) }
+                    defer { (size, charged) = (max(payload.count, decoded), decoded) }
+                    budget = limits.decodedBytesBudget(payloadBytes: payload.count)
                     // A flat message (`ping`, `pong`, `welcome`, `assigned`, `cancel`, ...) exactly as we write it: no decoding.
                     if let message = FlatFrame.message(from: payload) {
                         direct = message
@@ -416,11 +419,13 @@ package final class FramedConnection {
                 if let decoded {
                     value = decoded
                 } else {
+                    // A scanned frame not forwarded after all: the scan charged its items too, the decode not.
                     value = try currentPayload.withUnsafeBytes { payload in
-                        Result { () throws(WireError) in try BinaryPlistDecoder.decode(payload, limits: limits) }
+                        Result { () throws(WireError) in try BinaryPlistDecoder.decode(payload, limits: limits, decodedBytes: &charged) }
                     }.get()
                 }
-                message = try incoming.message(from: value)
+                message = try incoming.message(from: value, decodedBytes: &charged, budget: budget)
+                currentFrameBytes = max(currentFrameBytes, charged)
             } catch let error as WireError {
                 end(.badInput("bad frame: \(error)"))
                 return
