@@ -24,7 +24,7 @@ extension HostEngine {
             // The worker finished the request while one of its threads was starting a call: the runtime ends
             // such a call itself, and the frames crossed. Any other id is a request it was never given.
             if worker.recentlyFinished.contains(id) {
-                send(.hostCallError(id: id, call: call, error: .hostCallRequestEnded), to: worker)
+                answerHostCall(.hostCallError(id: id, call: call, error: .hostCallRequestEnded), to: worker)
             } else {
                 protocolViolation(worker, "worker called \(named) for a request it is not running")
             }
@@ -32,7 +32,7 @@ extension HostEngine {
         }
         guard let record = requests[id], record.worker === worker else {
             // Cancelled or timed out here, and the worker has not read its cancel yet: a race, not a fault.
-            send(.hostCallError(id: id, call: call, error: .hostCallRequestEnded), to: worker)
+            answerHostCall(.hostCallError(id: id, call: call, error: .hostCallRequestEnded), to: worker)
             return
         }
         guard call > 0, record.hostCalls[call] == nil else {
@@ -48,11 +48,11 @@ extension HostEngine {
         }
         guard worker.policy.hostServices.contains(service) else {
             logForWorker(worker, .info, "\(worker.extensionID): call to \(named), which its HostServices does not list; refused")
-            send(.hostCallError(id: id, call: call, error: .serviceNotAllowed(service)), to: worker)
+            answerHostCall(.hostCallError(id: id, call: call, error: .serviceNotAllowed(service)), to: worker)
             return
         }
         guard let services = record.services else {
-            send(.hostCallError(id: id, call: call, error: .serviceNotProvided(service)), to: worker)
+            answerHostCall(.hostCallError(id: id, call: call, error: .serviceNotProvided(service)), to: worker)
             return
         }
         // Held until the answer is sent or the request ends. An answer made on this thread (a service the app
@@ -78,14 +78,35 @@ extension HostEngine {
         else { return }
         switch result {
         case .success(let items):
+            guard answerHostCallUnlessUnread(worker) else { return }
             do {
                 try worker.connection.send(.hostCallResult(id: id, call: call, items: items))
+                worker.connection.markLastFrame()
             } catch {
                 log(.warning, "\(worker.extensionID): the answer to host call \(call) of \(id) cannot be sent: \(error)")
-                send(.hostCallError(id: id, call: call, error: .answerNotSent(error.detail)), to: worker)
+                answerHostCall(.hostCallError(id: id, call: call, error: .answerNotSent(error.detail)), to: worker)
             }
-        case .failure(let error): send(.hostCallError(id: id, call: call, error: error), to: worker)
+        case .failure(let error): answerHostCall(.hostCallError(id: id, call: call, error: error), to: worker)
         }
+    }
+
+    /// Sends `answer` to one of `worker`'s host calls, unless too many of its answers are unread already.
+    func answerHostCall(_ answer: Message, to worker: WorkerProcess) {
+        guard answerHostCallUnlessUnread(worker) else { return }
+        send(answer, to: worker)
+        worker.connection.markLastFrame()
+    }
+
+    /// Whether another answer may go to `worker`; if not, it is ended. A runtime reads its calls' answers (a call
+    /// is in flight for it until it has), so no more than its requests' calls in flight can be unread. A worker
+    /// that calls without reading makes the host hold every answer it provokes (20,000 refused calls: 25 MB, up
+    /// to the output limit's hundreds of MiB at the defaults): past twice that many unread, it is ended as a
+    /// protocol violation.
+    private func answerHostCallUnlessUnread(_ worker: WorkerProcess) -> Bool {
+        let most = 2 * worker.policy.maxConcurrentRequests * worker.policy.maxHostCallsInFlight
+        guard worker.connection.markedFrames >= most, worker.connection.unreadMarkedFrames >= most else { return true }
+        protocolViolation(worker, "worker left \(most) answers to its host calls unread and called again")
+        return false
     }
 
     /// The extension gave up on a call: its handler is cancelled, and no answer goes back. A cancel for a call

@@ -59,6 +59,9 @@ package final class FramedConnection {
     @exclusivity(unchecked) private var written = 0
     @exclusivity(unchecked) private var descriptorsWritten = Deque<(start: Int, count: Int)>()
     @exclusivity(unchecked) private var descriptorsWrittenCount = 0
+    /// Where (in the bytes queued over the connection's life) each frame marked by `markLastFrame` ends, until the
+    /// peer has read to there.
+    @exclusivity(unchecked) private var markedEnds = Deque<Int>()
     @exclusivity(unchecked) private var wantsWritable = false
     @exclusivity(unchecked) private var flushScheduled = false
     @exclusivity(unchecked) private var readBuffer = [UInt8](uninitializedCount: 16 * 1024)
@@ -117,6 +120,23 @@ package final class FramedConnection {
             }
         }
         return descriptorsWrittenCount + outgoing.queuedCount
+    }
+
+    /// Marks the frame just queued, to be counted by `unreadMarkedFrames` until the peer has read it.
+    package func markLastFrame() {
+        if isOpen { markedEnds.append(written + pendingOutputBytes) }
+    }
+
+    /// How many frames are marked and not yet known to be read: counted without asking the kernel.
+    package var markedFrames: Int { markedEnds.count }
+
+    /// Frames marked by `markLastFrame` that the peer has not read to their end (SIOCOUTQ says how far it has
+    /// read: a syscall when any are marked).
+    package var unreadMarkedFrames: Int {
+        guard !markedEnds.isEmpty else { return 0 }
+        let readUpTo = written - max(unreadOutputBytes(fd), 0)
+        while let first = markedEnds.first, first <= readUpTo { _ = markedEnds.popFirst() }
+        return markedEnds.count
     }
 
     package init(_ descriptor: consuming FileDescriptor, loop: EventLoop, limits: WireLimits) {
