@@ -72,17 +72,19 @@ public struct WireLimits: Hashable, Sendable {
     public var maxObjects: Int
     /// The most bytes one payload may decode to, whatever its size (each value is charged what it holds on the
     /// heap: its slot, its bytes, and the storage a string, data, array, dictionary or message item makes).
-    /// Default 64 MiB.
+    /// Default 128 MiB: a 16 MiB frame of small items builds up to ~8 times its size as a tree (our encoder's;
+    /// ~15 times a Python runtime's, which shares strings).
     public var maxDecodedBytes: Int
     /// How many times its own size a payload may decode to (plus 64 KiB), so that shared references cannot
-    /// make a small frame expand. Default 32.
+    /// make a small frame expand. Default 64: a runtime that shares a container between items (Python's, by
+    /// identity) makes messages charged ~50 times their size.
     public var maxExpansion: Int
 
     private var _maxDepth: Int
 
     /// Creates limits; the defaults are those of shared/DESIGN.md.
     public init(maxFrameBytes: Int = 16 << 20, maxDepth: Int = 512, maxObjects: Int = 4 << 20,
-                maxDecodedBytes: Int = 64 << 20, maxExpansion: Int = 32)
+                maxDecodedBytes: Int = 128 << 20, maxExpansion: Int = 64)
     {
         self.maxFrameBytes = maxFrameBytes
         self._maxDepth = min(max(maxDepth, 1), 4096)

@@ -52,4 +52,55 @@ import Testing
         loop.runUntilIdle()
         #expect(kernel.openCount == 0, "left open: \(kernel.openDescriptors)")
     }
+    /// Frames queued while output is backed up are counted until the peer has read everything (the host ends a
+    /// worker that piles up answers to its host calls unread this way): not before, and from nothing again after.
+    @Test func framesQueuedWhileBackedUpAreCountedUntilThePeerReadsAll() throws {
+        let kernel = SimulatedKernel(capacity: 4096)
+        SimulatedKernel.current = kernel
+        defer { SimulatedKernel.current = nil }
+        let loop = try EventLoop(name: "framed-connection", clock: ManualClock(), driven: true)
+        let (ours, peer) = kernel.socketPair()
+        // The loop is driven on this thread: what its closures touch is this thread's.
+        final class Box: @unchecked Sendable { var connection: FramedConnection?; var counted: [Int] = [] }
+        let box = Box()
+        box.connection = FramedConnection(FileDescriptor(adopting: ours), loop: loop, limits: .default)
+        let connection = try #require(box.connection)
+        loop.execute { try? box.connection?.start(onMessage: { _ in }, onEnd: { _ in }) }
+        loop.runUntilIdle()
+        let answer = Message.hostCallError(id: RequestID(), call: 1, error: .serviceNotAllowed(String(repeating: "s", count: 1024)))
+        /// Counts and sends one answer on the loop, as the engine does.
+        func answerOnce() {
+            loop.execute {
+                box.counted.append(box.connection!.countBackloggedSend())
+                try? box.connection!.send(answer)
+            }
+            loop.runUntilIdle()
+        }
+        // Not backed up yet: nothing counted, whatever is sent.
+        for _ in 0..<3 { answerOnce() }
+        #expect(box.counted == [0, 0, 0])
+        // The peer does not read: the kernel's 4 KiB fill, then each frame queued here is counted.
+        box.counted = []
+        for _ in 0..<10 { answerOnce() }
+        let counted = box.counted
+        #expect(connection.pendingOutputBytes > 0)
+        let first = try #require(counted.firstIndex { $0 > 0 })
+        #expect(Array(counted[first...]) == Array(1...(counted.count - first)), "\(counted)")
+        // The peer reads everything: once all is written, the count starts again.
+        var buffer = [UInt8](repeating: 0, count: 64 << 10)
+        var received: [Int32] = [], truncated = false
+        for _ in 0..<100 where connection.pendingOutputBytes > 0 || kernel.unreadOutput(ours) > 0 {
+            _ = buffer.withUnsafeMutableBytes { kernel.receive(peer, into: $0, descriptors: &received, maxDescriptors: 8, truncated: &truncated) }
+            loop.runUntilIdle()
+        }
+        #expect(connection.pendingOutputBytes == 0)
+        box.counted = []
+        answerOnce()
+        #expect(box.counted == [0])
+        loop.execute { box.connection?.close() }
+        FileDescriptor(adopting: peer).close()
+        loop.stop()
+        loop.runUntilIdle()
+        #expect(kernel.openCount == 0, "left open: \(kernel.openDescriptors)")
+    }
 }

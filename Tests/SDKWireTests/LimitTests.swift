@@ -136,9 +136,9 @@ func decodeError(_ bytes: [UInt8], limits: WireLimits = .default) -> WireError? 
 
     @Test func budgetScalesWithThePayload() {
         let limits = WireLimits()
-        #expect(limits.decodedBytesBudget(payloadBytes: 1000) == 32_000 + 65_536)
-        #expect(limits.decodedBytesBudget(payloadBytes: 16 << 20) == 64 << 20)
-        #expect(limits.decodedBytesBudget(payloadBytes: .max) == 64 << 20)
+        #expect(limits.decodedBytesBudget(payloadBytes: 1000) == 64_000 + 65_536)
+        #expect(limits.decodedBytesBudget(payloadBytes: 16 << 20) == 128 << 20)
+        #expect(limits.decodedBytesBudget(payloadBytes: .max) == 128 << 20)
         // A typical message decodes well inside its budget.
         let item: PlistValue = ["title": "hello", "attachments": [], "userInfo": ["k": 1]]
         let message: PlistValue = ["type": "begin", "id": "6F9619FF-8B86-4011-B42D-00C04FC964FF",

@@ -59,9 +59,8 @@ package final class FramedConnection {
     @exclusivity(unchecked) private var written = 0
     @exclusivity(unchecked) private var descriptorsWritten = Deque<(start: Int, count: Int)>()
     @exclusivity(unchecked) private var descriptorsWrittenCount = 0
-    /// Where (in the bytes queued over the connection's life) each frame marked by `markLastFrame` ends, until the
-    /// peer has read to there.
-    @exclusivity(unchecked) private var markedEnds = Deque<Int>()
+    /// Frames counted by `countBackloggedSend` since all output queued was last written.
+    @exclusivity(unchecked) private var backloggedSends = 0
     @exclusivity(unchecked) private var wantsWritable = false
     @exclusivity(unchecked) private var flushScheduled = false
     @exclusivity(unchecked) private var readBuffer = [UInt8](uninitializedCount: 16 * 1024)
@@ -122,21 +121,13 @@ package final class FramedConnection {
         return descriptorsWrittenCount + outgoing.queuedCount
     }
 
-    /// Marks the frame just queued, to be counted by `unreadMarkedFrames` until the peer has read it.
-    package func markLastFrame() {
-        if isOpen { markedEnds.append(written + pendingOutputBytes) }
-    }
-
-    /// How many frames are marked and not yet known to be read: counted without asking the kernel.
-    package var markedFrames: Int { markedEnds.count }
-
-    /// Frames marked by `markLastFrame` that the peer has not read to their end (SIOCOUTQ says how far it has
-    /// read: a syscall when any are marked).
-    package var unreadMarkedFrames: Int {
-        guard !markedEnds.isEmpty else { return 0 }
-        let readUpTo = written - max(unreadOutputBytes(fd), 0)
-        while let first = markedEnds.first, first <= readUpTo { _ = markedEnds.popFirst() }
-        return markedEnds.count
+    /// Counts a frame about to be queued if output is backed up (some of it queued here, the kernel's buffer to
+    /// the peer full): returns how many were counted since all output was last written (the peer read again).
+    /// (What the peer has read cannot be told more finely: on a unix socket SIOCOUTQ counts the kernel's memory
+    /// for the unread buffers, about a kilobyte more than their bytes each.)
+    package func countBackloggedSend() -> Int {
+        if pendingOutputBytes > 0 { backloggedSends += 1 }
+        return backloggedSends
     }
 
     package init(_ descriptor: consuming FileDescriptor, loop: EventLoop, limits: WireLimits) {
@@ -435,14 +426,18 @@ package final class FramedConnection {
                     incoming.claimedNone()
                     if onForwardable(scanned) { continue }
                 }
-                let value: PlistValue
-                if let decoded {
-                    value = decoded
-                } else {
-                    // A scanned frame not forwarded after all: the scan charged its items too, the decode not.
-                    value = try currentPayload.withUnsafeBytes { payload in
-                        Result { () throws(WireError) in try BinaryPlistDecoder.decode(payload, limits: limits, decodedBytes: &charged) }
-                    }.get()
+                guard let value = decoded else {
+                    // A scanned frame not forwarded after all (a completion come late, say): read by the scan's own
+                    // walk, which takes what the scan took at the same charge. A tree costs more (its dictionaries)
+                    // and could be refused where the scan was not: the worker ended for a late completion.
+                    var walked = 0
+                    guard let direct = currentPayload.withUnsafeBytes({ incoming.decodeDirectly($0, limits: limits, decodedBytes: &walked) })
+                    else {
+                        end(.badInput("bad frame: a frame the scan took was not read the same way"))
+                        return
+                    }
+                    onMessage?(direct)
+                    continue
                 }
                 message = try incoming.message(from: value, decodedBytes: &charged, budget: budget)
                 currentFrameBytes = max(currentFrameBytes, charged)
@@ -492,9 +487,12 @@ package final class FramedConnection {
                 return
             }
         }
-        if sent == outbound.count, outbound.capacity > 256 << 10 {
-            outbound = []
-            sent = 0
+        if sent == outbound.count {
+            backloggedSends = 0
+            if outbound.capacity > 256 << 10 {
+                outbound = []
+                sent = 0
+            }
         }
         if let limit = outputLimit, outputStalledSince != nil, pendingOutputBytes <= limit / 2 {
             outputStalledSince = nil
