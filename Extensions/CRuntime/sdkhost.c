@@ -34,8 +34,11 @@
 #define PROTOCOL_VERSION 2
 #define MAX_DEPTH 512
 #define MAX_OBJECTS (4u << 20)
-#define MAX_DECODED_BYTES ((int64_t)64 << 20)
-#define DECODE_EXPANSION 32
+/* The host's decoded-size budget (WireLimits): 64 times the payload plus 64 KiB, at most 128 MiB. This decoder
+ * charges a value 16 bytes and its bytes, no more than the host charges it, so whatever the host (or a daemon
+ * forwarding a client's frame unread) accepts, this accepts too. */
+#define MAX_DECODED_BYTES ((int64_t)128 << 20)
+#define DECODE_EXPANSION 64
 #define DECODE_VALUE_COST 16
 #define READ_CHUNK (64 * 1024)
 #define RETAINED_BUFFER (256 * 1024)

@@ -92,9 +92,16 @@ extension DaemonServer {
             session.send(.interrupted(id: clientID, reason: InterruptionReason.hostShutdown.plist))
             return
         }
-        // What this request holds until it ends: its bytes, charged to the client and to the daemon.
-        let bytes = session.connection.currentFrameBytes
+        // What this request holds until it ends, charged to the client and to the daemon: a forwarded begin's
+        // payload, or what a decoded one was charged as decoded.
+        let bytes = forwarded?.payload.count ?? session.connection.currentFrameBytes
         let descriptors = items.reduce(0) { $0 + $1.fileAttachments.count }
+        guard bytes <= configuration.pendingRequestBytesPerClient else {
+            // Not `overloaded`, which says to try again: this begin never fits.
+            session.send(.interrupted(id: clientID, reason: InterruptionReason.protocolViolation(
+                "the begin holds \(bytes) bytes decoded; a client's requests may hold \(configuration.pendingRequestBytesPerClient)").plist))
+            return
+        }
         if session.internalIDs.count >= configuration.maxInFlightRequests
             || session.pendingBytes + bytes > configuration.pendingRequestBytesPerClient
             || pendingRequestBytes + bytes > configuration.pendingRequestBytesTotal

@@ -89,6 +89,48 @@ func expectHealthy(_ daemon: DaemonProcess, maxLogBytes: Int = 2 << 20, sourceLo
         #expect(await daemon.stop() == 0)
     }
 
+    /// A begin that is decoded and kept (it brings a file: not forwarded as it came) and holds more than a
+    /// client's requests may hold (64 MiB) ends at once as a protocol violation saying so, not `overloaded`, which
+    /// says to try again: it never fits. A 13 MB begin of 150,000 small items, one with a key in UTF-16 (read as
+    /// a tree), is charged ~82 MB.
+    @Test func aBeginThatNeverFitsIsRefusedNotOverloaded() async throws {
+        let daemon = try await DaemonProcess(extraConfig: "<key>LogLevel</key><string>warning</string>")
+        defer { daemon.remove() }
+        let client = try HostileClient(daemon.socket)
+        client.handshake()
+        let id = RequestID()
+        let items = Array(repeating: ExtensionItem(title: "x"), count: 150_000)
+        guard case .dictionary(var fields) = Message.begin(id: id, items: items, extensionID: "com.example.echo").plist,
+            case .array(var raw)? = fields["items"], case .dictionary(var first) = raw[0]
+        else { Issue.record("not a begin's plist"); return }
+        first["tïtle"] = "ignored"
+        first["files"] = [0]
+        raw[0] = .dictionary(first)
+        fields["items"] = .array(raw)
+        fields["fds"] = 1
+        let frame = try Frame.encode(.dictionary(fields), limits: WireLimits(maxFrameBytes: 16 << 20))
+        let file = try FileAttachment(bytes: [1, 2, 3])
+        #expect(client.write(frame, descriptors: [file.rawDescriptor]))
+        var outcome: Message?
+        let deadline = monotonicNanoseconds() + 60_000_000_000
+        while outcome == nil, monotonicNanoseconds() < deadline {
+            switch client.receive(timeout: 2) {
+            case let m?:
+                switch m {
+                case .interrupted(id, _), .complete(id, _), .cancelled(id, _): outcome = m
+                default: break
+                }
+            case nil: break
+            }
+        }
+        guard case .interrupted(let endedID, let reason)? = outcome, endedID == id,
+            case .protocolViolation(let detail) = InterruptionReason(plist: reason)
+        else { Issue.record("ended \(outcome?.typeName ?? "never")"); return }
+        #expect(detail.contains("a client's requests may hold"), "\(detail)")
+        try await expectHealthy(daemon)
+        #expect(await daemon.stop() == 0)
+    }
+
     @Test func aClientThatNeverReadsIsCutOff() async throws {
         let daemon = try await DaemonProcess(extraConfig: """
             <key>LogLevel</key><string>warning</string>

@@ -226,7 +226,7 @@ final class Canary: Sendable {}
     }
 
     /// A worker that provokes answers and never reads them (host calls to a service it may not call, each
-    /// refused with an error naming it): once 4,096 have been queued while its output is backed up, it is ended.
+    /// refused with an error naming it): once 4,096 wait in the host, the kernel's buffer to it full, it is ended.
     /// The host held every error, 20 MB here, until the heartbeat ended the worker (kept from it here: 120 s);
     /// then up to the output limit (416 MiB at the defaults), the host no longer reading it.
     @Test func aWorkerThatProvokesAnswersAndNeverReadsThemIsEnded() async throws {
@@ -253,7 +253,7 @@ final class Canary: Sendable {}
                 Issue.record("ended \(String(describing: outcome)), not as a protocol violation")
                 return
             }
-            #expect(detail.contains("\(HostEngine.maxAnswersWhileBacklogged) answers to its host calls unread"), "\(detail)")
+            #expect(detail.contains("\(HostEngine.maxAnswersWaiting) answers to its host calls unread"), "\(detail)")
             // 4,096 errors of ~1.1 KB each queued, and the few before the kernel's buffer filled.
             #expect(most <= 8 << 20, "\(most) bytes queued for a worker that never reads")
         }

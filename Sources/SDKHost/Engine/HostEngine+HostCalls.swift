@@ -81,6 +81,7 @@ extension HostEngine {
             guard answerHostCallUnlessUnread(worker) else { return }
             do {
                 try worker.connection.send(.hostCallResult(id: id, call: call, items: items))
+                worker.connection.markLastFrame()
             } catch {
                 log(.warning, "\(worker.extensionID): the answer to host call \(call) of \(id) cannot be sent: \(error)")
                 answerHostCall(.hostCallError(id: id, call: call, error: .answerNotSent(error.detail)), to: worker)
@@ -93,20 +94,22 @@ extension HostEngine {
     func answerHostCall(_ answer: Message, to worker: WorkerProcess) {
         guard answerHostCallUnlessUnread(worker) else { return }
         send(answer, to: worker)
+        worker.connection.markLastFrame()
     }
 
-    /// Answers a worker may be sent while it does not read (output to it backed up since it last read all), before
-    /// it is ended. A runtime reads its calls' answers: a call is in flight for it until it has, or it gave up on
-    /// the call (then the host answers only a call whose answer crossed the give-up). So a worker that reads sees
-    /// few answers pile up, at most its requests' calls in flight (128 at the defaults), and one that calls
-    /// without reading made the host hold every answer it provoked (20,000 refused calls: 25 MB; the output limit
-    /// is 416 MiB at the defaults). Not the policy's product: a manifest may ask for 1024 × 1024.
-    static let maxAnswersWhileBacklogged = 4096
+    /// Answers to a worker's host calls that may wait in this process, not taken by the kernel because the worker
+    /// does not read, before it is ended. A runtime reads its calls' answers: a call is in flight for it until it
+    /// has, or it gave up on the call (then the host answers only a call whose answer crossed the give-up). So
+    /// answers wait here only while a worker is slow to read, at most its requests' calls in flight (128 at the
+    /// defaults); one that calls without reading made the host hold every answer it provoked (20,000 refused
+    /// calls: 25 MB; the output limit is 416 MiB at the defaults). Not the policy's product: a manifest may ask for
+    /// 1024 × 1024.
+    static let maxAnswersWaiting = 4096
 
     /// Whether another answer may go to `worker`; if not, it is ended as a protocol violation.
     private func answerHostCallUnlessUnread(_ worker: WorkerProcess) -> Bool {
-        let most = Self.maxAnswersWhileBacklogged
-        guard worker.connection.countBackloggedSend() > most else { return true }
+        let most = Self.maxAnswersWaiting
+        guard worker.connection.markedFramesQueued >= most else { return true }
         protocolViolation(worker, "worker left \(most) answers to its host calls unread and called again")
         return false
     }

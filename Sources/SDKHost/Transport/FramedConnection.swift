@@ -59,8 +59,9 @@ package final class FramedConnection {
     @exclusivity(unchecked) private var written = 0
     @exclusivity(unchecked) private var descriptorsWritten = Deque<(start: Int, count: Int)>()
     @exclusivity(unchecked) private var descriptorsWrittenCount = 0
-    /// Frames counted by `countBackloggedSend` since all output queued was last written.
-    @exclusivity(unchecked) private var backloggedSends = 0
+    /// Where (in the bytes queued over the connection's life) each frame marked by `markLastFrame` ends, until it
+    /// has been written to the kernel.
+    @exclusivity(unchecked) private var markedEnds = Deque<Int>()
     @exclusivity(unchecked) private var wantsWritable = false
     @exclusivity(unchecked) private var flushScheduled = false
     @exclusivity(unchecked) private var readBuffer = [UInt8](uninitializedCount: 16 * 1024)
@@ -121,13 +122,18 @@ package final class FramedConnection {
         return descriptorsWrittenCount + outgoing.queuedCount
     }
 
-    /// Counts a frame about to be queued if output is backed up (some of it queued here, the kernel's buffer to
-    /// the peer full): returns how many were counted since all output was last written (the peer read again).
-    /// (What the peer has read cannot be told more finely: on a unix socket SIOCOUTQ counts the kernel's memory
-    /// for the unread buffers, about a kilobyte more than their bytes each.)
-    package func countBackloggedSend() -> Int {
-        if pendingOutputBytes > 0 { backloggedSends += 1 }
-        return backloggedSends
+    /// Marks the frame just queued, to be counted by `markedFramesQueued` while it waits here to be written.
+    package func markLastFrame() {
+        if isOpen { markedEnds.append(written + pendingOutputBytes) }
+    }
+
+    /// Frames marked by `markLastFrame` still queued here, not yet taken by the kernel: held by this process
+    /// because the peer has not read what came before them (the kernel's buffer to it is full). What the peer
+    /// has read cannot be told more finely: on a unix socket SIOCOUTQ counts the kernel's memory for the unread
+    /// buffers (768 bytes for a small write here), not their bytes.
+    package var markedFramesQueued: Int {
+        while let first = markedEnds.first, first <= written { _ = markedEnds.popFirst() }
+        return markedEnds.count
     }
 
     package init(_ descriptor: consuming FileDescriptor, loop: EventLoop, limits: WireLimits) {
@@ -487,12 +493,9 @@ package final class FramedConnection {
                 return
             }
         }
-        if sent == outbound.count {
-            backloggedSends = 0
-            if outbound.capacity > 256 << 10 {
-                outbound = []
-                sent = 0
-            }
+        if sent == outbound.count, outbound.capacity > 256 << 10 {
+            outbound = []
+            sent = 0
         }
         if let limit = outputLimit, outputStalledSince != nil, pendingOutputBytes <= limit / 2 {
             outputStalledSince = nil
