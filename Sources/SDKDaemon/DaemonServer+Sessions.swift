@@ -37,8 +37,10 @@ extension DaemonServer {
             session.send(connectedMessage())
         case .begin(let clientID, let items, let extensionID, let deadlineMs):
             let forwarded = session.connection.withForwardablePayload { $0.flatMap(ForwardedFrame.init(payload:)) }
-            begin(session, clientID: clientID, items: items, extensionID: extensionID, deadlineMs: deadlineMs,
-                  forwarded: forwarded)
+            // Forwarded, the begin goes on as its payload (it carries no descriptors): its decoded items are not
+            // kept, and the payload is what it is charged (a 2 MiB begin may decode to 64 times that).
+            begin(session, clientID: clientID, items: forwarded == nil ? items : [], extensionID: extensionID,
+                  deadlineMs: deadlineMs, forwarded: forwarded)
         case .prewarm(let id, let extensionID):
             engine.prewarmOnLoop(extensionID, app: session.app) { [session] result in
                 switch result {

@@ -114,4 +114,34 @@ import Testing
         loop.runUntilIdle()
         #expect(kernel.openCount == 0, "left open: \(kernel.openDescriptors)")
     }
+    /// A peer that sends half a frame and closes with something of ours unread: the read after its bytes fails with
+    /// ECONNRESET, and the half frame is a truncated frame, as it is at an end of file (it was a broken socket).
+    @Test func halfAFrameBeforeAResetIsATruncatedFrame() throws {
+        let kernel = SimulatedKernel(capacity: 1 << 20)
+        SimulatedKernel.current = kernel
+        defer { SimulatedKernel.current = nil }
+        let loop = try EventLoop(name: "framed-connection", clock: ManualClock(), driven: true)
+        let (ours, peer) = kernel.socketPair()
+        final class Box: @unchecked Sendable { var connection: FramedConnection?; var end: ConnectionEnd? }
+        let box = Box()
+        box.connection = FramedConnection(FileDescriptor(adopting: ours), loop: loop, limits: .default)
+        loop.execute {
+            try? box.connection?.start(onMessage: { _ in }, onEnd: { box.end = $0 })
+            try? box.connection?.send(.ping(seq: 1))  // the peer never reads it
+        }
+        loop.runUntilIdle()
+        let half: [UInt8] = [0, 0, 0, 100] + Array("bplist00xx".utf8)
+        #expect(half.withUnsafeBytes { kernel.send(peer, $0, descriptors: []) } == half.count)
+        kernel.close(peer)
+        loop.runUntilIdle()
+        guard case .badInput(let detail)? = box.end else {
+            Issue.record("ended \(String(describing: box.end))")
+            return
+        }
+        #expect(detail.contains("truncated frame"), "\(detail)")
+        loop.execute { box.connection?.close() }
+        loop.stop()
+        loop.runUntilIdle()
+        #expect(kernel.openCount == 0, "left open: \(kernel.openDescriptors)")
+    }
 }
