@@ -270,6 +270,9 @@ extension HostEngine {
 
     func protocolViolation(_ worker: WorkerProcess, _ detail: String) {
         worker.connection.close()
+        // Killed by the host already: half a frame at the end of its socket (or a reset) is what the kill left,
+        // not a violation of its own; the kill's reason stands.
+        if worker.lifecycle.kill != nil { return }
         if worker.lifecycle.phase.isOver {
             // Found in what it left on its socket, read after its exit: nothing to kill, but its requests end
             // for this rather than for its exit status (unless the host had killed it: that reason stands).
