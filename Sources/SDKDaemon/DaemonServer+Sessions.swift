@@ -37,10 +37,8 @@ extension DaemonServer {
             session.send(connectedMessage())
         case .begin(let clientID, let items, let extensionID, let deadlineMs):
             let forwarded = session.connection.withForwardablePayload { $0.flatMap(ForwardedFrame.init(payload:)) }
-            // Forwarded, the begin goes on as its payload (it carries no descriptors): its decoded items are not
-            // kept, and the payload is what it is charged (a 2 MiB begin may decode to 64 times that).
-            begin(session, clientID: clientID, items: forwarded == nil ? items : [], extensionID: extensionID,
-                  deadlineMs: deadlineMs, forwarded: forwarded)
+            begin(session, clientID: clientID, items: items, extensionID: extensionID, deadlineMs: deadlineMs,
+                  forwarded: forwarded)
         case .prewarm(let id, let extensionID):
             engine.prewarmOnLoop(extensionID, app: session.app) { [session] result in
                 switch result {
@@ -95,7 +93,9 @@ extension DaemonServer {
             return
         }
         // What this request holds until it ends, charged to the client and to the daemon: a forwarded begin's
-        // payload, or what a decoded one was charged as decoded.
+        // payload (it goes on as that, with no descriptors: its decoded items, if it was decoded, are not kept; a
+        // 2 MiB begin may decode to 64 times that), or what a decoded one was charged as decoded.
+        let items = forwarded == nil ? items : []
         let bytes = forwarded?.payload.count ?? session.connection.currentFrameBytes
         let descriptors = items.reduce(0) { $0 + $1.fileAttachments.count }
         guard bytes <= configuration.pendingRequestBytesPerClient else {

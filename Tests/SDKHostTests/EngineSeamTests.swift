@@ -195,6 +195,15 @@ final class Canary: Sendable {}
         }
     }
 
+    /// The most output the host has queued for one of its workers, read on its loop.
+    func mostOutputQueued(_ host: ExtensionHost) async -> Int {
+        await withCheckedContinuation { c in
+            host.engine.loop.execute {
+                c.resume(returning: host.engine.workers.all.map { $0.connection.pendingOutputBytes }.max() ?? 0)
+            }
+        }
+    }
+
     /// A worker that sends 100,000 pings and never reads: the host answers while its output to the worker is
     /// small, and no more (a pong queued for each was 5 MB held for a worker that would never take it).
     @Test func aWorkerThatPingsAndNeverReadsGetsNoPongsPiledUp() async throws {
@@ -209,11 +218,7 @@ final class Canary: Sendable {}
             var fullSince: UInt64?
             let start = monotonicNanoseconds()
             while monotonicNanoseconds() - start < 60_000_000_000 {
-                let pending = await withCheckedContinuation { c in
-                    host.engine.loop.execute {
-                        c.resume(returning: host.engine.workers.all.map { $0.connection.pendingOutputBytes }.max() ?? 0)
-                    }
-                }
+                let pending = await mostOutputQueued(host)
                 most = max(most, pending)
                 if most > 0, fullSince == nil { fullSince = monotonicNanoseconds() }
                 if let fullSince, monotonicNanoseconds() - fullSince > 3_000_000_000 { break }
@@ -240,11 +245,7 @@ final class Canary: Sendable {}
             var most = 0
             let start = monotonicNanoseconds()
             while monotonicNanoseconds() - start < 60_000_000_000, recorder.callbacks(id).isEmpty {
-                let pending = await withCheckedContinuation { c in
-                    host.engine.loop.execute {
-                        c.resume(returning: host.engine.workers.all.map { $0.connection.pendingOutputBytes }.max() ?? 0)
-                    }
-                }
+                let pending = await mostOutputQueued(host)
                 most = max(most, pending)
                 try await Task.sleep(nanoseconds: 20_000_000)
             }

@@ -10,136 +10,135 @@ import Testing
     /// and lets go of a large one afterwards: it held the last frame, up to the frame limit, for as long as the
     /// peer stayed connected and sent nothing more, charged to nothing.
     @Test func aLargePayloadIsLetGoOnceItsMessageIsDelivered() throws {
-        let kernel = SimulatedKernel(capacity: 8 << 20)
-        SimulatedKernel.current = kernel
-        defer { SimulatedKernel.current = nil }
-        let loop = try EventLoop(name: "framed-connection", clock: ManualClock(), driven: true)
-        let (ours, peer) = kernel.socketPair()
-        // The loop is driven on this thread: what its closures touch is this thread's.
-        final class Seen: @unchecked Sendable {
-            let connection: FramedConnection
-            var messages = 0, keptWhileDelivered = 0
-            init(_ connection: FramedConnection) { self.connection = connection }
-        }
-        let seen = Seen(FramedConnection(FileDescriptor(adopting: ours), loop: loop, limits: .default))
-        let connection = seen.connection
-        connection.keepsPayloads = true
-        loop.execute {
-            try? seen.connection.start(onMessage: { _ in
-                seen.messages += 1
-                seen.keptWhileDelivered = seen.connection.withForwardablePayload { $0?.count ?? 0 }
-            }, onEnd: { _ in })
-        }
-        loop.runUntilIdle()
-        let big = [UInt8](repeating: 7, count: 2 << 20)
-        var frames = try Frame.encode(Message.complete(id: RequestID(), items: [ExtensionItem(title: "big", attachments: [.data(big)])]).plist)
-        frames += try Frame.encode(Message.complete(id: RequestID(), items: [ExtensionItem(title: "small")]).plist)
-        frames += try Frame.encode(Message.complete(id: RequestID(), items: [ExtensionItem(title: "big", attachments: [.data(big)])]).plist)
-        var sent = 0
-        while sent < frames.count {
-            let n = frames.withUnsafeBytes { kernel.send(peer, UnsafeRawBufferPointer(rebasing: $0[sent...]), descriptors: []) }
-            try #require(n > 0)
-            sent += n
+        try withSocketPair(capacity: 8 << 20) { kernel, loop, ours, peer in
+            // The loop is driven on this thread: what its closures touch is this thread's.
+            final class Seen: @unchecked Sendable {
+                let connection: FramedConnection
+                var messages = 0, keptWhileDelivered = 0
+                init(_ connection: FramedConnection) { self.connection = connection }
+            }
+            let seen = Seen(FramedConnection(FileDescriptor(adopting: ours), loop: loop, limits: .default))
+            let connection = seen.connection
+            connection.keepsPayloads = true
+            loop.execute {
+                try? seen.connection.start(onMessage: { _ in
+                    seen.messages += 1
+                    seen.keptWhileDelivered = seen.connection.withForwardablePayload { $0?.count ?? 0 }
+                }, onEnd: { _ in })
+            }
             loop.runUntilIdle()
+            let big = [UInt8](repeating: 7, count: 2 << 20)
+            var frames = try Frame.encode(Message.complete(id: RequestID(), items: [ExtensionItem(title: "big", attachments: [.data(big)])]).plist)
+            frames += try Frame.encode(Message.complete(id: RequestID(), items: [ExtensionItem(title: "small")]).plist)
+            frames += try Frame.encode(Message.complete(id: RequestID(), items: [ExtensionItem(title: "big", attachments: [.data(big)])]).plist)
+            var sent = 0
+            while sent < frames.count {
+                let n = frames.withUnsafeBytes { kernel.send(peer, UnsafeRawBufferPointer(rebasing: $0[sent...]), descriptors: []) }
+                try #require(n > 0)
+                sent += n
+                loop.runUntilIdle()
+            }
+            #expect(seen.messages == 3)
+            #expect(seen.keptWhileDelivered > 2 << 20, "the payload is there while its message is delivered")
+            #expect(connection.keptPayloadCapacity <= FramedConnection.retainedPayloadCapacity,
+                    "\(connection.keptPayloadCapacity) bytes kept after delivery")
+            loop.execute { seen.connection.close() }
+            FileDescriptor(adopting: peer).close()
         }
-        #expect(seen.messages == 3)
-        #expect(seen.keptWhileDelivered > 2 << 20, "the payload is there while its message is delivered")
-        #expect(connection.keptPayloadCapacity <= FramedConnection.retainedPayloadCapacity,
-                "\(connection.keptPayloadCapacity) bytes kept after delivery")
-        loop.execute { seen.connection.close() }
-        FileDescriptor(adopting: peer).close()
-        loop.stop()
-        loop.runUntilIdle()
-        #expect(kernel.openCount == 0, "left open: \(kernel.openDescriptors)")
     }
     /// Marked frames (the host's answers to a worker's calls) are counted while they wait in this process, the
     /// kernel's buffer to the peer full: not when the peer reads, however long it goes on, and each one when it
     /// stops (the host ends a worker that piles up answers this way).
     @Test func markedFramesAreCountedWhileTheyWaitForThePeerToRead() throws {
-        let kernel = SimulatedKernel(capacity: 4096)
-        SimulatedKernel.current = kernel
-        defer { SimulatedKernel.current = nil }
-        let loop = try EventLoop(name: "framed-connection", clock: ManualClock(), driven: true)
-        let (ours, peer) = kernel.socketPair()
-        // The loop is driven on this thread: what its closures touch is this thread's.
-        final class Box: @unchecked Sendable { var connection: FramedConnection?; var counted: [Int] = [] }
-        let box = Box()
-        box.connection = FramedConnection(FileDescriptor(adopting: ours), loop: loop, limits: .default)
-        let connection = try #require(box.connection)
-        loop.execute { try? box.connection?.start(onMessage: { _ in }, onEnd: { _ in }) }
-        loop.runUntilIdle()
-        let answer = Message.hostCallError(id: RequestID(), call: 1, error: .serviceNotAllowed(String(repeating: "s", count: 1024)))
-        /// Sends and marks one answer on the loop, as the engine does, and counts what waits after the flush.
-        func answerOnce() {
-            loop.execute {
-                try? box.connection!.send(answer)
-                box.connection!.markLastFrame()
+        try withSocketPair(capacity: 4096) { kernel, loop, ours, peer in
+            // The loop is driven on this thread: what its closures touch is this thread's.
+            final class Box: @unchecked Sendable { var connection: FramedConnection?; var counted: [Int] = [] }
+            let box = Box()
+            box.connection = FramedConnection(FileDescriptor(adopting: ours), loop: loop, limits: .default)
+            let connection = try #require(box.connection)
+            loop.execute { try? box.connection?.start(onMessage: { _ in }, onEnd: { _ in }) }
+            loop.runUntilIdle()
+            let answer = Message.hostCallError(id: RequestID(), call: 1, error: .serviceNotAllowed(String(repeating: "s", count: 1024)))
+            /// Sends and marks one answer on the loop, as the engine does, and counts what waits after the flush.
+            func answerOnce() {
+                loop.execute {
+                    try? box.connection!.send(answer)
+                    box.connection!.markLastFrame()
+                }
+                loop.runUntilIdle()
+                loop.execute { box.counted.append(box.connection!.markedFramesQueued) }
+                loop.runUntilIdle()
             }
-            loop.runUntilIdle()
-            loop.execute { box.counted.append(box.connection!.markedFramesQueued) }
-            loop.runUntilIdle()
-        }
-        var buffer = [UInt8](repeating: 0, count: 64 << 10)
-        var received: [Int32] = [], truncated = false
-        func peerReads(_ bytes: Int) {
-            _ = buffer.withUnsafeMutableBytes {
-                kernel.receive(peer, into: UnsafeMutableRawBufferPointer(rebasing: $0[..<bytes]), descriptors: &received,
-                               maxDescriptors: 8, truncated: &truncated)
+            var buffer = [UInt8](repeating: 0, count: 64 << 10)
+            var received: [Int32] = [], truncated = false
+            func peerReads(_ bytes: Int) {
+                _ = buffer.withUnsafeMutableBytes {
+                    kernel.receive(peer, into: UnsafeMutableRawBufferPointer(rebasing: $0[..<bytes]), descriptors: &received,
+                                   maxDescriptors: 8, truncated: &truncated)
+                }
+                loop.runUntilIdle()
             }
-            loop.runUntilIdle()
-        }
-        // A peer that keeps up, 2 KiB read for each answer of ~1.1 KB, for 5,000 answers: at most a few wait,
-        // although the kernel's buffer is never empty for long.
-        for _ in 0..<5_000 {
+            // A peer that keeps up, 2 KiB read for each answer of ~1.1 KB, for 5,000 answers: at most a few wait,
+            // although the kernel's buffer is never empty for long.
+            for _ in 0..<5_000 {
+                answerOnce()
+                peerReads(2048)
+            }
+            #expect(box.counted.max()! <= 4, "\(box.counted.max()!) answers waited for a peer that keeps up")
+            // The peer stops reading: once the kernel's 4 KiB are full, each answer waits, one more each time.
+            box.counted = []
+            for _ in 0..<10 { answerOnce() }
+            let counted = box.counted
+            #expect(connection.pendingOutputBytes > 0)
+            let first = try #require(counted.firstIndex { $0 > 0 })
+            #expect(Array(counted[first...]) == Array(1...(counted.count - first)), "\(counted)")
+            // It reads everything: nothing waits.
+            for _ in 0..<100 where connection.pendingOutputBytes > 0 || kernel.unreadOutput(ours) > 0 { peerReads(64 << 10) }
+            #expect(connection.pendingOutputBytes == 0)
+            box.counted = []
             answerOnce()
-            peerReads(2048)
+            #expect(box.counted == [0])
+            loop.execute { box.connection?.close() }
+            FileDescriptor(adopting: peer).close()
         }
-        #expect(box.counted.max()! <= 4, "\(box.counted.max()!) answers waited for a peer that keeps up")
-        // The peer stops reading: once the kernel's 4 KiB are full, each answer waits, one more each time.
-        box.counted = []
-        for _ in 0..<10 { answerOnce() }
-        let counted = box.counted
-        #expect(connection.pendingOutputBytes > 0)
-        let first = try #require(counted.firstIndex { $0 > 0 })
-        #expect(Array(counted[first...]) == Array(1...(counted.count - first)), "\(counted)")
-        // It reads everything: nothing waits.
-        for _ in 0..<100 where connection.pendingOutputBytes > 0 || kernel.unreadOutput(ours) > 0 { peerReads(64 << 10) }
-        #expect(connection.pendingOutputBytes == 0)
-        box.counted = []
-        answerOnce()
-        #expect(box.counted == [0])
-        loop.execute { box.connection?.close() }
-        FileDescriptor(adopting: peer).close()
-        loop.stop()
-        loop.runUntilIdle()
-        #expect(kernel.openCount == 0, "left open: \(kernel.openDescriptors)")
     }
     /// A peer that sends half a frame and closes with something of ours unread: the read after its bytes fails with
     /// ECONNRESET, and the half frame is a truncated frame, as it is at an end of file (it was a broken socket).
     @Test func halfAFrameBeforeAResetIsATruncatedFrame() throws {
-        let kernel = SimulatedKernel(capacity: 1 << 20)
+        try withSocketPair(capacity: 1 << 20) { kernel, loop, ours, peer in
+            final class Box: @unchecked Sendable { var connection: FramedConnection?; var end: ConnectionEnd? }
+            let box = Box()
+            box.connection = FramedConnection(FileDescriptor(adopting: ours), loop: loop, limits: .default)
+            loop.execute {
+                try? box.connection?.start(onMessage: { _ in }, onEnd: { box.end = $0 })
+                try? box.connection?.send(.ping(seq: 1))  // the peer never reads it
+            }
+            loop.runUntilIdle()
+            let half: [UInt8] = [0, 0, 0, 100] + Array("bplist00xx".utf8)
+            #expect(half.withUnsafeBytes { kernel.send(peer, $0, descriptors: []) } == half.count)
+            kernel.close(peer)
+            loop.runUntilIdle()
+            loop.execute { box.connection?.close() }  // does not call `onEnd`
+            guard case .badInput(let detail)? = box.end else {
+                Issue.record("ended \(String(describing: box.end))")
+                return
+            }
+            #expect(detail.contains("truncated frame"), "\(detail)")
+        }
+    }
+
+    /// A simulated kernel of `capacity` (current on this thread), a loop driven on this thread, and a socket pair,
+    /// for `body`, which closes its connection and the peer; then the loop stopped, and every simulated descriptor
+    /// found closed.
+    func withSocketPair(capacity: Int, _ body: (SimulatedKernel, EventLoop, _ ours: Int32, _ peer: Int32) throws -> Void)
+        throws
+    {
+        let kernel = SimulatedKernel(capacity: capacity)
         SimulatedKernel.current = kernel
         defer { SimulatedKernel.current = nil }
         let loop = try EventLoop(name: "framed-connection", clock: ManualClock(), driven: true)
         let (ours, peer) = kernel.socketPair()
-        final class Box: @unchecked Sendable { var connection: FramedConnection?; var end: ConnectionEnd? }
-        let box = Box()
-        box.connection = FramedConnection(FileDescriptor(adopting: ours), loop: loop, limits: .default)
-        loop.execute {
-            try? box.connection?.start(onMessage: { _ in }, onEnd: { box.end = $0 })
-            try? box.connection?.send(.ping(seq: 1))  // the peer never reads it
-        }
-        loop.runUntilIdle()
-        let half: [UInt8] = [0, 0, 0, 100] + Array("bplist00xx".utf8)
-        #expect(half.withUnsafeBytes { kernel.send(peer, $0, descriptors: []) } == half.count)
-        kernel.close(peer)
-        loop.runUntilIdle()
-        guard case .badInput(let detail)? = box.end else {
-            Issue.record("ended \(String(describing: box.end))")
-            return
-        }
-        #expect(detail.contains("truncated frame"), "\(detail)")
-        loop.execute { box.connection?.close() }
+        try body(kernel, loop, ours, peer)
         loop.stop()
         loop.runUntilIdle()
         #expect(kernel.openCount == 0, "left open: \(kernel.openDescriptors)")

@@ -20,18 +20,17 @@ import Testing
     /// A payload of `count` references to one object (`shared`, with `more` objects it refers to by index from
     /// 3 on): a top-level array of them, or with `message`, a `complete`'s items.
     static func payload(references count: Int, to shared: [UInt8], more: [[UInt8]] = [], message: Bool) -> [UInt8] {
-        var refs = Array(repeating: UInt8(2), count: count)
         let header: [UInt8] = [0xAF, 0x12] + (0..<4).reversed().map { UInt8(truncatingIfNeeded: count >> ($0 * 8)) }
+        let array = header + Array(repeating: UInt8(message ? 2 : 1), count: count)
         if message {
             // 0: the message, 1: the items, 2: the shared object, 3...: what it refers to, then its keys and values.
             let base = 3 + more.count
             let strings = ["type", "complete", "id", "6F9619FF-8B86-4011-B42D-00C04FC964FF", "items"]
-            let objects = [[0xD3] + [base, base + 2, base + 4, base + 1, base + 3, 1].map { UInt8($0) }, header + refs, shared]
-                + more + strings.map { [0x50 | UInt8(min($0.utf8.count, 15))] + ($0.utf8.count >= 15 ? [0x10, UInt8($0.utf8.count)] : []) + Array($0.utf8) }
+            let objects = [[0xD3] + [base, base + 2, base + 4, base + 1, base + 3, 1].map { UInt8($0) }, array, shared]
+                + more + strings.map { RawPlist.header(0x50, $0.utf8.count) + Array($0.utf8) }
             return handBuilt(objects: objects, top: 0, offsetSize: 4)
         }
-        refs = refs.map { $0 - 1 }
-        return handBuilt(objects: [header + refs, shared] + more.map { $0 }, top: 0, offsetSize: 4)
+        return handBuilt(objects: [array, shared] + more, top: 0, offsetSize: 4)
     }
 
     /// What the heap grew by while `make`'s result is held; the least of three tries, with what it was charged.

@@ -448,7 +448,8 @@ struct RawPlist {
         return objects.count - 1
     }
 
-    private static func header(_ marker: UInt8, _ n: Int) -> [UInt8] {
+    /// A marker with its count (one byte past 14), as an object's header.
+    static func header(_ marker: UInt8, _ n: Int) -> [UInt8] {
         n < 15 ? [marker | UInt8(n)] : [marker | 0x0F, 0x10, UInt8(n)]
     }
 

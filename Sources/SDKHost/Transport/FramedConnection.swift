@@ -383,7 +383,7 @@ package final class FramedConnection {
             let message: Message
             do {
                 var size = 0
-                // What decoding the frame was charged, and its budget (for the items a decoded tree becomes).
+                // What decoding the frame was charged, and (for a tree) its budget, for the items the tree becomes.
                 var charged = 0, budget = 0
                 let limits = reader.limits
                 let keep = keepsPayloads
@@ -399,7 +399,6 @@ package final class FramedConnection {
                     }
                     var decoded = 0
                     defer { (size, charged) = (max(payload.count, decoded), decoded) }
-                    budget = limits.decodedBytesBudget(payloadBytes: payload.count)
                     // A flat message (`ping`, `pong`, `welcome`, `assigned`, `cancel`, ...) exactly as we write it: no decoding.
                     if let message = FlatFrame.message(from: payload) {
                         direct = message
@@ -426,6 +425,7 @@ package final class FramedConnection {
                         claimed = true
                         return nil
                     }
+                    budget = limits.decodedBytesBudget(payloadBytes: payload.count)
                     return try BinaryPlistDecoder.decode(payload, limits: limits, decodedBytes: &decoded)
                 }) else { return }
                 currentFrameBytes = size
