@@ -19,7 +19,8 @@ enum Leak {
 struct Crasher: RequestHandler {
     /// CRASHER_FAULT_AT_START=abort makes the worker die before the handshake (tests of a crash at launch), `exit0`
     /// exit 0 then, `exit0-later` exit 0 just after it (half a second after start);
-    /// `abort-while:<path>` only while that file exists (a crash loop a test can end); `sleep:<ms>` starts slowly.
+    /// `abort-while:<path>` only while that file exists (a crash loop a test can end); `truncate-abort-once:<path>`
+    /// half a frame then abort, in the one worker that removes that file; `sleep:<ms>` starts slowly.
     init() {
         guard let raw = getenv("CRASHER_FAULT_AT_START") else { return }
         let fault = String(cString: raw)
@@ -35,6 +36,13 @@ struct Crasher: RequestHandler {
             }, nil)
         }
         if fault.hasPrefix("abort-while:"), access(String(fault.dropFirst(12)), F_OK) == 0 { abort() }
+        // `truncate-abort-once:<path>`: the one worker that removes that file writes half a frame and aborts, before
+        // its handshake (a crash at launch cut short what it was writing).
+        if fault.hasPrefix("truncate-abort-once:"), unlink(String(fault.dropFirst(20))) == 0 {
+            let partial: [UInt8] = [0, 0, 0, 100] + Array("bplist00xx".utf8)
+            _ = partial.withUnsafeBytes { write(3, $0.baseAddress, $0.count) }
+            abort()
+        }
         // `welcome-v1`: a welcome of protocol 1 before the runtime's own, as an extension built against the old SDK
         // would answer.
         if fault == "welcome-v1" {
@@ -127,6 +135,12 @@ struct Crasher: RequestHandler {
             let partial: [UInt8] = [0, 0, 0, 100] + Array("bplist00xx".utf8)
             _ = partial.withUnsafeBytes { write(3, $0.baseAddress, $0.count) }
             exit(0)
+        case "truncate-segv":
+            // Half a frame, then a crash, as a worker that dies while it writes: the signal is the cause, not the
+            // frame it cut short.
+            let partial: [UInt8] = [0, 0, 0, 100] + Array("bplist00xx".utf8)
+            _ = partial.withUnsafeBytes { write(3, $0.baseAddress, $0.count) }
+            UnsafeMutablePointer<Int>(bitPattern: 0x8)!.pointee = 1
         case "unknownid":
             // A well-formed completion for a request this worker was never given.
             var encoder = BinaryPlistEncoder()

@@ -163,6 +163,12 @@ static void begin(sdkhost_request *request, void *context) {
         static const char partial[] = "\0\0\0\x64" "bplist00xx";
         write_raw(partial, sizeof partial - 1);
         exit(0);
+    } else if (strcmp(command, "truncate-segv") == 0) {
+        /* Half a frame, then a crash: the signal is the cause, not the frame it cut short. */
+        static const char partial[] = "\0\0\0\x64" "bplist00xx";
+        write_raw(partial, sizeof partial - 1);
+        volatile uintptr_t address = 0x8;
+        *(volatile int *)address = 1;
     } else if (strcmp(command, "unknownid") == 0) {
         char id[37];
         random_id(id);

@@ -163,7 +163,7 @@ extension DaemonServer {
 
     func sessionEnded(_ session: ClientSession, _ end: ConnectionEnd) {
         switch end {
-        case .badInput(let detail):
+        case .badInput(let detail), .truncated(let detail):
             engine.log(.warning, "client uid \(session.credentials.uid) pid \(session.credentials.pid) sent bad input "
                 + "(\(detail)); dropped that client only")
         case .broken(let detail), .notReading(let detail):

@@ -127,6 +127,13 @@ package final class FakeWorker: WorkerChild, @unchecked Sendable {
     }
 
     /// Ends a slow start: the welcome now if the hello came, at once when it comes otherwise.
+    /// Half a frame (a header promising 100 bytes, then 10 of them): what a worker dying as it writes leaves.
+    package func sendHalfAFrame() {
+        guard alive else { return }
+        let half: [UInt8] = [0, 0, 0, 100] + Array("bplist00xx".utf8)
+        _ = half.withUnsafeBytes { try? sendNonBlocking(socket, $0, descriptors: []) }
+    }
+
     package func welcome(identifier: String) {
         holdsWelcome = false
         if helloHeld {

@@ -148,9 +148,9 @@ package final class ScheduleState: @unchecked Sendable {
     /// One step drawn from `rng`: a begin (with or without a deadline, one in eight bringing a file; with
     /// `apps`, half from one of three daemon apps), a cancel, a worker that completes (sending back its begin's
     /// files; sometimes twice), acknowledges a cancel, sends a partial result (sometimes a burst past the credit
-    /// window), crashes, starts exiting with an exit notice, gets a notice that is not an exit, exits or replies
-    /// for an unknown id, a spawn that fails, a spawn that starts slowly (and welcomes, crashes or exits 0 before its
-    /// handshake at a later step), or the clock moving.
+    /// window), crashes or exits (some with half a frame written), starts exiting with an exit notice, gets a notice
+    /// that is not an exit, replies for an unknown id, a spawn that fails, a spawn that starts slowly (and welcomes,
+    /// crashes or exits 0 before its handshake at a later step), or the clock moving.
     package func step(_ rng: inout SimulationRandom, engine: HostEngine, launcher: SimLauncher, clock: ManualClock,
                       apps: Bool)
     {
@@ -237,7 +237,10 @@ package final class ScheduleState: @unchecked Sendable {
             worker.send(.cancelled(id: id, error: .cancelledByHost))
         case 65..<68:
             guard let worker = randomWorker({ _ in true }) else { break }
-            trace.append("worker \(worker.pid) crashes")
+            // One in four as it writes a frame: half of it is left on its socket.
+            let midFrame = rng.next() % 4 == 0
+            trace.append("worker \(worker.pid) crashes" + (midFrame ? " with half a frame written" : ""))
+            if midFrame { worker.sendHalfAFrame() }
             worker.die(.signaled(SIGSEGV))
         case 68..<70:
             // The kernel starts the worker's exit and its exit notice fires before the teardown: the engine ends
@@ -253,7 +256,10 @@ package final class ScheduleState: @unchecked Sendable {
             if diesNow { worker.die(status) }
         case 70..<73:
             guard let worker = randomWorker({ _ in true }) else { break }
-            trace.append("worker \(worker.pid) exits")
+            // One in four leaves half a frame: a truncated frame, its requests' protocol violation.
+            let midFrame = rng.next() % 4 == 0
+            trace.append("worker \(worker.pid) exits" + (midFrame ? " with half a frame written" : ""))
+            if midFrame { worker.sendHalfAFrame() }
             worker.die(.exited(0))
         case 73..<74:
             // A notice that is not an exit: the watch ends and the worker goes on.
@@ -291,7 +297,9 @@ package final class ScheduleState: @unchecked Sendable {
                 trace.append("worker \(worker.pid) says welcome at last")
                 worker.welcome(identifier: identifier)
             case 1:
-                trace.append("worker \(worker.pid) crashes before its handshake")
+                let midFrame = rng.next() % 2 == 0
+                trace.append("worker \(worker.pid) crashes before its handshake" + (midFrame ? " with half a frame written" : ""))
+                if midFrame { worker.sendHalfAFrame() }
                 worker.die(.signaled(SIGSEGV))
             default:
                 trace.append("worker \(worker.pid) exits 0 before its handshake")

@@ -41,6 +41,8 @@ extension FaultTests {
                 if case .interrupted(.protocolViolation(let d)) = $0 { return d.contains("truncated frame") }
                 return false
             }, crash: true),
+            // A crash while it writes a frame: the signal, not the frame it cut short (it was `truncated frame`).
+            Case(fault: "truncate-segv", expected: { $0 == .interrupted(.signal(SIGSEGV)) }, crash: true),
             Case(fault: "unknownid", expected: {
                 if case .interrupted(.protocolViolation(let d)) = $0 { return d.contains("reply for unknown request") }
                 return false

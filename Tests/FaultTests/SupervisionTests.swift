@@ -130,6 +130,30 @@ import Glibc
         }
     }
 
+    /// A worker that dies by a signal before its handshake with half a frame written: a crash at launch, so its
+    /// request goes to the next worker (no handler ran). It was killed at once for the truncated frame, and the
+    /// request ended `protocol: truncated frame` instead.
+    @Test func aCrashAtLaunchThatCutsAFrameShortSendsItsRequestOn() async throws {
+        let folder = Self.makeFolder()
+        defer { removeTree(folder) }
+        chmod(folder, 0o777)  // the one worker that removes the marker crashes: nobody's, under a root host
+        let marker = "\(folder)/crash-once"
+        writeFile(marker, "the Crasher that removes this file writes half a frame and aborts\n")
+        try await withHost({
+            $0.workerEnvironment = ["CRASHER_FAULT_AT_START=truncate-abort-once:\(marker)"]
+            $0.defaultPolicy.writablePaths = [folder]
+        }) { host, log in
+            let (ext, recorder) = try recordedExtension(host, "com.example.crasher")
+            let id = ext.beginRequest(withInputItems: [ExtensionItem(title: "echo")])
+            let outcome = await recorder.wait(for: id)
+            #expect(outcome == .completed([ExtensionItem(title: "echo")]), "\(String(describing: outcome)); \(log.all.suffix(6))")
+            #expect(access(marker, F_OK) != 0, "a worker removed the marker, so one crashed")
+            let (stats, crashes, _) = await host.inspect()
+            #expect(crashes.map(\.reason) == [.signal(SIGABRT)], "\(crashes.map(\.reason))")
+            #expect(stats.spawns == 2 && stats.protocolViolations == 0, "\(stats)")
+        }
+    }
+
     @Test func aLoopingExtensionKeepsOnlyItsShareOfCrashReports() async throws {
         let folder = Self.makeFolder()
         defer { removeTree(folder) }

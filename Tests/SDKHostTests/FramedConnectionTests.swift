@@ -119,7 +119,7 @@ import Testing
             kernel.close(peer)
             loop.runUntilIdle()
             loop.execute { box.connection?.close() }  // does not call `onEnd`
-            guard case .badInput(let detail)? = box.end else {
+            guard case .truncated(let detail)? = box.end else {
                 Issue.record("ended \(String(describing: box.end))")
                 return
             }

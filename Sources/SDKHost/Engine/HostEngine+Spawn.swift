@@ -89,6 +89,7 @@ extension HostEngine {
                 onEnd: { [unowned self, unowned worker] end in
                     switch end {
                     case .badInput(let detail), .notReading(let detail): self.protocolViolation(worker, detail)
+                    case .truncated(let detail): self.socketEndedMidFrame(worker, detail)
                     case .broken, .endOfFile: self.socketBroken(worker)
                     }
                 })

@@ -290,6 +290,16 @@ extension HostEngine {
         if worker.kill(reason: reason, forCancel: forCancel), reason == .hang { count(worker.extensionID, \.hangKills) }
     }
 
+    /// Its socket ended in the middle of a frame. Whether that broke the protocol waits for how the worker ends
+    /// (`WorkerLifecycle.ending`): a process killed by a signal (a crash) cut its last frame short, and its requests
+    /// end with the signal, or go to the next worker if it had not yet said welcome; one that exits, or lives on
+    /// without its socket, sent a truncated frame. A worker the host killed already left what the kill cut short.
+    func socketEndedMidFrame(_ worker: WorkerProcess, _ detail: String) {
+        worker.connection.close()
+        guard worker.lifecycle.endedMidFrame(detail) else { return }
+        socketBroken(worker)
+    }
+
     /// The socket hit EOF or an error: the worker is exiting. Its exit status arrives through the exit
     /// descriptor; if it lingers without its socket, it is killed.
     func socketBroken(_ worker: WorkerProcess) {
@@ -298,7 +308,13 @@ extension HostEngine {
         worker.exitTimer = loop.schedule(afterNanoseconds: 2_000_000_000) { [unowned self, weak worker] in
             guard let worker, !worker.lifecycle.phase.isOver else { return }
             worker.exitTimer = nil
-            self.kill(worker, worker.lifecycle.retired ? .hostShutdown : .protocolViolation("closed its connection"))
+            if worker.lifecycle.retired {
+                self.kill(worker, .hostShutdown)
+            } else if let detail = worker.lifecycle.truncatedFrame {
+                self.protocolViolation(worker, detail)  // alive without a signal: its half frame was its own
+            } else {
+                self.kill(worker, .protocolViolation("closed its connection"))
+            }
         }
     }
 
@@ -359,6 +375,10 @@ extension HostEngine {
             status: status, hadRequests: !inFlight.isEmpty, livedPastIdleTimeout: loop.now &- worker.startedAt >= idle,
             launchFailure: worker.launchFailure, launcherFailureStatus: launcherFailureStatus, shuttingDown: shuttingDown)
         let reason = ending.reason, crashed = ending.crashed
+        if let detail = worker.lifecycle.truncatedFrame, worker.lifecycle.kill == nil, reason == .protocolViolation(detail) {
+            log(.error, "\(worker.extensionID) pid \(worker.pid) broke the protocol: \(detail)")
+            count(worker.extensionID, \.protocolViolations)
+        }
         if crashed { count(worker.extensionID, \.crashes) }
         let waiters = worker.readyWaiters
         worker.readyWaiters = []

@@ -75,6 +75,9 @@ struct WorkerLifecycle {
     /// A protocol violation found in what it left on its socket, read after its end (a truncated frame, say):
     /// why its requests end, as a kill's reason would be, unless the host had killed it first.
     private(set) var violationAfterEnd: String?
+    /// Its socket ended in the middle of a frame (an end of file or a reset after half a frame), before any kill:
+    /// a truncated frame, unless the process died by a signal, which cut it short (`ending`).
+    private(set) var truncatedFrame: String?
     /// Why it was recycled, if it was.
     private(set) var recycleReason: String?
     /// Whether it was retired (asked to exit) before it ended.
@@ -169,6 +172,15 @@ struct WorkerLifecycle {
         return true
     }
 
+    /// Its socket ended in the middle of a frame (`detail` says how much was left). Returns whether that is
+    /// recorded: not when the host had killed it already (what the kill cut short), or one was recorded before.
+    @discardableResult
+    mutating func endedMidFrame(_ detail: String) -> Bool {
+        guard kill == nil, truncatedFrame == nil else { return false }
+        truncatedFrame = detail
+        return true
+    }
+
     /// Its exit notice says the kernel is tearing it down with `status`.
     mutating func noticeExit(_ status: ExitStatus) -> Bool { move(to: .exiting, because: "exit notice: \(status)") }
 
@@ -212,6 +224,12 @@ struct WorkerLifecycle {
             reason = kill.reason
         } else if let violationAfterEnd {
             reason = .protocolViolation(violationAfterEnd)
+        } else if case .signaled(let sig)? = status {
+            // A process dying by a signal (a crash) cuts short the frame it was writing: the signal is the cause.
+            reason = .signal(sig)
+        } else if let truncatedFrame {
+            // One that exited, or lived on without its socket, sent half a frame and stopped: a truncated frame.
+            reason = .protocolViolation(truncatedFrame)
         } else {
             switch status {
             case .signaled(let sig): reason = .signal(sig)
@@ -224,7 +242,7 @@ struct WorkerLifecycle {
         // a worker that would not stay up: a warm pool's would be started again at once, for ever, and never
         // counted towards quarantine.
         let clean = status == .exited(0) && welcomed && livedPastIdleTimeout && !hadRequests && kill == nil
-            && violationAfterEnd == nil
+            && violationAfterEnd == nil && truncatedFrame == nil
         let stoppedByHost = retired && (kill == nil || kill?.reason == .hostShutdown)
         let crashed = !(clean || stoppedByHost)
         let onItsOwn: Bool

@@ -26,6 +26,10 @@ package enum ConnectionEnd: Equatable, Sendable {
     case broken(String)
     /// The peer sent something that is not a valid frame or message.
     case badInput(String)
+    /// The peer's stream ended (an end of file, or a reset after its last bytes) in the middle of a frame. Bad
+    /// input from a peer that meant to stop; from a process dying by a signal, what its death cut short (the
+    /// engine decides once it knows how the worker ended).
+    case truncated(String)
     /// The peer does not read what it is sent: past the output limit, or the unread-descriptor limit.
     case notReading(String)
 }
@@ -220,7 +224,7 @@ package final class FramedConnection {
     package func drainLast() {
         drain()
         let left = reader.bufferedByteCount
-        if isOpen, left > 0 { end(.badInput(Self.truncatedFrame(left))) }
+        if isOpen, left > 0 { end(.truncated(Self.truncatedFrame(left))) }
     }
 
     static func truncatedFrame(_ left: Int) -> String {
@@ -267,14 +271,14 @@ package final class FramedConnection {
             case .success(.endOfFile):
                 // Bytes of an unfinished frame at EOF: the peer sent a truncated frame.
                 let left = reader.bufferedByteCount
-                end(left > 0 ? .badInput(Self.truncatedFrame(left)) : .endOfFile)
+                end(left > 0 ? .truncated(Self.truncatedFrame(left)) : .endOfFile)
             case .failure(let error):
                 // A peer that closed with something of ours unread resets the socket (ECONNRESET) once what it
                 // wrote is read: half a frame left is a truncated frame all the same. (It was reported as a broken
                 // socket, and the worker's requests ended with its exit status: a Crasher `truncate` that exited 0
                 // with a ping unread showed "exit 0", under load.)
                 let left = reader.bufferedByteCount
-                end(left > 0 ? .badInput(Self.truncatedFrame(left)) : .broken(error.description))
+                end(left > 0 ? .truncated(Self.truncatedFrame(left)) : .broken(error.description))
             }
         }
     }
