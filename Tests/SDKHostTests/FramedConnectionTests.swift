@@ -127,16 +127,55 @@ import Testing
         }
     }
 
+    /// A frame the peer had begun when this side stopped reading (its output to the peer over the limit) is timed
+    /// from when reading starts again: the time this side would not read is not the peer's. Its clock ran on, so a
+    /// daemon's sweep closed a client for "a frame left unfinished" as soon as it had read its replies.
+    @Test func aPauseForBackpressureDoesNotCountAgainstAnUnfinishedFrame() throws {
+        let clock = ManualClock()
+        try withSocketPair(capacity: 4096, clock: clock) { kernel, loop, ours, peer in
+            final class Box: @unchecked Sendable { let connection: FramedConnection; init(_ c: FramedConnection) { connection = c } }
+            let box = Box(FramedConnection(FileDescriptor(adopting: ours), loop: loop, limits: .default))
+            let connection = box.connection
+            connection.outputLimit = 2048
+            loop.execute { try? box.connection.start(onMessage: { _ in }, onEnd: { _ in }) }
+            loop.runUntilIdle()
+            let half: [UInt8] = [0, 0, 0, 100] + Array("bplist00xx".utf8)
+            #expect(half.withUnsafeBytes { kernel.send(peer, $0, descriptors: []) } == half.count)
+            loop.runUntilIdle()
+            let began = try #require(connection.partialFrameSince, "the frame is timed from its first bytes")
+            // The peer does not read: the output passes the limit and reading pauses.
+            loop.execute { for seq in 0..<400 { try? box.connection.send(.ping(seq: Int64(seq))) } }
+            loop.runUntilIdle()
+            #expect(connection.outputStalledSince != nil, "the output is over the limit: \(connection.pendingOutputBytes) bytes")
+            clock.advance(by: 10_000_000_000)
+            // The peer reads everything; the output drains and reading starts again.
+            var buffer = [UInt8](repeating: 0, count: 65536)
+            var descriptors: [Int32] = [], truncated = false
+            for _ in 0..<100 {
+                let n = buffer.withUnsafeMutableBytes {
+                    kernel.receive(peer, into: $0, descriptors: &descriptors, maxDescriptors: 0, truncated: &truncated)
+                }
+                loop.runUntilIdle()
+                if connection.pendingOutputBytes == 0, n <= 0 { break }
+            }
+            #expect(connection.outputStalledSince == nil, "\(connection.pendingOutputBytes) bytes still queued")
+            #expect(connection.partialFrameSince == began + 10_000_000_000, "timed from when reading resumed: \(String(describing: connection.partialFrameSince))")
+            loop.execute { box.connection.close() }
+            loop.runUntilIdle()
+            kernel.close(peer)
+        }
+    }
+
     /// A simulated kernel of `capacity` (current on this thread), a loop driven on this thread, and a socket pair,
     /// for `body`, which closes its connection and the peer; then the loop stopped, and every simulated descriptor
     /// found closed.
-    func withSocketPair(capacity: Int, _ body: (SimulatedKernel, EventLoop, _ ours: Int32, _ peer: Int32) throws -> Void)
-        throws
+    func withSocketPair(capacity: Int, clock: ManualClock = ManualClock(),
+                        _ body: (SimulatedKernel, EventLoop, _ ours: Int32, _ peer: Int32) throws -> Void) throws
     {
         let kernel = SimulatedKernel(capacity: capacity)
         SimulatedKernel.current = kernel
         defer { SimulatedKernel.current = nil }
-        let loop = try EventLoop(name: "framed-connection", clock: ManualClock(), driven: true)
+        let loop = try EventLoop(name: "framed-connection", clock: clock, driven: true)
         let (ours, peer) = kernel.socketPair()
         try body(kernel, loop, ours, peer)
         loop.stop()

@@ -511,6 +511,9 @@ package final class FramedConnection {
         if let limit = outputLimit, outputStalledSince != nil, pendingOutputBytes <= limit / 2 {
             outputStalledSince = nil
             readingPaused = false
+            // A frame the peer had begun is timed from now: while this side would not read, it could not finish.
+            // (Its clock ran on, and a daemon closed a client for a frame left unfinished at its next sweep.)
+            if partialFrameSince != nil { partialFrameSince = loop.now }
             if isOpen { updateInterest() }
         }
         if wantsWritable, isOpen, sent == outbound.count {
