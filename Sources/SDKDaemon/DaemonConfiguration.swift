@@ -116,7 +116,7 @@ package struct DaemonConfiguration: Sendable {
         source = path
         let value: PlistValue
         do {
-            value = try XMLPropertyList.parse(try readFile(path))
+            value = try XMLPropertyList.parse(try readRegularFile(path, maxBytes: 1 << 20))
         } catch let error as XMLPlistError {
             throw HostError(.invalidConfiguration, "\(path): \(error)")
         } catch {

@@ -219,7 +219,7 @@ static void read_profile(void) {
 /// what runs. Must run before seccomp, which allows only the exec of `profile.executable`'s pointer.
 static void verify_executable(void) {
     if (!profile.executable_sha256) return;
-    int fd = open(profile.executable, O_RDONLY | O_CLOEXEC | O_NOCTTY);
+    int fd = open(profile.executable, O_RDONLY | O_CLOEXEC | O_NOCTTY | O_NONBLOCK);  /* a FIFO: no wait */
     if (fd < 0) launch_failed("ExecutableSHA256: cannot open %s: %s", profile.executable, strerror(errno));
     struct stat info;
     if (fstat(fd, &info) != 0 || !S_ISREG(info.st_mode)) launch_failed("ExecutableSHA256: %s is not a file", profile.executable);

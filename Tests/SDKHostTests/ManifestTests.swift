@@ -3,6 +3,11 @@ import SDKWire
 import HostTestSupport
 @testable import SDKHost
 import Testing
+import Dispatch
+
+#if canImport(Glibc)
+import Glibc
+#endif
 
 @Suite struct ManifestTests {
     @Test func bundledManifestsLoad() throws {
@@ -79,6 +84,48 @@ import Testing
             }
             #expect(log.contains("\(garbage.root)/Ext/Info.plist"), "\(log.all)")
             #expect(log.contains("skipped, the other extensions are served"))
+        }
+    }
+}
+
+extension ManifestTests {
+    /// A manifest that is not a plain file of a manifest's size is refused before it is read, and the others are
+    /// served: a FIFO (opening it waited for a writer for ever, and with it the host's start or the daemon's
+    /// rescan), a device (a link to /dev/zero was read for ever: gigabytes in seconds; /dev/null here, harmless if
+    /// read), a file of megabytes (parsed whole).
+    @Test func aManifestThatIsNotASmallPlainFileIsRefusedUnread() throws {
+        let fifo = TemporaryExtension(identifier: "com.example.fifo", executable: "Echo")
+        let device = TemporaryExtension(identifier: "com.example.device", executable: "Echo")
+        let big = TemporaryExtension(identifier: "com.example.big", executable: "Echo")
+        defer { fifo.remove(); device.remove(); big.remove() }
+        let fifoPath = "\(fifo.root)/Ext/Info.plist"
+        unlink(fifoPath)
+        #expect(mkfifo(fifoPath, 0o644) == 0)
+        unlink("\(device.root)/Ext/Info.plist")
+        #expect(symlink("/dev/null", "\(device.root)/Ext/Info.plist") == 0)
+        #expect(truncate("\(big.root)/Ext/Info.plist", 2 << 20) == 0)
+        let configuration = HostConfiguration(extensionSearchPaths: ["\(packageRoot)/Extensions", fifo.root, device.root, big.root])
+        final class Result: @unchecked Sendable { var problems: [HostError] = []; var found: [String] = [] }
+        let result = Result()
+        let done = DispatchSemaphore(value: 0)
+        DispatchQueue.global().async {
+            if let (found, problems) = try? ExtensionManifest.discover(in: configuration) {
+                result.found = found.filter { $0.value.refusal == nil }.keys.sorted()
+                result.problems = problems
+            }
+            done.signal()
+        }
+        if done.wait(timeout: .now() + 30) == .timedOut {
+            Issue.record("reading the manifests waits on the FIFO")
+            // Writers that leave at once, for as long as it takes: each open of the FIFO the reading makes ends.
+            while done.wait(timeout: .now() + 0.05) == .timedOut { close(open(fifoPath, O_WRONLY | O_NONBLOCK)) }
+        }
+        #expect(result.found.contains("com.example.echo"), "\(result.found)")
+        let details = result.problems.map(\.detail)
+        for (path, why) in [(fifoPath, "not a regular file (a FIFO)"),
+                            ("\(device.root)/Ext/Info.plist", "not a regular file (a character device)"),
+                            ("\(big.root)/Ext/Info.plist", "at most \(ExtensionManifest.maxManifestBytes) are read")] {
+            #expect(details.contains { $0.contains(path) && $0.contains(why) }, "\(why): \(details)")
         }
     }
 }

@@ -62,10 +62,13 @@ final class ExtensionManifest: Sendable {
     /// The interpreter's library folders, from the operator's `Interpreters`.
     let interpreterLibraryPaths: [String]
 
+    /// The largest manifest read (a real one is a few KB): a bigger file is refused, not parsed.
+    static let maxManifestBytes = 1 << 20
+
     init(contentsOf path: String, configuration: HostConfiguration) throws(HostError) {
         let bytes: [UInt8]
         do {
-            bytes = try readFile(path)
+            bytes = try readRegularFile(path, maxBytes: Self.maxManifestBytes)
         } catch {
             throw HostError(.invalidManifest, "\(path): cannot read: \(error)")
         }
@@ -207,7 +210,7 @@ final class ExtensionManifest: Sendable {
 
     /// The `CFBundleIdentifier` an invalid manifest names, if it can be read at all.
     private static func identifier(in path: String) -> String? {
-        guard let bytes = try? readFile(path), let value = try? XMLPropertyList.parse(bytes),
+        guard let bytes = try? readRegularFile(path, maxBytes: maxManifestBytes), let value = try? XMLPropertyList.parse(bytes),
             let id = value["CFBundleIdentifier"]?.stringValue, !id.isEmpty, id.utf8.count <= 256
         else { return nil }
         return id

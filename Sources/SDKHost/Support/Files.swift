@@ -61,6 +61,60 @@ package func readFile(_ path: String) throws(SystemError) -> [UInt8] {
     }
 }
 
+/// Why `readRegularFile` refused a file, said plainly ("not a regular file (a FIFO)").
+package struct FileReadError: Error, CustomStringConvertible {
+    package let description: String
+}
+
+/// Reads a small file that must be a regular file of at most `maxBytes`: a manifest or a configuration file, which
+/// whoever can write its folder may replace by a FIFO (opening it waited for a writer for ever, and the daemon with
+/// it), a link to /dev/zero (reading it never ended: gigabytes in seconds) or a file of hundreds of megabytes.
+/// Checked before it is opened (opening a device may do something) and again once open; opened non-blocking.
+package func readRegularFile(_ path: String, maxBytes: Int) throws(FileReadError) -> [UInt8] {
+    func kind(_ mode: mode_t) -> String {
+        switch mode & S_IFMT {
+        case S_IFIFO: "a FIFO"
+        case S_IFCHR: "a character device"
+        case S_IFBLK: "a block device"
+        case S_IFDIR: "a folder"
+        case S_IFSOCK: "a socket"
+        default: "not a plain file"
+        }
+    }
+    var info = stat()
+    guard stat(path, &info) == 0 else { throw FileReadError(description: SystemError("stat", errno: errno, detail: path).description) }
+    guard info.st_mode & S_IFMT == S_IFREG else { throw FileReadError(description: "not a regular file (\(kind(info.st_mode)))") }
+    let fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY)
+    guard fd >= 0 else { throw FileReadError(description: SystemError("open", errno: errno, detail: path).description) }
+    defer { close(fd) }
+    guard fstat(fd, &info) == 0, info.st_mode & S_IFMT == S_IFREG else {
+        throw FileReadError(description: "not a regular file (\(kind(info.st_mode)))")
+    }
+    func tooLarge(_ size: Int) -> FileReadError {
+        FileReadError(description: "\(size) bytes or more; at most \(maxBytes) are read")
+    }
+    guard Int(info.st_size) <= maxBytes else { throw tooLarge(Int(info.st_size)) }
+    // One byte more than allowed: a file that grew since fstat is refused, not cut short.
+    let capacity = maxBytes + 1
+    var failure: Int32 = 0
+    var out: [UInt8] = []
+    out.reserveCapacity(min(capacity, Int(info.st_size) + 1))
+    var chunk = [UInt8](repeating: 0, count: min(capacity, 64 << 10))
+    while out.count < capacity {
+        let n = chunk.withUnsafeMutableBytes { read(fd, $0.baseAddress, min($0.count, capacity - out.count)) }
+        if n < 0 {
+            if errno == EINTR { continue }
+            failure = errno
+            break
+        }
+        if n == 0 { break }
+        out += chunk[0..<n]
+    }
+    if failure != 0 { throw FileReadError(description: SystemError("read", errno: failure, detail: path).description) }
+    guard out.count <= maxBytes else { throw tooLarge(out.count) }
+    return out
+}
+
 /// Writes `bytes` to `path` (created 0600 or truncated; with `exclusive`, only created: an existing file or a
 /// symlink there is an error).
 package func writeFile(_ path: String, _ bytes: [UInt8], mode: mode_t = 0o600, exclusive: Bool = false) throws(SystemError) {
