@@ -33,6 +33,12 @@ import Glibc
         await #expect(throws: RequestFailure.interrupted(.timedOut)) {
             try await crasher.perform([ExtensionItem(title: "hang")], deadline: 0.3)
         }
+        // Deadlines past what milliseconds in an Int64 hold are clamped, as an embedded host's are (converting
+        // `.seconds(Int64.max)` to the wire's milliseconds trapped: the app died of SIGILL).
+        #expect(try await echo.perform([ExtensionItem(title: "far")], deadline: .seconds(Int64.max)) == [ExtensionItem(title: "far")])
+        await #expect(throws: RequestFailure.interrupted(.timedOut)) {
+            try await echo.perform([ExtensionItem(title: "past")], deadline: .seconds(Int64.min))
+        }
         // pid(for:) reports the daemon's worker.
         let recorder = Recorder()
         recorder.attach(to: crasher)

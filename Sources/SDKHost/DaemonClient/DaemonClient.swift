@@ -343,9 +343,19 @@ final class DaemonClient: HostBackend, @unchecked Sendable {
         }
     }
 
+    /// A deadline in seconds as the wire's milliseconds, clamped to what an Int64 holds: `.seconds(Int64.max)` was
+    /// 9.2e21 ms, and converting it trapped, taking the app down. Nil (no deadline) for a NaN.
+    static func milliseconds(_ seconds: Double) -> Int64? {
+        let ms = (seconds * 1000).rounded(.up)
+        if ms.isNaN { return nil }
+        if ms >= Double(Int64.max) { return .max }  // 2^63: the first Double past Int64.max
+        if ms <= Double(Int64.min) { return .min }
+        return Int64(ms)
+    }
+
     private func send(_ request: SubmittedRequest) {
         inFlight[request.id] = request
-        let deadlineMs = request.deadline.map { Int64(($0 * 1000).rounded(.up)) }
+        let deadlineMs = request.deadline.flatMap(Self.milliseconds)
         do {
             try connection?.send(.begin(id: request.id, items: request.items, extensionID: request.extensionID,
                                          deadlineMs: deadlineMs))
