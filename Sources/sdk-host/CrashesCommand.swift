@@ -1,6 +1,7 @@
 // `sdk-host crashes [--leaks] [--json] [--config P] [--dir D]`: the crash reports the daemon wrote, oldest first;
 // with --leaks, the leak reports beside them.
 import SDKHost
+import SDKWire
 
 #if canImport(Glibc)
 import Glibc
@@ -30,8 +31,11 @@ enum CrashesCommand {
             exit(0)
         }
         for r in reports {
-            print("\(formatTime(r.time))  \(r.extensionIdentifier)  pid \(r.pid)  \(r.reason)  in flight: \(r.inFlightRequests.count)")
-            if let line = r.fatalErrorLine { print("    \(line.prefix(200))") }
+            // What a report holds came from a worker or a file in a folder: shown with control characters escaped,
+            // so that no report prints a line of its own.
+            print("\(formatTime(r.time))  \(r.extensionIdentifier.displaySafe())  pid \(r.pid)  "
+                + "\(String(describing: r.reason).displaySafe())  in flight: \(r.inFlightRequests.count)")
+            if let line = r.fatalErrorLine { print("    \(String(line.prefix(200)).displaySafe())") }
         }
         exit(0)
     }
@@ -44,8 +48,8 @@ enum CrashesCommand {
         }
         if reports.isEmpty { print("no leak reports in \(directory)") }
         for r in reports {
-            print("\(formatTime(r.time))  \(r.extensionIdentifier)  pid \(r.pid)  request \(r.requestID)  "
-                + "\(r.alive.joined(separator: " and ")) alive \(Double(r.afterMilliseconds) / 1000) s after it ended")
+            print("\(formatTime(r.time))  \(r.extensionIdentifier.displaySafe())  pid \(r.pid)  request \(r.requestID)  "
+                + "\(r.alive.joined(separator: " and ").displaySafe()) alive \(Double(r.afterMilliseconds) / 1000) s after it ended")
         }
         exit(0)
     }

@@ -315,6 +315,15 @@ import Glibc
         let (listed, crashes, _) = try await run(["crashes", "--config", daemon.configPath])
         #expect(listed == 0)
         #expect(crashes.contains("com.example.crasher") && crashes.contains("Fatal error: Index out of range"), "\(crashes)")
+        // A report whose extension and reason hold control characters (a file put in the folder; an identifier
+        // with a newline was once accepted) is shown escaped: it forges no line of the listing.
+        var forged = try #require(CrashReportStore.load(directory: daemon.crashFolder).first)
+        forged.extensionIdentifier = "evil\nsdk-host: error: FORGED"
+        forged.reason = .protocolViolation("x\u{1b}[2J\rFORGED TOO")
+        try writeFile("\(daemon.crashFolder)/00000000000000001-evil-1.crash.plist", BinaryPlistEncoder.encode(forged.plist))
+        let (_, listing, _) = try await run(["crashes", "--config", daemon.configPath])
+        #expect(listing.contains("evil\\x0asdk-host: error: FORGED"), "\(listing)")
+        #expect(!listing.contains("\nsdk-host: error: FORGED") && !listing.utf8.contains(0x1B) && !listing.utf8.contains(0x0D), "\(listing)")
         #expect(await daemon.stop() == 0)
     }
 

@@ -130,6 +130,34 @@ extension ManifestTests {
     }
 }
 
+extension ManifestTests {
+    /// CFBundleIdentifier names files and lines of output: only a bundle identifier is taken. "../../x" sent the
+    /// extension's crash reports out of their folder (none was written, and nothing said so); a newline forged a
+    /// line of `sdk-host crashes`.
+    @Test func anIdentifierThatIsNotABundleIdentifierIsRefused() throws {
+        for bad in ["../../../tmp/x", "a/b", "evil\nsdk-host: error: FORGED", "tab\there", "com..example", ".com", "com.",
+                    "caf\u{e9}", "under_score", "sp ace", String(repeating: "a", count: 256)] {
+            let temp = TemporaryExtension(identifier: bad, executable: "Echo")
+            defer { temp.remove() }
+            let configuration = HostConfiguration(extensionSearchPaths: [temp.root])
+            #expect {
+                _ = try ExtensionManifest(contentsOf: "\(temp.root)/Ext/Info.plist", configuration: configuration)
+            } throws: { error in
+                let detail = (error as? HostError)?.detail ?? ""
+                return detail.contains("CFBundleIdentifier") && detail.contains("is not a bundle identifier")
+                    && !detail.contains("\n")
+            }
+        }
+        for good in ["x", "com.example.crasher-c", "A1-b.c9", String(repeating: "a", count: 255)] {
+            let temp = TemporaryExtension(identifier: good, executable: "Echo")
+            defer { temp.remove() }
+            let manifest = try ExtensionManifest(contentsOf: "\(temp.root)/Ext/Info.plist",
+                                                 configuration: HostConfiguration(extensionSearchPaths: [temp.root]))
+            #expect(manifest.identifier == good)
+        }
+    }
+}
+
 @Suite struct WorkerIdentityTests {
     @Test func aUserIsLookedUpByItsWholeNameAndNeverAsRoot() throws {
         #expect(try WorkerIdentity(resolving: "1234") == WorkerIdentity(uid: 1234, gid: 1234))

@@ -80,6 +80,10 @@ final class ExtensionManifest: Sendable {
         }
         let top = try PlistFields(value, file: path, errorCode: .invalidManifest)
         identifier = try top.requiredString("CFBundleIdentifier")
+        guard Self.isBundleIdentifier(identifier) else {
+            throw top.fail("CFBundleIdentifier", "'\(identifier.displaySafe())' is not a bundle identifier (1 to 255 of "
+                + "A-Z, a-z, 0-9, '-' and '.', with no '.' first, last or twice in a row)")
+        }
         guard let ext = try top.fields("NSExtension") else {
             throw top.fail("NSExtension", "missing (required)")
         }
@@ -208,10 +212,34 @@ final class ExtensionManifest: Sendable {
         return (found, problems)
     }
 
-    /// The `CFBundleIdentifier` an invalid manifest names, if it can be read at all.
+    /// Whether `id` is a bundle identifier as Apple's are: letters, digits, '-' and '.', in dot-separated parts.
+    /// It names files (crash reports) and lines of output: a '/' in it sent a crash report out of its folder
+    /// ("../../x": none was written, and nothing said so), a newline forged a line of `sdk-host crashes`.
+    static func isBundleIdentifier(_ id: String) -> Bool {
+        let bytes = Array(id.utf8)
+        guard (1...255).contains(bytes.count), bytes.first != UInt8(ascii: "."), bytes.last != UInt8(ascii: ".") else {
+            return false
+        }
+        var previous: UInt8 = 0
+        for byte in bytes {
+            switch byte {
+            case UInt8(ascii: "a")...UInt8(ascii: "z"), UInt8(ascii: "A")...UInt8(ascii: "Z"), UInt8(ascii: "0")...UInt8(ascii: "9"),
+                 UInt8(ascii: "-"):
+                break
+            case UInt8(ascii: "."):
+                if previous == UInt8(ascii: ".") { return false }
+            default:
+                return false
+            }
+            previous = byte
+        }
+        return true
+    }
+
+    /// The `CFBundleIdentifier` an invalid manifest names, if it can be read at all (and is one).
     private static func identifier(in path: String) -> String? {
         guard let bytes = try? readRegularFile(path, maxBytes: maxManifestBytes), let value = try? XMLPropertyList.parse(bytes),
-            let id = value["CFBundleIdentifier"]?.stringValue, !id.isEmpty, id.utf8.count <= 256
+            let id = value["CFBundleIdentifier"]?.stringValue, isBundleIdentifier(id)
         else { return nil }
         return id
     }
