@@ -36,7 +36,7 @@
 //   MaxDescriptorsPerClient   integer   descriptor attachments one client's    default: 256
 //                                       requests in flight may hold
 //   MaxDescriptorsTotal       integer   the same across all clients            default: 4096
-//   MaxUnreadDescriptorsPerClient       descriptors sent to a client that it   default: 256
+//   MaxUnreadDescriptorsPerClient       descriptors sent to a client that it   default: 2048
 //                             integer   has not read; past it, disconnected
 //   BusyPollMicroseconds      integer   0...1000: after handling a message,    default: 50
 //                                       the loop and each worker poll this
@@ -84,7 +84,9 @@ package struct DaemonConfiguration: Sendable {
     /// `overloaded` and its descriptors are closed (a client cannot spend the daemon's descriptor limit).
     package var maxDescriptorsPerClient = 256
     /// Descriptors sent to a client (results' attachments) that it has not read; past it, it is disconnected.
-    package var maxUnreadDescriptorsPerClient = 256
+    /// Two streams' worth: a worker may send 16 partial results uncredited, of up to 64 descriptors each, and a
+    /// client reading as fast as it can had a quarter of one such burst unread when the limit was 256.
+    package var maxUnreadDescriptorsPerClient = 2048
     package var maxDescriptorsTotal = 4096
     /// The file it was read from, if any.
     package var source: String?

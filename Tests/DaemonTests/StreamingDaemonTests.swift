@@ -20,6 +20,31 @@ import Glibc
             .filter { $0.hasPrefix(folder) || $0.hasPrefix("/memfd:") }
     }
 
+    /// A stream whose partial results carry files, as many as the protocol lets a worker send uncredited (16
+    /// results of 64 descriptors), reaches a client that reads it as fast as it can. The daemon's default limit on
+    /// descriptors a client has not read yet was 256, a quarter of one such burst: the client was disconnected
+    /// (an outside attack's `sdk-host request --stream`, 5 runs in 6).
+    @Test func aStreamOfFilesWithinTheCreditWindowReachesAClientThatReads() async throws {
+        let daemon = try await DaemonProcess()
+        defer { daemon.remove() }
+        let host = try await ExtensionHost.connect(socketPath: daemon.socket)
+        let ticker = try host.extension(identifier: "com.example.ticker")
+        for _ in 0..<3 {
+            var files = 0, batches = 0
+            do {
+                for try await batch in ticker.stream([ExtensionItem(text: "16:0:64")]) {
+                    batches += 1
+                    files += batch.reduce(0) { $0 + $1.fileAttachments.count }
+                }
+            } catch {
+                Issue.record("the stream ended \(error); log: \(daemon.logText.suffix(400))")
+            }
+            #expect(batches == 17 && files == 16 * 64, "\(batches) batches, \(files) files")
+        }
+        #expect(!daemon.logText.contains("descriptors unread"), "\(daemon.logText.suffix(400))")
+        #expect(await daemon.stop() == 0)
+    }
+
     @Test func partialResultsAndFilesGoThroughTheDaemon() async throws {
         let daemon = try await DaemonProcess()
         defer { daemon.remove() }
