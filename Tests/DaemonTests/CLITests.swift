@@ -385,6 +385,22 @@ import Glibc
         #expect(okStatus == 0 && xml.hasPrefix("bplist00"))
     }
 
+    /// `serve` refuses a socket folder that others may write, as every client does: it started and served from
+    /// one, saying nothing, and every client refused it ("writable by others").
+    @Test func serveRefusesASocketFolderOthersMayWrite() async throws {
+        let folder = try TemporaryFolder()
+        let open = "\(folder.path)/open"
+        #expect(mkdir(open, 0o755) == 0 && chmod(open, 0o777) == 0)
+        let pid = spawnProgram([sdkHostBinary, "serve", "--socket", "\(open)/d.sock"], stdout: "\(folder.path)/out",
+                               stderr: "\(folder.path)/err")
+        let status = await waitExit(pid, timeout: 30)
+        if status == nil { kill(pid, SIGKILL); _ = await waitExit(pid) }  // it served: end it, by pid
+        let err = readSmallFile("\(folder.path)/err") ?? ""
+        #expect(status == 2, "\(err)")
+        #expect(err.contains("socket folder \(open) is writable by others (mode 777)"), "\(err)")
+        #expect(access("\(open)/d.sock", F_OK) != 0, "no socket was made")
+    }
+
     @Test func statusWithoutADaemonSaysSo() async throws {
         let (status, _, err) = try await run(["status", "--socket", "/tmp/sdkhost-no-such-daemon.sock"])
         #expect(status == 1)
