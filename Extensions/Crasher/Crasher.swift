@@ -135,6 +135,12 @@ struct Crasher: RequestHandler {
             let partial: [UInt8] = [0, 0, 0, 100] + Array("bplist00xx".utf8)
             _ = partial.withUnsafeBytes { write(3, $0.baseAddress, $0.count) }
             exit(0)
+        case "truncate-linger":
+            // Half a frame, then its socket shut for writing, and it lives on: a truncated frame of its own.
+            let partial: [UInt8] = [0, 0, 0, 100] + Array("bplist00xx".utf8)
+            _ = partial.withUnsafeBytes { write(3, $0.baseAddress, $0.count) }
+            shutdown(3, Int32(SHUT_WR))
+            while true { sleep(60) }
         case "truncate-segv":
             // Half a frame, then a crash, as a worker that dies while it writes: the signal is the cause, not the
             // frame it cut short.

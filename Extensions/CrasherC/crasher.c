@@ -12,6 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/random.h>
+#include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -163,6 +164,12 @@ static void begin(sdkhost_request *request, void *context) {
         static const char partial[] = "\0\0\0\x64" "bplist00xx";
         write_raw(partial, sizeof partial - 1);
         exit(0);
+    } else if (strcmp(command, "truncate-linger") == 0) {
+        /* Half a frame, then the socket shut for writing, and the worker lives on: a truncated frame. */
+        static const char partial[] = "\0\0\0\x64" "bplist00xx";
+        write_raw(partial, sizeof partial - 1);
+        shutdown(sdkhost_host_fd(), SHUT_WR);
+        sleep_forever();
     } else if (strcmp(command, "truncate-segv") == 0) {
         /* Half a frame, then a crash: the signal is the cause, not the frame it cut short. */
         static const char partial[] = "\0\0\0\x64" "bplist00xx";

@@ -235,13 +235,13 @@ package struct DaemonConfiguration: Sendable {
         // served from a folder others may write was refused by every client, and said nothing of it.
         if st.st_uid != getuid() && st.st_uid != 0 {
             throw HostError(.invalidConfiguration,
-                "socket folder \(dir) belongs to uid \(st.st_uid), not to this daemon's user (uid \(getuid())) or root; "
-                + "clients would refuse it")
+                "socket folder \(dir) belongs to uid \(st.st_uid), not to this daemon's user (uid \(getuid())) or root: "
+                + "that user could replace the socket")
         }
         if st.st_mode & 0o022 != 0 {
             throw HostError(.invalidConfiguration,
                 "socket folder \(dir) is writable by others (mode \(String(st.st_mode & 0o777, radix: 8))): anyone could "
-                + "replace the socket, and clients refuse it; use a folder only its owner may write")
+                + "replace the socket, and clients refuse such a folder; use one only its owner may write")
         }
     }
 }

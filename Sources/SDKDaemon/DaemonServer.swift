@@ -62,6 +62,7 @@ package final class DaemonServer: @unchecked Sendable {
         if configuration.host.logHandler == nil {
             configuration.host.logHandler = Systemd.stderrIsJournal() ? Systemd.journalLogHandler() : HostConfiguration.standardErrorLog
         }
+        let descriptorNote = Self.fitUnreadDescriptorLimit(&configuration)
         let inherited = try Systemd.inheritedListener()
         socketActivated = inherited != nil
         socketPath = inherited.flatMap(boundSocketPath) ?? configuration.socketPath
@@ -81,6 +82,7 @@ package final class DaemonServer: @unchecked Sendable {
             throw error
         }
         self.signals = consume signals
+        if let descriptorNote { engine.log(.warning, descriptorNote) }
         Self.startDispatchWorker()
         if let inherited {
             listener = FileDescriptor(adopting: inherited)
@@ -143,6 +145,29 @@ package final class DaemonServer: @unchecked Sendable {
     package var heldByClientRequests: (bytes: Int, descriptors: Int) { (pendingRequestBytes, pendingDescriptors) }
 
     /// Binds `path`, replacing a stale socket left by a dead daemon but never a live one.
+    /// Raises the soft limit on open descriptors to the hard one (as daemons do: the unit file's LimitNOFILE, a
+    /// shell's 1024 otherwise), and keeps `MaxUnreadDescriptorsPerClient` within an eighth of it. The kernel refuses
+    /// every descriptor this user sends (ETOOMANYREFS) once more than that soft limit are in flight unread, so a
+    /// client that never reads could otherwise make the daemon fail every other client's descriptor passing.
+    /// Returns a line to log when the configured limit was lowered.
+    static func fitUnreadDescriptorLimit(_ configuration: inout DaemonConfiguration) -> String? {
+        var limit = rlimit()
+        guard getrlimit(__rlimit_resource_t(RLIMIT_NOFILE.rawValue), &limit) == 0 else { return nil }
+        if limit.rlim_cur < limit.rlim_max {
+            var raised = limit
+            raised.rlim_cur = limit.rlim_max
+            if setrlimit(__rlimit_resource_t(RLIMIT_NOFILE.rawValue), &raised) == 0 { limit = raised }
+        }
+        let share = Int(clamping: min(limit.rlim_cur, rlim_t(Int.max)) / 8)
+        let fitted = max(64, share)
+        guard configuration.maxUnreadDescriptorsPerClient > fitted else { return nil }
+        let note = "MaxUnreadDescriptorsPerClient \(configuration.maxUnreadDescriptorsPerClient) lowered to \(fitted): an "
+            + "eighth of this process's descriptor limit (\(limit.rlim_cur)), past which the kernel refuses descriptors "
+            + "this user sends; raise LimitNOFILE (ulimit -n) to keep it"
+        configuration.maxUnreadDescriptorsPerClient = fitted
+        return note
+    }
+
     static func bind(_ path: String, mode: mode_t, log: HostEngine) throws(HostError) -> FileDescriptor {
         var st = stat()
         if lstat(path, &st) == 0 {

@@ -126,7 +126,6 @@ package final class FakeWorker: WorkerChild, @unchecked Sendable {
         _ = bytes.withUnsafeBytes { try? sendNonBlocking(socket, $0, descriptors: descriptors) }
     }
 
-    /// Ends a slow start: the welcome now if the hello came, at once when it comes otherwise.
     /// Half a frame (a header promising 100 bytes, then 10 of them): what a worker dying as it writes leaves.
     package func sendHalfAFrame() {
         guard alive else { return }
@@ -134,6 +133,7 @@ package final class FakeWorker: WorkerChild, @unchecked Sendable {
         _ = half.withUnsafeBytes { try? sendNonBlocking(socket, $0, descriptors: []) }
     }
 
+    /// Ends a slow start: the welcome now if the hello came, at once when it comes otherwise.
     package func welcome(identifier: String) {
         holdsWelcome = false
         if helloHeld {

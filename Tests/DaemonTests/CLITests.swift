@@ -401,6 +401,26 @@ import Glibc
         #expect(access("\(open)/d.sock", F_OK) != 0, "no socket was made")
     }
 
+    /// The daemon raises its soft descriptor limit to the hard one, and keeps MaxUnreadDescriptorsPerClient within
+    /// an eighth of it, saying so: past the soft limit the kernel refuses every descriptor its user sends, so one
+    /// client that never reads would fail the others' descriptor passing.
+    @Test func serveFitsTheUnreadDescriptorLimitToItsDescriptorLimit() async throws {
+        let folder = try TemporaryFolder()
+        let err = "\(folder.path)/err"
+        // Hard 1024, soft 256: raised to 1024, and 2048 unread descriptors a client would be past it.
+        let pid = spawnProgram(["/bin/sh", "-c", "ulimit -Sn 256 && ulimit -Hn 1024 && exec \"$0\" serve --socket \"$1\"",
+                                sdkHostBinary, "\(folder.path)/d.sock"], stderr: err)
+        let said = await eventually(timeout: 60) { (readSmallFile(err) ?? "").contains("serving") }
+        let limits = readSmallFile("/proc/\(pid)/limits") ?? ""
+        kill(pid, SIGTERM)
+        #expect(await waitExit(pid) == 0)
+        let log = readSmallFile(err) ?? ""
+        #expect(said, "\(log)")
+        #expect(log.contains("MaxUnreadDescriptorsPerClient 2048 lowered to 128"), "\(log)")
+        let open = limits.split(separator: "\n").first { $0.hasPrefix("Max open files") }.map { $0.split(separator: " ", omittingEmptySubsequences: true) }
+        #expect(open.map { Array($0.suffix(3)) } == ["1024", "1024", "files"], "\(limits)")
+    }
+
     @Test func statusWithoutADaemonSaysSo() async throws {
         let (status, _, err) = try await run(["status", "--socket", "/tmp/sdkhost-no-such-daemon.sock"])
         #expect(status == 1)

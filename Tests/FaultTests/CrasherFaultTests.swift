@@ -43,6 +43,11 @@ extension FaultTests {
             }, crash: true),
             // A crash while it writes a frame: the signal, not the frame it cut short (it was `truncated frame`).
             Case(fault: "truncate-segv", expected: { $0 == .interrupted(.signal(SIGSEGV)) }, crash: true),
+            // Half a frame, its socket shut, and it lives on: killed (2 s on) for the truncated frame.
+            Case(fault: "truncate-linger", expected: {
+                if case .interrupted(.protocolViolation(let d)) = $0 { return d.contains("truncated frame") }
+                return false
+            }, crash: true),
             Case(fault: "unknownid", expected: {
                 if case .interrupted(.protocolViolation(let d)) = $0 { return d.contains("reply for unknown request") }
                 return false
@@ -84,6 +89,12 @@ extension FaultTests {
                     #expect(await eventually { await host.inspect().1.count == 1 }, "killed after ignoring the cancel")
                 }
                 let (stats, crashes, _) = await host.inspect()
+                // A protocol violation is counted once; any other outcome counts none (a crash mid-frame included).
+                if case .interrupted(.protocolViolation)? = outcome {
+                    #expect(stats.protocolViolations == 1, "\(c.fault): counted \(stats.protocolViolations) times")
+                } else {
+                    #expect(stats.protocolViolations == 0, "\(c.fault): counted \(stats.protocolViolations) times")
+                }
                 if c.crash {
                     #expect(crashes.count == 1)
                     #expect(crashes.first?.inFlightRequests == [id])

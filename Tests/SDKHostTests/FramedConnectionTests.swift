@@ -127,9 +127,10 @@ import Testing
         }
     }
 
-    /// A frame the peer had begun when this side stopped reading (its output to the peer over the limit) is timed
-    /// from when reading starts again: the time this side would not read is not the peer's. Its clock ran on, so a
-    /// daemon's sweep closed a client for "a frame left unfinished" as soon as it had read its replies.
+    /// A frame the peer had begun when this side stopped reading (its output to the peer over the limit) does not
+    /// age while reading is paused: the time this side would not read is not the peer's, and the time before the
+    /// pause still counts. Its clock ran on, so a daemon's sweep closed a client for "a frame left unfinished" as
+    /// soon as it had read its replies.
     @Test func aPauseForBackpressureDoesNotCountAgainstAnUnfinishedFrame() throws {
         let clock = ManualClock()
         try withSocketPair(capacity: 4096, clock: clock) { kernel, loop, ours, peer in
@@ -143,6 +144,7 @@ import Testing
             #expect(half.withUnsafeBytes { kernel.send(peer, $0, descriptors: []) } == half.count)
             loop.runUntilIdle()
             let began = try #require(connection.partialFrameSince, "the frame is timed from its first bytes")
+            clock.advance(by: 3_000_000_000)  // read for 3 s before the pause: those count
             // The peer does not read: the output passes the limit and reading pauses.
             loop.execute { for seq in 0..<400 { try? box.connection.send(.ping(seq: Int64(seq))) } }
             loop.runUntilIdle()
@@ -159,7 +161,8 @@ import Testing
                 if connection.pendingOutputBytes == 0, n <= 0 { break }
             }
             #expect(connection.outputStalledSince == nil, "\(connection.pendingOutputBytes) bytes still queued")
-            #expect(connection.partialFrameSince == began + 10_000_000_000, "timed from when reading resumed: \(String(describing: connection.partialFrameSince))")
+            #expect(connection.partialFrameSince == began + 10_000_000_000,
+                    "aged 3 s (not 13, nor 0: paused, not restarted): \(String(describing: connection.partialFrameSince))")
             loop.execute { box.connection.close() }
             loop.runUntilIdle()
             kernel.close(peer)

@@ -177,7 +177,8 @@ int sdk_unread_output_bytes(int fd);
 int sdk_make_network_namespace(void);
 /// 1 when F_GETFL `flags` include O_PATH (the descriptor names a file but cannot read it), else 0.
 int sdk_flags_path_only(int flags);
-/// open(path, O_PATH | O_CLOEXEC): for tests and Crasher, which hand such a descriptor to the host on purpose.
+/// open(path, O_PATH | O_CLOEXEC): to check a file before it is opened for reading (readRegularFile), and for
+/// tests and Crasher, which hand such a descriptor to the host on purpose.
 int sdk_open_path_only(const char *path);
 /// 1 when `fd` is a memfd (its /proc/self/fd link reads "/memfd:…"), else 0.
 int sdk_is_memfd(int fd);

@@ -191,7 +191,8 @@ public final class CrashReportStore: Sendable {
     /// The decoded files with `suffix`, oldest first; unreadable ones are skipped.
     static func plists(in directory: String, suffix: String) -> [PlistValue] {
         fileNames(in: directory, suffix: suffix).compactMap { name in
-            guard let bytes = try? readFile("\(directory)/\(name)") else { return nil }
+            // A file put in the folder may be a FIFO or a link to a device: read only if a plain file of a report's size.
+            guard let bytes = try? readRegularFile("\(directory)/\(name)", maxBytes: 4 << 20) else { return nil }
             return try? BinaryPlistDecoder.decode(bytes)
         }
     }

@@ -297,6 +297,11 @@ extension HostEngine {
     func socketEndedMidFrame(_ worker: WorkerProcess, _ detail: String) {
         worker.connection.close()
         guard worker.lifecycle.endedMidFrame(detail) else { return }
+        // Its idle timer would retire it meanwhile, and a kill at shutdown would be the reason, not the half frame.
+        if let timer = worker.idleTimer {
+            loop.cancelTimer(timer)
+            worker.idleTimer = nil
+        }
         socketBroken(worker)
     }
 
@@ -308,10 +313,10 @@ extension HostEngine {
         worker.exitTimer = loop.schedule(afterNanoseconds: 2_000_000_000) { [unowned self, weak worker] in
             guard let worker, !worker.lifecycle.phase.isOver else { return }
             worker.exitTimer = nil
-            if worker.lifecycle.retired {
-                self.kill(worker, .hostShutdown)
-            } else if let detail = worker.lifecycle.truncatedFrame {
+            if let detail = worker.lifecycle.truncatedFrame {
                 self.protocolViolation(worker, detail)  // alive without a signal: its half frame was its own
+            } else if worker.lifecycle.retired {
+                self.kill(worker, .hostShutdown)
             } else {
                 self.kill(worker, .protocolViolation("closed its connection"))
             }
@@ -472,7 +477,12 @@ extension HostEngine {
         worker.exitTimer = loop.schedule(afterNanoseconds: nanoseconds(grace)) { [unowned self, weak worker] in
             guard let worker, !worker.lifecycle.phase.isOver else { return }
             worker.exitTimer = nil
-            self.kill(worker, .hostShutdown)
+            // One that had left half a frame and lived on broke the protocol, whatever retired it since.
+            if let detail = worker.lifecycle.truncatedFrame {
+                self.protocolViolation(worker, detail)
+            } else {
+                self.kill(worker, .hostShutdown)
+            }
         }
     }
 }

@@ -243,7 +243,8 @@ struct WorkerLifecycle {
         // counted towards quarantine.
         let clean = status == .exited(0) && welcomed && livedPastIdleTimeout && !hadRequests && kill == nil
             && violationAfterEnd == nil && truncatedFrame == nil
-        let stoppedByHost = retired && (kill == nil || kill?.reason == .hostShutdown)
+        // Half a frame left outranks a retirement: the host asking it to go does not excuse what it sent.
+        let stoppedByHost = retired && (kill == nil || kill?.reason == .hostShutdown) && truncatedFrame == nil
         let crashed = !(clean || stoppedByHost)
         let onItsOwn: Bool
         switch kill?.reason {

@@ -236,10 +236,11 @@ final class ExtensionManifest: Sendable {
         return true
     }
 
-    /// The `CFBundleIdentifier` an invalid manifest names, if it can be read at all (and is one).
+    /// The `CFBundleIdentifier` an invalid manifest names, if it can be read at all: kept only to look up (asking
+    /// for it says why it is refused), so any that shows as it is and fits is taken, a bundle identifier or not.
     private static func identifier(in path: String) -> String? {
         guard let bytes = try? readRegularFile(path, maxBytes: maxManifestBytes), let value = try? XMLPropertyList.parse(bytes),
-            let id = value["CFBundleIdentifier"]?.stringValue, isBundleIdentifier(id)
+            let id = value["CFBundleIdentifier"]?.stringValue, (1...255).contains(id.utf8.count), id.displaySafe() == id
         else { return nil }
         return id
     }

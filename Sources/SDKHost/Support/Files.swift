@@ -2,6 +2,7 @@
 // directory listings, mkdir -p. Plain libc, no Foundation.
 import SDKWire
 import SDKPosix
+import CSDKShim
 
 #if canImport(Glibc)
 import Glibc
@@ -69,7 +70,7 @@ package struct FileReadError: Error, CustomStringConvertible {
 /// Reads a small file that must be a regular file of at most `maxBytes`: a manifest or a configuration file, which
 /// whoever can write its folder may replace by a FIFO (opening it waited for a writer for ever, and the daemon with
 /// it), a link to /dev/zero (reading it never ended: gigabytes in seconds) or a file of hundreds of megabytes.
-/// Checked before it is opened (opening a device may do something) and again once open; opened non-blocking.
+/// Checked before it is opened for reading (opening a device may do something), and opened non-blocking.
 package func readRegularFile(_ path: String, maxBytes: Int) throws(FileReadError) -> [UInt8] {
     func kind(_ mode: mode_t) -> String {
         switch mode & S_IFMT {
@@ -81,14 +82,21 @@ package func readRegularFile(_ path: String, maxBytes: Int) throws(FileReadError
         default: "not a plain file"
         }
     }
+    // An O_PATH descriptor opens nothing (a device's open is never run), so what it names is checked before
+    // anything is opened for reading, and what is then opened is that same file, through /proc: a link swapped
+    // between a check and an open cannot slip a device in.
+    let pathFD = sdk_open_path_only(path)
+    guard pathFD >= 0 else { throw FileReadError(description: SystemError("open", errno: errno, detail: path).description) }
+    defer { close(pathFD) }
     var info = stat()
-    guard stat(path, &info) == 0 else { throw FileReadError(description: SystemError("stat", errno: errno, detail: path).description) }
+    guard fstat(pathFD, &info) == 0 else { throw FileReadError(description: SystemError("fstat", errno: errno, detail: path).description) }
     guard info.st_mode & S_IFMT == S_IFREG else { throw FileReadError(description: "not a regular file (\(kind(info.st_mode)))") }
-    let fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY)
+    let fd = open("/proc/self/fd/\(pathFD)", O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY)
     guard fd >= 0 else { throw FileReadError(description: SystemError("open", errno: errno, detail: path).description) }
     defer { close(fd) }
-    guard fstat(fd, &info) == 0, info.st_mode & S_IFMT == S_IFREG else {
-        throw FileReadError(description: "not a regular file (\(kind(info.st_mode)))")
+    var opened = stat()
+    guard fstat(fd, &opened) == 0, opened.st_dev == info.st_dev, opened.st_ino == info.st_ino else {
+        throw FileReadError(description: "changed while it was opened")
     }
     func tooLarge(_ size: Int) -> FileReadError {
         FileReadError(description: "\(size) bytes or more; at most \(maxBytes) are read")

@@ -508,12 +508,17 @@ package final class FramedConnection {
             outbound = []
             sent = 0
         }
-        if let limit = outputLimit, outputStalledSince != nil, pendingOutputBytes <= limit / 2 {
+        if let limit = outputLimit, let stalled = outputStalledSince, pendingOutputBytes <= limit / 2 {
             outputStalledSince = nil
             readingPaused = false
-            // A frame the peer had begun is timed from now: while this side would not read, it could not finish.
-            // (Its clock ran on, and a daemon closed a client for a frame left unfinished at its next sweep.)
-            if partialFrameSince != nil { partialFrameSince = loop.now }
+            // A frame the peer had begun does not age while this side would not read it: its clock is moved on by
+            // the pause (it ran on, and a daemon closed a client for a frame left unfinished at its next sweep).
+            // Paused, not restarted: a peer that stalls this side now and then still has to finish its frame in
+            // the time allowed, counting only the time it was read.
+            if let since = partialFrameSince {
+                let now = loop.now
+                partialFrameSince = since &+ (now &- max(stalled, since))
+            }
             if isOpen { updateInterest() }
         }
         if wantsWritable, isOpen, sent == outbound.count {
