@@ -144,7 +144,6 @@ package final class DaemonServer: @unchecked Sendable {
     /// Bytes and descriptors all clients' requests hold (0 once every request has ended).
     package var heldByClientRequests: (bytes: Int, descriptors: Int) { (pendingRequestBytes, pendingDescriptors) }
 
-    /// Binds `path`, replacing a stale socket left by a dead daemon but never a live one.
     /// Raises the soft limit on open descriptors to the hard one (as daemons do: the unit file's LimitNOFILE, a
     /// shell's 1024 otherwise), and keeps `MaxUnreadDescriptorsPerClient` within an eighth of it. The kernel refuses
     /// every descriptor this user sends (ETOOMANYREFS) once more than that soft limit are in flight unread, so a
@@ -168,6 +167,7 @@ package final class DaemonServer: @unchecked Sendable {
         return note
     }
 
+    /// Binds `path`, replacing a stale socket left by a dead daemon but never a live one.
     static func bind(_ path: String, mode: mode_t, log: HostEngine) throws(HostError) -> FileDescriptor {
         var st = stat()
         if lstat(path, &st) == 0 {
