@@ -277,13 +277,27 @@ extension HostEngine {
             // Found in what it left on its socket, read after its exit: nothing to kill, but its requests end
             // for this rather than for its exit status (unless the host had killed it: that reason stands).
             guard worker.lifecycle.brokeProtocolAfterEnd(detail) else { return }
-            log(.error, "\(worker.extensionID) pid \(worker.pid) broke the protocol: \(detail)")
-            count(worker.extensionID, \.protocolViolations)
+            noteViolation(worker, detail)
             return
         }
-        log(.error, "\(worker.extensionID) pid \(worker.pid) broke the protocol: \(detail); killing it")
-        count(worker.extensionID, \.protocolViolations)
+        noteViolation(worker, detail, killing: true)
         kill(worker, .protocolViolation(detail))
+    }
+
+    /// Logs and counts the protocol violation that is `worker`'s reason (each caller decides that, once).
+    private func noteViolation(_ worker: WorkerProcess, _ detail: String, killing: Bool = false) {
+        log(.error, "\(worker.extensionID) pid \(worker.pid) broke the protocol: \(detail)" + (killing ? "; killing it" : ""))
+        count(worker.extensionID, \.protocolViolations)
+    }
+
+    /// A worker still alive when its exit timer fires: one that had left half a frame and lived on broke the
+    /// protocol (whatever retired it since); any other is killed for `reason`.
+    private func killLingering(_ worker: WorkerProcess, _ reason: InterruptionReason) {
+        if let detail = worker.lifecycle.truncatedFrame {
+            protocolViolation(worker, detail)
+        } else {
+            kill(worker, reason)
+        }
     }
 
     func kill(_ worker: WorkerProcess, _ reason: InterruptionReason, forCancel: Bool = false) {
@@ -313,13 +327,7 @@ extension HostEngine {
         worker.exitTimer = loop.schedule(afterNanoseconds: 2_000_000_000) { [unowned self, weak worker] in
             guard let worker, !worker.lifecycle.phase.isOver else { return }
             worker.exitTimer = nil
-            if let detail = worker.lifecycle.truncatedFrame {
-                self.protocolViolation(worker, detail)  // alive without a signal: its half frame was its own
-            } else if worker.lifecycle.retired {
-                self.kill(worker, .hostShutdown)
-            } else {
-                self.kill(worker, .protocolViolation("closed its connection"))
-            }
+            self.killLingering(worker, worker.lifecycle.retired ? .hostShutdown : .protocolViolation("closed its connection"))
         }
     }
 
@@ -381,8 +389,7 @@ extension HostEngine {
             launchFailure: worker.launchFailure, launcherFailureStatus: launcherFailureStatus, shuttingDown: shuttingDown)
         let reason = ending.reason, crashed = ending.crashed
         if let detail = worker.lifecycle.truncatedFrame, worker.lifecycle.kill == nil, reason == .protocolViolation(detail) {
-            log(.error, "\(worker.extensionID) pid \(worker.pid) broke the protocol: \(detail)")
-            count(worker.extensionID, \.protocolViolations)
+            noteViolation(worker, detail)
         }
         if crashed { count(worker.extensionID, \.crashes) }
         let waiters = worker.readyWaiters
@@ -477,12 +484,7 @@ extension HostEngine {
         worker.exitTimer = loop.schedule(afterNanoseconds: nanoseconds(grace)) { [unowned self, weak worker] in
             guard let worker, !worker.lifecycle.phase.isOver else { return }
             worker.exitTimer = nil
-            // One that had left half a frame and lived on broke the protocol, whatever retired it since.
-            if let detail = worker.lifecycle.truncatedFrame {
-                self.protocolViolation(worker, detail)
-            } else {
-                self.kill(worker, .hostShutdown)
-            }
+            self.killLingering(worker, .hostShutdown)
         }
     }
 }
