@@ -231,17 +231,18 @@ package struct DaemonConfiguration: Sendable {
             throw HostError(.invalidConfiguration,
                 "socket folder \(dir) belongs to uid \(st.st_uid) or is open to others (mode \(String(st.st_mode & 0o777, radix: 8))); refusing to use it")
         }
-        // Any folder: what every client checks before it connects (`DaemonClient.untrustedFolder`). A daemon that
-        // served from a folder others may write was refused by every client, and said nothing of it.
-        if st.st_uid != getuid() && st.st_uid != 0 {
+        // Any folder: the rule every client checks before it connects.
+        switch SocketFolderProblem(st) {
+        case .ownedBy(let uid)?:
             throw HostError(.invalidConfiguration,
-                "socket folder \(dir) belongs to uid \(st.st_uid), not to this daemon's user (uid \(getuid())) or root: "
+                "socket folder \(dir) belongs to uid \(uid), not to this daemon's user (uid \(getuid())) or root: "
                 + "that user could replace the socket")
-        }
-        if st.st_mode & 0o022 != 0 {
+        case .writableByOthers(let mode)?:
             throw HostError(.invalidConfiguration,
-                "socket folder \(dir) is writable by others (mode \(String(st.st_mode & 0o777, radix: 8))): anyone could "
+                "socket folder \(dir) is writable by others (mode \(String(mode, radix: 8))): anyone could "
                 + "replace the socket, and clients refuse such a folder; use one only its owner may write")
+        case nil:
+            break
         }
     }
 }

@@ -239,14 +239,15 @@ final class DaemonClient: HostBackend, @unchecked Sendable {
         let folder = socketPath.contains("/") ? String(socketPath[..<socketPath.lastIndex(of: "/")!]) : "."
         var st = stat()
         guard stat(folder.isEmpty ? "/" : folder, &st) == 0 else { return nil }  // connect reports the real error
-        if st.st_uid != getuid() && st.st_uid != 0 {
-            return "the daemon's folder \(folder) belongs to uid \(st.st_uid), not to you (uid \(getuid())) or root"
-        }
-        if st.st_mode & 0o022 != 0 {
-            return "the daemon's folder \(folder) is writable by others (mode \(String(st.st_mode & 0o777, radix: 8))); "
+        switch SocketFolderProblem(st) {
+        case .ownedBy(let uid)?:
+            return "the daemon's folder \(folder) belongs to uid \(uid), not to you (uid \(getuid())) or root"
+        case .writableByOthers(let mode)?:
+            return "the daemon's folder \(folder) is writable by others (mode \(String(mode, radix: 8))); "
                 + "anyone could have put a socket there"
+        case nil:
+            return nil
         }
-        return nil
     }
 
     private func connectFailed(_ detail: String) {
@@ -479,5 +480,24 @@ extension ExtensionHost {
     package func daemonStatus() async -> PlistValue? {
         guard let client = backend as? DaemonClient else { return nil }
         return await withCheckedContinuation { continuation in client.report { continuation.resume(returning: $0) } }
+    }
+}
+
+/// Why a daemon socket's folder cannot be trusted by this process: a user other than this process's and root owns
+/// it, or its group or others may write it (either could put their own socket there). One rule for both ends: a
+/// client checks it before it connects, the daemon before it listens (it served from a folder every client refused).
+package enum SocketFolderProblem: Equatable {
+    case ownedBy(uid_t)
+    /// The folder's permission bits.
+    case writableByOthers(mode_t)
+
+    package init?(_ folder: stat) {
+        if folder.st_uid != getuid() && folder.st_uid != 0 {
+            self = .ownedBy(folder.st_uid)
+        } else if folder.st_mode & 0o022 != 0 {
+            self = .writableByOthers(folder.st_mode & 0o777)
+        } else {
+            return nil
+        }
     }
 }
