@@ -8,6 +8,12 @@ import SDKWire  // Crasher forges wire messages on purpose (garbage, unknown ids
 import CSDKShim  // and exit notices
 import Synchronization
 
+/// Half a frame on the host connection, past the runtime: a header promising 100 bytes, then 10 of them.
+func writeHalfAFrame() {
+    let partial: [UInt8] = [0, 0, 0, 100] + Array("bplist00xx".utf8)
+    _ = partial.withUnsafeBytes { write(3, $0.baseAddress, $0.count) }
+}
+
 /// What `leak:` keeps.
 enum Leak {
     static let chunks = Mutex<[[UInt8]]>([])
@@ -39,8 +45,7 @@ struct Crasher: RequestHandler {
         // `truncate-abort-once:<path>`: the one worker that removes that file writes half a frame and aborts, before
         // its handshake (a crash at launch cut short what it was writing).
         if fault.hasPrefix("truncate-abort-once:"), unlink(String(fault.dropFirst(20))) == 0 {
-            let partial: [UInt8] = [0, 0, 0, 100] + Array("bplist00xx".utf8)
-            _ = partial.withUnsafeBytes { write(3, $0.baseAddress, $0.count) }
+            writeHalfAFrame()
             abort()
         }
         // `welcome-v1`: a welcome of protocol 1 before the runtime's own, as an extension built against the old SDK
@@ -132,20 +137,17 @@ struct Crasher: RequestHandler {
         case "truncate":
             // Half a frame (a header promising 100 bytes, then 10), then exit: the host must call it a protocol
             // violation, not a plain exit.
-            let partial: [UInt8] = [0, 0, 0, 100] + Array("bplist00xx".utf8)
-            _ = partial.withUnsafeBytes { write(3, $0.baseAddress, $0.count) }
+            writeHalfAFrame()
             exit(0)
         case "truncate-linger":
             // Half a frame, then its socket shut for writing, and it lives on: a truncated frame of its own.
-            let partial: [UInt8] = [0, 0, 0, 100] + Array("bplist00xx".utf8)
-            _ = partial.withUnsafeBytes { write(3, $0.baseAddress, $0.count) }
+            writeHalfAFrame()
             shutdown(3, Int32(SHUT_WR))
             while true { sleep(60) }
         case "truncate-segv":
             // Half a frame, then a crash, as a worker that dies while it writes: the signal is the cause, not the
             // frame it cut short.
-            let partial: [UInt8] = [0, 0, 0, 100] + Array("bplist00xx".utf8)
-            _ = partial.withUnsafeBytes { write(3, $0.baseAddress, $0.count) }
+            writeHalfAFrame()
             UnsafeMutablePointer<Int>(bitPattern: 0x8)!.pointee = 1
         case "unknownid":
             // A well-formed completion for a request this worker was never given.
@@ -311,8 +313,7 @@ struct Crasher: RequestHandler {
             while true { sleep(60) }
         case "stall":
             // Half a frame on the connection, then stopped: wedged mid-frame, it can answer nothing.
-            let partial: [UInt8] = [0, 0, 0, 100] + Array("bplist00xx".utf8)
-            _ = partial.withUnsafeBytes { write(3, $0.baseAddress, $0.count) }
+            writeHalfAFrame()
             kill(getpid(), SIGSTOP)
         case "pong-forge":
             // Hung (this handler, inline on the runtime's reader, sleeps for good), but a thread of its own sends a

@@ -39,6 +39,12 @@ static void write_raw(const void *bytes, size_t length) {
     }
 }
 
+/* Half a frame, past the runtime: a header promising 100 bytes, then 10 of them. */
+static void write_half_frame(void) {
+    static const char partial[] = "\0\0\0\x64" "bplist00xx";
+    write_raw(partial, sizeof partial - 1);
+}
+
 /* A random version-4 UUID, for a request id the host never sent. */
 static void random_id(char out[37]) {
     unsigned char b[16];
@@ -161,19 +167,16 @@ static void begin(sdkhost_request *request, void *context) {
         sleep_forever();
     } else if (strcmp(command, "truncate") == 0) {
         /* Half a frame (a header promising 100 bytes, then 10), then exit: a protocol violation, not an exit. */
-        static const char partial[] = "\0\0\0\x64" "bplist00xx";
-        write_raw(partial, sizeof partial - 1);
+        write_half_frame();
         exit(0);
     } else if (strcmp(command, "truncate-linger") == 0) {
         /* Half a frame, then the socket shut for writing, and the worker lives on: a truncated frame. */
-        static const char partial[] = "\0\0\0\x64" "bplist00xx";
-        write_raw(partial, sizeof partial - 1);
+        write_half_frame();
         shutdown(sdkhost_host_fd(), SHUT_WR);
         sleep_forever();
     } else if (strcmp(command, "truncate-segv") == 0) {
         /* Half a frame, then a crash: the signal is the cause, not the frame it cut short. */
-        static const char partial[] = "\0\0\0\x64" "bplist00xx";
-        write_raw(partial, sizeof partial - 1);
+        write_half_frame();
         volatile uintptr_t address = 0x8;
         *(volatile int *)address = 1;
     } else if (strcmp(command, "unknownid") == 0) {
@@ -259,8 +262,7 @@ static void begin(sdkhost_request *request, void *context) {
         sdkhost_item_free(&item);
     } else if (strcmp(command, "stall") == 0) {
         /* Half a frame on the connection, then stopped: wedged mid-frame, it can answer nothing. */
-        static const char partial[] = "\0\0\0\x64" "bplist00xx";
-        write_raw(partial, sizeof partial - 1);
+        write_half_frame();
         kill(getpid(), SIGSTOP);
     } else if (strcmp(command, "stop") == 0) {
         /* Stops itself: it answers nothing, heartbeats included, and cannot honour a cancel. */
