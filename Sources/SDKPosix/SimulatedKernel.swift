@@ -257,6 +257,9 @@ package final class SimulatedKernel: @unchecked Sendable {
         return n
     }
 
+    /// Bytes the peer sent that this end has not read (FIONREAD).
+    package func unreadInput(_ fd: Int32) -> Int { endpoint(fd, "ioctl(FIONREAD)").inbound?.unread ?? 0 }
+
     /// Bytes this end sent that its peer has not read (SIOCOUTQ).
     package func unreadOutput(_ fd: Int32) -> Int { endpoint(fd, "ioctl(SIOCOUTQ)").outbound?.unread ?? 0 }
 

@@ -162,6 +162,13 @@ public func sendAll(_ fd: Int32, _ buffer: UnsafeRawBufferPointer, descriptors: 
     if first < buffer.count { try sendAll(fd, UnsafeRawBufferPointer(rebasing: buffer[first...])) }
 }
 
+/// Bytes the peer of socket `fd` wrote that this end has not read yet (FIONREAD); -1 if the kernel will not say.
+public func unreadInputBytes(_ fd: Int32) -> Int {
+    if SimulatedKernel.isSimulated(fd) { return kernel(fd).unreadInput(fd) }
+    var bytes: Int32 = 0
+    return ioctl(fd, UInt(FIONREAD), &bytes) == 0 ? Int(bytes) : -1
+}
+
 /// Bytes written to socket `fd` that its peer has not read yet (SIOCOUTQ); -1 if the kernel will not say.
 public func unreadOutputBytes(_ fd: Int32) -> Int {
     if SimulatedKernel.isSimulated(fd) { return kernel(fd).unreadOutput(fd) }

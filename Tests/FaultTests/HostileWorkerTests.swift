@@ -62,7 +62,7 @@ extension FaultTests {
                 // The line says what the silent worker was doing: here, stopped (state T), its first thread (named
                 // after the executable) and every other; with the time each ran and waited for a CPU.
                 let line = log.all.first { $0.contains("missed heartbeats") } ?? ""
-                #expect(line.contains("byte(s) unread on its socket; threads: Crasher T "), "\(line)")
+                #expect(line.contains("byte(s) unread on its socket, 0 queued for it; threads: Crasher T "), "\(line)")
                 #expect(line.contains(" ms, waited ") && !line.contains(" R "), "\(line)")
                 let next = ext.beginRequest(withInputItems: [ExtensionItem(title: "echo")])
                 #expect(await recorder.wait(for: next) == .completed([ExtensionItem(title: "echo")]))

@@ -169,6 +169,59 @@ import Testing
         }
     }
 
+    /// The clock of an answer the host waits for (`AnswerClock`: a pong, say) counts only the time the worker's silence is its own: not while
+    /// the ping waits here with the worker reading what comes before it, nor while what the worker wrote waits
+    /// unread here; it counts while the worker reads nothing, and once the ping is the worker's to answer.
+    @Test func anAnswersClockCountsOnlyTheWorkersOwnSilence() throws {
+        try withSocketPair(capacity: 4096) { kernel, loop, ours, peer in
+            final class Box: @unchecked Sendable { let connection: FramedConnection; init(_ c: FramedConnection) { connection = c } }
+            let box = Box(FramedConnection(FileDescriptor(adopting: ours), loop: loop, limits: .default))
+            let connection = box.connection
+            loop.execute {
+                try? box.connection.start(onMessage: { _ in }, onEnd: { _ in })
+                // 16 KB queued ahead of the ping: the kernel takes 4 KiB, the rest and the ping wait here.
+                try? box.connection.send(.error(message: String(repeating: "x", count: 16_000), id: nil))
+                try? box.connection.send(.ping(seq: 1))
+            }
+            loop.runUntilIdle()
+            var clock = AnswerClock(sentAt: 0, connection: connection)
+            #expect(connection.bytesWritten < clock.end)
+            var buffer = [UInt8](repeating: 0, count: 64 << 10)
+            var received: [Int32] = [], truncated = false
+            func peerReads(_ bytes: Int) {
+                _ = buffer.withUnsafeMutableBytes {
+                    kernel.receive(peer, into: UnsafeMutableRawBufferPointer(rebasing: $0[..<bytes]), descriptors: &received,
+                                   maxDescriptors: 8, truncated: &truncated)
+                }
+                loop.runUntilIdle()
+            }
+            // The worker reads nothing: its silence (1 s).
+            clock.look(at: 1_000_000_000, connection: connection)
+            #expect(clock.charged == 1_000_000_000)
+            // It reads what comes before the ping: the host is behind it (nothing more is charged).
+            peerReads(4096)
+            clock.look(at: 2_000_000_000, connection: connection)
+            #expect(clock.charged == 1_000_000_000)
+            // It has read up to the ping: the ping is in the kernel for it, and the time is its own again.
+            for _ in 0..<10 where connection.bytesWritten < clock.end { peerReads(4096) }
+            #expect(connection.bytesWritten >= clock.end)
+            clock.look(at: 3_000_000_000, connection: connection)
+            clock.look(at: 4_000_000_000, connection: connection)
+            #expect(clock.charged == 2_000_000_000 + 1_000_000_000)
+            // What it writes waits unread here (the loop has not run): the host is behind it, whatever it says.
+            let frame = try Frame.encode(Message.error(message: "busy", id: nil).plist)
+            #expect(frame.withUnsafeBytes { kernel.send(peer, $0, descriptors: []) } == frame.count)
+            clock.look(at: 5_000_000_000, connection: connection)
+            #expect(clock.charged == 3_000_000_000)
+            // Read, it is the worker's time again.
+            loop.runUntilIdle()
+            clock.look(at: 6_000_000_000, connection: connection)
+            #expect(clock.charged == 4_000_000_000)
+            loop.execute { box.connection.close() }
+            FileDescriptor(adopting: peer).close()
+        }
+    }
+
     /// A simulated kernel of `capacity` (current on this thread), a loop driven on this thread, and a socket pair,
     /// for `body`, which closes its connection and the peer; then the loop stopped, and every simulated descriptor
     /// found closed.

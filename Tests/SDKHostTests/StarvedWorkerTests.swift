@@ -9,6 +9,7 @@ import SDKPosix
 import SDKSimulation
 import Synchronization
 import Testing
+import Dispatch
 
 #if canImport(Glibc)
 import Glibc
@@ -202,6 +203,80 @@ final class Shared<Value: Sendable>: Sendable {
         await rig.advance(3.0, cpuShare: 0.01)
         #expect(rig.killed, "\(rig.log.withLock { $0 })")
         #expect(rig.log.withLock { $0.contains { $0.contains("ignored the cancel") } })
+        await rig.finish()
+        #expect(rig.outcome.withLock { $0 } == .interrupted(.timedOut))
+    }
+
+    // A host behind its worker (a daemon busy with other clients, its loop late) is not the worker's silence: an
+    // attack of twenty clients sending 1 MiB echoes and never reading had the daemon kill well-behaved Echo workers
+    // as hung, each blocked writing its reply to a daemon that had not read it yet.
+
+    /// Stalls the engine's loop while the worker writes more than the loop reads in one turn (three 50 KB error
+    /// reports; then its pong, if `answering`) and the clock moves on by `seconds`: when the loop runs again, the
+    /// heartbeat's timer fires in the same turn as the first read, with the rest (and the pong) still unread.
+    func stallHost(_ rig: Rig, seconds: Double, answering: Bool) async {
+        // The loop is held inside a task before the worker writes: else it could read a turn's worth first.
+        let entered = DispatchSemaphore(value: 0), gate = DispatchSemaphore(value: 0)
+        #expect(rig.engine.loop.execute { entered.signal(); gate.wait() })
+        entered.wait()
+        for _ in 0..<3 { rig.worker.send(.error(message: String(repeating: "x", count: 50_000), id: nil)) }
+        if answering {
+            let answers = rig.worker.answersPings
+            rig.worker.answersPings = true
+            _ = rig.worker.pump(identifier: "com.example.starved")
+            rig.worker.answersPings = answers
+        }
+        rig.clock.advance(by: UInt64(seconds * 1e9))
+        gate.signal()
+        await rig.settle()
+        if rig.worker.alive, rig.killed { rig.worker.die(.signaled(SIGKILL)) }
+    }
+
+    @Test func aWorkerWhosePongWaitsUnreadBehindItsOutputIsNotKilled() async throws {
+        let rig = try await Rig()
+        // Not runnable throughout (asleep writing): the machine's load is no excuse. The ping goes at 1 s.
+        await rig.advance(1.05, cpuShare: 0, runnable: false)
+        // At 6 s, 5 s after its ping, the loop comes back: the pong is there, unread behind 150 KB. Judged by the
+        // time since its ping, the worker is killed; the host was behind it the whole time.
+        await stallHost(rig, seconds: 5, answering: true)
+        #expect(!rig.killed, "\(rig.log.withLock { $0 })")
+        // Read at the next turn, the pong answers its ping: the next ping (at 7 s) starts afresh.
+        await rig.advance(2.0, cpuShare: 0, runnable: false)
+        #expect(!rig.killed, "\(rig.log.withLock { $0 })")
+        // Silent from then on, it is charged as before: killed 3 s after that ping.
+        await rig.advance(3.5, cpuShare: 0, runnable: false)
+        #expect(rig.killed, "\(rig.log.withLock { $0 })")
+        await rig.finish()
+        #expect(rig.outcome.withLock { $0 } == .interrupted(.hang))
+    }
+
+    @Test func aWorkerThatKeepsTheHostBehindWithoutAnsweringIsKilledAtTheStarvationLimit() async throws {
+        let rig = try await Rig()
+        await rig.advance(1.05, cpuShare: 0, runnable: false)
+        // Every second the host is behind its output, and it never answers: not charged, so only the limit on
+        // an excuse (30 s from its ping, as for a starved worker) ends it, at the first look past 31 s.
+        for _ in 0..<29 { await stallHost(rig, seconds: 1, answering: false) }
+        #expect(!rig.killed, "\(rig.log.withLock { $0 })")
+        for _ in 0..<3 { await stallHost(rig, seconds: 1, answering: false) }
+        #expect(rig.killed, "\(rig.log.withLock { $0 })")
+        #expect(rig.log.withLock { $0.contains { $0.contains("missed heartbeats for 0.0 s (3") } }, "\(rig.log.withLock { $0.filter { !$0.contains("reported an error") } })")
+        await rig.finish()
+        #expect(rig.outcome.withLock { $0 } == .interrupted(.hang))
+    }
+
+    @Test func aCancelWhoseAcknowledgementWaitsBehindTheWorkersOutputIsNotCountedAgainstIt() async throws {
+        let rig = try await Rig(deadline: 1)
+        rig.worker.answersPings = true
+        // The deadline (1 s) sends the cancel; the grace period is 2 s. The worker is asleep (no starvation excuse).
+        await rig.advance(1.05, cpuShare: 0, runnable: false)
+        #expect(rig.worker.cancelRequested.count == 1)
+        // At 3.55 s the loop comes back with 150 KB of the worker's unread: the host is behind it, not it silent.
+        await stallHost(rig, seconds: 2.5, answering: true)
+        #expect(!rig.killed, "\(rig.log.withLock { $0.filter { !$0.contains("reported an error") } })")
+        // It acknowledges: the slot is free, nothing is killed.
+        rig.worker.send(.cancelled(id: RequestID(high: 1, low: 2), error: .cancelledByHost))
+        await rig.advance(4, cpuShare: 0, runnable: false)
+        #expect(!rig.killed, "\(rig.log.withLock { $0.filter { !$0.contains("reported an error") } })")
         await rig.finish()
         #expect(rig.outcome.withLock { $0 } == .interrupted(.timedOut))
     }

@@ -17,32 +17,40 @@ extension HostEngine {
         }
     }
 
-    /// Pings every live worker; one whose previous ping is unanswered past the timeout is killed as hung.
+    /// Pings every live worker; one whose ping is unanswered past the timeout is killed as hung. The timeout counts
+    /// only the time the worker's silence is its own (`AnswerClock`).
     func heartbeat() {
         prunePools()
         let now = loop.now
+        let timeout = nanoseconds(configuration.heartbeatTimeoutSeconds)
         var any = false
         for worker in workers.all where worker.connection.isOpen && worker.lifecycle.kill == nil {
             any = true
             checkResidentMemory(worker)
-            if let sent = worker.pingSentAt {
-                if now &- sent > nanoseconds(configuration.heartbeatTimeoutSeconds), !starvedNotHung(worker, now: now, silent: now &- sent) {
+            if var ping = worker.ping {
+                ping.look(at: now, connection: worker.connection)
+                worker.ping = ping
+                let silent = now &- ping.sentAt
+                // Past the starvation limit from its sending, the host's being behind no longer excuses it.
+                let overdue = ping.charged > timeout || silent > starvationLimit(timeout)
+                if overdue, !starvedNotHung(worker, now: now, silent: silent) {
                     // What was waiting unread on its socket tells a silent worker (0) from a loop that came late to
                     // its answer; its threads' states and CPU times tell a hung one from one the machine did not run.
-                    var unread: Int32 = 0
-                    let asked = ioctl(worker.connection.fd, UInt(FIONREAD), &unread) == 0
+                    let unread = unreadInputBytes(worker.connection.fd)
                     log(.warning, "\(worker.extensionID) pid \(worker.pid) missed heartbeats for "
-                        + "\(tenths(now &- sent)) s; killing it"
-                        + (asked ? " (\(unread) byte(s) unread on its socket; \(threadStates(worker.pid)))" : ""))
+                        + "\(tenths(ping.charged)) s (\(tenths(silent)) s since the ping); killing it"
+                        + (unread >= 0 ? " (\(unread) byte(s) unread on its socket, "
+                            + "\(worker.connection.pendingOutputBytes) queued for it; \(threadStates(worker.pid)))" : ""))
                     kill(worker, .hang)
                 }
             } else {
                 // Not guessable: a pong counts only with it, so a worker must read its socket to answer (each seq
                 // from the system's generator: a seeded one's outputs give away the ones after them). Negative, so
                 // every ping is the same size on the wire.
-                worker.pingSeq = Int64(bitPattern: UInt64.random(in: 0...UInt64.max) | 1 << 63)
-                worker.pingSentAt = now
-                send(.ping(seq: worker.pingSeq), to: worker)
+                let seq = Int64(bitPattern: UInt64.random(in: 0...UInt64.max) | 1 << 63)
+                send(.ping(seq: seq), to: worker)
+                worker.pingSeq = seq
+                worker.ping = AnswerClock(sentAt: now, connection: worker.connection)
             }
         }
         if any && !shuttingDown { scheduleHeartbeat() }
@@ -86,6 +94,54 @@ extension HostEngine {
             return (StarvationCheck(at: now, pid: worker.pid, ran: times.ranNanoseconds), true, times)
         }
         return (check, (times.ranNanoseconds - check.ran) &* 10 < now &- check.at, times)
+    }
+}
+
+/// An answer the host waits for from a worker (a pong, a cancel's acknowledgement), and how much of the time since
+/// it asked counts against the worker: the time the host was not behind it, judged at each look for the interval
+/// since the last. The host is behind while its question waits in its own output and the worker is reading what
+/// comes before it (or the kernel holds nothing for the worker to read: the host has not written yet), and while
+/// what the worker wrote waits unread on the host's side, not paused (the answer may be in it, or behind it: the
+/// worker blocked writing to a host that has not read it). A daemon busy with clients that never read (twenty of
+/// them sending 1 MiB echoes) killed well-behaved Echo workers as hung: each was blocked writing its reply to the
+/// daemon. A worker that reads nothing, or whose output the host has read, is charged as before; one that keeps
+/// the host behind without answering is killed at the starvation limit (`HostEngine.starvationLimit`).
+struct AnswerClock {
+    /// When the question was queued.
+    let sentAt: UInt64
+    /// Where the question ends in what was queued to the worker over the connection's life.
+    let end: Int
+    /// The time counted against the worker so far.
+    private(set) var charged: UInt64 = 0
+    /// When it was last looked at, and how many bytes the kernel had taken for the worker then.
+    private var lookedAt: UInt64
+    private var writtenThen: Int
+
+    /// For the frame just queued on `connection`.
+    init(sentAt: UInt64, connection: FramedConnection) {
+        self.sentAt = sentAt
+        end = connection.bytesQueued
+        lookedAt = sentAt
+        writtenThen = connection.bytesWritten
+    }
+
+    /// Counts the time since the last look against the worker unless the host was behind it.
+    mutating func look(at now: UInt64, connection: FramedConnection) {
+        defer { lookedAt = now }
+        // Closed (the worker lost its socket, or it ended): nothing waits on either side, and its descriptor
+        // number may be another's by now.
+        guard connection.isOpen else {
+            charged &+= now &- lookedAt
+            return
+        }
+        let written = connection.bytesWritten
+        let questionWaitsHere = written < end
+        // The kernel took more for the worker (so it read), or holds nothing for it to read.
+        let workerWaitsForUs = written > writtenThen || unreadOutputBytes(connection.fd) == 0
+        let hostBehind = (questionWaitsHere && workerWaitsForUs)
+            || (!connection.isReadingPaused && unreadInputBytes(connection.fd) > 0)
+        if !hostBehind { charged &+= now &- lookedAt }
+        writtenThen = written
     }
 }
 

@@ -76,11 +76,11 @@ extension HostEngine {
         case .pong(let seq):
             // Only the answer to the ping outstanding counts: a pong of the worker's own (any seq, at any time) sent
             // from another thread would keep a hung worker alive.
-            guard worker.pingSentAt != nil, seq == worker.pingSeq else {
+            guard worker.ping != nil, seq == worker.pingSeq else {
                 log(.debug, "\(worker.extensionID) pid \(worker.pid): pong \(seq) answers no ping; ignored")
                 return
             }
-            worker.pingSentAt = nil
+            worker.ping = nil
             worker.starvationCheck = nil
         case .ping(let seq):
             // Answered while the worker reads what it is sent: the pongs of one that pings and never reads would

@@ -364,28 +364,40 @@ package final class HostEngine: @unchecked Sendable {
             worker.cancelTimers[id] == nil
         else { return }
         send(.cancel(id: id), to: worker)
-        armCancelGrace(worker, id, sentAt: loop.now, check: nil)
+        let grace = nanoseconds(configuration.cancelGracePeriodSeconds)
+        armCancelGrace(worker, id, clock: AnswerClock(sentAt: loop.now, connection: worker.connection), check: nil, after: grace)
     }
 
-    /// Kills `worker` if it has not acknowledged the cancel of `id` a grace period from now, unless it is
-    /// runnable and the machine is not running it (`starvation(of:since:now:)`): then it gets another grace
-    /// period, up to `starvationLimit` since the cancel.
-    func armCancelGrace(_ worker: WorkerProcess, _ id: RequestID, sentAt: UInt64, check: StarvationCheck?) {
+    /// Kills `worker` if, `delay` from now, it has not acknowledged the cancel of `id` after a grace period of its
+    /// own time (`clock`: the time the host was behind it is not counted), unless it is runnable and the machine is
+    /// not running it (`starvation(of:since:now:)`): then it gets another grace period; either up to
+    /// `starvationLimit` since the cancel.
+    func armCancelGrace(_ worker: WorkerProcess, _ id: RequestID, clock: AnswerClock, check: StarvationCheck?, after delay: UInt64) {
         let grace = nanoseconds(configuration.cancelGracePeriodSeconds)
-        worker.cancelTimers[id] = loop.schedule(afterNanoseconds: grace) { [unowned self, weak worker] in
+        worker.cancelTimers[id] = loop.schedule(afterNanoseconds: delay) { [unowned self, weak worker] in
             guard let worker else { return }
             worker.cancelTimers[id] = nil
             guard worker.inFlight.contains(id), !worker.lifecycle.phase.isOver else { return }
-            let now = self.loop.now, waited = now &- sentAt
-            if waited < self.starvationLimit(grace), let look = self.starvation(of: worker, since: check, now: now), look.starved {
-                if check == nil {
-                    self.log(.warning, "\(worker.extensionID) pid \(worker.pid) has not acknowledged the cancel of \(id) for "
-                        + "\(tenths(waited)) s but is runnable: waiting to see whether it gets a CPU")
+            var clock = clock
+            clock.look(at: self.loop.now, connection: worker.connection)
+            let now = self.loop.now, waited = now &- clock.sentAt
+            if waited < self.starvationLimit(grace) {
+                if clock.charged < grace {
+                    // The host was behind it: the rest of its grace period, from now.
+                    self.armCancelGrace(worker, id, clock: clock, check: check, after: max(grace &- clock.charged, grace / 10))
+                    return
                 }
-                self.armCancelGrace(worker, id, sentAt: sentAt, check: look.check)
-                return
+                if let look = self.starvation(of: worker, since: check, now: now), look.starved {
+                    if check == nil {
+                        self.log(.warning, "\(worker.extensionID) pid \(worker.pid) has not acknowledged the cancel of \(id) for "
+                            + "\(tenths(waited)) s but is runnable: waiting to see whether it gets a CPU")
+                    }
+                    self.armCancelGrace(worker, id, clock: clock, check: look.check, after: grace)
+                    return
+                }
             }
-            self.log(.warning, "\(worker.extensionID) pid \(worker.pid) ignored the cancel of \(id) for \(tenths(waited)) s; killing it")
+            self.log(.warning, "\(worker.extensionID) pid \(worker.pid) ignored the cancel of \(id) for \(tenths(clock.charged)) s "
+                + "(\(tenths(waited)) s since it was sent); killing it")
             self.kill(worker, .hang, forCancel: true)
         }
     }

@@ -61,7 +61,8 @@ final class WorkerProcess {
     var stderrLines = OutputLines()
     /// The log lines its messages may cause (`HostEngine.logForWorker`).
     @exclusivity(unchecked) var messageLines = LineBudget()
-    @exclusivity(unchecked) var pingSentAt: UInt64?
+    /// The ping it has not answered yet, if any, and the time that counts against the worker (`AnswerClock`).
+    @exclusivity(unchecked) var ping: AnswerClock?
     @exclusivity(unchecked) var pingSeq: Int64 = 0
     /// When a worker past its heartbeat timeout was first seen runnable, and its CPU time then: whether it gets a
     /// CPU is judged from there (`HostEngine.starvedNotHung`).

@@ -106,6 +106,13 @@ package final class FramedConnection {
     @exclusivity(unchecked) package var onForwardable: ((ScannedMessage) -> Bool)?
     /// Output queued and not yet written.
     package var pendingOutputBytes: Int { outbound.count - sent }
+    /// Bytes the kernel has taken over the connection's life.
+    package var bytesWritten: Int { written }
+    /// Bytes queued over the connection's life, written or not: where the frame queued last ends (it has left this
+    /// process once `bytesWritten` reaches it).
+    package var bytesQueued: Int { written + pendingOutputBytes }
+    /// Whether the peer is not read for now, its own unread output being over `outputLimit`.
+    package var isReadingPaused: Bool { readingPaused }
     /// Bytes of memory the payload kept for `withForwardablePayload` holds (its capacity).
     package var keptPayloadCapacity: Int { currentPayload.capacity }
     /// Descriptors sent or queued that the peer has not read, above which the connection ends; nil for no limit.
