@@ -97,7 +97,7 @@ let package = Package(
         .target(name: "SDKSimulation", dependencies: ["SDKWire", "SDKHost", "SDKDaemon", "SDKPosix", "CSDKShim"]),
         .executableTarget(name: "sdk-host-simulate", dependencies: ["SDKSimulation", "SDKHost", "SDKPosix", "CSDKShim"], linkerSettings: staticExecutable),
         // The daemon: the engine behind a Unix socket, its configuration file.
-        .target(name: "SDKDaemon", dependencies: ["SDKWire", "SDKHost", "SDKPosix"]),
+        .target(name: "SDKDaemon", dependencies: ["SDKWire", "SDKHost", "SDKPosix", "CSDKShim"]),
         // The CLI and daemon. No Foundation (daemon RSS is a target) and a static stdlib (spawn and RSS).
         .executableTarget(
             name: "sdk-host",

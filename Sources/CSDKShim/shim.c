@@ -643,3 +643,7 @@ size_t sdk_heap_bytes_in_use(void) {
     struct mallinfo2 info = mallinfo2();
     return info.uordblks + info.hblkhd;
 }
+
+int sdk_fix_mmap_threshold(size_t bytes) {
+    return mallopt(M_MMAP_THRESHOLD, (int)bytes);
+}

@@ -30,6 +30,10 @@
 //   MaxQueuedRequests         integer   per extension; more end `overloaded`   default: 1024
 //   MaxClientOutputBytes      integer   unread replies before a client is no   default: 8388608
 //                                       longer read (then disconnected)
+//   MaxClientOutputBytesTotal integer   unread replies of all clients; past    default: 67108864
+//                                       it, clients that have read none of
+//                                       theirs for a second are disconnected,
+//                                       the largest first
 //   HandshakeTimeoutSeconds   number    to send `connect` after connecting     default: 5
 //   PartialFrameTimeoutSeconds number   to finish a started frame, and for a   default: 5
 //                                       stalled reader to catch up
@@ -73,13 +77,14 @@ package struct DaemonConfiguration: Sendable {
     package var maxClientsPerUID = 128
     package var maxInFlightRequests = 1024
     package var maxClientOutputBytes = 8 << 20
+    package var maxClientOutputBytesTotal = 64 << 20
     package var handshakeTimeout: Double = 5
     package var partialFrameTimeout: Double = 5
     /// Input buffered across all clients (half-received frames), and bytes of requests held for all clients
     /// (queued or on their way to workers): ceilings that keep the daemon's memory bounded whatever clients send.
     package var inputBudgetBytes = 128 << 20
     package var pendingRequestBytesPerClient = 64 << 20
-    package var pendingRequestBytesTotal = 192 << 20
+    package var pendingRequestBytesTotal = 128 << 20
     /// Descriptor attachments held by requests in flight, per client and in all: past either, a request ends
     /// `overloaded` and its descriptors are closed (a client cannot spend the daemon's descriptor limit).
     package var maxDescriptorsPerClient = 256
@@ -95,7 +100,7 @@ package struct DaemonConfiguration: Sendable {
         "ExtensionSearchPaths", "ExecutableSearchPaths", "SocketPath", "SocketMode", "AllowedUIDs", "LogLevel",
         "CrashReportDirectory", "MaxCrashReports", "DrainTimeoutSeconds", "HeartbeatIntervalSeconds",
         "HeartbeatTimeoutSeconds", "CancelGraceSeconds", "MaxFrameBytes", "DefaultPolicy", "MaxClients",
-        "MaxInFlightRequests", "MaxQueuedRequests", "MaxClientOutputBytes", "HandshakeTimeoutSeconds",
+        "MaxInFlightRequests", "MaxQueuedRequests", "MaxClientOutputBytes", "MaxClientOutputBytesTotal", "HandshakeTimeoutSeconds",
         "PartialFrameTimeoutSeconds", "MaxDescriptorsPerClient", "MaxDescriptorsTotal", "BusyPollMicroseconds",
         "WorkerUser", "RuntimePaths", "AllowedSandboxModes", "MaxMemoryLimitMB", "AllowedReadableRoots",
         "AllowedWritableRoots", "AllowNetwork", "MaxClientsPerUID", "MaxWorkersTotal", "MaxWorkersPerUID",
@@ -175,6 +180,7 @@ package struct DaemonConfiguration: Sendable {
         maxInFlightRequests = try f.integer("MaxInFlightRequests", in: 1...1_000_000) ?? maxInFlightRequests
         host.maxQueuedRequests = try f.integer("MaxQueuedRequests", in: 0...10_000_000) ?? host.maxQueuedRequests
         maxClientOutputBytes = try f.integer("MaxClientOutputBytes", in: 65_536...(1 << 30)) ?? maxClientOutputBytes
+        maxClientOutputBytesTotal = try f.integer("MaxClientOutputBytesTotal", in: 65_536...(1 << 40)) ?? maxClientOutputBytesTotal
         handshakeTimeout = try f.seconds("HandshakeTimeoutSeconds", minimum: 0.1) ?? handshakeTimeout
         partialFrameTimeout = try f.seconds("PartialFrameTimeoutSeconds", minimum: 0.1) ?? partialFrameTimeout
         maxDescriptorsPerClient = try f.integer("MaxDescriptorsPerClient", in: 0...1_000_000) ?? maxDescriptorsPerClient

@@ -175,6 +175,23 @@ extension DaemonServer {
     }
 
     /// Closes a client and cancels its in-flight requests at the workers.
+    /// Past MaxClientOutputBytesTotal: disconnects the clients that have read none of their replies for a second
+    /// (`FramedConnection.outputWaitingSince`), the one holding the most first, until the total is under it. A
+    /// client that reads (even a slow one, or one taking a large reply) is left alone: each client's own limit
+    /// bounds it.
+    func shedOutput() {
+        guard outputBudget.used > outputBudget.limit else { return }
+        let now = engine.loop.now
+        let idle: UInt64 = 1_000_000_000
+        let stuck = sessions.values.filter { s in s.connection.outputWaitingSince.map { now &- $0 >= idle } ?? false }
+            .sorted { ($0.connection.pendingOutputBytes, $1.number) > ($1.connection.pendingOutputBytes, $0.number) }
+        for session in stuck where outputBudget.used > outputBudget.limit {
+            closeSession(session, reason: "\(session.connection.pendingOutputBytes) bytes of replies unread, none read for "
+                + "\(tenths(now &- (session.connection.outputWaitingSince ?? now))) s, while the replies of all clients "
+                + "passed MaxClientOutputBytesTotal (\(outputBudget.limit) bytes)")
+        }
+    }
+
     func closeSession(_ session: ClientSession, reason: String?) {
         guard sessions.removeValue(forKey: session.number) != nil else { return }
         if let reason { engine.log(.warning, "closing client pid \(session.credentials.pid): \(reason)") }

@@ -58,6 +58,11 @@ package struct OutgoingDescriptors {
         if marks.first?.offset == sent { queuedCount -= marks.removeFirst().files.count }
     }
 
+    /// The first `count` bytes, all written, were dropped from the front of the bytes this one tracks.
+    package mutating func dropWritten(_ count: Int) {
+        for i in marks.indices { marks[i].offset -= count }
+    }
+
     /// Forgets every mark (the bytes were dropped); the descriptors close unless held elsewhere.
     package mutating func removeAll() {
         marks = []

@@ -154,6 +154,55 @@ func expectHealthy(_ daemon: DaemonProcess, maxLogBytes: Int = 2 << 20, sourceLo
         #expect(await daemon.stop() == 0)
     }
 
+    @Test func clientsThatNeverReadAreCutOffAtTheSharedOutputBudget() async throws {
+        // Each client may hold 8 MiB of replies; all of them together 4 MiB. Twenty such clients took a daemon
+        // past 1 GB, each within its own limit.
+        let daemon = try await DaemonProcess(extraConfig: """
+            <key>LogLevel</key><string>warning</string>
+            <key>MaxClientOutputBytes</key><integer>8388608</integer>
+            <key>MaxClientOutputBytesTotal</key><integer>4194304</integer>
+            <key>PartialFrameTimeoutSeconds</key><real>60</real>
+            """)
+        defer { daemon.remove() }
+        // Four clients that never read: 3 MiB of echoes each.
+        var attackers: [HostileClient] = []
+        for _ in 0..<4 {
+            let client = try HostileClient(daemon.socket)
+            client.handshake()
+            for _ in 0..<12 {
+                let (_, message) = begin("com.example.echo", "unread", attachmentBytes: 256 << 10)
+                guard client.send(message) else { break }
+            }
+            attackers.append(client)
+        }
+        // A client that reads what it is sent, meanwhile: served, and never cut off.
+        let reader = try HostileClient(daemon.socket)
+        reader.handshake()
+        for i in 0..<8 {
+            let (id, message) = begin("com.example.echo", "read \(i)", attachmentBytes: 256 << 10)
+            reader.send(message)
+            guard case .complete? = reader.outcome(of: id, timeout: 20) else {
+                Issue.record("the reading client was not answered: \(daemon.logText)")
+                return
+            }
+        }
+        // Those holding the most, which have read nothing for a second, go until the total is under 4 MiB: at
+        // least two of the four (3 MiB each, less what the kernel holds for them).
+        // (Told by a hang-up, without reading what waits for them.)
+        #expect(await eventually(timeout: 30) { attackers.filter(\.isHungUpUnread).count >= 2 }, "\(daemon.logText)")
+        #expect(await eventually(timeout: 10) { daemon.logText.contains("passed MaxClientOutputBytesTotal (4194304 bytes)") },
+                "\(daemon.logText)")
+        // The reader is still served on its own connection.
+        let (last, message) = begin("com.example.echo", "last", attachmentBytes: 256 << 10)
+        reader.send(message)
+        guard case .complete? = reader.outcome(of: last, timeout: 20) else {
+            Issue.record("the reading client was cut off: \(daemon.logText)")
+            return
+        }
+        try await expectHealthy(daemon)
+        #expect(await daemon.stop() == 0)
+    }
+
     @Test func halfSentFramesAreBoundedAndTimedOut() async throws {
         let daemon = try await DaemonProcess(extraConfig: """
             <key>LogLevel</key><string>warning</string>

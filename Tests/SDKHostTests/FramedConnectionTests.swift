@@ -222,6 +222,68 @@ import Testing
         }
     }
 
+    /// Output that never drains (the peer reads a little less than it is sent, as a worker kept busy with a queue
+    /// of large begins does) does not keep what was written: the buffer stays within a few times what waits,
+    /// however much goes through it, and a frame's descriptors still go with its first byte. Every byte ever sent
+    /// was kept until the output drained: a daemon held 512 MiB of buffer for 125 MiB waiting.
+    @Test func outputThatNeverDrainsDoesNotKeepWhatWasWritten() throws {
+        try withSocketPair(capacity: 64 << 10) { kernel, loop, ours, peer in
+            final class Box: @unchecked Sendable { let connection: FramedConnection; init(_ c: FramedConnection) { connection = c } }
+            let box = Box(FramedConnection(FileDescriptor(adopting: ours), loop: loop, limits: .default))
+            let connection = box.connection
+            loop.execute { try? box.connection.start(onMessage: { _ in }, onEnd: { _ in }) }
+            loop.runUntilIdle()
+            var buffer = [UInt8](repeating: 0, count: 64 << 10)
+            var received: [Int32] = [], truncated = false, readBytes = 0
+            /// Reads up to `bytes`; returns where in the stream the read started.
+            @discardableResult func peerReads(_ bytes: Int) -> Int {
+                let start = readBytes
+                let n = buffer.withUnsafeMutableBytes {
+                    kernel.receive(peer, into: UnsafeMutableRawBufferPointer(rebasing: $0[..<bytes]), descriptors: &received,
+                                   maxDescriptors: 8, truncated: &truncated)
+                }
+                if n > 0 { readBytes += n }
+                loop.runUntilIdle()
+                return start
+            }
+            let text = String(repeating: "x", count: 16_000)
+            var mostWaiting = 0, largestBuffer = 0
+            for round in 0..<200 {
+                loop.execute { for _ in 0..<4 { try? box.connection.send(.error(message: text, id: nil)) } }
+                loop.runUntilIdle()
+                peerReads(60 << 10)
+                mostWaiting = max(mostWaiting, connection.pendingOutputBytes)
+                largestBuffer = max(largestBuffer, connection.outputBufferCapacity)
+                // It falls behind by 4 KiB a round: once the kernel's 64 KiB are full (about round 20), output waits
+                // here and never drains.
+                if round >= 30 { #expect(connection.pendingOutputBytes > 0, "drained at round \(round)") }
+            }
+            #expect(connection.bytesWritten > 10 << 20)
+            #expect(largestBuffer <= 4 * mostWaiting + (256 << 10), "a buffer of \(largestBuffer) bytes for at most \(mostWaiting) waiting")
+            // A frame with a file, queued behind what waits, and more behind it (the buffer is compacted while it
+            // waits): its descriptor arrives with its first byte.
+            let file = try FileAttachment(bytes: [1, 2, 3])
+            let fileFrameStart = connection.bytesQueued
+            loop.execute { try? box.connection.send(.partial(id: RequestID(), items: [ExtensionItem(title: "f", fileAttachments: [file])])) }
+            loop.runUntilIdle()
+            var arrivedWith: Int?
+            for round in 0..<1000 where arrivedWith == nil && readBytes < connection.bytesQueued {
+                if round < 40 {
+                    loop.execute { for _ in 0..<4 { try? box.connection.send(.error(message: text, id: nil)) } }
+                    loop.runUntilIdle()
+                }
+                let start = peerReads(60 << 10)
+                if !received.isEmpty { arrivedWith = start }
+            }
+            let at = try #require(arrivedWith, "the descriptor never arrived")
+            #expect(at <= fileFrameStart && fileFrameStart < readBytes, "read from \(at) to \(readBytes); the frame starts at \(fileFrameStart)")
+            #expect(received.count == 1)
+            for fd in received { FileDescriptor(adopting: fd).close() }  // a real memfd's copy
+            loop.execute { box.connection.close() }
+            FileDescriptor(adopting: peer).close()
+        }
+    }
+
     /// A simulated kernel of `capacity` (current on this thread), a loop driven on this thread, and a socket pair,
     /// for `body`, which closes its connection and the peer; then the loop stopped, and every simulated descriptor
     /// found closed.

@@ -191,5 +191,9 @@ int sdk_copy_file(int in, int out, uint64_t length);
 /// Bytes malloc has handed out and not had back, in every arena and in mmapped chunks (mallinfo2): for the tests
 /// that hold a decoded value against what decoding it was charged.
 size_t sdk_heap_bytes_in_use(void);
+/// Has malloc take blocks of `bytes` or more from the kernel each (mmap) and give them back when freed, at a
+/// threshold that stays put (mallopt M_MMAP_THRESHOLD: glibc otherwise raises it to the largest block freed, and
+/// large buffers then come from an arena whose freed space it keeps). 1 on success.
+int sdk_fix_mmap_threshold(size_t bytes);
 
 #endif

@@ -146,7 +146,7 @@ struct AnswerClock {
 }
 
 /// Nanoseconds as seconds with one decimal ("5.0").
-func tenths(_ nanoseconds: UInt64) -> String {
+package func tenths(_ nanoseconds: UInt64) -> String {
     let t = (nanoseconds &+ 50_000_000) / 100_000_000
     return "\(t / 10).\(t % 10)"
 }

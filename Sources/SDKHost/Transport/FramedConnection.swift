@@ -42,6 +42,27 @@ package final class InputBudget {
     fileprivate func add(_ delta: Int) { used += delta }
 }
 
+/// Bytes of output queued and unread across many connections (the daemon's clients), with a ceiling. Past it,
+/// `onOver` runs once the loop is about to sleep: for the owner to end the connections that hold the most and do not
+/// read (`FramedConnection.outputWaitingSince`). Each connection's own `outputLimit` bounds one peer; this bounds
+/// them all: twenty clients that never read held ~24 MiB each and took a daemon past 1 GB. Loop-confined.
+package final class OutputBudget {
+    package let limit: Int
+    package private(set) var used = 0
+    package var onOver: (() -> Void)?
+    private var overScheduled = false
+    package init(limit: Int) { self.limit = limit }
+    fileprivate func add(_ delta: Int, on loop: EventLoop) {
+        used += delta
+        guard delta > 0, used > limit, !overScheduled else { return }
+        overScheduled = true
+        loop.runBeforeSleeping { [self] in
+            overScheduled = false
+            if used > limit { onOver?() }
+        }
+    }
+}
+
 /// Loop-confined: every method must run on `loop`'s thread.
 package final class FramedConnection {
     // The stored state is `@exclusivity(unchecked)` but for `currentPayload`: no access to it spans a call into
@@ -79,6 +100,8 @@ package final class FramedConnection {
     /// Where in `outbound` the frames that carry descriptors start.
     @exclusivity(unchecked) private var outgoing = OutgoingDescriptors()
 
+    /// Written bytes a buffer keeps before what waits may be moved down (`readyToQueue`).
+    package static let compactionThreshold = 64 << 10
     /// Chunks read per readable event before the loop moves on.
     package static let readsPerTurn = 8
     /// Unread output above which the peer is no longer read; nil for no limit. Past it plus one frame, the
@@ -87,6 +110,12 @@ package final class FramedConnection {
     /// Shared ceiling for buffered input; nil for none.
     @exclusivity(unchecked) package var inputBudget: InputBudget?
     @exclusivity(unchecked) private var charged = 0
+    /// Shared ceiling for unread output; nil for none.
+    @exclusivity(unchecked) package var outputBudget: OutputBudget?
+    @exclusivity(unchecked) private var outputCharged = 0
+    /// With an `outputBudget`: since when output has waited here with the peer taking none of it (nil while none
+    /// waits), so that the budget's owner can tell a peer that does not read from one that reads a large reply.
+    @exclusivity(unchecked) package private(set) var outputWaitingSince: UInt64?
     /// When the current half-received frame started arriving, or nil when no frame is half-received.
     @exclusivity(unchecked) package private(set) var partialFrameSince: UInt64?
     /// When unread output first passed `outputLimit`, or nil while it is under.
@@ -106,6 +135,8 @@ package final class FramedConnection {
     @exclusivity(unchecked) package var onForwardable: ((ScannedMessage) -> Bool)?
     /// Output queued and not yet written.
     package var pendingOutputBytes: Int { outbound.count - sent }
+    /// Bytes the output buffer holds room for: what waits, what was written before it, and spare capacity.
+    package var outputBufferCapacity: Int { outbound.capacity }
     /// Bytes the kernel has taken over the connection's life.
     package var bytesWritten: Int { written }
     /// Bytes queued over the connection's life, written or not: where the frame queued last ends (it has left this
@@ -190,12 +221,24 @@ package final class FramedConnection {
         if sent == outbound.count {
             outbound.removeAll(keepingCapacity: outbound.capacity <= 256 << 10)
             sent = 0
+        } else if sent >= Self.compactionThreshold, sent >= outbound.count - sent {
+            // What was written stayed in the buffer until all of it was: a peer that never let it drain (a worker
+            // kept busy with a queue of 1 MiB begins) had every byte ever sent to it kept, 512 MiB of buffer for
+            // 125 MiB waiting. Once as much is written as waits, what waits moves to a buffer of its own size:
+            // a byte is moved at most once for every byte written before it.
+            outbound = Array(outbound[sent...])
+            outgoing.dropWritten(sent)
+            sent = 0
         }
         return true
     }
 
     /// Bytes were queued: applies the output limit and schedules the flush.
     private func queued() {
+        if outputBudget != nil {
+            if outputWaitingSince == nil { outputWaitingSince = loop.now }
+            chargeOutput()
+        }
         if let limit = outputLimit, pendingOutputBytes > limit { outputOverLimit(limit) }
         if !wantsWritable && !flushScheduled {
             flushScheduled = true
@@ -322,6 +365,8 @@ package final class FramedConnection {
             registered = false
         }
         descriptor.take()?.close()
+        chargeOutput()
+        outputWaitingSince = nil
         // Nothing waits to be written any more: a closed connection counts no marked frame.
         markedEnds = Deque()
         onMessage = nil
@@ -334,6 +379,16 @@ package final class FramedConnection {
         outgoing.removeAll()
         incoming.removeAll()
         sent = 0
+    }
+
+    /// Charges what waits unread in the output to the shared budget.
+    private func chargeOutput() {
+        guard let budget = outputBudget else { return }
+        let now = isOpen ? pendingOutputBytes : 0
+        if now != outputCharged {
+            budget.add(now - outputCharged, on: loop)
+            outputCharged = now
+        }
     }
 
     /// Charges the input buffer's growth to the shared budget; ends the connection when the budget is spent by
@@ -477,6 +532,17 @@ package final class FramedConnection {
     }
 
     private func flush() {
+        let writtenBefore = written
+        defer {
+            if outputBudget != nil, isOpen {
+                if pendingOutputBytes == 0 {
+                    outputWaitingSince = nil
+                } else if written > writtenBefore {
+                    outputWaitingSince = loop.now
+                }
+                chargeOutput()
+            }
+        }
         if let limit = unreadDescriptorLimit, descriptorsWrittenCount + outgoing.queuedCount > limit {
             let unread = unreadDescriptors
             if unread > limit {
