@@ -31,9 +31,10 @@
 //   MaxClientOutputBytes      integer   unread replies before a client is no   default: 8388608
 //                                       longer read (then disconnected)
 //   MaxClientOutputBytesTotal integer   unread replies of all clients; past    default: 67108864
-//                                       it, clients that have read none of
-//                                       theirs for a second are disconnected,
-//                                       the largest first
+//                                       it, clients that took none of theirs
+//                                       for PartialFrameTimeoutSeconds are
+//                                       disconnected, the largest first, and
+//                                       one over its share is not read
 //   HandshakeTimeoutSeconds   number    to send `connect` after connecting     default: 5
 //   PartialFrameTimeoutSeconds number   to finish a started frame, and for a   default: 5
 //                                       stalled reader to catch up

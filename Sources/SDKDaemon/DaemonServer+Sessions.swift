@@ -175,21 +175,44 @@ extension DaemonServer {
     }
 
     /// Closes a client and cancels its in-flight requests at the workers.
-    /// Past MaxClientOutputBytesTotal: disconnects the clients that have read none of their replies for a second
-    /// (`FramedConnection.outputWaitingSince`), the one holding the most first, until the total is under it. A
-    /// client that reads (even a slow one, or one taking a large reply) is left alone: each client's own limit
-    /// bounds it.
+    /// Past MaxClientOutputBytesTotal: disconnects the clients that have taken none of their replies for
+    /// PartialFrameTimeoutSeconds (`FramedConnection.outputWaitingSince`), the one holding the most first, until
+    /// the total is under it; then, if it is still over, stops reading each client that holds more than its share
+    /// of it (the total over the clients with replies waiting), so that it can begin nothing more, until it holds
+    /// under half its share or the total is back under three quarters (`resumeReadingClients`). Reading slowly
+    /// enough to stay under its own MaxClientOutputBytes, each of many clients could otherwise hold that much; a
+    /// client held back waits on its own reading only, not on the others'.
     func shedOutput() {
         guard outputBudget.used > outputBudget.limit else { return }
         let now = engine.loop.now
-        let idle: UInt64 = 1_000_000_000
+        let idle = UInt64(configuration.partialFrameTimeout * 1e9)
         let stuck = sessions.values.filter { s in s.connection.outputWaitingSince.map { now &- $0 >= idle } ?? false }
             .sorted { ($0.connection.pendingOutputBytes, $1.number) > ($1.connection.pendingOutputBytes, $0.number) }
         for session in stuck where outputBudget.used > outputBudget.limit {
-            closeSession(session, reason: "\(session.connection.pendingOutputBytes) bytes of replies unread, none read for "
+            closeSession(session, reason: "\(session.connection.pendingOutputBytes) bytes of replies unread, none taken for "
                 + "\(tenths(now &- (session.connection.outputWaitingSince ?? now))) s, while the replies of all clients "
                 + "passed MaxClientOutputBytesTotal (\(outputBudget.limit) bytes)")
         }
+        guard outputBudget.used > outputBudget.limit else { return }
+        let waiting = sessions.values.filter { $0.connection.pendingOutputBytes > 0 }
+        let share = outputBudget.limit / max(1, waiting.count)
+        var held = 0
+        for session in waiting where session.connection.pendingOutputBytes > share && !session.connection.isPausedForBudget {
+            session.connection.pauseForBudget(resumeBelow: share / 2)
+            held += 1
+        }
+        guard held > 0 else { return }
+        clientsHeldBack += 1
+        if clientsHeldBack == 1 || clientsHeldBack % 100 == 0 {
+            engine.log(.warning, "the replies of all clients passed MaxClientOutputBytesTotal (\(outputBudget.used) of "
+                + "\(outputBudget.limit) bytes): \(held) client(s) holding more than a share of it (\(share) bytes) are "
+                + "not read until they hold under half that (\(clientsHeldBack) time(s) so far)")
+        }
+    }
+
+    /// Reads the clients `shedOutput` held back again.
+    func resumeReadingClients() {
+        for session in sessions.values { session.connection.resumeFromBudget() }
     }
 
     func closeSession(_ session: ClientSession, reason: String?) {

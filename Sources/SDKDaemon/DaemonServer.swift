@@ -10,7 +10,8 @@
 // total), half-received frames (a shared input budget, and PartialFrameTimeoutSeconds to finish one), unread
 // replies (MaxClientOutputBytes: past it the client is no longer read; past it plus a frame, or still stuck
 // after the timeout, it is disconnected; and MaxClientOutputBytesTotal across clients: past it, the clients that
-// have read none of theirs for a second are disconnected, the largest first), and the time to say `connect` (HandshakeTimeoutSeconds). At the
+// took none of theirs for the timeout are disconnected, the largest first, and one holding more than its share is
+// not read until it holds under half of it), and the time to say `connect` (HandshakeTimeoutSeconds). At the
 // descriptor limit the listener backs off instead of spinning on a readable socket it cannot accept from.
 
 import SDKWire
@@ -50,6 +51,8 @@ package final class DaemonServer: @unchecked Sendable {
     private var acceptBackoff = 0.0
     private var acceptBackoffTimer: TimerID?
     private var refusedWhileFull = 0
+    /// How many times clients were held back for MaxClientOutputBytesTotal (`shedOutput`), for its log line.
+    var clientsHeldBack = 0
     private var evictedInHandshake = 0
     /// The socket's path: the configured one, or the one systemd bound (socket activation).
     package let socketPath: String
@@ -69,9 +72,9 @@ package final class DaemonServer: @unchecked Sendable {
         let descriptorNote = Self.fitUnreadDescriptorLimit(&configuration)
         // Frames of up to 16 MiB come and go by the thousand (a client's 1 MiB begins, their replies): glibc
         // raises its mmap threshold to the largest block freed, and serves them from the loop thread's arena
-        // after that, which keeps what it frees. Twenty clients that never read took the daemon to 570 MB (253 MB
-        // of arena for 70 MB in use; 133 MB kept after they left); with the threshold fixed at 256 KiB, 384 MB,
-        // and 11 MB after.
+        // after that, which keeps what it frees. With the output budget and compacted buffers, twenty clients that
+        // never read still took the daemon to 570 MB (253 MB of arena for 70 MB in use; 133 MB kept after they
+        // left); with the threshold fixed at 256 KiB, ~390 MB, and 11 MB after.
         _ = sdk_fix_mmap_threshold(256 << 10)
         let inherited = try Systemd.inheritedListener()
         socketActivated = inherited != nil
@@ -94,6 +97,7 @@ package final class DaemonServer: @unchecked Sendable {
         }
         self.signals = consume signals
         outputBudget.onOver = { [unowned self] in self.shedOutput() }
+        outputBudget.onUnder = { [unowned self] in self.resumeReadingClients() }
         if let descriptorNote { engine.log(.warning, descriptorNote) }
         Self.startDispatchWorker()
         if let inherited {
@@ -122,6 +126,7 @@ package final class DaemonServer: @unchecked Sendable {
         outputBudget = OutputBudget(limit: configuration.maxClientOutputBytesTotal)
         engine = try Self.makeEngine(configuration)
         outputBudget.onOver = { [unowned self] in self.shedOutput() }
+        outputBudget.onUnder = { [unowned self] in self.resumeReadingClients() }
     }
 
     /// The daemon's engine: completions go to clients as the workers wrote them (`forwardsPayloads`).
@@ -441,13 +446,14 @@ package final class DaemonServer: @unchecked Sendable {
                     // Checked first: while its replies pile up the client is not read, so its frame cannot finish.
                     self.closeSession(session, reason: "\(c.pendingOutputBytes) bytes of replies unread for "
                         + "\(self.configuration.partialFrameTimeout) s")
-                } else if let since = c.partialFrameSince, c.outputStalledSince == nil, now &- since > partial {
+                } else if let since = c.partialFrameSince, c.outputStalledSince == nil, !c.isPausedForBudget, now &- since > partial {
                     self.closeSession(session, reason: "a frame left unfinished for \(self.configuration.partialFrameTimeout) s")
                 }
             }
-            // Over the budget with no reply queued since (which would have run it): a client may have passed its
-            // second without reading.
+            // Over the budget with no reply queued since (which would have run it): a client may have gone without
+            // reading for long enough since. Under it, any client still held back is read again.
             self.shedOutput()
+            if self.outputBudget.used <= self.outputBudget.limit - self.outputBudget.limit / 4 { self.resumeReadingClients() }
             if !self.draining { self.scheduleSweep() }
         }
     }

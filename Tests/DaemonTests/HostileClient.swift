@@ -83,13 +83,13 @@ final class HostileClient {
         return nil
     }
 
-    /// Whether the daemon has closed this connection (EOF or reset), waiting up to `timeout` seconds.
     /// Whether the daemon has closed its end, asked without reading anything: a hang-up shows with bytes unread.
     var isHungUpUnread: Bool {
         var pfd = pollfd(fd: fd, events: 0, revents: 0)  // POLLHUP is reported whatever is asked
         return poll(&pfd, 1, 0) == 1 && pfd.revents & Int16(POLLHUP) != 0
     }
 
+    /// Whether the daemon has closed this connection (EOF or reset), waiting up to `timeout` seconds.
     func isClosedByDaemon(timeout: Double = 15) -> Bool {
         let deadline = monotonicNanoseconds() + UInt64(timeout * 1e9)
         var buffer = [UInt8](repeating: 0, count: 65536)

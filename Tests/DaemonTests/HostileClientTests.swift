@@ -161,7 +161,7 @@ func expectHealthy(_ daemon: DaemonProcess, maxLogBytes: Int = 2 << 20, sourceLo
             <key>LogLevel</key><string>warning</string>
             <key>MaxClientOutputBytes</key><integer>8388608</integer>
             <key>MaxClientOutputBytesTotal</key><integer>4194304</integer>
-            <key>PartialFrameTimeoutSeconds</key><real>60</real>
+            <key>PartialFrameTimeoutSeconds</key><real>2</real>
             """)
         defer { daemon.remove() }
         // Four clients that never read: 3 MiB of echoes each.
@@ -186,8 +186,8 @@ func expectHealthy(_ daemon: DaemonProcess, maxLogBytes: Int = 2 << 20, sourceLo
                 return
             }
         }
-        // Those holding the most, which have read nothing for a second, go until the total is under 4 MiB: at
-        // least two of the four (3 MiB each, less what the kernel holds for them).
+        // Those holding the most, which have taken nothing for PartialFrameTimeoutSeconds, go until the total is
+        // under 4 MiB: at least two of the four (3 MiB each, less what the kernel holds for them).
         // (Told by a hang-up, without reading what waits for them.)
         #expect(await eventually(timeout: 30) { attackers.filter(\.isHungUpUnread).count >= 2 }, "\(daemon.logText)")
         #expect(await eventually(timeout: 10) { daemon.logText.contains("passed MaxClientOutputBytesTotal (4194304 bytes)") },
@@ -199,6 +199,54 @@ func expectHealthy(_ daemon: DaemonProcess, maxLogBytes: Int = 2 << 20, sourceLo
             Issue.record("the reading client was cut off: \(daemon.logText)")
             return
         }
+        try await expectHealthy(daemon)
+        #expect(await daemon.stop() == 0)
+    }
+
+    @Test func clientsWithRepliesWaitingAreNotReadWhileAllRepliesAreOverTheBudget() async throws {
+        // Reading slowly enough to stay under its own MaxClientOutputBytes, each of many clients could hold that much:
+        // past the total, a client holding more than its share is not read (it can begin nothing more) until it
+        // holds under half its share. They are not disconnected: they read; and each waits on its own reading, not
+        // on the others' (read here one after the other).
+        let daemon = try await DaemonProcess(extraConfig: """
+            <key>MaxClientOutputBytesTotal</key><integer>65536</integer>
+            <key>PartialFrameTimeoutSeconds</key><real>30</real>
+            <key>LogLevel</key><string>warning</string>
+            """)
+        defer { daemon.remove() }
+        // Three clients begin six slow echoes of 64 KiB each and read nothing yet: the replies come 0.3 s later,
+        // when every begin has been read, 1.1 MiB of them, past what the kernel holds for each client.
+        var clients: [(client: HostileClient, ids: [RequestID])] = []
+        for c in 0..<3 {
+            let client = try HostileClient(daemon.socket)
+            client.handshake()
+            var ids: [RequestID] = []
+            for i in 0..<6 {
+                let (id, message) = begin("com.example.crasher", "slow:300", attachmentBytes: (64 << 10) + c * 8 + i)
+                #expect(client.send(message))
+                ids.append(id)
+            }
+            clients.append((client, ids))
+        }
+        #expect(await eventually(timeout: 30) { daemon.logText.contains("are not read until they hold under half that") },
+                "\(daemon.logText)")
+        // They read: every reply arrives, and then each is read again (a new request is answered).
+        for (c, (client, ids)) in clients.enumerated() {
+            // In whatever order they come (the requests run side by side).
+            var left = Set(ids)
+            let deadline = monotonicNanoseconds() + 30_000_000_000
+            while !left.isEmpty, monotonicNanoseconds() < deadline {
+                if case .complete(let id, _)? = client.receive(timeout: 1) { left.remove(id) }
+            }
+            #expect(left.isEmpty, "client \(c): \(left.count) of its replies did not arrive: \(daemon.logText)")
+        }
+        for (c, entry) in clients.enumerated() {
+            let (id, message) = begin("com.example.echo", "again \(c)")
+            #expect(entry.client.send(message))
+            #expect(entry.client.outcome(of: id, timeout: 20) == .complete(id: id, items: [ExtensionItem(title: "again \(c)")]),
+                    "\(daemon.logText)")
+        }
+        #expect(!daemon.logText.contains("closing client"), "\(daemon.logText)")
         try await expectHealthy(daemon)
         #expect(await daemon.stop() == 0)
     }

@@ -69,15 +69,8 @@ import Testing
                 loop.execute { box.counted.append(box.connection!.markedFramesQueued) }
                 loop.runUntilIdle()
             }
-            var buffer = [UInt8](repeating: 0, count: 64 << 10)
-            var received: [Int32] = [], truncated = false
-            func peerReads(_ bytes: Int) {
-                _ = buffer.withUnsafeMutableBytes {
-                    kernel.receive(peer, into: UnsafeMutableRawBufferPointer(rebasing: $0[..<bytes]), descriptors: &received,
-                                   maxDescriptors: 8, truncated: &truncated)
-                }
-                loop.runUntilIdle()
-            }
+            let reader = PeerReader(kernel, loop, peer)
+            func peerReads(_ bytes: Int) { reader.read(bytes) }
             // A peer that keeps up, 2 KiB read for each answer of ~1.1 KB, for 5,000 answers: at most a few wait,
             // although the kernel's buffer is never empty for long.
             for _ in 0..<5_000 {
@@ -186,15 +179,8 @@ import Testing
             loop.runUntilIdle()
             var clock = AnswerClock(sentAt: 0, connection: connection)
             #expect(connection.bytesWritten < clock.end)
-            var buffer = [UInt8](repeating: 0, count: 64 << 10)
-            var received: [Int32] = [], truncated = false
-            func peerReads(_ bytes: Int) {
-                _ = buffer.withUnsafeMutableBytes {
-                    kernel.receive(peer, into: UnsafeMutableRawBufferPointer(rebasing: $0[..<bytes]), descriptors: &received,
-                                   maxDescriptors: 8, truncated: &truncated)
-                }
-                loop.runUntilIdle()
-            }
+            let reader = PeerReader(kernel, loop, peer)
+            func peerReads(_ bytes: Int) { reader.read(bytes) }
             // The worker reads nothing: its silence (1 s).
             clock.look(at: 1_000_000_000, connection: connection)
             #expect(clock.charged == 1_000_000_000)
@@ -233,19 +219,8 @@ import Testing
             let connection = box.connection
             loop.execute { try? box.connection.start(onMessage: { _ in }, onEnd: { _ in }) }
             loop.runUntilIdle()
-            var buffer = [UInt8](repeating: 0, count: 64 << 10)
-            var received: [Int32] = [], truncated = false, readBytes = 0
-            /// Reads up to `bytes`; returns where in the stream the read started.
-            @discardableResult func peerReads(_ bytes: Int) -> Int {
-                let start = readBytes
-                let n = buffer.withUnsafeMutableBytes {
-                    kernel.receive(peer, into: UnsafeMutableRawBufferPointer(rebasing: $0[..<bytes]), descriptors: &received,
-                                   maxDescriptors: 8, truncated: &truncated)
-                }
-                if n > 0 { readBytes += n }
-                loop.runUntilIdle()
-                return start
-            }
+            let reader = PeerReader(kernel, loop, peer)
+            @discardableResult func peerReads(_ bytes: Int) -> Int { reader.read(bytes) }
             let text = String(repeating: "x", count: 16_000)
             var mostWaiting = 0, largestBuffer = 0
             for round in 0..<200 {
@@ -267,19 +242,55 @@ import Testing
             loop.execute { try? box.connection.send(.partial(id: RequestID(), items: [ExtensionItem(title: "f", fileAttachments: [file])])) }
             loop.runUntilIdle()
             var arrivedWith: Int?
-            for round in 0..<1000 where arrivedWith == nil && readBytes < connection.bytesQueued {
+            for round in 0..<1000 where arrivedWith == nil && reader.readBytes < connection.bytesQueued {
                 if round < 40 {
                     loop.execute { for _ in 0..<4 { try? box.connection.send(.error(message: text, id: nil)) } }
                     loop.runUntilIdle()
                 }
                 let start = peerReads(60 << 10)
-                if !received.isEmpty { arrivedWith = start }
+                if !reader.received.isEmpty { arrivedWith = start }
             }
             let at = try #require(arrivedWith, "the descriptor never arrived")
-            #expect(at <= fileFrameStart && fileFrameStart < readBytes, "read from \(at) to \(readBytes); the frame starts at \(fileFrameStart)")
-            #expect(received.count == 1)
-            for fd in received { FileDescriptor(adopting: fd).close() }  // a real memfd's copy
+            #expect(at <= fileFrameStart && fileFrameStart < reader.readBytes,
+                    "read from \(at) to \(reader.readBytes); the frame starts at \(fileFrameStart)")
+            #expect(reader.received.count == 1)
+            for fd in reader.received { FileDescriptor(adopting: fd).close() }  // a real memfd's copy
             loop.execute { box.connection.close() }
+            FileDescriptor(adopting: peer).close()
+        }
+    }
+
+    /// A connection held back for the output budget (`pauseForBudget`) reads nothing from its peer until its own
+    /// unread output is under the mark it was given: it waits on its own reading, not on the other connections'.
+    @Test func aConnectionHeldBackForTheBudgetIsReadAgainOnceItHasReadItsOwnOutput() throws {
+        try withSocketPair(capacity: 4096) { kernel, loop, ours, peer in
+            final class Box: @unchecked Sendable {
+                let connection: FramedConnection
+                var messages = 0
+                init(_ c: FramedConnection) { connection = c }
+            }
+            let box = Box(FramedConnection(FileDescriptor(adopting: ours), loop: loop, limits: .default))
+            let connection = box.connection
+            connection.outputBudget = OutputBudget(limit: 1 << 30)
+            loop.execute {
+                try? box.connection.start(onMessage: { _ in box.messages += 1 }, onEnd: { _ in })
+                for _ in 0..<10 { try? box.connection.send(.error(message: String(repeating: "x", count: 10_000), id: nil)) }
+                box.connection.pauseForBudget(resumeBelow: 20_000)
+            }
+            loop.runUntilIdle()
+            #expect(connection.pendingOutputBytes > 90_000 && connection.isPausedForBudget)
+            let ping = try Frame.encode(Message.ping(seq: 7).plist)
+            #expect(ping.withUnsafeBytes { kernel.send(peer, $0, descriptors: []) } == ping.count)
+            loop.runUntilIdle()
+            #expect(box.messages == 0, "read while held back")
+            // The peer reads its output down to the mark: read again, the ping is taken.
+            let reader = PeerReader(kernel, loop, peer)
+            for _ in 0..<100 where connection.pendingOutputBytes > 20_000 { reader.read(4096) }
+            #expect(!connection.isPausedForBudget)
+            #expect(box.messages == 1)
+            loop.execute { box.connection.close() }
+            loop.runUntilIdle()
+            #expect(connection.outputBudget?.used == 0, "a closed connection charges nothing")
             FileDescriptor(adopting: peer).close()
         }
     }
@@ -299,5 +310,32 @@ import Testing
         loop.stop()
         loop.runUntilIdle()
         #expect(kernel.openCount == 0, "left open: \(kernel.openDescriptors)")
+    }
+}
+
+/// The peer's end of a simulated socket pair, read as a worker would, with the loop run after each read.
+final class PeerReader {
+    let kernel: SimulatedKernel, loop: EventLoop, fd: Int32
+    private var buffer = [UInt8](repeating: 0, count: 64 << 10)
+    private var truncated = false
+    /// Descriptors received so far, and the bytes read.
+    private(set) var received: [Int32] = [], readBytes = 0
+
+    init(_ kernel: SimulatedKernel, _ loop: EventLoop, _ fd: Int32) {
+        self.kernel = kernel
+        self.loop = loop
+        self.fd = fd
+    }
+
+    /// Reads up to `bytes` (at most 64 KiB); returns where in the stream the read started.
+    @discardableResult func read(_ bytes: Int) -> Int {
+        let start = readBytes
+        let n = buffer.withUnsafeMutableBytes {
+            kernel.receive(fd, into: UnsafeMutableRawBufferPointer(rebasing: $0[..<bytes]), descriptors: &received,
+                           maxDescriptors: 8, truncated: &truncated)
+        }
+        if n > 0 { readBytes += n }
+        loop.runUntilIdle()
+        return start
     }
 }

@@ -27,6 +27,9 @@ extension HostEngine {
         for worker in workers.all where worker.connection.isOpen && worker.lifecycle.kill == nil {
             any = true
             checkResidentMemory(worker)
+            // Recycled for its memory (a drained worker retires at once): its socket is closed, and its descriptor
+            // number may be another's by now.
+            guard worker.connection.isOpen, worker.lifecycle.kill == nil else { continue }
             if var ping = worker.ping {
                 ping.look(at: now, connection: worker.connection)
                 worker.ping = ping

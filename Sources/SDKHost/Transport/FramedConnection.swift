@@ -43,22 +43,32 @@ package final class InputBudget {
 }
 
 /// Bytes of output queued and unread across many connections (the daemon's clients), with a ceiling. Past it,
-/// `onOver` runs once the loop is about to sleep: for the owner to end the connections that hold the most and do not
-/// read (`FramedConnection.outputWaitingSince`). Each connection's own `outputLimit` bounds one peer; this bounds
-/// them all: twenty clients that never read held ~24 MiB each and took a daemon past 1 GB. Loop-confined.
+/// `onOver` runs once the loop is about to sleep, for the owner to hold the connections back (`pauseForBudget`) and
+/// end those that do not read (`FramedConnection.outputWaitingSince`); back under three quarters of it, `onUnder`
+/// runs. Each connection's own `outputLimit` bounds one peer; this bounds them all: twenty clients that never read
+/// held ~24 MiB each and took a daemon past 1 GB. Loop-confined.
 package final class OutputBudget {
     package let limit: Int
     package private(set) var used = 0
     package var onOver: (() -> Void)?
+    package var onUnder: (() -> Void)?
     private var overScheduled = false
+    /// `onOver` ran, and `onUnder` has not since.
+    private var over = false
     package init(limit: Int) { self.limit = limit }
     fileprivate func add(_ delta: Int, on loop: EventLoop) {
         used += delta
-        guard delta > 0, used > limit, !overScheduled else { return }
-        overScheduled = true
-        loop.runBeforeSleeping { [self] in
-            overScheduled = false
-            if used > limit { onOver?() }
+        if delta > 0, used > limit, !overScheduled {
+            overScheduled = true
+            loop.runBeforeSleeping { [self] in
+                overScheduled = false
+                guard used > limit else { return }
+                over = true
+                onOver?()
+            }
+        } else if delta < 0, over, used <= limit - limit / 4 {
+            over = false
+            loop.runBeforeSleeping { [self] in onUnder?() }
         }
     }
 }
@@ -94,6 +104,13 @@ package final class FramedConnection {
     @exclusivity(unchecked) private var onEnd: ((ConnectionEnd) -> Void)?
     @exclusivity(unchecked) private var registered = false
     @exclusivity(unchecked) private var readingPaused = false
+    /// Since when the peer is not read because the output of many connections is over their budget
+    /// (`pauseForBudget`), or nil.
+    @exclusivity(unchecked) private var budgetPausedSince: UInt64?
+    /// Read again once no more than this waits unread (`pauseForBudget`).
+    @exclusivity(unchecked) private var budgetResumeBelow = 0
+    /// Not read for now: for this connection's own output, or for the budget's.
+    private var notReading: Bool { readingPaused || budgetPausedSince != nil }
     /// Descriptors received and not yet claimed by a complete frame.
     @exclusivity(unchecked) private var incoming = IncomingDescriptors()
     @exclusivity(unchecked) private var receivedRaw: [Int32] = []
@@ -143,7 +160,7 @@ package final class FramedConnection {
     /// process once `bytesWritten` reaches it).
     package var bytesQueued: Int { written + pendingOutputBytes }
     /// Whether the peer is not read for now, its own unread output being over `outputLimit`.
-    package var isReadingPaused: Bool { readingPaused }
+    package var isReadingPaused: Bool { notReading }
     /// Bytes of memory the payload kept for `withForwardablePayload` holds (its capacity).
     package var keptPayloadCapacity: Int { currentPayload.capacity }
     /// Descriptors sent or queued that the peer has not read, above which the connection ends; nil for no limit.
@@ -283,7 +300,7 @@ package final class FramedConnection {
 
     package func drain(maxReads: Int = .max) {
         var reads = 0
-        while isOpen, reads < maxReads, !readingPaused || maxReads == .max {
+        while isOpen, reads < maxReads, !notReading || maxReads == .max {
             reads += 1
             var truncated = false
             let result = readBuffer.withUnsafeMutableBytes { raw in
@@ -381,6 +398,29 @@ package final class FramedConnection {
         sent = 0
     }
 
+    /// Stops reading the peer while the output of many connections is over their budget (it can ask for nothing
+    /// more), until no more than `resumeBelow` of its own output waits (or `resumeFromBudget`); its unfinished
+    /// frame's clock stops with it.
+    package func pauseForBudget(resumeBelow: Int) {
+        guard isOpen, budgetPausedSince == nil else { return }
+        budgetPausedSince = loop.now
+        budgetResumeBelow = resumeBelow
+        updateInterest()
+    }
+
+    /// Reads the peer again after `pauseForBudget`.
+    package func resumeFromBudget() {
+        guard let paused = budgetPausedSince else { return }
+        budgetPausedSince = nil
+        if let since = partialFrameSince {
+            partialFrameSince = since &+ (loop.now &- max(paused, since))
+        }
+        if isOpen { updateInterest() }
+    }
+
+    /// Whether `pauseForBudget` holds it.
+    package var isPausedForBudget: Bool { budgetPausedSince != nil }
+
     /// Charges what waits unread in the output to the shared budget.
     private func chargeOutput() {
         guard let budget = outputBudget else { return }
@@ -423,7 +463,7 @@ package final class FramedConnection {
 
     private func updateInterest() {
         guard registered else { return }
-        var events: UInt32 = readingPaused ? 0 : EventLoop.readable
+        var events: UInt32 = notReading ? 0 : EventLoop.readable
         if wantsWritable { events |= EventLoop.writable }
         try? loop.modify(fd, events: events)
     }
@@ -431,7 +471,7 @@ package final class FramedConnection {
     private func handle(_ events: UInt32) {
         if events & EventLoop.writable != 0 { flush() }
         guard isOpen, events & ~EventLoop.writable != 0 else { return }
-        if readingPaused {
+        if notReading {
             // Paused for backpressure, yet epoll reports a hang-up or error whatever we asked for: read to the end
             // (what is left sits in the kernel's socket buffer, so this is bounded) rather than spin on it.
             if events & (EventLoop.hangUp | EventLoop.readable) != 0 { drain() }
@@ -541,6 +581,7 @@ package final class FramedConnection {
                     outputWaitingSince = loop.now
                 }
                 chargeOutput()
+                if budgetPausedSince != nil, pendingOutputBytes <= budgetResumeBelow { resumeFromBudget() }
             }
         }
         if let limit = unreadDescriptorLimit, descriptorsWrittenCount + outgoing.queuedCount > limit {
