@@ -159,7 +159,7 @@ package final class FramedConnection {
     /// Bytes queued over the connection's life, written or not: where the frame queued last ends (it has left this
     /// process once `bytesWritten` reaches it).
     package var bytesQueued: Int { written + pendingOutputBytes }
-    /// Whether the peer is not read for now, its own unread output being over `outputLimit`.
+    /// Whether the peer is not read for now: its own unread output over `outputLimit`, or held back for the budget.
     package var isReadingPaused: Bool { notReading }
     /// Bytes of memory the payload kept for `withForwardablePayload` holds (its capacity).
     package var keptPayloadCapacity: Int { currentPayload.capacity }
