@@ -96,8 +96,7 @@ package final class DaemonServer: @unchecked Sendable {
             throw error
         }
         self.signals = consume signals
-        outputBudget.onOver = { [unowned self] in self.shedOutput() }
-        outputBudget.onUnder = { [unowned self] in self.resumeReadingClients() }
+        watchOutputBudget()
         if let descriptorNote { engine.log(.warning, descriptorNote) }
         Self.startDispatchWorker()
         if let inherited {
@@ -125,8 +124,7 @@ package final class DaemonServer: @unchecked Sendable {
         inputBudget = InputBudget(limit: configuration.inputBudgetBytes)
         outputBudget = OutputBudget(limit: configuration.maxClientOutputBytesTotal)
         engine = try Self.makeEngine(configuration)
-        outputBudget.onOver = { [unowned self] in self.shedOutput() }
-        outputBudget.onUnder = { [unowned self] in self.resumeReadingClients() }
+        watchOutputBudget()
     }
 
     /// The daemon's engine: completions go to clients as the workers wrote them (`forwardsPayloads`).
@@ -162,6 +160,12 @@ package final class DaemonServer: @unchecked Sendable {
     }
     /// Bytes and descriptors all clients' requests hold (0 once every request has ended).
     package var heldByClientRequests: (bytes: Int, descriptors: Int) { (pendingRequestBytes, pendingDescriptors) }
+
+    /// Past MaxClientOutputBytesTotal, clients are shed and held back; back under it, read again.
+    private func watchOutputBudget() {
+        outputBudget.onOver = { [unowned self] in self.shedOutput() }
+        outputBudget.onUnder = { [unowned self] in self.resumeReadingClients() }
+    }
 
     /// Raises the soft limit on open descriptors to the hard one (as daemons do: the unit file's LimitNOFILE, a
     /// shell's 1024 otherwise), and keeps `MaxUnreadDescriptorsPerClient` within an eighth of it. The kernel refuses
@@ -453,7 +457,7 @@ package final class DaemonServer: @unchecked Sendable {
             // Over the budget with no reply queued since (which would have run it): a client may have gone without
             // reading for long enough since. Under it, any client still held back is read again.
             self.shedOutput()
-            if self.outputBudget.used <= self.outputBudget.limit - self.outputBudget.limit / 4 { self.resumeReadingClients() }
+            if self.outputBudget.isUnderResumeMark { self.resumeReadingClients() }
             if !self.draining { self.scheduleSweep() }
         }
     }

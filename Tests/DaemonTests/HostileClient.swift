@@ -83,6 +83,18 @@ final class HostileClient {
         return nil
     }
 
+    /// The completions of `ids` that arrive within `timeout` seconds, in whatever order, by id (other messages are
+    /// read and dropped).
+    func completions(of ids: some Sequence<RequestID>, timeout: Double) -> [RequestID: [ExtensionItem]] {
+        let wanted = Set(ids)
+        var got: [RequestID: [ExtensionItem]] = [:]
+        let deadline = monotonicNanoseconds() + UInt64(timeout * 1e9)
+        while got.count < wanted.count, monotonicNanoseconds() < deadline {
+            if case .complete(let id, let items)? = receive(timeout: 1), wanted.contains(id) { got[id] = items }
+        }
+        return got
+    }
+
     /// Whether the daemon has closed its end, asked without reading anything: a hang-up shows with bytes unread.
     var isHungUpUnread: Bool {
         var pfd = pollfd(fd: fd, events: 0, revents: 0)  // POLLHUP is reported whatever is asked

@@ -233,12 +233,8 @@ func expectHealthy(_ daemon: DaemonProcess, maxLogBytes: Int = 2 << 20, sourceLo
         // They read: every reply arrives, and then each is read again (a new request is answered).
         for (c, (client, ids)) in clients.enumerated() {
             // In whatever order they come (the requests run side by side).
-            var left = Set(ids)
-            let deadline = monotonicNanoseconds() + 30_000_000_000
-            while !left.isEmpty, monotonicNanoseconds() < deadline {
-                if case .complete(let id, _)? = client.receive(timeout: 1) { left.remove(id) }
-            }
-            #expect(left.isEmpty, "client \(c): \(left.count) of its replies did not arrive: \(daemon.logText)")
+            let left = ids.count - client.completions(of: ids, timeout: 30).count
+            #expect(left == 0, "client \(c): \(left) of its replies did not arrive: \(daemon.logText)")
         }
         for (c, entry) in clients.enumerated() {
             let (id, message) = begin("com.example.echo", "again \(c)")
@@ -298,14 +294,7 @@ func expectHealthy(_ daemon: DaemonProcess, maxLogBytes: Int = 2 << 20, sourceLo
             try await Task.sleep(nanoseconds: 100_000_000)
         }
         #expect(client.write(carried))
-        var completed: Set<RequestID> = []
-        let deadline = monotonicNanoseconds() + 60_000_000_000
-        while completed.count < ids.count, monotonicNanoseconds() < deadline {
-            guard let message = client.receive(timeout: 1) else { continue }
-            if case .complete(let id, let items) = message, items.first?.title?.hasPrefix("split") == true {
-                completed.insert(id)
-            }
-        }
+        let completed = Set(client.completions(of: ids, timeout: 60).filter { $0.value.first?.title?.hasPrefix("split") == true }.keys)
         #expect(completed == Set(ids), "\(completed.count) of \(ids.count) completed: \(daemon.logText)")
         #expect(!daemon.logText.contains("left unfinished"), "\(daemon.logText)")
         try await expectHealthy(daemon)

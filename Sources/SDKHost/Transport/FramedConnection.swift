@@ -56,6 +56,8 @@ package final class OutputBudget {
     /// `onOver` ran, and `onUnder` has not since.
     private var over = false
     package init(limit: Int) { self.limit = limit }
+    /// Back under three quarters of the limit, where connections held back are read again.
+    package var isUnderResumeMark: Bool { used <= limit - limit / 4 }
     fileprivate func add(_ delta: Int, on loop: EventLoop) {
         used += delta
         if delta > 0, used > limit, !overScheduled {
@@ -66,7 +68,7 @@ package final class OutputBudget {
                 over = true
                 onOver?()
             }
-        } else if delta < 0, over, used <= limit - limit / 4 {
+        } else if delta < 0, over, isUnderResumeMark {
             over = false
             loop.runBeforeSleeping { [self] in onUnder?() }
         }
@@ -412,10 +414,17 @@ package final class FramedConnection {
     package func resumeFromBudget() {
         guard let paused = budgetPausedSince else { return }
         budgetPausedSince = nil
+        excusePause(since: paused)
+        if isOpen { updateInterest() }
+    }
+
+    /// Moves an unfinished frame's clock on by the time since `paused` that this side did not read it: the frame
+    /// does not age while it could not be finished. Moved on, not restarted: a peer that stalls this side now and
+    /// then still has to finish its frame in the time allowed, counting only the time it was read.
+    private func excusePause(since paused: UInt64) {
         if let since = partialFrameSince {
             partialFrameSince = since &+ (loop.now &- max(paused, since))
         }
-        if isOpen { updateInterest() }
     }
 
     /// Whether `pauseForBudget` holds it.
@@ -625,14 +634,9 @@ package final class FramedConnection {
         if let limit = outputLimit, let stalled = outputStalledSince, pendingOutputBytes <= limit / 2 {
             outputStalledSince = nil
             readingPaused = false
-            // A frame the peer had begun does not age while this side would not read it: its clock is moved on by
-            // the pause (it ran on, and a daemon closed a client for a frame left unfinished at its next sweep).
-            // Paused, not restarted: a peer that stalls this side now and then still has to finish its frame in
-            // the time allowed, counting only the time it was read.
-            if let since = partialFrameSince {
-                let now = loop.now
-                partialFrameSince = since &+ (now &- max(stalled, since))
-            }
+            // (Its frame's clock ran on through the pause, and a daemon closed a client for a frame left unfinished
+            // at its next sweep.)
+            excusePause(since: stalled)
             if isOpen { updateInterest() }
         }
         if wantsWritable, isOpen, sent == outbound.count {
