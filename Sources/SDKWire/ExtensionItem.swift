@@ -38,15 +38,27 @@ public struct RequestID: Hashable, Sendable, CustomStringConvertible {
         self.low = (low & ~(UInt64(0xC) << 60)) | (UInt64(0x8) << 60)
     }
 
-    /// Parses the 36-character UUID form; nil for anything else.
+    /// Parses the 36-character UUID form, in either case (as Foundation's `UUID(uuidString:)` does); nil for
+    /// anything else. A message's id is read by the stricter `init?(wireString:)`.
     public init?(uuidString s: String) {
+        var s = s
+        guard let id = s.withUTF8({ RequestID(uuidBytes: UnsafeRawBufferPointer($0), anyCase: true) }) else { return nil }
+        self = id
+    }
+
+    /// Parses an id as the protocol writes it: the UUID form in upper case (as `uuidString` writes it). A
+    /// lower-case id is refused, not folded: the host answers under the id it parsed, written upper case, so a
+    /// peer that sent another spelling would never see its answer under the id it knows.
+    package init?(wireString s: String) {
         var s = s
         guard let id = s.withUTF8({ RequestID(uuidBytes: UnsafeRawBufferPointer($0)) }) else { return nil }
         self = id
     }
 
-    /// Parses the 36 ASCII bytes of the UUID form, in either case; nil for anything else.
-    package init?(uuidBytes u: UnsafeRawBufferPointer) {
+    /// Parses the 36 ASCII bytes of the UUID form: upper case only (the wire's form), or either case; nil for
+    /// anything else.
+    @inline(__always)
+    package init?(uuidBytes u: UnsafeRawBufferPointer, anyCase: Bool = false) {
         // Every id of every message is parsed (the first version's per-character switch was 7% of a daemon
         // client's loop thread under load): each group of digits is read straight from its offset, without a
         // table (a global, so a lazy-initialisation check per call) or index checks. A byte that is not a hex
@@ -59,7 +71,7 @@ public struct RequestID: Hashable, Sendable, CustomStringConvertible {
         @inline(__always) func digits(_ word: inout UInt64, _ count: Int, at offset: Int) {
             for k in 0..<count {
                 let c = base.load(fromByteOffset: offset + k, as: UInt8.self)
-                let decimal = c &- UInt8(ascii: "0"), letter = (c | 0x20) &- UInt8(ascii: "a")
+                let decimal = c &- UInt8(ascii: "0"), letter = (anyCase ? c | 0x20 : c) &- UInt8(ascii: anyCase ? "a" : "A")
                 let v: UInt8 = decimal < 10 ? decimal : letter < 6 ? letter &+ 10 : 0x10
                 seen |= v
                 word = word << 4 | UInt64(v & 0xF)

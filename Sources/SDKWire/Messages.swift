@@ -318,7 +318,9 @@ public enum Message: Sendable, Equatable {
         }
         func id() throws(MessageError) -> RequestID {
             let raw = try string(.id)
-            guard let id = RequestID(uuidString: raw) else { throw MessageError("'\(type)' id '\(raw)' is not a UUID") }
+            guard let id = RequestID(wireString: raw) else {
+                throw MessageError("'\(type)' id '\(raw.prefix(40))' is not a UUID in upper-case 8-4-4-4-12 form")
+            }
             return id
         }
         func strings(_ key: MessageKey) throws(MessageError) -> [String] {

@@ -68,6 +68,17 @@ func readConfiguration(_ path: String?) throws(HostError) -> DaemonConfiguration
     return try DaemonConfiguration(contentsOf: path, defaultExtensionSearchPaths: EmbeddedHost.extensionSearchPaths())
 }
 
+/// Why the daemon on `socket` cannot be used, for one line of the CLI: "no daemon answering" when nothing is at
+/// that path; otherwise what the client found there (a folder it does not trust, a socket nobody accepts on, a
+/// daemon that refused it), which a user fixes differently.
+func daemonUnreachable(_ socket: String, _ error: HostError) -> String {
+    var st = stat()
+    if lstat(socket, &st) != 0 && errno == ENOENT {
+        return "no daemon answering on \(socket) (start one with `sdk-host serve`)"
+    }
+    return error.detail.contains(socket) ? error.detail : "cannot use the daemon on \(socket): \(error.detail)"
+}
+
 /// Runs an async body from synchronous CLI code (the CLI's main thread may wait; library calls never do).
 func runAsync<T: Sendable>(_ body: @escaping @Sendable () async -> T) -> T {
     let box = ResultBox<T>()

@@ -77,10 +77,10 @@ enum RequestCommand {
             switch connected {
             case .success(let h): host = h
             case .failure(let error) where explicit: fail("\(error)", status: ExitStatus.failure)
-            case .failure:
-                // No daemon: embedded, as documented, and said so (stdout stays the outcome's).
+            case .failure(let error):
+                // No daemon: embedded, as documented, and said so, with why (stdout stays the outcome's).
                 host = EmbeddedHost.make()
-                var line = "sdk-host: no daemon answering on \(socket); using an embedded host\n"
+                var line = "sdk-host: \(daemonUnreachable(socket, error)); using an embedded host\n"
                 line.withUTF8 { _ = write(2, $0.baseAddress, $0.count) }
             }
         }

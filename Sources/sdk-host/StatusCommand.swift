@@ -19,13 +19,23 @@ enum StatusCommand {
     static func run(_ arguments: [String]) -> Never {
         let options = Options(arguments, valued: ["--config", "--socket"], boolean: ["--json"], usage: usage)
         let socket = loadConfiguration(options).socketPath
-        let report: PlistValue? = runAsync {
-            guard let host = try? await ExtensionHost.connect(socketPath: socket, reconnectTimeout: 2) else { return nil }
+        let answer: Result<PlistValue?, HostError> = runAsync {
+            let host: ExtensionHost
+            do throws(HostError) {
+                host = try await ExtensionHost.connect(socketPath: socket, reconnectTimeout: 2)
+            } catch {
+                return .failure(error)
+            }
             let report = await host.daemonStatus()
             await host.shutdown()
-            return report
+            return .success(report)
         }
-        guard let report else { fail("status: no daemon answering on \(socket) (start one with `sdk-host serve`)", status: 1) }
+        let report: PlistValue
+        switch answer {
+        case .success(let r?): report = r
+        case .success(nil): fail("status: the daemon on \(socket) closed the connection before it answered", status: 1)
+        case .failure(let error): fail("status: \(daemonUnreachable(socket, error))", status: 1)
+        }
         if options.has("--json") {
             print(JSON.render(report))
             exit(0)

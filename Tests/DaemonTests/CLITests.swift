@@ -283,7 +283,8 @@ import Glibc
         // No daemon on the configured socket: embedded from the same configuration, said on stderr.
         let (fallback, fallbackOut, fallbackErr) = try await run(["request", "com.example.only-here", "--config", config])
         #expect(fallback == 0 && fallbackOut.contains("served by: embedded host"), "\(fallbackOut)")
-        #expect(fallbackErr.contains("no daemon answering on \(own.path)/none.sock; using an embedded host"))
+        #expect(fallbackErr.contains("no daemon answering on \(own.path)/none.sock (start one with `sdk-host serve`); "
+            + "using an embedded host"), "\(fallbackErr)")
     }
 
     /// A peer's text (a reply title, a client's message type) reaches neither the terminal nor the log with its
@@ -425,6 +426,20 @@ import Glibc
         let (status, _, err) = try await run(["status", "--socket", "/tmp/sdkhost-no-such-daemon.sock"])
         #expect(status == 1)
         #expect(err.contains("no daemon answering on /tmp/sdkhost-no-such-daemon.sock"))
+        // Something at the path that cannot be used is not "no daemon": the user is told what was found there.
+        var template = "/tmp/sdkhost-cli-XXXXXX".utf8CString
+        let folder = template.withUnsafeMutableBufferPointer { String(cString: mkdtemp($0.baseAddress!)!) }
+        defer { _ = removeTree(folder) }
+        let stale = try listenUnix(path: "\(folder)/stale.sock")
+        stale.close()  // the socket file stays; nobody accepts on it
+        let (staleStatus, _, staleErr) = try await run(["status", "--socket", "\(folder)/stale.sock"])
+        #expect(staleStatus == 1 && staleErr.contains("cannot connect to \(folder)/stale.sock: Connection refused"), "\(staleErr)")
+        #expect(!staleErr.contains("no daemon answering"), "\(staleErr)")
+        chmod(folder, 0o777)
+        let planted = try listenUnix(path: "\(folder)/planted.sock").release()
+        let (plantedStatus, _, plantedErr) = try await run(["status", "--socket", "\(folder)/planted.sock"])
+        close(planted)
+        #expect(plantedStatus == 1 && plantedErr.contains("is writable by others (mode 777)"), "\(plantedErr)")
     }
 
     @Test func plistDecodeOfANaNDateIsAnErrorNotASignal() async throws {

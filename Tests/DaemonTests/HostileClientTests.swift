@@ -407,7 +407,12 @@ func expectHealthy(_ daemon: DaemonProcess, maxLogBytes: Int = 2 << 20, sourceLo
         }
         #expect(text.contains("protocol 1 is not supported; this daemon speaks \(protocolVersion)"), "\(text)")
         #expect(old.isClosedByDaemon())
-        for junk: [UInt8] in [[0xFF, 0xFF, 0xFF, 0xFF], frame(Array("bplist00 but not really".utf8)), frame([])] {
+        // A request id in lower case is not the protocol's form: answered under the upper-case one, the client
+        // would never see its outcome under the id it knows.
+        let (id, _) = begin("com.example.echo", "lower")
+        let lower = frame(BinaryPlistEncoder.encode(["type": "begin", "id": .string(id.uuidString.lowercased()),
+                                                     "extension": "com.example.echo", "items": [["title": "lower"]]]))
+        for junk: [UInt8] in [[0xFF, 0xFF, 0xFF, 0xFF], frame(Array("bplist00 but not really".utf8)), frame([]), lower] {
             let client = try HostileClient(daemon.socket)
             client.handshake()
             client.write(junk)

@@ -202,7 +202,7 @@ final class DaemonClient: HostBackend, @unchecked Sendable {
         do {
             fd = try connectUnix(path: socketPath)
         } catch {
-            return connectFailed("cannot connect to \(socketPath): \(error)")
+            return connectFailed("cannot connect to \(socketPath): \(String(cString: strerror(error.errno)))")
         }
         // Whoever listens there must be the daemon we expect, not another user who got to the path first.
         let trusted: [uid_t] = daemonUID.map { [$0] } ?? [getuid(), 0]
