@@ -161,12 +161,8 @@ package struct DaemonConfiguration: Sendable {
                 return uid
             }
         }
-        host.crashReportLimit = try f.integer("MaxCrashReports", in: 1...100_000) ?? host.crashReportLimit
         drainTimeout = try f.seconds("DrainTimeoutSeconds", minimum: 0) ?? drainTimeout
-        host.heartbeatIntervalSeconds = try f.seconds("HeartbeatIntervalSeconds", minimum: 0.05) ?? host.heartbeatIntervalSeconds
-        host.heartbeatTimeoutSeconds = try f.seconds("HeartbeatTimeoutSeconds", minimum: 0.1) ?? host.heartbeatTimeoutSeconds
-        host.cancelGracePeriodSeconds = try f.seconds("CancelGraceSeconds", minimum: 0) ?? host.cancelGracePeriodSeconds
-        if let max = try f.integer("MaxFrameBytes", in: 1024...(1 << 30)) { host.wireLimits.maxFrameBytes = max }
+        try host.applyLimits(f)
         if let policy = try f.fields("DefaultPolicy") {
             guard policy.entries["ExecutableSHA256"] == nil else {
                 throw policy.fail("ExecutableSHA256", "is one executable's digest; set it in that extension's manifest")
@@ -175,11 +171,7 @@ package struct DaemonConfiguration: Sendable {
         }
         maxClients = try f.integer("MaxClients", in: 1...65_536) ?? maxClients
         maxClientsPerUID = try f.integer("MaxClientsPerUID", in: 1...65_536) ?? maxClientsPerUID
-        host.maxWorkersTotal = try f.integer("MaxWorkersTotal", in: 1...65_536) ?? host.maxWorkersTotal
-        host.maxWorkersPerUID = try f.integer("MaxWorkersPerUID", in: 1...65_536) ?? host.maxWorkersPerUID
-        host.maxAppPoolsPerUID = try f.integer("MaxAppPoolsPerUID", in: 1...65_536) ?? host.maxAppPoolsPerUID
         maxInFlightRequests = try f.integer("MaxInFlightRequests", in: 1...1_000_000) ?? maxInFlightRequests
-        host.maxQueuedRequests = try f.integer("MaxQueuedRequests", in: 0...10_000_000) ?? host.maxQueuedRequests
         maxClientOutputBytes = try f.integer("MaxClientOutputBytes", in: 65_536...(1 << 30)) ?? maxClientOutputBytes
         maxClientOutputBytesTotal = try f.integer("MaxClientOutputBytesTotal", in: 65_536...(1 << 40)) ?? maxClientOutputBytesTotal
         handshakeTimeout = try f.seconds("HandshakeTimeoutSeconds", minimum: 0.1) ?? handshakeTimeout
@@ -187,7 +179,6 @@ package struct DaemonConfiguration: Sendable {
         maxDescriptorsPerClient = try f.integer("MaxDescriptorsPerClient", in: 0...1_000_000) ?? maxDescriptorsPerClient
         maxDescriptorsTotal = try f.integer("MaxDescriptorsTotal", in: 0...1_000_000) ?? maxDescriptorsTotal
         maxUnreadDescriptorsPerClient = try f.integer("MaxUnreadDescriptorsPerClient", in: 1...1_000_000) ?? maxUnreadDescriptorsPerClient
-        host.busyPollMicroseconds = try f.integer("BusyPollMicroseconds", in: HostConfiguration.busyPollMicrosecondsRange) ?? host.busyPollMicroseconds
         if let user = try f.string("WorkerUser") {
             do throws(HostError) {
                 _ = try WorkerIdentity(resolving: user)
@@ -212,7 +203,6 @@ package struct DaemonConfiguration: Sendable {
             host.allowedSandboxModes = []
             for mode in modes { host.allowedSandboxModes.insert(try SandboxMode(mode, key: "AllowedSandboxModes", in: f)) }
         }
-        host.maxMemoryLimitMB = try f.integer("MaxMemoryLimitMB", in: 16...65536) ?? host.maxMemoryLimitMB
         host.allowedReadableRoots = try ExtensionPolicy.paths(f, "AllowedReadableRoots") ?? host.allowedReadableRoots
         host.allowedWritableRoots = try ExtensionPolicy.paths(f, "AllowedWritableRoots") ?? host.allowedWritableRoots
         host.allowNetwork = try f.bool("AllowNetwork") ?? host.allowNetwork

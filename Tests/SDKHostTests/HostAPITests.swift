@@ -212,7 +212,7 @@ import Glibc
             _ = try ExtensionHost(configuration: configuration)
         } throws: { error in
             let e = error as? HostError
-            return e?.code == .invalidConfiguration && e?.detail.contains("busyPollMicroseconds: 1001") == true
+            return e?.code == .invalidConfiguration && e?.detail.contains("busyPollMicroseconds: BusyPollMicroseconds: 1001 is outside 0...1000") == true
         }
     }
 

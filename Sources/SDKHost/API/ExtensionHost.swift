@@ -20,9 +20,11 @@ public final class ExtensionHost: Sendable {
     /// Creates an embedded host: discovers extension manifests and starts the host's event loop.
     ///
     /// - Parameter configuration: Where extensions and their executables are, and the host's policies.
-    /// - Throws: `HostError` for an invalid manifest (naming the file and key), an unreadable search path, or a
-    ///   failure to start the event loop.
+    /// - Throws: `HostError` for a value of `configuration` that its key in the daemon's config file (or in a
+    ///   manifest, for `defaultPolicy`) would refuse, naming both; an invalid manifest (naming the file and key),
+    ///   an unreadable search path, or a failure to start the event loop.
     public init(configuration: HostConfiguration) throws(HostError) {
+        try configuration.validate()
         backend = try HostEngine(configuration: configuration)
     }
 

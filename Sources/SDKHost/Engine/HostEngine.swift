@@ -81,10 +81,6 @@ package final class HostEngine: @unchecked Sendable {
     private var keepAliveUntilStopped: HostEngine?
 
     package init(configuration: HostConfiguration) throws(HostError) {
-        guard HostConfiguration.busyPollMicrosecondsRange.contains(configuration.busyPollMicroseconds) else {
-            throw HostError(.invalidConfiguration, "busyPollMicroseconds: \(configuration.busyPollMicroseconds) is "
-                + "outside \(HostConfiguration.busyPollMicrosecondsRange)")
-        }
         self.configuration = configuration
         let inputs: EngineStartInputs
         if let prepared = configuration.startInputs {
