@@ -237,14 +237,23 @@ func spawnRaw(_ request: SpawnRequest, ipc: Int32, stdout: Int32, stderr: Int32,
     return SpawnedProcess(pid: pid, pidfd: FileDescriptor(adopting: pidfd))
 }
 
+/// A pidfd of `pid`, a process this one did not spawn (a launcher's child, say), or nil if it has ended.
+public func openPidfd(_ pid: pid_t) -> FileDescriptor? {
+    let fd = sdk_pidfd_open(pid)
+    return fd >= 0 ? FileDescriptor(adopting: fd) : nil
+}
+
+/// Sends `signal` through `pidfd`; a process that has already exited is not an error.
+public func signalThroughPidfd(_ pidfd: Int32, _ signal: Int32) {
+    if sdk_pidfd_send_signal(pidfd, signal) == -1 {
+        let e = errno
+        checkBadDescriptor(e, "pidfd_send_signal")
+    }
+}
+
 extension SpawnedProcess {
     /// Sends `signal` through the pidfd; a process that has already exited is not an error.
-    public func signal(_ signal: Int32) {
-        if sdk_pidfd_send_signal(pidfd.rawValue, signal) == -1 {
-            let e = errno
-            checkBadDescriptor(e, "pidfd_send_signal")
-        }
-    }
+    public func signal(_ signal: Int32) { signalThroughPidfd(pidfd.rawValue, signal) }
 
     /// Reaps the child without blocking, through its pidfd (`waitid(P_PIDFD)`), so a recycled pid is never
     /// reaped. Returns nil if it has not exited yet.

@@ -16,7 +16,9 @@
 //     +-- worker (pid 2)               new session, parent-death signal, the remaining layers, execve
 //
 // and exits the way the worker did (its code, or its signal re-raised), so the host sees the worker's status.
-// Under `Sandbox none` (or bestEffort where no namespace can be made) the launcher execs the extension itself.
+// Under `Sandbox none` (or bestEffort where no namespace can be made) there is no pid 1 whose death takes the
+// worker's processes with it: the launcher forks the worker as a child subreaper, so that every process the
+// worker leaves behind is reparented to it, and kills them all when the worker ends.
 //
 // Before execve the launcher sends the host one frame, `sandboxed`, naming the layers the worker runs under and
 // what bestEffort skipped. A layer that strict requires and cannot apply ends the launch: a `launchFailed` frame
@@ -292,7 +294,104 @@ static void forward_signal(int sig) {
     if (worker_pid > 0) kill(worker_pid, sig);
 }
 
-/// The launcher as supervisor: waits for the worker, kills the namespace, and exits the way the worker did.
+/// Whether the launcher is a child subreaper (`fork_as_subreaper`): what the worker leaves behind is its own.
+static int subreaper;
+
+/// The decimal numbers in `text` that a space or a newline ends (one cut short at the buffer's end is not one:
+/// a prefix of a pid is another pid), each SIGKILLed; returns how many.
+static int kill_listed(const char *text) {
+    int killed = 0;
+    long pid = -1;
+    for (const char *c = text; *c; c++) {
+        if (*c >= '0' && *c <= '9') {
+            pid = (pid < 0 ? 0 : pid) * 10 + (*c - '0');
+        } else {
+            if ((*c == ' ' || *c == '\n') && pid > 0) killed += kill((pid_t)pid, SIGKILL) == 0;
+            pid = -1;
+        }
+    }
+    return killed;
+}
+
+/// Whether the stat line of a process ("pid (comm) state ppid ...") names `parent` as its parent. comm may hold
+/// spaces and parentheses: the last ')' ends it.
+static int stat_has_parent(const char *text, pid_t parent) {
+    const char *end = NULL;
+    for (const char *c = text; *c; c++) if (*c == ')') end = c;
+    if (!end || end[1] != ' ' || !end[2] || end[3] != ' ') return 0;
+    long ppid = 0;
+    const char *c = end + 4;
+    if (*c < '0' || *c > '9') return 0;
+    for (; *c >= '0' && *c <= '9'; c++) ppid = ppid * 10 + (*c - '0');
+    return *c == ' ' && ppid == parent;
+}
+
+/// The launcher's children now, SIGKILLed; returns how many. Read from /proc/self/task/<tid>/children (the
+/// launcher has one thread), else from every process's stat (a kernel without CONFIG_PROC_CHILDREN). A child
+/// cannot be reaped (nor its pid reused) before this process waits for it, so no other process is signalled.
+static int kill_children(void) {
+    static char text[65536];
+    char path[64];
+    pid_t self = getpid();
+    snprintf(path, sizeof path, "/proc/self/task/%d/children", (int)self);
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd >= 0) {
+        size_t length = 0;
+        for (ssize_t n; length < sizeof text - 1 && (n = read(fd, text + length, sizeof text - 1 - length)) != 0;) {
+            if (n < 0 && errno == EINTR) continue;
+            if (n < 0) break;
+            length += (size_t)n;
+        }
+        close(fd);
+        text[length] = 0;
+        return kill_listed(text);
+    }
+    int proc = open("/proc", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (proc < 0) return 0;
+    static char entries[32768] __attribute__((aligned(8)));
+    int killed = 0;
+    for (long n; (n = syscall(SYS_getdents64, proc, entries, sizeof entries)) > 0;) {
+        for (long at = 0; at < n;) {
+            // struct linux_dirent64: inode (8 bytes), offset (8), record length (2), type (1), name.
+            unsigned short length;
+            memcpy(&length, entries + at + 16, sizeof length);
+            const char *name = entries + at + 19;
+            at += length;
+            if (name[0] < '1' || name[0] > '9') continue;
+            snprintf(path, sizeof path, "/proc/%.24s/stat", name);
+            int stat_fd = open(path, O_RDONLY | O_CLOEXEC);
+            if (stat_fd < 0) continue;
+            ssize_t got = read(stat_fd, text, 1023);
+            close(stat_fd);
+            if (got <= 0) continue;
+            text[got] = 0;
+            if (stat_has_parent(text, self)) {
+                long pid = 0;
+                for (const char *c = name; *c >= '0' && *c <= '9'; c++) pid = pid * 10 + (*c - '0');
+                killed += kill((pid_t)pid, SIGKILL) == 0;
+            }
+        }
+    }
+    close(proc);
+    return killed;
+}
+
+/// Kills and reaps every process left under the launcher. As a subreaper it is the parent of each process the
+/// worker left behind (one in a session of its own, a daemon that forked twice), and of each one's children
+/// when that one dies: kill what is there, wait for one to end, and again, until no child is left.
+/// A child that dies has had its own children reparented to the launcher first, so an empty list means no
+/// descendant is left; one the launcher cannot list (no /proc) is not waited for forever.
+static void kill_descendants(void) {
+    for (;;) {
+        int killed = kill_children();
+        pid_t reaped = waitpid(-1, NULL, killed ? 0 : WNOHANG);
+        if (reaped > 0 || (reaped < 0 && errno == EINTR)) continue;
+        return;
+    }
+}
+
+/// The launcher as supervisor: waits for the worker, kills the namespace (or, as a subreaper, every process the
+/// worker left), and exits the way the worker did.
 static void supervise(pid_t init) {
     static const int forwarded[] = {SIGTERM, SIGINT, SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2, SIGCONT};
     struct sigaction action = {.sa_handler = forward_signal};
@@ -300,18 +399,26 @@ static void supervise(pid_t init) {
     for (unsigned i = 0; i < sizeof forwarded / sizeof forwarded[0]; i++) sigaction(forwarded[i], &action, NULL);
     // The worker's status is read first without reaping it: while it is a zombie the host can still read its
     // /proc/<pid>/stat (ExitNotice.swift). It goes into the exit-notice page as well, for a host that looks only
-    // after the reap below.
+    // after the reap below. A subreaper reaps the worker's orphans as they end meanwhile.
     siginfo_t info;
-    memset(&info, 0, sizeof info);
-    while (syscall(SYS_waitid, P_PID, worker_pid, &info, WEXITED | WNOWAIT, NULL) < 0) {
-        if (errno != EINTR) _exit(LAUNCH_FAILED_STATUS);
+    for (;;) {
+        memset(&info, 0, sizeof info);
+        if (syscall(SYS_waitid, subreaper ? P_ALL : P_PID, subreaper ? 0 : worker_pid, &info, WEXITED | WNOWAIT, NULL) < 0) {
+            if (errno == EINTR) continue;
+            _exit(LAUNCH_FAILED_STATUS);
+        }
+        if (info.si_pid == worker_pid) break;
+        while (waitpid(info.si_pid, NULL, 0) < 0 && errno == EINTR) {}
     }
     int status = info.si_code == CLD_EXITED ? (info.si_status & 0xFF) << 8
                : (info.si_status & 0x7F) | (info.si_code == CLD_DUMPED ? 0x80 : 0);
     if (notice_page) __atomic_store_n(&notice_page[1], 0x80000000U | (unsigned)status, __ATOMIC_RELEASE);
     while (waitpid(worker_pid, NULL, 0) < 0 && errno == EINTR) {}
-    kill(init, SIGKILL);
-    while (waitpid(init, NULL, 0) < 0 && errno == EINTR) {}
+    if (init > 0) {
+        kill(init, SIGKILL);
+        while (waitpid(init, NULL, 0) < 0 && errno == EINTR) {}
+    }
+    if (subreaper) kill_descendants();
     if (WIFEXITED(status)) _exit(WEXITSTATUS(status));
     int sig = WTERMSIG(status);
     signal(sig, SIG_DFL);
@@ -349,6 +456,49 @@ static void worker_main(void *alive) {
     mark("fork");
     if (setsid() < 0) launch_failed("session: setsid failed: %s", strerror(errno));
     confine_and_exec();
+}
+
+/// The worker's start as the child of a subreaping launcher (`fork_as_subreaper`): no namespaces, its pid the
+/// same inside and out, and sent to the host all the same (the host's child is the launcher).
+static void subreaped_worker_main(void *alive) {
+    int *ends = alive;
+    close(ends[1]);
+    die_with_launcher(ends[0]);
+    launcher_alive = ends[0];
+    snprintf(worker_pid_text, sizeof worker_pid_text, "%d", (int)worker_pid);
+    mark("fork");
+    if (setsid() < 0) launch_failed("session: setsid failed: %s", strerror(errno));
+    confine_and_exec();
+}
+
+/// Where no pid namespace holds the worker (`Sandbox none`, or bestEffort where none could be made), its end
+/// would not take the processes it started with it: one in a session of its own outlived it. The launcher stays
+/// as its parent and a child subreaper (PR_SET_CHILD_SUBREAPER), so that every process the worker leaves behind is
+/// reparented to the launcher rather than to init, and is killed when the worker ends (`supervise`). Returns
+/// only where that cannot be had (the launcher then execs the extension itself, as before, and says so).
+static void fork_as_subreaper(void) {
+    static int alive[2];
+    if (prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0) {
+        note("subreaper: prctl(PR_SET_CHILD_SUBREAPER) refused (%s): processes the worker starts may outlive it", strerror(errno));
+        return;
+    }
+    if (pipe2(alive, O_CLOEXEC) != 0) {
+        note("subreaper: pipe (%s): processes the worker starts may outlive it", strerror(errno));
+        prctl(PR_SET_CHILD_SUBREAPER, 0, 0, 0, 0);
+        return;
+    }
+    subreaper = 1;
+    applied("subreaper");
+    // Returns once the worker has exec'd the extension or exited.
+    pid_t worker = clone_onto(CLONE_VM | CLONE_VFORK | CLONE_PARENT_SETTID | SIGCHLD, worker_stack + sizeof worker_stack,
+                              (int *)&worker_pid, subreaped_worker_main, alive);
+    if (worker < 0) launch_failed("subreaper: cannot start the worker (%s)", strerror(errno));
+    worker_pid = worker;
+    void *page = (void *)syscall(SYS_mmap, NULL, 4096, PROT_READ | PROT_WRITE, MAP_SHARED, NOTICE_FD, 0);
+    if (page != (void *)-1L) notice_page = page;
+    if (alive[1] > 0) syscall(SYS_close_range, 0, alive[1] - 1, 0);
+    syscall(SYS_close_range, alive[1] + 1, ~0U, 0);
+    supervise(0);
 }
 
 /// Makes the worker's namespaces around a new pid 1 (`init`), joins them, and clones the worker into them; the
@@ -448,8 +598,10 @@ static void confine_and_exec(void) {
             int user_error = syscall(SYS_setgroups, 0, NULL) == 0 ? become_worker_user(&profile, &why) : errno;
             if (user_error == 0) applied("workerUser");
             else unavailable("workerUser", user_error, why ? why : "setgroups(0) refused");
-            // A change of credentials clears the parent-death signal: set it again, and check the host is there.
-            die_with_host();
+            // A change of credentials clears the parent-death signal: set it again, and check its parent (the
+            // host, or the subreaping launcher) is there.
+            if (launcher_alive >= 0) die_with_launcher(launcher_alive);
+            else die_with_host();
         }
     }
     verify_executable();
@@ -488,7 +640,7 @@ static void confine_and_exec(void) {
         {.key = "pid", .string = worker_pid_text},
         {.key = NULL},
     };
-    size_t count = in_namespaces() ? 4 : 3;
+    size_t count = worker_pid_text[0] ? 4 : 3;
     if (timings) entries[count++] = (struct bp_entry){.key = "timings", .strings = timing_items, .count = timing_entries()};
     send_frame(entries, count);
     execve(profile.executable, profile.argv, profile.envp);
@@ -512,5 +664,6 @@ int main(int argc, char **argv) {
     applied("parentDeathSignal");
     apply_rlimits();
     if (profile.mode != SANDBOX_NONE) fork_into_namespace();
+    fork_as_subreaper();
     confine_and_exec();
 }

@@ -616,6 +616,38 @@ extension FaultTests {
             }
         }
 
+        /// Without a pid namespace (`Sandbox none`) a grandchild in a session of its own still dies with its
+        /// worker: the launcher stays as the worker's parent, a child subreaper, and kills what the worker left.
+        /// Harmless when it does not: the test ends the survivor by the pid that holds the lock on its own file.
+        @Test func underSandboxNoneAnOrphanStillDiesWithItsWorker() async throws {
+            let targets = try ProbeTargets()
+            defer { targets.remove() }
+            let loose = TemporaryExtension(identifier: "com.example.escaper-none", executable: "Escaper", policy: """
+                <key>Sandbox</key><string>none</string>
+                <key>AllowSubprocesses</key><true/>
+                """)
+            defer { loose.remove() }
+            let lock = "\(targets.folder)/lock"
+            try await withHost(extraSearchPaths: [loose.root], { $0.allowedSandboxModes = [.strict, .bestEffort, .none] }) { host, _ in
+                let ext = try host.extension(identifier: loose.identifier)
+                let recorder = Recorder()
+                recorder.attach(to: ext)
+                let orphan = await probe(ext, recorder, "orphan:\(lock)")
+                #expect(orphan.hasPrefix("allowed: an orphan holds"), "\(orphan)")
+                let (_, _, workers) = await host.inspect()
+                let worker = try #require(workers.first)
+                #expect(worker.sandbox.contains("subreaper"), "\(worker.sandbox)")
+                kill(worker.pid, SIGKILL)
+                let released = await eventually {
+                    let fd = open(lock, O_WRONLY | O_CLOEXEC)
+                    defer { if fd >= 0 { close(fd) } }
+                    return fd >= 0 && flock(fd, LOCK_EX | LOCK_NB) == 0
+                }
+                #expect(released, "the orphaned grandchild outlived its worker")
+                if !released { for pid in lockHolders(lock) { kill(pid, SIGKILL) } }
+            }
+        }
+
         /// A root host makes one empty network namespace for all its workers without NetworkAllowed (a namespace
         /// per worker cost a third of a cold start): two extensions' workers share it, it is not the host's, and a
         /// NetworkAllowed worker is in the host's. Nothing is reachable through it (the escape probes above).
@@ -663,5 +695,16 @@ extension FaultTests {
             ]
             expectManifestErrors(cases, executable: "Escaper")
         }
+    }
+}
+
+/// The pids holding a flock on `path`, from /proc/locks (by the file's inode).
+func lockHolders(_ path: String) -> [pid_t] {
+    var st = stat()
+    guard stat(path, &st) == 0, let text = readSmallFile("/proc/locks") else { return [] }
+    return text.split(separator: "\n").compactMap { line -> pid_t? in
+        let fields = line.split(separator: " ")
+        guard fields.count >= 6, fields[1] == "FLOCK", fields[5].hasSuffix(":\(st.st_ino)") else { return nil }
+        return pid_t(fields[4])
     }
 }

@@ -100,10 +100,12 @@ extension HostEngine {
                 return
             }
             worker.sandboxReported = true
-            if let reportedPID, worker.adoptWorkerPID(reportedPID) {
+            let namespaced = layers.contains("pidNamespace")
+            if let reportedPID, worker.adoptWorkerPID(reportedPID, signalDirectly: !namespaced) {
                 // The launcher's worker is pid 2 of its namespace (pid 1 is the launcher's init): that is the id
-                // its runtime stores in the exit-notice word.
-                worker.exitNotice?.moved(to: reportedPID, seenInsideAs: 2)
+                // its runtime stores in the exit-notice word. Without a pid namespace (the launcher only its
+                // subreaping parent) it is the same pid inside and out.
+                worker.exitNotice?.moved(to: reportedPID, seenInsideAs: namespaced ? 2 : reportedPID)
             }
             settlePid(worker)
             worker.sandboxLayers = layers

@@ -25,11 +25,17 @@ package protocol WorkerChild: AnyObject {
     /// What the scheduler has given the process `pid` (the worker's own, which is not the host's child when a
     /// launcher stays as its supervisor), or nil where that cannot be read.
     func schedulerTimes(of pid: pid_t) -> SchedulerTimes?
+    /// From now on signals go to `pid`, the launcher's child, rather than to the launcher: where the worker has no
+    /// pid namespace of its own, the launcher is a subreaper that kills what the worker leaves when it ends, and
+    /// killed first it could not. False if `pid` cannot be held (it has ended: the launcher is signalled then).
+    func signalWorker(_ pid: pid_t) -> Bool
 }
 
 extension WorkerChild {
     /// A real process's, from /proc.
     package func schedulerTimes(of pid: pid_t) -> SchedulerTimes? { SchedulerTimes(readingProcess: pid) }
+    /// Signals go to the host's child (a fake worker is its own process).
+    package func signalWorker(_ pid: pid_t) -> Bool { false }
 }
 
 /// What the scheduler has given a process: whether any of its threads is runnable now (waiting for a CPU or on
@@ -174,6 +180,8 @@ package struct PosixLauncher: WorkerLauncher {
 /// A real child process, watched and reaped through its pidfd.
 package final class PidfdChild: WorkerChild {
     private var process: SpawnedProcess?
+    /// A pidfd of the launcher's child, where signals go instead (`signalWorker`).
+    private var worker: FileDescriptor?
     package let pid: pid_t
     package let exitDescriptor: Int32
 
@@ -185,8 +193,20 @@ package final class PidfdChild: WorkerChild {
 
     package func signal(_ signal: Int32) {
         guard let process = process.take() else { return }
-        process.signal(signal)
+        if let worker = worker.take() {
+            // The worker itself, through a pidfd of its own: never a recycled pid.
+            signalThroughPidfd(worker.rawValue, signal)
+            self.worker = consume worker
+        } else {
+            process.signal(signal)
+        }
         self.process = consume process
+    }
+
+    package func signalWorker(_ pid: pid_t) -> Bool {
+        guard worker == nil, let fd = openPidfd(pid) else { return false }
+        worker = consume fd
+        return true
     }
 
     package func reap() throws(SystemError) -> ExitStatus? {
@@ -196,7 +216,13 @@ package final class PidfdChild: WorkerChild {
         return try result.get()
     }
 
-    package func close() { process.take()?.close() }
+    package func close() {
+        process.take()?.close()
+        worker.take()?.close()
+    }
 
-    deinit { process.take()?.close() }
+    deinit {
+        process.take()?.close()
+        worker.take()?.close()
+    }
 }

@@ -130,8 +130,11 @@ final class WorkerProcess {
     /// Sends SIGKILL (through the pidfd, so never to a recycled pid) and records why, once.
     /// Takes `reported` as the worker's pid if it is the host's child's own child (/proc/<pid>/stat says so), as
     /// the launcher's worker is. Returns whether it did. A worker cannot name another process this way.
-    func adoptWorkerPID(_ reported: pid_t) -> Bool {
+    /// `signalDirectly`: the worker has no pid namespace of its own (its launcher is a subreaper): kills go to
+    /// it, not to the launcher, which kills what the worker left once it has ended.
+    func adoptWorkerPID(_ reported: pid_t, signalDirectly: Bool) -> Bool {
         guard reported > 0, reported != childPID, parentPID(of: reported) == childPID else { return false }
+        if signalDirectly && childOpen { _ = child.signalWorker(reported) }
         pid = reported
         starvationCheck = nil  // taken of the launcher, if any
         return true
