@@ -1,6 +1,8 @@
-// KillOnTermination: processes to kill if this process is ended by SIGTERM, SIGINT or SIGHUP, so that a test
-// run or a benchmark stopped midway leaves no daemon of its own behind. The handler only reads a fixed array
-// and calls kill(2), both safe in a signal handler, then dies of the same signal. (SIGKILL cannot be caught.)
+// KillOnTermination: processes to kill if this process is ended by SIGTERM, SIGINT or SIGHUP, or traps (a
+// failed precondition, a fault), so that a test run or a benchmark stopped midway leaves no daemon of its own
+// behind. The handler only reads a fixed array and calls kill(2), both safe in a signal handler, then dies of
+// the same signal; on a trap, through the handler that was there before (the Swift runtime's backtracer, say).
+// (SIGKILL cannot be caught.)
 
 #if canImport(Glibc)
 import Glibc
@@ -23,6 +25,26 @@ package enum KillOnTermination {
             }
             sigaction(sig, &action, nil)
         }
+        for sig in crashSignals {
+            var action = sigaction()
+            action.__sigaction_handler.sa_handler = { sig in
+                for i in 0..<KillOnTermination.capacity where KillOnTermination.pids[i] > 0 {
+                    kill(KillOnTermination.pids[i], SIGKILL)
+                }
+                // The handler that was there before takes it from here: restored now, it runs when this one
+                // returns (the signal is blocked until then), or when the faulting instruction runs again.
+                sigaction(sig, KillOnTermination.previous + Int(sig), nil)
+                raise(sig)
+            }
+            sigaction(sig, &action, previous + Int(sig))
+        }
+        return p
+    }()
+    static let crashSignals = [SIGILL, SIGTRAP, SIGABRT, SIGBUS, SIGFPE, SIGSEGV]
+    /// The actions the crash signals had before, by signal number.
+    nonisolated(unsafe) static let previous: UnsafeMutablePointer<sigaction> = {
+        let p = UnsafeMutablePointer<sigaction>.allocate(capacity: 32)
+        p.initialize(repeating: sigaction(), count: 32)
         return p
     }()
     static let lock = Mutex(())

@@ -1,0 +1,77 @@
+// A test process that traps leaves no process it registered with KillOnTermination (a DaemonProcess's daemon, a
+// bench's peer) behind, and still dies through the handler that was there before (the runtime's backtrace).
+import SDKPosix
+import Testing
+
+#if canImport(Glibc)
+import Glibc
+#endif
+
+@Suite struct KillOnTerminationTests {
+    /// Run by the test below in a copy of this test process (`SDKHOST_TRAP_FD` names its pipe's write end): starts a
+    /// sleeper in a session of its own with that pipe as its stdout, registers it, writes its pid, and traps.
+    @Test(.enabled(if: getenv("SDKHOST_TRAP_FD") != nil, "a helper: runs only in the copy the test below starts"))
+    func trapAfterRegisteringASleeper() {
+        guard let raw = getenv("SDKHOST_TRAP_FD"), let fd = Int32(String(cString: raw)) else { return }
+        var pid: pid_t = 0
+        var attributes = posix_spawnattr_t()
+        posix_spawnattr_init(&attributes)
+        posix_spawnattr_setflags(&attributes, Int16(POSIX_SPAWN_SETSID_FLAG))
+        var actions = posix_spawn_file_actions_t()
+        posix_spawn_file_actions_init(&actions)
+        posix_spawn_file_actions_adddup2(&actions, fd, 1)
+        let argv: [UnsafeMutablePointer<CChar>?] = (["/bin/sleep", "120"] as [String]).map { strdup($0) } + [nil]
+        guard posix_spawn(&pid, "/bin/sleep", &actions, &attributes, argv, environ) == 0 else { _exit(3) }
+        KillOnTermination.add(pid)
+        let line = Array("\(pid)\n".utf8)
+        _ = line.withUnsafeBytes { write(fd, $0.baseAddress, $0.count) }
+        preconditionFailure("a deliberate trap, with a sleeper registered")
+    }
+
+    @Test func aTrapKillsWhatWasRegisteredAndStillDiesOfIt() async throws {
+        var ends: [Int32] = [-1, -1]
+        #expect(pipe(&ends) == 0)
+        defer { close(ends[0]) }
+        // This very test binary, running only the test above, in a session of its own, its output discarded.
+        var pid: pid_t = 0
+        var attributes = posix_spawnattr_t()
+        posix_spawnattr_init(&attributes)
+        posix_spawnattr_setflags(&attributes, Int16(POSIX_SPAWN_SETSID_FLAG))
+        var actions = posix_spawn_file_actions_t()
+        posix_spawn_file_actions_init(&actions)
+        posix_spawn_file_actions_addclose(&actions, ends[0])
+        posix_spawn_file_actions_addopen(&actions, 1, "/dev/null", O_WRONLY, 0)
+        posix_spawn_file_actions_addopen(&actions, 2, "/dev/null", O_WRONLY, 0)
+        let arguments: [String] = ["/proc/self/exe", "--testing-library", "swift-testing", "--filter", "trapAfterRegisteringASleeper"]
+        let argv: [UnsafeMutablePointer<CChar>?] = arguments.map { strdup($0) } + [nil]
+        let environment = (0..<Int.max).lazy.map { environ[$0] }.prefix { $0 != nil }.map { String(cString: $0!) }
+            .filter { !$0.hasPrefix("SDKHOST_TRAP_FD=") } + ["SDKHOST_TRAP_FD=\(ends[1])"]
+        let envp: [UnsafeMutablePointer<CChar>?] = environment.map { strdup($0) } + [nil]
+        #expect(posix_spawn(&pid, "/proc/self/exe", &actions, &attributes, argv, envp) == 0)
+        close(ends[1])
+        var status: Int32 = 0
+        while waitpid(pid, &status, 0) < 0 && errno == EINTR {}
+        // It died of its trap (SIGILL or SIGTRAP), through the handler that was there before ours.
+        #expect(status & 0x7F == SIGILL || status & 0x7F == SIGTRAP, "status \(status)")
+        // Its sleeper's pid, then end-of-file once the sleeper (the last holder of the pipe) is gone.
+        var text: [UInt8] = []
+        var buffer = [UInt8](repeating: 0, count: 64)
+        var ended = false
+        let deadline = monotonicNanoseconds() + 30_000_000_000
+        while monotonicNanoseconds() < deadline {
+            var poll = pollfd(fd: ends[0], events: Int16(POLLIN), revents: 0)
+            guard Glibc.poll(&poll, 1, 200) > 0 else { continue }
+            let n = read(ends[0], &buffer, buffer.count)
+            if n <= 0 { ended = n == 0; break }
+            text += buffer[0..<n]
+        }
+        let sleeper = pid_t(String(decoding: text.filter { $0 >= 0x30 && $0 <= 0x39 }, as: UTF8.self))
+        #expect(sleeper != nil, "the trapping process wrote '\(String(decoding: text, as: UTF8.self))'")
+        #expect(ended, "the registered sleeper outlived the process that trapped")
+        // Harmless when the defence fails: the sleeper, in its own session, is ended by its pid.
+        if !ended, let sleeper { kill(sleeper, SIGKILL) }
+    }
+}
+
+/// POSIX_SPAWN_SETSID (glibc's value; Swift does not import the macro).
+let POSIX_SPAWN_SETSID_FLAG: Int32 = 0x80
