@@ -13,15 +13,8 @@ import Glibc
     @Test(.enabled(if: getenv("SDKHOST_TRAP_FD") != nil, "a helper: runs only in the copy the test below starts"))
     func trapAfterRegisteringASleeper() {
         guard let raw = getenv("SDKHOST_TRAP_FD"), let fd = Int32(String(cString: raw)) else { return }
-        var pid: pid_t = 0
-        var attributes = posix_spawnattr_t()
-        posix_spawnattr_init(&attributes)
-        posix_spawnattr_setflags(&attributes, Int16(POSIX_SPAWN_SETSID_FLAG))
-        var actions = posix_spawn_file_actions_t()
-        posix_spawn_file_actions_init(&actions)
-        posix_spawn_file_actions_adddup2(&actions, fd, 1)
-        let argv: [UnsafeMutablePointer<CChar>?] = (["/bin/sleep", "120"] as [String]).map { strdup($0) } + [nil]
-        guard posix_spawn(&pid, "/bin/sleep", &actions, &attributes, argv, environ) == 0 else { _exit(3) }
+        guard let pid = spawnInASessionOfItsOwn(["/bin/sleep", "120"], environment: nil, { posix_spawn_file_actions_adddup2(&$0, fd, 1) })
+        else { _exit(3) }
         KillOnTermination.add(pid)
         let line = Array("\(pid)\n".utf8)
         _ = line.withUnsafeBytes { write(fd, $0.baseAddress, $0.count) }
@@ -33,22 +26,18 @@ import Glibc
         #expect(pipe(&ends) == 0)
         defer { close(ends[0]) }
         // This very test binary, running only the test above, in a session of its own, its output discarded.
-        var pid: pid_t = 0
-        var attributes = posix_spawnattr_t()
-        posix_spawnattr_init(&attributes)
-        posix_spawnattr_setflags(&attributes, Int16(POSIX_SPAWN_SETSID_FLAG))
-        var actions = posix_spawn_file_actions_t()
-        posix_spawn_file_actions_init(&actions)
-        posix_spawn_file_actions_addclose(&actions, ends[0])
-        posix_spawn_file_actions_addopen(&actions, 1, "/dev/null", O_WRONLY, 0)
-        posix_spawn_file_actions_addopen(&actions, 2, "/dev/null", O_WRONLY, 0)
-        let arguments: [String] = ["/proc/self/exe", "--testing-library", "swift-testing", "--filter", "trapAfterRegisteringASleeper"]
-        let argv: [UnsafeMutablePointer<CChar>?] = arguments.map { strdup($0) } + [nil]
         let environment = (0..<Int.max).lazy.map { environ[$0] }.prefix { $0 != nil }.map { String(cString: $0!) }
             .filter { !$0.hasPrefix("SDKHOST_TRAP_FD=") } + ["SDKHOST_TRAP_FD=\(ends[1])"]
-        let envp: [UnsafeMutablePointer<CChar>?] = environment.map { strdup($0) } + [nil]
-        #expect(posix_spawn(&pid, "/proc/self/exe", &actions, &attributes, argv, envp) == 0)
+        let started = spawnInASessionOfItsOwn(
+            ["/proc/self/exe", "--testing-library", "swift-testing", "--filter", "trapAfterRegisteringASleeper"],
+            environment: environment
+        ) { actions in
+            posix_spawn_file_actions_addclose(&actions, ends[0])
+            posix_spawn_file_actions_addopen(&actions, 1, "/dev/null", O_WRONLY, 0)
+            posix_spawn_file_actions_addopen(&actions, 2, "/dev/null", O_WRONLY, 0)
+        }
         close(ends[1])
+        let pid = try #require(started)
         var status: Int32 = 0
         while waitpid(pid, &status, 0) < 0 && errno == EINTR {}
         // It died of its trap (SIGILL or SIGTRAP), through the handler that was there before ours.
@@ -73,5 +62,23 @@ import Glibc
     }
 }
 
-/// POSIX_SPAWN_SETSID (glibc's value; Swift does not import the macro).
-let POSIX_SPAWN_SETSID_FLAG: Int32 = 0x80
+/// Spawns `arguments` (the first the program's path) in a session of its own, with `environment` (nil: this
+/// process's) and the file actions `setUp` adds; its pid, or nil.
+func spawnInASessionOfItsOwn(_ arguments: [String], environment: [String]?,
+                             _ setUp: (inout posix_spawn_file_actions_t) -> Void) -> pid_t? {
+    var attributes = posix_spawnattr_t()
+    posix_spawnattr_init(&attributes)
+    defer { posix_spawnattr_destroy(&attributes) }
+    posix_spawnattr_setflags(&attributes, 0x80)  // POSIX_SPAWN_SETSID (glibc's value; Swift does not import it)
+    var actions = posix_spawn_file_actions_t()
+    posix_spawn_file_actions_init(&actions)
+    defer { posix_spawn_file_actions_destroy(&actions) }
+    setUp(&actions)
+    let argv: [UnsafeMutablePointer<CChar>?] = arguments.map { strdup($0) } + [nil]
+    let envp: [UnsafeMutablePointer<CChar>?]? = environment.map { $0.map { strdup($0) } + [nil] }
+    defer { for p in argv + (envp ?? []) { free(p) } }
+    var pid: pid_t = 0
+    let rc = envp.map { posix_spawn(&pid, arguments[0], &actions, &attributes, argv, $0) }
+        ?? posix_spawn(&pid, arguments[0], &actions, &attributes, argv, environ)
+    return rc == 0 ? pid : nil
+}

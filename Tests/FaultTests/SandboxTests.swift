@@ -601,18 +601,7 @@ extension FaultTests {
                     #expect(exec.contains(line), "\(line) after an exec: \(exec)")
                 }
                 // A grandchild in its own session dies with the worker: its lock on the file is released.
-                let orphan = await probe(ext, recorder, "orphan:\(targets.folder)/lock")
-                #expect(orphan.hasPrefix("allowed: an orphan holds"), "\(orphan)")
-                let (_, _, workers) = await host.inspect()
-                let worker = try #require(workers.first)
-                #expect(worker.sandbox.contains("pidNamespace"), "\(worker.sandbox)")
-                kill(worker.pid, SIGKILL)
-                let released = await eventually {
-                    let fd = open("\(targets.folder)/lock", O_WRONLY | O_CLOEXEC)
-                    defer { if fd >= 0 { close(fd) } }
-                    return fd >= 0 && flock(fd, LOCK_EX | LOCK_NB) == 0
-                }
-                #expect(released, "the orphaned grandchild outlived its worker")
+                try await expectOrphanDiesWithItsWorker(host, ext, recorder, lock: "\(targets.folder)/lock", layer: "pidNamespace")
             }
         }
 
@@ -627,24 +616,11 @@ extension FaultTests {
                 <key>AllowSubprocesses</key><true/>
                 """)
             defer { loose.remove() }
-            let lock = "\(targets.folder)/lock"
             try await withHost(extraSearchPaths: [loose.root], { $0.allowedSandboxModes = [.strict, .bestEffort, .none] }) { host, _ in
                 let ext = try host.extension(identifier: loose.identifier)
                 let recorder = Recorder()
                 recorder.attach(to: ext)
-                let orphan = await probe(ext, recorder, "orphan:\(lock)")
-                #expect(orphan.hasPrefix("allowed: an orphan holds"), "\(orphan)")
-                let (_, _, workers) = await host.inspect()
-                let worker = try #require(workers.first)
-                #expect(worker.sandbox.contains("subreaper"), "\(worker.sandbox)")
-                kill(worker.pid, SIGKILL)
-                let released = await eventually {
-                    let fd = open(lock, O_WRONLY | O_CLOEXEC)
-                    defer { if fd >= 0 { close(fd) } }
-                    return fd >= 0 && flock(fd, LOCK_EX | LOCK_NB) == 0
-                }
-                #expect(released, "the orphaned grandchild outlived its worker")
-                if !released { for pid in lockHolders(lock) { kill(pid, SIGKILL) } }
+                try await expectOrphanDiesWithItsWorker(host, ext, recorder, lock: "\(targets.folder)/lock", layer: "subreaper")
             }
         }
 
@@ -696,6 +672,27 @@ extension FaultTests {
             expectManifestErrors(cases, executable: "Escaper")
         }
     }
+}
+
+/// Has `ext`'s worker leave a grandchild in a session of its own that holds a lock on `lock`, kills the worker,
+/// and expects the grandchild to die with it (the lock released), the worker having run under `layer`. Harmless
+/// when it does not: the survivor is ended by the pid that holds the lock.
+func expectOrphanDiesWithItsWorker(_ host: ExtensionHost, _ ext: Extension, _ recorder: Recorder, lock: String, layer: String,
+                                   sourceLocation: SourceLocation = #_sourceLocation) async throws
+{
+    let orphan = await probe(ext, recorder, "orphan:\(lock)")
+    #expect(orphan.hasPrefix("allowed: an orphan holds"), "\(orphan)", sourceLocation: sourceLocation)
+    let (_, _, workers) = await host.inspect()
+    let worker = try #require(workers.first, sourceLocation: sourceLocation)
+    #expect(worker.sandbox.contains(layer), "\(worker.sandbox)", sourceLocation: sourceLocation)
+    kill(worker.pid, SIGKILL)
+    let released = await eventually {
+        let fd = open(lock, O_WRONLY | O_CLOEXEC)
+        defer { if fd >= 0 { close(fd) } }
+        return fd >= 0 && flock(fd, LOCK_EX | LOCK_NB) == 0
+    }
+    #expect(released, "the orphaned grandchild outlived its worker", sourceLocation: sourceLocation)
+    if !released { for pid in lockHolders(lock) { kill(pid, SIGKILL) } }
 }
 
 /// The pids holding a flock on `path`, from /proc/locks (by the file's inode).
