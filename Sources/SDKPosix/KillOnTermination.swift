@@ -17,9 +17,7 @@ package enum KillOnTermination {
         for sig in [SIGTERM, SIGINT, SIGHUP] {
             var action = sigaction()
             action.__sigaction_handler.sa_handler = { sig in
-                for i in 0..<KillOnTermination.capacity where KillOnTermination.pids[i] > 0 {
-                    kill(KillOnTermination.pids[i], SIGKILL)
-                }
+                KillOnTermination.killAll()
                 signal(sig, SIG_DFL)
                 raise(sig)
             }
@@ -27,13 +25,15 @@ package enum KillOnTermination {
         }
         for sig in crashSignals {
             var action = sigaction()
-            action.__sigaction_handler.sa_handler = { sig in
-                for i in 0..<KillOnTermination.capacity where KillOnTermination.pids[i] > 0 {
-                    kill(KillOnTermination.pids[i], SIGKILL)
-                }
-                // The handler that was there before takes it from here: restored now, it runs when this one
-                // returns (the signal is blocked until then), or when the faulting instruction runs again.
+            // On the alternate stack where the runtime set one up: a stack overflow must reach the handler too.
+            action.sa_flags = SA_SIGINFO | SA_ONSTACK
+            action.__sigaction_handler.sa_sigaction = { sig, info, _ in
+                KillOnTermination.killAll()
+                // The handler that was there before takes it from here, restored now. A fault the kernel raised
+                // (si_code > 0) happens again when this returns, with its own address; a raised signal (abort) is
+                // raised again, and runs once this handler returns.
                 sigaction(sig, KillOnTermination.previous + Int(sig), nil)
+                if let info, info.pointee.si_code > 0 { return }
                 raise(sig)
             }
             sigaction(sig, &action, previous + Int(sig))
@@ -47,6 +47,11 @@ package enum KillOnTermination {
         p.initialize(repeating: sigaction(), count: 32)
         return p
     }()
+
+    /// SIGKILL to every registered pid (only a read of a fixed array and kill(2): safe in a signal handler).
+    static func killAll() {
+        for i in 0..<capacity where pids[i] > 0 { kill(pids[i], SIGKILL) }
+    }
     static let lock = Mutex(())
 
     /// Kills `pid` (SIGKILL) if this process is terminated before `remove(pid)`. Installs the handlers on first use.

@@ -319,7 +319,8 @@ public enum Message: Sendable, Equatable {
         func id() throws(MessageError) -> RequestID {
             let raw = try string(.id)
             guard let id = RequestID(wireString: raw) else {
-                throw MessageError("'\(type)' id '\(raw.prefix(40))' is not a UUID in upper-case 8-4-4-4-12 form")
+                let shown = String(decoding: raw.utf8.prefix(40), as: UTF8.self).displaySafe()
+                throw MessageError("'\(type)' id '\(shown)' is not a UUID in upper-case 8-4-4-4-12 form")
             }
             return id
         }

@@ -410,10 +410,13 @@ static void supervise(pid_t init) {
         if (info.si_pid == worker_pid) break;
         while (waitpid(info.si_pid, NULL, 0) < 0 && errno == EINTR) {}
     }
+    // No more forwarding: once reaped below, its pid may be another process's.
+    pid_t worker = worker_pid;
+    worker_pid = 0;
     int status = info.si_code == CLD_EXITED ? (info.si_status & 0xFF) << 8
                : (info.si_status & 0x7F) | (info.si_code == CLD_DUMPED ? 0x80 : 0);
     if (notice_page) __atomic_store_n(&notice_page[1], 0x80000000U | (unsigned)status, __ATOMIC_RELEASE);
-    while (waitpid(worker_pid, NULL, 0) < 0 && errno == EINTR) {}
+    while (waitpid(worker, NULL, 0) < 0 && errno == EINTR) {}
     if (init > 0) {
         kill(init, SIGKILL);
         while (waitpid(init, NULL, 0) < 0 && errno == EINTR) {}
@@ -492,7 +495,19 @@ static void fork_as_subreaper(void) {
     // Returns once the worker has exec'd the extension or exited.
     pid_t worker = clone_onto(CLONE_VM | CLONE_VFORK | CLONE_PARENT_SETTID | SIGCHLD, worker_stack + sizeof worker_stack,
                               (int *)&worker_pid, subreaped_worker_main, alive);
-    if (worker < 0) launch_failed("subreaper: cannot start the worker (%s)", strerror(errno));
+    if (worker < 0) {
+        // No worker of its own (EAGAIN at RLIMIT_NPROC, or a bestEffort launcher left half in namespaces it could
+        // not finish): exec the extension itself, as without a subreaper, and say so.
+        int error = errno;
+        close(alive[0]);
+        close(alive[1]);
+        subreaper = 0;
+        if (layer_count > 0 && strcmp(layers[layer_count - 1], "subreaper") == 0) layer_count--;
+        worker_pid = 0;
+        prctl(PR_SET_CHILD_SUBREAPER, 0, 0, 0, 0);
+        note("subreaper: cannot start the worker as its child (%s): processes the worker starts may outlive it", strerror(error));
+        return;
+    }
     worker_pid = worker;
     void *page = (void *)syscall(SYS_mmap, NULL, 4096, PROT_READ | PROT_WRITE, MAP_SHARED, NOTICE_FD, 0);
     if (page != (void *)-1L) notice_page = page;

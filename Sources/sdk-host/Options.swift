@@ -76,7 +76,9 @@ func daemonUnreachable(_ socket: String, _ error: HostError) -> String {
     if lstat(socket, &st) != 0 && errno == ENOENT {
         return "no daemon answering on \(socket) (start one with `sdk-host serve`)"
     }
-    return error.detail.contains(socket) ? error.detail : "cannot use the daemon on \(socket): \(error.detail)"
+    // The detail may hold the daemon's own words (its refusal): shown escaped.
+    let detail = error.detail.displaySafe()
+    return detail.contains(socket) ? detail : "cannot use the daemon on \(socket): \(detail)"
 }
 
 /// Runs an async body from synchronous CLI code (the CLI's main thread may wait; library calls never do).

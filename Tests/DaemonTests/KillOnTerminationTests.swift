@@ -1,6 +1,7 @@
 // A test process that traps leaves no process it registered with KillOnTermination (a DaemonProcess's daemon, a
 // bench's peer) behind, and still dies through the handler that was there before (the runtime's backtrace).
 import SDKPosix
+import CSDKShim
 import Testing
 
 #if canImport(Glibc)
@@ -8,11 +9,16 @@ import Glibc
 #endif
 
 @Suite struct KillOnTerminationTests {
-    /// Run by the test below in a copy of this test process (`SDKHOST_TRAP_FD` names its pipe's write end): starts a
-    /// sleeper in a session of its own with that pipe as its stdout, registers it, writes its pid, and traps.
+    /// The exit status of the trapping copy when the handler that was there before KillOnTermination's ran.
+    static let previousHandlerStatus: Int32 = 99
+
+    /// Run by the test below in a copy of this test process (`SDKHOST_TRAP_FD` names its pipe's write end): sets a
+    /// trap handler of its own (exits 99), starts a sleeper in a session of its own with that pipe as its stdout,
+    /// registers it (KillOnTermination's first use here: its handlers go on top), writes its pid, and traps.
     @Test(.enabled(if: getenv("SDKHOST_TRAP_FD") != nil, "a helper: runs only in the copy the test below starts"))
     func trapAfterRegisteringASleeper() {
         guard let raw = getenv("SDKHOST_TRAP_FD"), let fd = Int32(String(cString: raw)) else { return }
+        for sig in [SIGILL, SIGTRAP] { signal(sig) { _ in _exit(KillOnTerminationTests.previousHandlerStatus) } }
         guard let pid = spawnInASessionOfItsOwn(["/bin/sleep", "120"], environment: nil, { posix_spawn_file_actions_adddup2(&$0, fd, 1) })
         else { _exit(3) }
         KillOnTermination.add(pid)
@@ -22,17 +28,18 @@ import Glibc
     }
 
     @Test func aTrapKillsWhatWasRegisteredAndStillDiesOfIt() async throws {
+        // Close-on-exec, so that no process another test starts meanwhile holds the write end; the copy gets it as 3.
         var ends: [Int32] = [-1, -1]
-        #expect(pipe(&ends) == 0)
+        #expect(sdk_pipe_cloexec(&ends) == 0)
         defer { close(ends[0]) }
         // This very test binary, running only the test above, in a session of its own, its output discarded.
         let environment = (0..<Int.max).lazy.map { environ[$0] }.prefix { $0 != nil }.map { String(cString: $0!) }
-            .filter { !$0.hasPrefix("SDKHOST_TRAP_FD=") } + ["SDKHOST_TRAP_FD=\(ends[1])"]
+            .filter { !$0.hasPrefix("SDKHOST_TRAP_FD=") } + ["SDKHOST_TRAP_FD=3"]
         let started = spawnInASessionOfItsOwn(
             ["/proc/self/exe", "--testing-library", "swift-testing", "--filter", "trapAfterRegisteringASleeper"],
             environment: environment
         ) { actions in
-            posix_spawn_file_actions_addclose(&actions, ends[0])
+            posix_spawn_file_actions_adddup2(&actions, ends[1], 3)  // dup2 clears close-on-exec
             posix_spawn_file_actions_addopen(&actions, 1, "/dev/null", O_WRONLY, 0)
             posix_spawn_file_actions_addopen(&actions, 2, "/dev/null", O_WRONLY, 0)
         }
@@ -40,8 +47,8 @@ import Glibc
         let pid = try #require(started)
         var status: Int32 = 0
         while waitpid(pid, &status, 0) < 0 && errno == EINTR {}
-        // It died of its trap (SIGILL or SIGTRAP), through the handler that was there before ours.
-        #expect(status & 0x7F == SIGILL || status & 0x7F == SIGTRAP, "status \(status)")
+        // Its trap went on to the handler that was there before KillOnTermination's.
+        #expect(status & 0x7F == 0 && (status >> 8) & 0xFF == Self.previousHandlerStatus, "status \(status)")
         // Its sleeper's pid, then end-of-file once the sleeper (the last holder of the pipe) is gone.
         var text: [UInt8] = []
         var buffer = [UInt8](repeating: 0, count: 64)

@@ -50,6 +50,7 @@ final class WrappedChild: WorkerChild {
     var pid: pid_t { inner.pid }
     var exitDescriptor: Int32 { regularFile ?? inner.exitDescriptor }
     func signal(_ signal: Int32) { inner.signal(signal) }
+    func signalWorker(_ pid: pid_t, ifChild isChild: () -> Bool) -> Bool { inner.signalWorker(pid, ifChild: isChild) }
     func reap() throws(SystemError) -> SDKPosix.ExitStatus? {
         guard let status = try inner.reap() else { return nil }
         Self.reaped.withLock { $0.append(pid) }

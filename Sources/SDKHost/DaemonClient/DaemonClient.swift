@@ -337,7 +337,8 @@ final class DaemonClient: HostBackend, @unchecked Sendable {
         case .hostCallCancel(let id, let call):
             hostCalls[id]?.removeValue(forKey: call)?()
         case .error(let text, _):
-            if !ready { refusal = text }
+            // The daemon's words reach the app's error and a terminal: bounded, and escaped when shown.
+            if !ready { refusal = String(decoding: text.utf8.prefix(512), as: UTF8.self) }
             writeLog("daemon \(socketPath): \(text)")
         default:
             writeLog("daemon \(socketPath): unexpected message \(message); ignored")

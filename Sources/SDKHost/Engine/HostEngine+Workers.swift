@@ -101,11 +101,15 @@ extension HostEngine {
             }
             worker.sandboxReported = true
             let namespaced = layers.contains("pidNamespace")
-            if let reportedPID, worker.adoptWorkerPID(reportedPID, signalDirectly: !namespaced) {
+            if let reportedPID, let direct = worker.adoptWorkerPID(reportedPID, signalDirectly: !namespaced) {
                 // The launcher's worker is pid 2 of its namespace (pid 1 is the launcher's init): that is the id
                 // its runtime stores in the exit-notice word. Without a pid namespace (the launcher only its
                 // subreaping parent) it is the same pid inside and out.
                 worker.exitNotice?.moved(to: reportedPID, seenInsideAs: namespaced ? 2 : reportedPID)
+                if !namespaced && !direct && layers.contains("subreaper") {
+                    log(.warning, "\(worker.extensionID) pid \(reportedPID): cannot hold a pidfd of it; a kill goes to its "
+                        + "launcher, and what it started may outlive it")
+                }
             }
             settlePid(worker)
             worker.sandboxLayers = layers

@@ -27,15 +27,16 @@ package protocol WorkerChild: AnyObject {
     func schedulerTimes(of pid: pid_t) -> SchedulerTimes?
     /// From now on signals go to `pid`, the launcher's child, rather than to the launcher: where the worker has no
     /// pid namespace of its own, the launcher is a subreaper that kills what the worker leaves when it ends, and
-    /// killed first it could not. False if `pid` cannot be held (it has ended: the launcher is signalled then).
-    func signalWorker(_ pid: pid_t) -> Bool
+    /// killed first it could not. `pid` is held (a pidfd) before `isChild` is asked whether it is the launcher's
+    /// child, so that a pid reused in between is never taken. False if it cannot be held or is not the child.
+    func signalWorker(_ pid: pid_t, ifChild isChild: () -> Bool) -> Bool
 }
 
 extension WorkerChild {
     /// A real process's, from /proc.
     package func schedulerTimes(of pid: pid_t) -> SchedulerTimes? { SchedulerTimes(readingProcess: pid) }
     /// Signals go to the host's child (a fake worker is its own process).
-    package func signalWorker(_ pid: pid_t) -> Bool { false }
+    package func signalWorker(_ pid: pid_t, ifChild isChild: () -> Bool) -> Bool { false }
 }
 
 /// What the scheduler has given a process: whether any of its threads is runnable now (waiting for a CPU or on
@@ -180,8 +181,10 @@ package struct PosixLauncher: WorkerLauncher {
 /// A real child process, watched and reaped through its pidfd.
 package final class PidfdChild: WorkerChild {
     private var process: SpawnedProcess?
-    /// A pidfd of the launcher's child, where signals go instead (`signalWorker`).
+    /// A pidfd of the launcher's child, where signals go instead (`signalWorker`), and when it was first sent
+    /// SIGKILL.
     private var worker: FileDescriptor?
+    private var workerKilledAt: UInt64?
     package let pid: pid_t
     package let exitDescriptor: Int32
 
@@ -194,17 +197,28 @@ package final class PidfdChild: WorkerChild {
     package func signal(_ signal: Int32) {
         guard let process = process.take() else { return }
         if let worker = worker.take() {
-            // The worker itself, through a pidfd of its own: never a recycled pid.
+            // The worker itself, through a pidfd of its own: never a recycled pid. The launcher then kills what
+            // the worker left and exits; one still there at a SIGKILL a second or more after the first (the host's
+            // kill of a process that lingers) is killed too, so that nothing can keep it from being reaped.
             signalThroughPidfd(worker.rawValue, signal)
             self.worker = consume worker
+            if signal == SIGKILL {
+                let now = monotonicNanoseconds()
+                if let first = workerKilledAt, now &- first >= 1_000_000_000 { process.signal(SIGKILL) }
+                if workerKilledAt == nil { workerKilledAt = now }
+            }
         } else {
             process.signal(signal)
         }
         self.process = consume process
     }
 
-    package func signalWorker(_ pid: pid_t) -> Bool {
+    package func signalWorker(_ pid: pid_t, ifChild isChild: () -> Bool) -> Bool {
         guard worker == nil, let fd = openPidfd(pid) else { return false }
+        guard isChild() else {
+            fd.close()
+            return false
+        }
         worker = consume fd
         return true
     }

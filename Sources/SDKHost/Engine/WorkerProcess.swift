@@ -21,9 +21,10 @@ final class WorkerProcess {
     /// Seconds this worker lives idle before it is retired, instead of the policy's `IdleTimeoutSeconds`: set
     /// when its app has no connection left (HostEngine+Capacity `appLeft`).
     @exclusivity(unchecked) var idleTimeoutOverride: Double?
-    /// The pid of the process that runs the extension: the host's child, or, when the launcher runs the worker in
-    /// its own pid namespace and stays as its supervisor, the launcher's child (`sandboxed` names it, and
-    /// `adoptWorkerPID` checks it). Reported and read in /proc; signals go to the host's child, through its pidfd.
+    /// The pid of the process that runs the extension: the host's child, or, when the launcher stays as its
+    /// supervisor (around its pid namespace, or as its subreaping parent), the launcher's child (`sandboxed` names
+    /// it, and `adoptWorkerPID` checks it). Reported and read in /proc. Signals go to the host's child through its
+    /// pidfd; under a subreaping launcher to the worker, through a pidfd of its own (`WorkerChild.signalWorker`).
     @exclusivity(unchecked) private(set) var pid: pid_t
     /// The host's own child: the worker, or its launcher.
     let childPID: pid_t
@@ -131,13 +132,22 @@ final class WorkerProcess {
     /// Takes `reported` as the worker's pid if it is the host's child's own child (/proc/<pid>/stat says so), as
     /// the launcher's worker is. Returns whether it did. A worker cannot name another process this way.
     /// `signalDirectly`: the worker has no pid namespace of its own (its launcher is a subreaper): kills go to
-    /// it, not to the launcher, which kills what the worker left once it has ended.
-    func adoptWorkerPID(_ reported: pid_t, signalDirectly: Bool) -> Bool {
-        guard reported > 0, reported != childPID, parentPID(of: reported) == childPID else { return false }
-        if signalDirectly && childOpen { _ = child.signalWorker(reported) }
+    /// it, not to the launcher, which kills what the worker left once it has ended. Returns nil if it did not,
+    /// else whether kills go to the worker.
+    func adoptWorkerPID(_ reported: pid_t, signalDirectly: Bool) -> Bool? {
+        guard reported > 0, reported != childPID else { return nil }
+        let isChild = { [childPID] in parentPID(of: reported) == childPID }
+        var direct = false
+        if signalDirectly && childOpen {
+            // Held before it is checked: a pid reused in between is then not the launcher's child.
+            direct = child.signalWorker(reported, ifChild: isChild)
+            if !direct && !isChild() { return nil }
+        } else if !isChild() {
+            return nil
+        }
         pid = reported
         starvationCheck = nil  // taken of the launcher, if any
-        return true
+        return direct
     }
 
     /// Records the kill (the first reason stands) and sends SIGKILL. Returns whether this was the first.
