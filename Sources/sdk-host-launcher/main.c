@@ -290,6 +290,14 @@ static volatile pid_t worker_pid;
 /// second word (`ExitNoticePage.launcherStatus`); NULL when there is none.
 static unsigned *notice_page;
 
+/// Maps the exit-notice page (descriptor 5). Every argument is a long: `syscall` reads six longs, and the
+/// sixth (the offset) is passed on the stack, where an int literal leaves the upper half of its slot as it was.
+/// It was, once: a garbage offset mapped past the memfd's end, and the launcher's store of the worker's status
+/// there died of SIGBUS, reported as the worker's signal (only when the call's neighbours left the slot dirty).
+static void *map_notice_page(void) {
+    return (void *)syscall(SYS_mmap, 0L, 4096L, (long)(PROT_READ | PROT_WRITE), (long)MAP_SHARED, (long)NOTICE_FD, 0L);
+}
+
 static void forward_signal(int sig) {
     if (worker_pid > 0) kill(worker_pid, sig);
 }
@@ -509,7 +517,7 @@ static void fork_as_subreaper(void) {
         return;
     }
     worker_pid = worker;
-    void *page = (void *)syscall(SYS_mmap, NULL, 4096, PROT_READ | PROT_WRITE, MAP_SHARED, NOTICE_FD, 0);
+    void *page = map_notice_page();
     if (page != (void *)-1L) notice_page = page;
     if (alive[1] > 0) syscall(SYS_close_range, 0, alive[1] - 1, 0);
     syscall(SYS_close_range, alive[1] + 1, ~0U, 0);
@@ -553,7 +561,7 @@ static void fork_into_namespace(void) {
         launch_failed("sandbox: pidNamespace unavailable: cannot start the worker (%s)", strerror(errno));
     }
     worker_pid = worker;
-    void *page = (void *)syscall(SYS_mmap, NULL, 4096, PROT_READ | PROT_WRITE, MAP_SHARED, NOTICE_FD, 0);
+    void *page = map_notice_page();
     if (page != (void *)-1L) notice_page = page;
     // The launcher keeps none of the worker's channels, so the host sees end-of-file when the worker ends. The
     // write end of `alive` stays open until the launcher exits.
