@@ -624,6 +624,52 @@ extension FaultTests {
             }
         }
 
+        /// Under `Sandbox none` a worker, or what it left, can stop its launcher (they share a uid). A worker the
+        /// host kills for a hang then, whose orphan holds its socket open, still ends: 3 s after the kill the host
+        /// kills it again and continues the launcher, which kills the orphan and exits, and is reaped. Before, the
+        /// request never ended and the launcher was never reaped. Harmless when that fails: the test ends the
+        /// orphan by the pid that holds its lock and the launcher (its host's child) by pid.
+        @Test func aHungWorkersStoppedLauncherIsContinuedAndReaped() async throws {
+            let targets = try ProbeTargets()
+            defer { targets.remove() }
+            let loose = TemporaryExtension(identifier: "com.example.escaper-none", executable: "Escaper", policy: """
+                <key>Sandbox</key><string>none</string>
+                <key>AllowSubprocesses</key><true/>
+                """)
+            defer { loose.remove() }
+            try await withHost(extraSearchPaths: [loose.root], {
+                $0.allowedSandboxModes = [.strict, .bestEffort, .none]
+                $0.heartbeatInterval = .seconds(0.1)
+                $0.heartbeatTimeout = .seconds(0.5)
+            }) { host, _ in
+                let ext = try host.extension(identifier: loose.identifier)
+                let recorder = Recorder()
+                recorder.attach(to: ext)
+                let lock = "\(targets.folder)/lock"
+                let orphan = await probe(ext, recorder, "orphan:\(lock)")
+                #expect(orphan.hasPrefix("allowed: an orphan holds"), "\(orphan)")
+                let (_, _, workers) = await host.inspect()
+                let worker = try #require(workers.first)
+                let launcher = try #require(procStatFields("\(worker.pid)").flatMap { pid_t($0[1]) })
+                #expect(launcher != getpid(), "the worker is its launcher's child")
+                kill(launcher, SIGSTOP)
+                kill(worker.pid, SIGSTOP)  // hung: the host kills it
+                let id = ext.beginRequest(withInputItems: [ExtensionItem(title: "urandom")], deadline: 120)
+                #expect(await recorder.wait(for: id, timeout: 40) == .interrupted(.hang))
+                // Reaped by the host (gone from /proc, not a zombie), and the orphan gone with it.
+                let reaped = await eventually(timeout: 30) { kill(launcher, 0) != 0 && errno == ESRCH }
+                #expect(reaped, "the stopped launcher \(launcher) was never reaped")
+                let released = await eventually {
+                    let fd = open(lock, O_WRONLY | O_CLOEXEC)
+                    defer { if fd >= 0 { close(fd) } }
+                    return fd >= 0 && flock(fd, LOCK_EX | LOCK_NB) == 0
+                }
+                #expect(released, "the orphan outlived its worker")
+                if !released { for pid in lockHolders(lock) { kill(pid, SIGKILL) } }
+                if !reaped { kill(launcher, SIGKILL) }
+            }
+        }
+
         /// A root host makes one empty network namespace for all its workers without NetworkAllowed (a namespace
         /// per worker cost a third of a cold start): two extensions' workers share it, it is not the host's, and a
         /// NetworkAllowed worker is in the host's. Nothing is reachable through it (the escape probes above).

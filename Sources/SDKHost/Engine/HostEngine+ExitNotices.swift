@@ -45,6 +45,7 @@ extension HostEngine {
             workerEnded(worker, status: status)
             // It is exiting; should its main thread alone have ended, the rest goes too.
             worker.finishOff()
+            killAgainUntilReaped(worker)
         case .notExiting:
             log(.warning, "\(worker.extensionID) pid \(pid) changed its exit notice but is not exiting; no longer watched")
         case .unreadable(let error):

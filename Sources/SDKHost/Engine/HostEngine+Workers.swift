@@ -308,6 +308,23 @@ extension HostEngine {
 
     func kill(_ worker: WorkerProcess, _ reason: InterruptionReason, forCancel: Bool = false) {
         if worker.kill(reason: reason, forCancel: forCancel), reason == .hang { count(worker.extensionID, \.hangKills) }
+        killAgainUntilReaped(worker)
+    }
+
+    /// A worker the host killed, or whose exit notice ended it, that is not reaped 3 s later is sent SIGKILL
+    /// again, and so every 3 s until it is. The second kill reaches a subreaping launcher too (`PidfdChild.signal`):
+    /// the host's child, the one process it can reap, which a worker under `Sandbox none`, or what it left, may
+    /// have stopped. Without it such a worker is never reaped.
+    func killAgainUntilReaped(_ worker: WorkerProcess) {
+        guard worker.awaitsReap, worker.killAgainTimer == nil else { return }
+        worker.killAgainTimer = loop.schedule(afterNanoseconds: 3_000_000_000) { [unowned self, weak worker] in
+            guard let worker else { return }
+            worker.killAgainTimer = nil
+            guard worker.awaitsReap else { return }
+            self.log(.warning, "\(worker.extensionID) pid \(worker.pid) is not reaped 3 s after its end; killing it again")
+            worker.finishOff()
+            self.killAgainUntilReaped(worker)
+        }
     }
 
     /// Its socket ended in the middle of a frame. Whether that broke the protocol waits for how the worker ends
@@ -359,6 +376,10 @@ extension HostEngine {
             worker.exitWatched = false
         }
         worker.closeChild()
+        if let timer = worker.killAgainTimer {
+            loop.cancelTimer(timer)
+            worker.killAgainTimer = nil
+        }
         // An early end has ended the watch already; `workerEnded` ends any other.
         let endedEarly = worker.lifecycle.phase == .exiting
         worker.lifecycle.reaped(status)

@@ -181,10 +181,10 @@ package struct PosixLauncher: WorkerLauncher {
 /// A real child process, watched and reaped through its pidfd.
 package final class PidfdChild: WorkerChild {
     private var process: SpawnedProcess?
-    /// A pidfd of the launcher's child, where signals go instead (`signalWorker`), and when it was first sent
-    /// SIGKILL.
+    /// A pidfd of the launcher's child, where signals go instead (`signalWorker`), and the SIGKILLs sent it a
+    /// second or more apart: how many, and when the last.
     private var worker: FileDescriptor?
-    private var workerKilledAt: UInt64?
+    private var workerKills = (count: 0, last: UInt64(0))
     package let pid: pid_t
     package let exitDescriptor: Int32
 
@@ -198,14 +198,17 @@ package final class PidfdChild: WorkerChild {
         guard let process = process.take() else { return }
         if let worker = worker.take() {
             // The worker itself, through a pidfd of its own: never a recycled pid. The launcher then kills what
-            // the worker left and exits; one still there at a SIGKILL a second or more after the first (the host's
-            // kill of a process that lingers) is killed too, so that nothing can keep it from being reaped.
+            // the worker left and exits. One still there at the next SIGKILL, a second or more later (the host kills
+            // again what is not reaped), may have been stopped, by the worker or what it left (they share a uid): it
+            // is continued, to finish that job. One still there at the kill after that is killed too, so that
+            // nothing can keep it from being reaped (what the worker left then outlives it).
             signalThroughPidfd(worker.rawValue, signal)
             self.worker = consume worker
-            if signal == SIGKILL {
-                let now = monotonicNanoseconds()
-                if let first = workerKilledAt, now &- first >= 1_000_000_000 { process.signal(SIGKILL) }
-                if workerKilledAt == nil { workerKilledAt = now }
+            let now = monotonicNanoseconds()
+            if signal == SIGKILL, workerKills.count == 0 || now &- workerKills.last >= 1_000_000_000 {
+                workerKills = (workerKills.count + 1, now)
+                if workerKills.count == 2 { process.signal(SIGCONT) }
+                if workerKills.count >= 3 { process.signal(SIGKILL) }
             }
         } else {
             process.signal(signal)

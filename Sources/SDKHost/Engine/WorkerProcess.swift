@@ -76,6 +76,8 @@ final class WorkerProcess {
     @exclusivity(unchecked) var cancelTimers: [RequestID: TimerID] = [:]
     /// Polls for the exit when the exit descriptor could not be watched.
     @exclusivity(unchecked) var reapPollTimer: TimerID?
+    /// Sends SIGKILL again while it is killed, or over, and not yet reaped (`HostEngine.killAgainUntilReaped`).
+    @exclusivity(unchecked) var killAgainTimer: TimerID?
     /// The private temp folder (TMPDIR), removed once the worker has exited.
     @exclusivity(unchecked) var temporaryDirectory: String?
     /// The layers its launcher reported (`sandboxed`), and what bestEffort skipped.
