@@ -362,6 +362,11 @@ package final class DaemonServer: @unchecked Sendable {
         connection.inputBudget = inputBudget
         connection.outputBudget = outputBudget
         let session = ClientSession(connection: connection, credentials: credentials, connectedAt: engine.loop.now)
+        // A client whose frame breaks the protocol is told why before it is dropped (the log says so too).
+        connection.farewell = { end in
+            guard case .badInput(let detail) = end else { return nil }
+            return .error(message: "bad input: \(detail.prefix(400)); closing this connection", id: nil)
+        }
         // A well-formed begin is checked in place and forwarded without being decoded (ForwardScan).
         connection.onForwardable = { [unowned self, unowned session] scanned in
             guard scanned.kind == .begin, session.handshaken,

@@ -416,6 +416,11 @@ func expectHealthy(_ daemon: DaemonProcess, maxLogBytes: Int = 2 << 20, sourceLo
             let client = try HostileClient(daemon.socket)
             client.handshake()
             client.write(junk)
+            // Told why before it is dropped.
+            var told: String?
+            while told == nil, let message = client.receive() { if case .error(let text, nil) = message { told = text } }
+            #expect(told?.hasPrefix("bad input: ") == true && told?.hasSuffix("; closing this connection") == true,
+                    "\(junk.prefix(8)): \(String(describing: told))")
             #expect(client.isClosedByDaemon())
         }
         try await expectHealthy(daemon)

@@ -152,6 +152,10 @@ package final class FramedConnection {
     /// decoded; the payload is `withForwardablePayload`'s while it runs. True means taken: the frame is not
     /// decoded or delivered to `onMessage`. False, and it is decoded and delivered as any other.
     @exclusivity(unchecked) package var onForwardable: ((ScannedMessage) -> Bool)?
+    /// What to tell the peer, if anything, before the connection closes on input that breaks the protocol (a
+    /// malformed or truncated frame): the daemon says why it drops a client. Written as far as the socket takes
+    /// it at once, as anything queued at a close is.
+    @exclusivity(unchecked) package var farewell: ((ConnectionEnd) -> Message?)?
     /// Output queued and not yet written.
     package var pendingOutputBytes: Int { outbound.count - sent }
     /// Bytes the output buffer holds room for: what waits, what was written before it, and spare capacity.
@@ -391,6 +395,7 @@ package final class FramedConnection {
         onMessage = nil
         onForwardable = nil
         onEnd = nil
+        farewell = nil
         inputBudget?.add(-charged)
         charged = 0
         reader = FrameReader(limits: reader.limits)
@@ -654,6 +659,7 @@ package final class FramedConnection {
 
     private func end(_ reason: ConnectionEnd) {
         let callback = onEnd
+        if let message = farewell?(reason) { try? send(message) }
         close()
         callback?(reason)
     }
