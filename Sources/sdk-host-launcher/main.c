@@ -469,6 +469,19 @@ static void worker_main(void *alive) {
     confine_and_exec();
 }
 
+/// The launcher once it has cloned `worker` (in namespaces around `init`, or as its subreaping parent, `init` 0):
+/// it maps the exit-notice page and keeps none of the worker's channels, so the host sees end-of-file when the
+/// worker ends (`alive_write`, the write end of the `alive` pipe, stays open until the launcher exits); then it
+/// supervises. Never returns.
+static void supervise_worker(pid_t worker, int alive_write, pid_t init) {
+    worker_pid = worker;
+    void *page = map_notice_page();
+    if (page != (void *)-1L) notice_page = page;
+    if (alive_write > 0) syscall(SYS_close_range, 0L, (long)alive_write - 1, 0L);
+    syscall(SYS_close_range, (long)alive_write + 1, (long)~0U, 0L);
+    supervise(init);
+}
+
 /// The worker's start as the child of a subreaping launcher (`fork_as_subreaper`): no namespaces, its pid the
 /// same inside and out, and sent to the host all the same (the host's child is the launcher).
 static void subreaped_worker_main(void *alive) {
@@ -516,12 +529,7 @@ static void fork_as_subreaper(void) {
         note("subreaper: cannot start the worker as its child (%s): processes the worker starts may outlive it", strerror(error));
         return;
     }
-    worker_pid = worker;
-    void *page = map_notice_page();
-    if (page != (void *)-1L) notice_page = page;
-    if (alive[1] > 0) syscall(SYS_close_range, 0, alive[1] - 1, 0);
-    syscall(SYS_close_range, alive[1] + 1, ~0U, 0);
-    supervise(0);
+    supervise_worker(worker, alive[1], 0);
 }
 
 /// Makes the worker's namespaces around a new pid 1 (`init`), joins them, and clones the worker into them; the
@@ -560,14 +568,7 @@ static void fork_into_namespace(void) {
         kill(init, SIGKILL);
         launch_failed("sandbox: pidNamespace unavailable: cannot start the worker (%s)", strerror(errno));
     }
-    worker_pid = worker;
-    void *page = map_notice_page();
-    if (page != (void *)-1L) notice_page = page;
-    // The launcher keeps none of the worker's channels, so the host sees end-of-file when the worker ends. The
-    // write end of `alive` stays open until the launcher exits.
-    if (alive[1] > 0) syscall(SYS_close_range, 0, alive[1] - 1, 0);
-    syscall(SYS_close_range, alive[1] + 1, ~0U, 0);
-    supervise(init);
+    supervise_worker(worker, alive[1], init);
 }
 
 /// Every environment entry but TMPDIR, then TMPDIR=/tmp: the worker's own tmpfs in its new root.

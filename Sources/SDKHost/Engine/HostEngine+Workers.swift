@@ -315,15 +315,16 @@ extension HostEngine {
     /// again, and so every 3 s until it is. The second kill reaches a subreaping launcher too (`PidfdChild.signal`):
     /// the host's child, the one process it can reap, which a worker under `Sandbox none`, or what it left, may
     /// have stopped. Without it such a worker is never reaped.
-    func killAgainUntilReaped(_ worker: WorkerProcess) {
+    func killAgainUntilReaped(_ worker: WorkerProcess, again: Bool = false) {
         guard worker.awaitsReap, worker.killAgainTimer == nil else { return }
         worker.killAgainTimer = loop.schedule(afterNanoseconds: 3_000_000_000) { [unowned self, weak worker] in
             guard let worker else { return }
             worker.killAgainTimer = nil
             guard worker.awaitsReap else { return }
-            self.log(.warning, "\(worker.extensionID) pid \(worker.pid) is not reaped 3 s after its end; killing it again")
+            // Said once: a process stuck in the kernel may take many rounds.
+            if !again { self.log(.warning, "\(worker.extensionID) pid \(worker.pid) is not reaped 3 s after its end; killing it again") }
             worker.finishOff()
-            self.killAgainUntilReaped(worker)
+            self.killAgainUntilReaped(worker, again: true)
         }
     }
 

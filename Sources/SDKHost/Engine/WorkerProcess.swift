@@ -130,7 +130,6 @@ final class WorkerProcess {
     func closeStdout() { stdoutPipe.take()?.close() }
     func closeStderr() { stderrPipe.take()?.close() }
 
-    /// Sends SIGKILL (through the pidfd, so never to a recycled pid) and records why, once.
     /// Takes `reported` as the worker's pid if it is the host's child's own child (/proc/<pid>/stat says so), as
     /// the launcher's worker is. Returns whether it did. A worker cannot name another process this way.
     /// `signalDirectly`: the worker has no pid namespace of its own (its launcher is a subreaper): kills go to
@@ -139,20 +138,17 @@ final class WorkerProcess {
     func adoptWorkerPID(_ reported: pid_t, signalDirectly: Bool) -> Bool? {
         guard reported > 0, reported != childPID else { return nil }
         let isChild = { [childPID] in parentPID(of: reported) == childPID }
-        var direct = false
-        if signalDirectly && childOpen {
-            // Held before it is checked: a pid reused in between is then not the launcher's child.
-            direct = child.signalWorker(reported, ifChild: isChild)
-            if !direct && !isChild() { return nil }
-        } else if !isChild() {
-            return nil
-        }
+        // Its pidfd is held before it is checked: a pid reused in between is then not the launcher's child.
+        // `signalWorker` is true only if `isChild` held.
+        let direct = signalDirectly && childOpen && child.signalWorker(reported, ifChild: isChild)
+        guard direct || isChild() else { return nil }
         pid = reported
         starvationCheck = nil  // taken of the launcher, if any
         return direct
     }
 
-    /// Records the kill (the first reason stands) and sends SIGKILL. Returns whether this was the first.
+    /// Records the kill (the first reason stands) and sends SIGKILL (through the pidfd, so never to a recycled
+    /// pid). Returns whether this was the first.
     @discardableResult
     func kill(reason: InterruptionReason, forCancel: Bool = false) -> Bool {
         let first = lifecycle.markKilled(reason, forCancel: forCancel)
