@@ -41,6 +41,9 @@ import Glibc
             $0.defaultPolicy.slowRequestThreshold = .milliseconds(1)
         }
         #expect(bounds == nil, "\(String(describing: bounds))")
+        // A threshold under a millisecond is one the file cannot write, not a zero: it counts as 1 ms.
+        let fraction = await refusal { $0.defaultPolicy.slowRequestThreshold = .microseconds(400) }
+        #expect(fraction == nil, "\(String(describing: fraction))")
     }
 
     @Test func eachValueTheFilesRefuseIsRefusedNamingThePropertyAndKey() async {

@@ -86,10 +86,11 @@ extension ExtensionPolicy {
             ("hostServices", "HostServices", .array(hostServices.sorted().map { .string($0) })),
             ("maxHostCallsInFlight", "MaxHostCallsInFlight", integer(maxHostCallsInFlight)),
         ]
-        // The manifest gives it in whole milliseconds; a value that is not a finite number reads as 0 ms.
+        // The manifest gives it in whole milliseconds: a fraction counts as the next one up (0.4 ms is a threshold
+        // of a positive length, as 1 ms is, not 0), and a value that is not a finite number reads as 0 ms.
         let milliseconds = slowRequestThresholdSeconds * 1000
         fields.append(("slowRequestThreshold", "SlowRequestThresholdMilliseconds",
-                       .integer(milliseconds.isFinite ? Int64(max(-1e15, min(1e15, milliseconds)).rounded()) : 0)))
+                       .integer(milliseconds.isFinite ? Int64(max(-1e15, min(1e15, milliseconds)).rounded(.up)) : 0)))
         if let deadline = requestDeadlineSeconds { fields.append(("requestDeadline", "RequestDeadlineSeconds", .real(deadline))) }
         if let memory = memoryLimitMB { fields.append(("memoryLimitMB", "MemoryLimitMB", integer(memory))) }
         if let n = maxRequestsPerWorker { fields.append(("maxRequestsPerWorker", "MaxRequestsPerWorker", integer(n))) }
