@@ -56,8 +56,10 @@ package final class FakeWorker: WorkerChild, @unchecked Sendable {
     /// A slow start: it answers the host's hello only when the schedule says (`welcome(identifier:)`), and may die
     /// before it does.
     @exclusivity(unchecked) package var holdsWelcome = false
-    /// The hello it has not answered yet.
+    /// The hello it has not answered yet, and what came after it: a runtime answers `hello` before it reads on,
+    /// so a worker still starting takes nothing else in (it is seen read, for the late-begin check, as it comes).
     @exclusivity(unchecked) private var helloHeld = false
+    @exclusivity(unchecked) private var heldAfterHello: [Message] = []
 
     /// Where its descriptors live: the simulated kernel, or (nil) the real one.
     let kernel: SimulatedKernel?
@@ -105,6 +107,7 @@ package final class FakeWorker: WorkerChild, @unchecked Sendable {
         stdoutWrite = -1
         stderrWrite = -1
         files = [:]
+        heldAfterHello = []
         let final = noticedStatus ?? status
         shared.withLock { $0.status = $0.status ?? final }
         _ = withUnsafeBytes(of: UInt64(1)) { one in
@@ -139,6 +142,9 @@ package final class FakeWorker: WorkerChild, @unchecked Sendable {
         if helloHeld {
             helloHeld = false
             send(.welcome(version: protocolVersion, identifier: identifier, pid: pid))
+            let held = heldAfterHello
+            heldAfterHello = []
+            for message in held { take(message, identifier: identifier) }
         }
     }
 
@@ -148,20 +154,28 @@ package final class FakeWorker: WorkerChild, @unchecked Sendable {
         guard alive else { return false }
         let endOfFile = inbox.readAll(from: socket)
         while let message = inbox.nextMessage(scanningBegins: true) {
-            switch message {
-            case .hello:
-                if holdsWelcome { helloHeld = true } else { send(.welcome(version: protocolVersion, identifier: identifier, pid: pid)) }
-            case .ping(let seq): if answersPings { send(.pong(seq: seq)) }
-            case .begin(let id, let items, _, _):
-                pending.append(id)
-                begins.append(id)
-                let brought = items.flatMap { $0.fileAttachments }
-                if !brought.isEmpty { files[id] = brought }
-            case .cancel(let id): cancelRequested.insert(id)
-            default: break
+            if case .begin(let id, _, _, _) = message { begins.append(id) }
+            if helloHeld {
+                heldAfterHello.append(message)
+            } else {
+                take(message, identifier: identifier)
             }
         }
         return endOfFile
+    }
+
+    private func take(_ message: Message, identifier: String) {
+        switch message {
+        case .hello:
+            if holdsWelcome { helloHeld = true } else { send(.welcome(version: protocolVersion, identifier: identifier, pid: pid)) }
+        case .ping(let seq): if answersPings { send(.pong(seq: seq)) }
+        case .begin(let id, let items, _, _):
+            pending.append(id)
+            let brought = items.flatMap { $0.fileAttachments }
+            if !brought.isEmpty { files[id] = brought }
+        case .cancel(let id): cancelRequested.insert(id)
+        default: break
+        }
     }
 }
 

@@ -52,6 +52,38 @@ extension FaultTests {
             }
         }
 
+        /// A worker that skips its `welcome` (and with it the version and identifier checks) and answers all the
+        /// same broke the protocol (PROTOCOL.md, Lifecycle): its reply, or its pong, is refused, and its request
+        /// ends so, not completed. Before, the host took both.
+        @Test(.enabled(if: defaultPython != nil))
+        func aWorkerThatAnswersBeforeItsWelcomeBreaksTheProtocol() async throws {
+            let folder = try TemporaryFolder()
+            writeRawPythonExtension(in: folder.path, name: "Rude", identifier: "com.example.rude", interpreter: defaultPython!,
+                                    loop: #"""
+                while True:
+                    m = receive()
+                    if m["type"] == "begin":
+                        send({"type": "complete", "id": m["id"], "items": m["items"]})
+                """#)
+            writeRawPythonExtension(in: folder.path, name: "RudePong", identifier: "com.example.rude-pong", interpreter: defaultPython!,
+                                    loop: #"""
+                while True:
+                    m = receive()
+                    if m["type"] == "ping":
+                        send({"type": "pong", "seq": m["seq"]})
+                """#)
+            let (host, _) = try makeHost(extraSearchPaths: [folder.path])
+            for (identifier, type) in [("com.example.rude", "complete"), ("com.example.rude-pong", "pong")] {
+                let ext = try host.extension(identifier: identifier)
+                let recorder = Recorder()
+                recorder.attach(to: ext)
+                let id = ext.beginRequest(withInputItems: [ExtensionItem(title: "hi")], deadline: 60)
+                #expect(await recorder.wait(for: id, timeout: 30)
+                        == .interrupted(.protocolViolation("worker sent '\(type)' before its 'welcome'")))
+            }
+            await host.shutdown()
+        }
+
         /// A worker that sends 5,000 messages of a type no version knows (each logged and ignored) and then 5,000
         /// `error` messages costs the host's log a bounded number of lines and a count of the rest, and serves on.
         @Test(.enabled(if: defaultPython != nil))

@@ -16,10 +16,7 @@ import SDKPosix
 extension HostEngine {
     func hostCall(_ id: RequestID, _ call: Int64, _ service: String, _ items: [ExtensionItem], from worker: WorkerProcess) {
         let named = "service '\(OutputLines.escape(Array(service.utf8.prefix(128))))'"
-        guard !worker.lifecycle.beforeWelcome else {
-            protocolViolation(worker, "worker called \(named) before its handshake")
-            return
-        }
+        // Not before its handshake: `handle(_:from:)` refuses any call before the worker's welcome.
         guard worker.inFlight.contains(id) else {
             // The worker finished the request while one of its threads was starting a call: the runtime ends
             // such a call itself, and the frames crossed. Any other id is a request it was never given.

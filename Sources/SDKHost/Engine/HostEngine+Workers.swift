@@ -36,6 +36,17 @@ extension HostEngine {
     }
 
     func handle(_ message: Message, from worker: WorkerProcess) {
+        if !worker.lifecycle.welcomed {
+            // Its `welcome` comes first (after its launcher's own frames; a ping of its own may come before): a
+            // worker that answers anything, a ping included, without it has read `hello` and skipped the handshake,
+            // and with it the version and identifier checks.
+            switch message {
+            case .welcome, .sandboxed, .launchFailed, .ping, .error, .unknown: break
+            default:
+                protocolViolation(worker, "worker sent '\(message.typeName)' before its 'welcome'")
+                return
+            }
+        }
         switch message {
         case .welcome(let version, let identifier, _):
             guard version == protocolVersion else {
@@ -170,7 +181,7 @@ extension HostEngine {
     /// the client as it is: its request is in flight on this worker and forwards completions. Anything else
     /// (a late or unknown reply) is decoded and takes `handle`'s checks and logs.
     func forwardableCompletion(_ scanned: ScannedMessage, from worker: WorkerProcess) -> Bool {
-        guard scanned.kind == .complete, worker.inFlight.contains(scanned.id),
+        guard scanned.kind == .complete, worker.lifecycle.welcomed, worker.inFlight.contains(scanned.id),
             requests[scanned.id]?.deliverForwarded != nil, worker.connection.withForwardablePayload({ $0 != nil })
         else { return false }
         completed(scanned.id, [], from: worker, idRange: scanned.idRange)
