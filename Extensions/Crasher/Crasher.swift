@@ -182,13 +182,15 @@ struct Crasher: RequestHandler {
             try? Frame.encode(Message.hostCall(id: context.requestID, call: 1, service: "document.part", items: []).plist,
                               with: &encoder, appendingTo: &frame)
             _ = frame.withUnsafeBytes { write(3, $0.baseAddress, $0.count) }
-        case "call-other", "call-reuse", "call-flood":
+        case "call-other", "call-reuse", "call-zero", "call-flood":
             // Host calls that break the rules, written past the runtime: for a request this worker does not run,
-            // a call number used twice, and 17 calls at once (MaxHostCallsInFlight is 16 unless the manifest says).
+            // a call number used twice, a call numbered 0, and 17 calls at once (MaxHostCallsInFlight is 16 unless
+            // the manifest says).
             var encoder = BinaryPlistEncoder()
             var frames: [UInt8] = []
             let calls: [(RequestID, Int64)] = command == "call-other" ? [(RequestID(), Int64(1))]
                 : command == "call-reuse" ? [(context.requestID, Int64(7)), (context.requestID, Int64(7))]
+                : command == "call-zero" ? [(context.requestID, Int64(0))]
                 : (1...17).map { (context.requestID, Int64($0)) }
             for (id, call) in calls {
                 try? Frame.encode(Message.hostCall(id: id, call: call, service: "document.part",

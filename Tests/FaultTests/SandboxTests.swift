@@ -713,6 +713,10 @@ extension FaultTests {
                 ("<key>Sandbox</key><string>loose</string>", "Sandbox: 'loose' is not one of strict, bestEffort, none"),
                 ("<key>ReadablePaths</key><array><string>relative/path</string></array>", "ReadablePaths: 'relative/path'"),
                 ("<key>WritablePaths</key><array><string>/tmp/../etc</string></array>", "WritablePaths: '/tmp/../etc'"),
+                // The root is no grant: it was skipped at every launch with a warning that it was not found.
+                ("<key>WritablePaths</key><array><string>/</string></array>", "WritablePaths: '/' is the whole file system"),
+                ("<key>ReadablePaths</key><array><string>/tmp</string><string>/./</string></array>",
+                 "ReadablePaths: '/./' is the whole file system"),
                 ("<key>AllowSubprocesses</key><string>yes</string>", "AllowSubprocesses"),
             ]
             expectManifestErrors(cases, executable: "Escaper")

@@ -32,7 +32,11 @@ extension HostEngine {
             answerHostCall(.hostCallError(id: id, call: call, error: .hostCallRequestEnded), to: worker)
             return
         }
-        guard call > 0, record.hostCalls[call] == nil else {
+        guard call > 0 else {
+            protocolViolation(worker, "worker numbered a host call \(call) in request \(id): a call's number is positive")
+            return
+        }
+        guard record.hostCalls[call] == nil else {
             protocolViolation(worker, "worker reused host call number \(call) of request \(id)")
             return
         }

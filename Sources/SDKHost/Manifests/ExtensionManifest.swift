@@ -265,8 +265,8 @@ extension ExtensionPolicy {
         memoryLimitMB = try p.integer("MemoryLimitMB", in: 16...65536) ?? memoryLimitMB
         networkAllowed = try p.bool("NetworkAllowed") ?? networkAllowed
         allowSubprocesses = try p.bool("AllowSubprocesses") ?? allowSubprocesses
-        readablePaths = try Self.paths(p, "ReadablePaths") ?? readablePaths
-        writablePaths = try Self.paths(p, "WritablePaths") ?? writablePaths
+        readablePaths = try Self.grants(p, "ReadablePaths") ?? readablePaths
+        writablePaths = try Self.grants(p, "WritablePaths") ?? writablePaths
         if let mode = try p.string("Sandbox") { sandbox = try SandboxMode(mode, key: "Sandbox", in: p) }
         restartLimitBurst = try p.integer("RestartLimitBurst", in: 1...1000) ?? restartLimitBurst
         restartLimitIntervalSeconds = try p.seconds("RestartLimitIntervalSeconds", minimum: 0.1) ?? restartLimitIntervalSeconds
@@ -346,6 +346,16 @@ extension ExtensionPolicy {
     }
 
     /// Absolute paths without NUL or "..", at most 256 of them (manifest grants and the config's RuntimePaths).
+    /// `paths`, none of them the root: a worker's root is built of what it is granted, and the whole file system
+    /// is not a grant (it cannot be bound over the root, so it was skipped at every launch with a warning).
+    static func grants(_ p: PlistFields, _ key: String) throws(HostError) -> [String]? {
+        let paths = try paths(p, key)
+        if let root = paths?.first(where: { $0.split(separator: "/").allSatisfy { $0 == "." } }) {
+            throw p.fail(key, "'\(root)' is the whole file system; name the folders the extension needs")
+        }
+        return paths
+    }
+
     package static func paths(_ p: PlistFields, _ key: String) throws(HostError) -> [String]? {
         guard let paths = try p.stringArray(key) else { return nil }
         guard paths.count <= 256 else { throw p.fail(key, "\(paths.count) paths; at most 256") }
