@@ -59,6 +59,12 @@ package final class DaemonServer: @unchecked Sendable {
     /// Whether the listener came from systemd: then systemd owns the path and it is not removed at stop.
     package let socketActivated: Bool
     private var watchdogTimer: TimerID?
+    /// When the last reload ended and what it took, and the timer of one a SIGHUP asked for too soon after it
+    /// (`reload`).
+    private var lastReload: (endedAt: UInt64, took: UInt64)?
+    private var reloadTimer: TimerID?
+    /// The extension list the clients were last sent (`connected`), which a reload sends again only if it changed.
+    private var announcedExtensions: [String: String]?
 
     /// Blocks SIGTERM/SIGINT (call before any other thread starts), discovers extensions and binds the socket.
     ///
@@ -243,7 +249,7 @@ package final class DaemonServer: @unchecked Sendable {
             try engine.loop.register(listenFD, events: EventLoop.readable) { [unowned self] _ in self.acceptClients() }
             try engine.loop.register(signalFD, events: EventLoop.readable) { [unowned self] _ in
                 while let signal = readSignal(signalFD) {
-                    if signal == SIGHUP { self.reload() } else { self.beginDrain(signal) }
+                    if signal == SIGHUP { self.reloadSoon() } else { self.beginDrain(signal) }
                 }
             }
         } catch {
@@ -262,6 +268,7 @@ package final class DaemonServer: @unchecked Sendable {
     /// What serving needs besides the listener and the signals: the sweep and the event fan-out.
     private func startServing() {
         scheduleSweep()
+        if case .connected(_, _, _, let points) = connectedMessage() { announcedExtensions = points }
         engine.eventObserver = { [unowned self] event in
             // Made for the first session that takes it: with no subscriber, an event costs no message.
             var message: Message?
@@ -288,17 +295,37 @@ package final class DaemonServer: @unchecked Sendable {
 
     // MARK: Reload (SIGHUP)
 
+    /// A SIGHUP: reloads now, or, within a second of the last reload's end (or within as long as it took, if
+    /// longer), once when that has passed. SIGHUPs faster than reloads take (thousands of manifests) would
+    /// otherwise keep the loop reloading, with every client waiting; those that come meanwhile are one reload.
+    private func reloadSoon() {
+        guard !draining, reloadTimer == nil else { return }
+        let now = engine.loop.now
+        let earliest = lastReload.map { $0.endedAt &+ max(1_000_000_000, $0.took) } ?? now
+        guard now < earliest else { return reload() }
+        reloadTimer = engine.loop.schedule(afterNanoseconds: earliest &- now) { [unowned self] in
+            self.reloadTimer = nil
+            self.reload()
+        }
+    }
+
     /// Rescans the manifests: new workers use the new ones, running workers finish what they have and retire.
-    /// Clients are sent the new extension list. A bad manifest is skipped and logged; a search path that cannot be
-    /// read keeps the old set (and says so in the log).
+    /// Clients are sent the new extension list if it changed. A bad manifest is skipped and logged; a search path
+    /// that cannot be read keeps the old set (and says so in the log).
     private func reload() {
         guard !draining else { return }
-        Systemd.notify("RELOADING=1\nMONOTONIC_USEC=\(monotonicNanoseconds() / 1000)")
+        let start = monotonicNanoseconds()
+        Systemd.notify("RELOADING=1\nMONOTONIC_USEC=\(start / 1000)")
         if case .success = engine.reloadManifestsOnLoop() {
             let message = connectedMessage()
-            for session in sessions.values where session.handshaken { session.send(message) }
+            if case .connected(_, _, _, let points) = message, points != announcedExtensions {
+                announcedExtensions = points
+                for session in sessions.values where session.handshaken { session.send(message) }
+            }
         }
         Systemd.notify("READY=1\nSTATUS=\(statusLine)")
+        let end = monotonicNanoseconds()
+        lastReload = (engine.loop.now, end &- start)
     }
 
     func connectedMessage() -> Message {
@@ -472,6 +499,10 @@ package final class DaemonServer: @unchecked Sendable {
     private func beginDrain(_ signal: Int32) {
         guard !draining else { return }
         draining = true
+        if let timer = reloadTimer {
+            engine.loop.cancelTimer(timer)
+            reloadTimer = nil
+        }
         engine.log(.info, "\(signal > 0 ? signalName(signal) : "stop"): no longer accepting; draining "
             + "\(engine.activeRequestCount) request(s) for up to \(configuration.drainTimeout) s")
         Systemd.notify("STOPPING=1\nSTATUS=draining \(engine.activeRequestCount) request(s)")

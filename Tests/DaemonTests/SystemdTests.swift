@@ -166,6 +166,31 @@ final class NotifyListener {
         #expect(await daemon.stop() == 0)
     }
 
+    /// SIGHUPs faster than reloads (a script's loop, a tool gone wrong) are coalesced: a reload comes at least a
+    /// second after the last one ended, so clients keep being served. Before, each signal was a reload, and with
+    /// thousands of manifests the loop did nothing else while a client's echo waited.
+    @Test func aBurstOfSighupsIsAFewReloads() async throws {
+        let own = try TemporaryFolder()
+        let notify = try NotifyListener(path: "\(own.path)/notify")
+        let daemon = try await DaemonProcess(environment: ["NOTIFY_SOCKET='\(notify.path)'"])
+        defer { daemon.remove() }
+        #expect(await notify.wait { $0.contains("READY=1") } != nil)
+        let host = try await ExtensionHost.connect(socketPath: daemon.socket)
+        let start = monotonicNanoseconds()
+        for _ in 0..<20 {
+            daemon.signal(SIGHUP)
+            try await Task.sleep(nanoseconds: 50_000_000)
+        }
+        let seconds = Int((monotonicNanoseconds() - start) / 1_000_000_000)
+        try await Task.sleep(nanoseconds: 2_500_000_000)
+        notify.drain()
+        let reloads = notify.received.filter { $0.contains("RELOADING=1") }.count
+        #expect((1...seconds + 2).contains(reloads), "\(reloads) reloads for 20 SIGHUPs in \(seconds)+ s")
+        #expect(try await host.extension(identifier: "com.example.echo").perform([ExtensionItem(title: "on")]).first?.title == "on")
+        await host.shutdown()
+        #expect(await daemon.stop() == 0)
+    }
+
     @Test func aSocketThatAcceptsButNeverAnswersDoesNotHangTheClient() async throws {
         // What a client saw when a .socket unit's listener had no daemon behind it: connect() succeeds (the
         // kernel queues it) and nothing ever answers. Before, `connect` waited forever.
