@@ -59,7 +59,14 @@ public final class FileAttachment: Sendable, Hashable, CustomStringConvertible {
     ///
     /// - Throws: `FileAttachmentError` when it cannot be opened or is not a regular file.
     public convenience init(contentsOf path: String) throws(FileAttachmentError) {
-        let fd = open(path, O_RDONLY | O_CLOEXEC | O_NOCTTY)
+        // What the path names is checked before it is opened for reading (an O_PATH descriptor opens nothing): a
+        // FIFO's open waited for a writer, for ever, and a device's open runs its driver. What is then opened is
+        // that same file, through /proc, so a link swapped in between cannot slip another in.
+        let pathFD = sdk_open_path_only(path)
+        guard pathFD >= 0 else { throw FileAttachmentError("open", path, errno: errno) }
+        defer { close(pathFD) }
+        if let problem = Self.notARegularFile(pathFD) { throw FileAttachmentError("attach", path, reason: problem) }
+        let fd = open("/proc/self/fd/\(pathFD)", O_RDONLY | O_CLOEXEC | O_NOCTTY)
         guard fd >= 0 else { throw FileAttachmentError("open", path, errno: errno) }
         if let problem = Self.notARegularFile(fd) {
             close(fd)

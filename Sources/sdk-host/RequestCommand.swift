@@ -27,7 +27,8 @@ enum RequestCommand {
                           as itemN-attachmentK.bin and each file as itemN-fileK; never overwrites
           --serve NAME=PATH  answer the extension's calls to host service NAME (its manifest's HostServices):
                           with PATH's text for every call, or, when PATH is a folder, with the text of the file
-                          in it that the call's first item's title names (a plain file name; no other path)
+                          in it that the call's first item's title names (a plain file name; no other path,
+                          and not a link); a regular file of at most 16 MiB
           --stream        print each partial result as it arrives, with the time since the request began
           --embedded      run the worker in this process's own host, from --config's extension paths
           --socket PATH   use the daemon at PATH (an error if none answers)
@@ -201,6 +202,9 @@ extension RequestCommand {
             fail("--serve \(name): \(path): \(String(cString: strerror(errno)))", status: ExitStatus.usage)
         }
         let folder = st.st_mode & S_IFMT == S_IFDIR
+        guard folder || st.st_mode & S_IFMT == S_IFREG else {
+            fail("--serve \(name): \(path) is neither a regular file nor a folder", status: ExitStatus.usage)
+        }
         do {
             try ext.registerService(name) { call in
                 var file = path
@@ -212,7 +216,11 @@ extension RequestCommand {
                     file = "\(path)/\(part)"
                 }
                 do {
-                    return [ExtensionItem(title: call.items.first?.title, text: String(decoding: try readFile(file), as: UTF8.self))]
+                    // A regular file of at most 16 MiB (a reply's frame limit), read without waiting (a FIFO's
+                    // open would) and, in a folder, not through a link: the extension names it, and a link would
+                    // take the name out of the folder.
+                    let bytes = try readRegularFile(file, maxBytes: 16 << 20, followingLinks: !folder)
+                    return [ExtensionItem(title: call.items.first?.title, text: String(decoding: bytes, as: UTF8.self))]
                 } catch {
                     throw ExtensionError(domain: "sdk-host.serve", code: 2, message: "cannot read \(file): \(error)")
                 }

@@ -64,6 +64,21 @@ import Glibc
         #expect(missing == 2 && missingErr.contains("\(folder.path)/nope"), "\(missingErr)")
         let (bad, _, badErr) = try await run(["request", "com.example.renderer", "--embedded", "--serve", "document.part"])
         #expect(bad == 2 && badErr.contains("is not NAME=PATH"), "\(badErr)")
+        // A link in the folder is not followed out of it (before, /etc/hostname was served through one).
+        symlink("\(folder.path)/one", "\(folder.path)/link")
+        let (linked, linkedOut, _) = try await run(["request", "com.example.renderer", "--embedded", "--text", "{{link}}",
+                                                    "--serve", "document.part=\(folder.path)"])
+        #expect(linked == 3 && linkedOut.contains("a symbolic link"), "\(linkedOut)")
+        // Neither a device (before, /dev/zero grew the CLI by gigabytes) nor a FIFO (before, the call waited on it).
+        let (device, _, deviceErr) = try await run(["request", "com.example.renderer", "--embedded", "--serve", "document.part=/dev/zero"])
+        #expect(device == 2 && deviceErr.contains("neither a regular file nor a folder"), "\(deviceErr)")
+        mkfifo("\(folder.path)/fifo", 0o600)
+        let (fifo, fifoOut, _) = try await run(["request", "com.example.renderer", "--embedded", "--text", "{{fifo}}",
+                                                "--serve", "document.part=\(folder.path)"])
+        #expect(fifo == 3 && fifoOut.contains("a FIFO"), "\(fifoOut)")
+        // --file of a FIFO is refused at once; before, its open waited for a writer, past any --timeout.
+        let (sent, _, sentErr) = try await run(["request", "com.example.echo", "--embedded", "--file", "\(folder.path)/fifo"])
+        #expect(sent == 2 && sentErr.contains("a pipe, not a regular file"), "\(sentErr)")
     }
 
     @Test func requestAttachesSavesAndStreams() async throws {

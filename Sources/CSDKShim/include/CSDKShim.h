@@ -180,6 +180,8 @@ int sdk_flags_path_only(int flags);
 /// open(path, O_PATH | O_CLOEXEC): to check a file before it is opened for reading (readRegularFile), and for
 /// tests and Crasher, which hand such a descriptor to the host on purpose.
 int sdk_open_path_only(const char *path);
+/// The same, naming a symbolic link itself rather than what it points to.
+int sdk_open_path_only_nofollow(const char *path);
 /// 1 when `fd` is a memfd (its /proc/self/fd link reads "/memfd:…"), else 0.
 int sdk_is_memfd(int fd);
 /// 1 when `fd` is sealed against writing, growing and shrinking (only a memfd can be: seals exist on tmpfs and

@@ -71,7 +71,7 @@ package struct FileReadError: Error, CustomStringConvertible {
 /// whoever can write its folder may replace by a FIFO (opening it waited for a writer for ever, and the daemon with
 /// it), a link to /dev/zero (reading it never ended: gigabytes in seconds) or a file of hundreds of megabytes.
 /// Checked before it is opened for reading (opening a device may do something), and opened non-blocking.
-package func readRegularFile(_ path: String, maxBytes: Int) throws(FileReadError) -> [UInt8] {
+package func readRegularFile(_ path: String, maxBytes: Int, followingLinks: Bool = true) throws(FileReadError) -> [UInt8] {
     func kind(_ mode: mode_t) -> String {
         switch mode & S_IFMT {
         case S_IFIFO: "a FIFO"
@@ -79,13 +79,14 @@ package func readRegularFile(_ path: String, maxBytes: Int) throws(FileReadError
         case S_IFBLK: "a block device"
         case S_IFDIR: "a folder"
         case S_IFSOCK: "a socket"
+        case S_IFLNK: "a symbolic link"
         default: "not a plain file"
         }
     }
     // An O_PATH descriptor opens nothing (a device's open is never run), so what it names is checked before
     // anything is opened for reading, and what is then opened is that same file, through /proc: a link swapped
     // between a check and an open cannot slip a device in.
-    let pathFD = sdk_open_path_only(path)
+    let pathFD = followingLinks ? sdk_open_path_only(path) : sdk_open_path_only_nofollow(path)
     guard pathFD >= 0 else { throw FileReadError(description: SystemError("open", errno: errno, detail: path).description) }
     defer { close(pathFD) }
     var info = stat()
