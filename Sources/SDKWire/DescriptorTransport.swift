@@ -31,6 +31,19 @@ package struct OutgoingDescriptors {
         } else {
             try Frame.encode(message.plist, with: &encoder, appendingTo: &bytes, limits: limits)
         }
+        // Nesting the receiver must refuse is not sent (it would be the receiver's protocol error, a worker's exit
+        // charged to the extension): for the rare message whose items nest deep, the frame is read as the
+        // receiver will read it. Its items sit a few levels down, so the walk stops short of the limit.
+        if message.itemsNest(max(limits.maxDepth - 16, 1)) {
+            var charged = 0
+            let checked = bytes[(start + 4)...].withUnsafeBytes { payload in
+                Result { () throws(WireError) in _ = try BinaryPlistDecoder.decode(payload, limits: limits, decodedBytes: &charged) }
+            }
+            if case .failure(let error) = checked, error.code == .tooDeep {
+                bytes.removeSubrange(start...)
+                throw error
+            }
+        }
         if !files.isEmpty {
             marks.append((start, files))
             queuedCount += files.count

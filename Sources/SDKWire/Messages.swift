@@ -282,6 +282,28 @@ public enum Message: Sendable, Equatable {
         }
     }
 
+    /// Whether a value in its items nests `levels` deep or more (a walk that stops there): only then can its frame
+    /// be too deep for the receiver (`OutgoingDescriptors.encode` checks such a frame as the receiver will).
+    package func itemsNest(_ levels: Int) -> Bool {
+        func deep(_ value: PlistValue, _ left: Int) -> Bool {
+            guard left > 0 else { return true }
+            switch value {
+            case .array(let elements): return elements.contains { deep($0, left - 1) }
+            case .dictionary(let entries): return entries.values.contains { deep($0, left - 1) }
+            default: return false
+            }
+        }
+        switch self {
+        case .begin(_, let items, _, _), .complete(_, let items), .partial(_, let items), .hostCall(_, _, _, let items),
+            .hostCallResult(_, _, let items):
+            return items.contains { item in
+                item.attachments.contains { deep($0, levels) } || item.userInfo.values.contains { deep($0, levels) }
+            }
+        default:
+            return false
+        }
+    }
+
     /// How many descriptors a decoded payload says its frame carries (its `fds`): 0 when absent.
     ///
     /// - Throws: `MessageError` for a value that is not an integer in 0...64.

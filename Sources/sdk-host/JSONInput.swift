@@ -36,7 +36,8 @@ enum JSONInput {
         }
 
         mutating func value(depth: Int) throws(Failure) -> PlistValue {
-            guard depth < 512 else { throw fail("nested deeper than 512") }
+            // A request's frame nests at most 512 levels, its own four around the payload included.
+            guard depth < 500 else { throw fail("nested deeper than 500 levels") }
             skipSpace()
             guard at < bytes.count else { throw fail("a value is missing") }
             switch bytes[at] {

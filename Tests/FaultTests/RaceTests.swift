@@ -161,6 +161,17 @@ extension FaultTests {
                     return
                 }
                 #expect(detail.contains("request too large") && detail.contains("16777216"), "\(detail)")
+                // Input nested past the frame's 512 levels: never sent either. Before, the worker got a frame it
+                // must refuse, exited 2, and that was recorded as the extension's crash.
+                var deep = PlistValue.array([])
+                for _ in 0..<520 { deep = .array([deep]) }
+                let tooDeep = ext.beginRequest(withInputItems: [ExtensionItem(title: "echo", attachments: [deep])], deadline: .seconds(120))
+                let deepOutcome = await recorder.wait(for: tooDeep)
+                guard case .interrupted(.protocolViolation(let deepDetail))? = deepOutcome else {
+                    Issue.record("expected an interruption for a request nested too deep, got \(String(describing: deepOutcome))")
+                    return
+                }
+                #expect(deepDetail.contains("request too large") && deepDetail.contains("deeper than the limit of 512"), "\(deepDetail)")
                 // A reply over the limit: the worker reports it instead of leaving the request hanging.
                 let bigReply = ext.beginRequest(withInputItems: [ExtensionItem(title: "bigreply:17")], deadline: .seconds(120))
                 let replyOutcome = await recorder.wait(for: bigReply)
