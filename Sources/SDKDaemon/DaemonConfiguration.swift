@@ -140,6 +140,11 @@ package struct DaemonConfiguration: Sendable {
         let crashDirectoryGiven = try f.string("CrashReportDirectory")
         if let socket = try f.string("SocketPath") {
             socketPath = resolve(socket)
+            // A Unix socket's address holds 107 bytes of path: a longer one (or none) could never be served.
+            guard !socket.isEmpty, !socket.hasSuffix("/"), socketPath.utf8.count <= 107 else {
+                throw f.fail("SocketPath", socket.isEmpty || socket.hasSuffix("/") ? "'\(socket)' names no socket file"
+                    : "'\(socketPath)' is \(socketPath.utf8.count) bytes; a Unix socket's path holds at most 107")
+            }
             if crashDirectoryGiven == nil {
                 host.crashReportDirectory = String(socketPath[..<(socketPath.lastIndex(of: "/") ?? socketPath.startIndex)]) + "/crashes"
             }

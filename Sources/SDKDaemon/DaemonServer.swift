@@ -206,7 +206,7 @@ package final class DaemonServer: @unchecked Sendable {
             do {
                 let probe = try connectUnix(path: path)
                 probe.close()
-                throw HostError(.invalidConfiguration, "another sdk-host daemon is already listening on \(path)")
+                throw HostError(.system, "another sdk-host daemon is already listening on \(path)")
             } catch let error as SystemError where error.errno == ECONNREFUSED {
                 log.log(.info, "removing stale socket \(path) left by a daemon that is gone")
                 unlink(path)

@@ -4,6 +4,7 @@
 import SDKDaemon
 import SDKHost
 import SDKPosix
+import Synchronization
 
 #if canImport(Glibc)
 import Glibc
@@ -14,7 +15,7 @@ enum DoctorCommand {
         usage: sdk-host doctor [--json] [--config PATH] [--socket PATH]
           Kernel features and sandbox layers (each tried in a throwaway child), the configuration and its
           extensions (manifests, executables), and the daemon's socket. Exit 0 when the default sandbox can launch
-          workers and the configuration loads, 1 otherwise.
+          workers and the configuration and every manifest load, 2 when the configuration does not, 1 otherwise.
         """
     /// What a strict worker needs; the namespaces matter only to extensions with AllowSubprocesses.
     static let requiredByDefault = ["noNewPrivs", "capabilities", "landlock", "seccomp", "rlimits"]
@@ -69,6 +70,8 @@ enum DoctorCommand {
                 print("  " + StatusCommand.pad(check.name, 16) + StatusCommand.pad(check.ok ? "ok" : "NO", 5) + check.detail)
             }
         }
+        // A configuration that does not load is a configuration error (2), as for every other command.
+        if setup.contains(where: { $0.name == "configuration" && !$0.ok }) { exit(ExitStatus.usage) }
         exit(missing.isEmpty && setup.allSatisfy(\.ok) ? ExitStatus.success : ExitStatus.failure)
     }
 
@@ -86,7 +89,11 @@ enum DoctorCommand {
             return checks
         }
         var host = configuration.host
-        host.logHandler = { _, _ in }
+        // A manifest the host skips (ill-formed, or a second one of an identifier) is logged, not thrown: kept.
+        let skipped = Mutex<[String]>([])
+        host.logHandler = { level, line in
+            if level >= .error, line.hasSuffix("skipped, the other extensions are served") { skipped.withLock { $0.append(line) } }
+        }
         do {
             let embedded = try ExtensionHost(configuration: host)
             let infos = embedded.extensions
@@ -95,6 +102,7 @@ enum DoctorCommand {
                 do { _ = try embedded.extension(identifier: info.identifier) } catch { missing.append("\(error)") }
             }
             embedded.shutdown {}
+            missing += skipped.withLock { $0 }
             checks.append(("extensions", missing.isEmpty && !infos.isEmpty,
                            infos.isEmpty ? "none found in \(host.extensionSearchPaths.joined(separator: ", "))"
                                : missing.isEmpty ? infos.map(\.description).joined(separator: ", ") : missing.joined(separator: "; ")))

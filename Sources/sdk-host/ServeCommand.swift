@@ -34,7 +34,9 @@ enum ServeCommand {
         do {
             server = try DaemonServer(configuration: configuration)
         } catch {
-            fail("serve: \(error)", status: ExitStatus.usage)
+            // A bad configuration or path is the operator's to fix (2); a daemon already there, or a socket that
+            // cannot be made, is what serving met at run time (1).
+            fail("serve: \(error)", status: error.code == .system ? ExitStatus.failure : ExitStatus.usage)
         }
         exit(server.run())
     }

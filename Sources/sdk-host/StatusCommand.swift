@@ -69,7 +69,7 @@ enum StatusCommand {
             }
             if ext.leaks > 0 { print("\(ext.identifier): \(ext.leaks) leak(s) (contexts or Tasks alive after their request)") }
             if ext.slowRequests > 0 {
-                print("\(ext.identifier): \(ext.slowRequests) slow request(s) (over its HangThresholdMilliseconds), "
+                print("\(ext.identifier): \(ext.slowRequests) slow request(s) (over its SlowRequestThresholdMilliseconds), "
                     + "\(format(ext.slowRequestSeconds)) s over it in all")
             }
             for pool in ext.pools where pool.state != .running || pool.crashCount > 0 {

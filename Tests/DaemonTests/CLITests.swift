@@ -437,6 +437,15 @@ import Glibc
         #expect(open.map { Array($0.suffix(3)) } == ["1024", "1024", "files"], "\(limits)")
     }
 
+    /// A second daemon on a live daemon's socket meets that at run time: exit 1, not the configuration error's 2.
+    @Test func aSecondDaemonOnTheSameSocketIsARunTimeFailure() async throws {
+        let daemon = try await DaemonProcess()
+        defer { daemon.remove() }
+        let (status, _, err) = try await run(["serve", "--socket", daemon.socket])
+        #expect(status == 1 && err.contains("another sdk-host daemon is already listening"), "\(String(describing: status)) \(err)")
+        #expect(await daemon.stop() == 0)
+    }
+
     @Test func statusWithoutADaemonSaysSo() async throws {
         let (status, _, err) = try await run(["status", "--socket", "/tmp/sdkhost-no-such-daemon.sock"])
         #expect(status == 1)
@@ -480,6 +489,25 @@ import Glibc
         #expect(status == (out.contains("can launch workers here") ? 0 : 1))
         let (_, json, _) = try await run(["doctor", "--json"])
         #expect(json.contains("\"strictReady\":") && json.contains("\"name\":\"seccomp\""), "\(json)")
+    }
+
+    /// `doctor` exits 2 for a configuration that does not load, as every command does, and does not call a setup
+    /// whose manifest the host skips (a second one of an identifier) ok; before, 1 and "extensions ok".
+    @Test func doctorReportsABadConfigurationAndASkippedManifest() async throws {
+        let folder = try TemporaryFolder()
+        writeFile("\(folder.path)/bad.plist", "<plist version=\"1.0\"><dict><key>MaxClients</key><string>x</string></dict></plist>")
+        let (bad, badOut, _) = try await run(["doctor", "--config", "\(folder.path)/bad.plist"])
+        #expect(bad == 2 && badOut.contains("MaxClients"), "\(String(describing: bad)) \(badOut)")
+        for name in ["One", "Two"] {
+            mkdir("\(folder.path)/\(name)", 0o755)
+            writeFile("\(folder.path)/\(name)/Info.plist", String(decoding: try readFile("\(packageRoot)/Extensions/Echo/Info.plist"), as: UTF8.self))
+        }
+        writeFile("\(folder.path)/twice.plist", """
+            <plist version="1.0"><dict><key>ExtensionSearchPaths</key><array><string>\(folder.path)</string></array>
+            <key>SocketPath</key><string>\(folder.path)/d.sock</string></dict></plist>
+            """)
+        let (twice, twiceOut, _) = try await run(["doctor", "--config", "\(folder.path)/twice.plist"])
+        #expect(twice == 1 && twiceOut.contains("is already used by"), "\(String(describing: twice)) \(twiceOut)")
     }
 
     /// Copies the CLI, the launcher, Escaper and its manifest (plus `manifests`) into a folder any user can

@@ -310,6 +310,10 @@ import Glibc
             ("<key>AllowNetwork</key><string>no</string>", "AllowNetwork: expected a boolean"),
             ("<key>DefaultPolicy</key><dict><key>ExecutableSHA256</key><string>00</string></dict>",
              "DefaultPolicy.ExecutableSHA256: is one executable's digest"),
+            // A socket path no Unix socket can have was taken, and `serve` then failed on it.
+            ("<key>SocketPath</key><string></string>", "SocketPath: '' names no socket file"),
+            ("<key>SocketPath</key><string>/tmp/\(String(repeating: "s", count: 120))</string>",
+             "a Unix socket's path holds at most 107"),
         ]
         for (n, (body, expected)) in cases.enumerated() {
             let path = "\(folder)/bad\(n).plist"

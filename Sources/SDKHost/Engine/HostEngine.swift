@@ -313,7 +313,7 @@ package final class HostEngine: @unchecked Sendable {
         if case .completed = outcome { poolSucceeded(record.poolKey) }
         let elapsed = loop.now &- record.startedAt
         if let tally = record.tally, tally.record(outcome, elapsed: elapsed, slowThreshold: record.slowRequestThreshold) {
-            log(.info, "\(record.extensionID): request \(id) ran \(Double(elapsed) / 1e6) ms (hang threshold "
+            log(.info, "\(record.extensionID): request \(id) ran \(Double(elapsed) / 1e6) ms (slow-request threshold "
                 + "\(Double(record.slowRequestThreshold) / 1e6) ms)")
         }
         if let forwarded, let deliverForwarded {

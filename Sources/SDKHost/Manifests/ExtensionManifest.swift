@@ -203,7 +203,7 @@ final class ExtensionManifest: Sendable {
                         continue
                     }
                     problems.append(HostError(.invalidManifest, "\(manifestPath): identifier \(manifest.identifier) is "
-                        + "already used by \(existing.manifestPath); this one is skipped"))
+                        + "already used by \(existing.manifestPath)"))
                     continue
                 }
                 found[manifest.identifier] = manifest
