@@ -67,6 +67,10 @@ enum Attempts {
         case "orphan": return orphan(argument)
         case "threads": return threads()
         case "urandom": return urandom()
+        case "sleep":
+            // Busy for a while (a test stops the worker or its launcher meanwhile).
+            sleep(UInt32(argument) ?? 30)
+            return "allowed: slept"
         case "tmpdir": return tmpdir()
         case "layers": return layers()
         case "timer": return timer()

@@ -66,7 +66,19 @@ public final class FileAttachment: Sendable, Hashable, CustomStringConvertible {
         guard pathFD >= 0 else { throw FileAttachmentError("open", path, errno: errno) }
         defer { close(pathFD) }
         if let problem = Self.notARegularFile(pathFD) { throw FileAttachmentError("attach", path, reason: problem) }
-        let fd = open("/proc/self/fd/\(pathFD)", O_RDONLY | O_CLOEXEC | O_NOCTTY)
+        var fd = open("/proc/self/fd/\(pathFD)", O_RDONLY | O_CLOEXEC | O_NOCTTY)
+        if fd < 0 && errno == ENOENT {
+            // No /proc (a chroot, some containers): the path again, without waiting, and only if it is that file.
+            fd = open(path, O_RDONLY | O_CLOEXEC | O_NOCTTY | O_NONBLOCK)
+            var checked = stat(), opened = stat()
+            if fd >= 0, fstat(pathFD, &checked) != 0 || fstat(fd, &opened) != 0
+                || checked.st_dev != opened.st_dev || checked.st_ino != opened.st_ino
+            {
+                close(fd)
+                throw FileAttachmentError("attach", path, reason: "it changed while it was opened")
+            }
+            if fd >= 0 { _ = fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK) }
+        }
         guard fd >= 0 else { throw FileAttachmentError("open", path, errno: errno) }
         if let problem = Self.notARegularFile(fd) {
             close(fd)

@@ -15,7 +15,8 @@ enum DoctorCommand {
         usage: sdk-host doctor [--json] [--config PATH] [--socket PATH]
           Kernel features and sandbox layers (each tried in a throwaway child), the configuration and its
           extensions (manifests, executables), and the daemon's socket. Exit 0 when the default sandbox can launch
-          workers and the configuration and every manifest load, 2 when the configuration does not, 1 otherwise.
+          workers and the configuration and every manifest load, 2 when the configuration or a manifest does not,
+          1 otherwise.
         """
     /// What a strict worker needs; the namespaces matter only to extensions with AllowSubprocesses.
     static let requiredByDefault = ["noNewPrivs", "capabilities", "landlock", "seccomp", "rlimits"]
@@ -70,8 +71,9 @@ enum DoctorCommand {
                 print("  " + StatusCommand.pad(check.name, 16) + StatusCommand.pad(check.ok ? "ok" : "NO", 5) + check.detail)
             }
         }
-        // A configuration that does not load is a configuration error (2), as for every other command.
-        if setup.contains(where: { $0.name == "configuration" && !$0.ok }) { exit(ExitStatus.usage) }
+        // A configuration that does not load, or a manifest the host skips, is a configuration error (2), as for
+        // every other command.
+        if setup.contains(where: { ($0.name == "configuration" || $0.name == "manifests") && !$0.ok }) { exit(ExitStatus.usage) }
         exit(missing.isEmpty && setup.allSatisfy(\.ok) ? ExitStatus.success : ExitStatus.failure)
     }
 
@@ -104,8 +106,10 @@ enum DoctorCommand {
             embedded.shutdown {}
             missing += skipped.withLock { $0 }
             checks.append(("extensions", missing.isEmpty && !infos.isEmpty,
-                           infos.isEmpty ? "none found in \(host.extensionSearchPaths.joined(separator: ", "))"
-                               : missing.isEmpty ? infos.map(\.description).joined(separator: ", ") : missing.joined(separator: "; ")))
+                           !missing.isEmpty ? missing.joined(separator: "; ")
+                               : infos.isEmpty ? "none found in \(host.extensionSearchPaths.joined(separator: ", "))"
+                               : infos.map(\.description).joined(separator: ", ")))
+            if !skipped.withLock({ $0.isEmpty }) { checks.append(("manifests", false, "a manifest is skipped (above)")) }
         } catch {
             checks.append(("extensions", false, "\(error)"))
         }

@@ -28,7 +28,7 @@ enum RequestCommand {
           --serve NAME=PATH  answer the extension's calls to host service NAME (its manifest's HostServices):
                           with PATH's text for every call, or, when PATH is a folder, with the text of the file
                           in it that the call's first item's title names (a plain file name; no other path,
-                          and not a link); a regular file of at most 16 MiB
+                          and not a link); a regular file of at most 16 MiB less 64 KiB
           --stream        print each partial result as it arrives, with the time since the request began
           --embedded      run the worker in this process's own host, from --config's extension paths
           --socket PATH   use the daemon at PATH (an error if none answers)
@@ -216,10 +216,10 @@ extension RequestCommand {
                     file = "\(path)/\(part)"
                 }
                 do {
-                    // A regular file of at most 16 MiB (a reply's frame limit), read without waiting (a FIFO's
+                    // A regular file that fits a reply's 16 MiB frame, read without waiting (a FIFO's
                     // open would) and, in a folder, not through a link: the extension names it, and a link would
                     // take the name out of the folder.
-                    let bytes = try readRegularFile(file, maxBytes: 16 << 20, followingLinks: !folder)
+                    let bytes = try readRegularFile(file, maxBytes: (16 << 20) - (64 << 10), followingLinks: !folder)
                     return [ExtensionItem(title: call.items.first?.title, text: String(decoding: bytes, as: UTF8.self))]
                 } catch {
                     throw ExtensionError(domain: "sdk-host.serve", code: 2, message: "cannot read \(file): \(error)")

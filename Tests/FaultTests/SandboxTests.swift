@@ -653,8 +653,11 @@ extension FaultTests {
                 let launcher = try #require(procStatFields("\(worker.pid)").flatMap { pid_t($0[1]) })
                 #expect(launcher != getpid(), "the worker is its launcher's child")
                 kill(launcher, SIGSTOP)
-                kill(worker.pid, SIGSTOP)  // hung: the host kills it
-                let id = ext.beginRequest(withInputItems: [ExtensionItem(title: "urandom")], deadline: 120)
+                // A request on that worker, then the worker stopped: hung, the host kills it.
+                let id = ext.beginRequest(withInputItems: [ExtensionItem(title: "sleep:60")], deadline: 120)
+                #expect(await eventually { ext.pid(for: id) != nil })
+                #expect(ext.pid(for: id) == worker.pid)
+                kill(worker.pid, SIGSTOP)
                 #expect(await recorder.wait(for: id, timeout: 40) == .interrupted(.hang))
                 // Reaped by the host (gone from /proc, not a zombie), and the orphan gone with it.
                 let reaped = await eventually(timeout: 30) { kill(launcher, 0) != 0 && errno == ESRCH }
@@ -717,6 +720,8 @@ extension FaultTests {
                 ("<key>WritablePaths</key><array><string>/</string></array>", "WritablePaths: '/' is the whole file system"),
                 ("<key>ReadablePaths</key><array><string>/tmp</string><string>/./</string></array>",
                  "ReadablePaths: '/./' is the whole file system"),
+                ("<key>ReadablePaths</key><array><string>/proc/self/root</string></array>",
+                 "ReadablePaths: '/proc/self/root' is the whole file system"),
                 ("<key>AllowSubprocesses</key><string>yes</string>", "AllowSubprocesses"),
             ]
             expectManifestErrors(cases, executable: "Escaper")

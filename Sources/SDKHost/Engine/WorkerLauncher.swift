@@ -178,6 +178,14 @@ package struct PosixLauncher: WorkerLauncher {
     }
 }
 
+/// Whether `pid` is stopped (state T, or t under a tracer), from /proc/<pid>/stat. The host's own unreaped child:
+/// its pid cannot be another's.
+func processIsStopped(_ pid: pid_t) -> Bool {
+    guard let bytes = try? readFile("/proc/\(pid)/stat"), let fields = statFields(bytes) else { return false }
+    let state = statField(fields, 3)
+    return state == "T" || state == "t"
+}
+
 /// A real child process, watched and reaped through its pidfd.
 package final class PidfdChild: WorkerChild {
     private var process: SpawnedProcess?
@@ -198,17 +206,21 @@ package final class PidfdChild: WorkerChild {
         guard let process = process.take() else { return }
         if let worker = worker.take() {
             // The worker itself, through a pidfd of its own: never a recycled pid. The launcher then kills what
-            // the worker left and exits. One still there at the next SIGKILL, a second or more later (the host kills
-            // again what is not reaped), may have been stopped, by the worker or what it left (they share a uid): it
-            // is continued, to finish that job. One still there at the kill after that is killed too, so that
-            // nothing can keep it from being reaped (what the worker left then outlives it).
+            // the worker left and exits. One still there at a later SIGKILL, a second or more after the last (the
+            // host kills again what is not reaped, every 3 s), may have been stopped, by the worker or what it left
+            // (they share a uid): it is continued, to finish that job. One stopped again at the kill after that,
+            // or still there at the tenth, is killed too, so that nothing can keep it from being reaped (what the
+            // worker left then outlives it); one merely slow (a worker stuck in the kernel) is left to its job.
             signalThroughPidfd(worker.rawValue, signal)
             self.worker = consume worker
             let now = monotonicNanoseconds()
             if signal == SIGKILL, workerKills.count == 0 || now &- workerKills.last >= 1_000_000_000 {
                 workerKills = (workerKills.count + 1, now)
-                if workerKills.count == 2 { process.signal(SIGCONT) }
-                if workerKills.count >= 3 { process.signal(SIGKILL) }
+                if workerKills.count >= 10 || (workerKills.count >= 3 && processIsStopped(pid)) {
+                    process.signal(SIGKILL)
+                } else if workerKills.count >= 2 {
+                    process.signal(SIGCONT)
+                }
             }
         } else {
             process.signal(signal)

@@ -15,8 +15,8 @@
 //       MemoryLimitMB             integer 16...65536 (address space; default 2048)
 //       NetworkAllowed            boolean (false)
 //       AllowSubprocesses         boolean (false)
-//       ReadablePaths             [absolute path]
-//       WritablePaths             [absolute path]
+//       ReadablePaths             [absolute path, not /]
+//       WritablePaths             [absolute path, not /]
 //       Sandbox                   strict | bestEffort | none (strict)
 //       RestartLimitBurst         integer 1...1000 (5)
 //       RestartLimitIntervalSeconds number 0.1...3600 (10)
@@ -345,17 +345,18 @@ extension ExtensionPolicy {
         return out
     }
 
-    /// Absolute paths without NUL or "..", at most 256 of them (manifest grants and the config's RuntimePaths).
-    /// `paths`, none of them the root: a worker's root is built of what it is granted, and the whole file system
-    /// is not a grant (it cannot be bound over the root, so it was skipped at every launch with a warning).
+    /// `paths`, none of them the root, as written or through links: a worker's root is built of what it is
+    /// granted, and the whole file system is not a grant (it cannot be bound over the root, so it was skipped at
+    /// every launch with a warning).
     static func grants(_ p: PlistFields, _ key: String) throws(HostError) -> [String]? {
         let paths = try paths(p, key)
-        if let root = paths?.first(where: { $0.split(separator: "/").allSatisfy { $0 == "." } }) {
+        if let root = paths?.first(where: { $0.split(separator: "/").allSatisfy { $0 == "." } || resolvedPath($0) == "/" }) {
             throw p.fail(key, "'\(root)' is the whole file system; name the folders the extension needs")
         }
         return paths
     }
 
+    /// Absolute paths without NUL or "..", at most 256 of them (manifest grants and the config's RuntimePaths).
     package static func paths(_ p: PlistFields, _ key: String) throws(HostError) -> [String]? {
         guard let paths = try p.stringArray(key) else { return nil }
         guard paths.count <= 256 else { throw p.fail(key, "\(paths.count) paths; at most 256") }
