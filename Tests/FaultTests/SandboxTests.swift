@@ -609,17 +609,7 @@ extension FaultTests {
         /// worker: the launcher stays as the worker's parent, a child subreaper, and kills what the worker left.
         /// Harmless when it does not: the test ends the survivor by the pid that holds the lock on its own file.
         @Test func underSandboxNoneAnOrphanStillDiesWithItsWorker() async throws {
-            let targets = try ProbeTargets()
-            defer { targets.remove() }
-            let loose = TemporaryExtension(identifier: "com.example.escaper-none", executable: "Escaper", policy: """
-                <key>Sandbox</key><string>none</string>
-                <key>AllowSubprocesses</key><true/>
-                """)
-            defer { loose.remove() }
-            try await withHost(extraSearchPaths: [loose.root], { $0.allowedSandboxModes = [.strict, .bestEffort, .none] }) { host, _ in
-                let ext = try host.extension(identifier: loose.identifier)
-                let recorder = Recorder()
-                recorder.attach(to: ext)
+            try await withUnsandboxedEscaper { host, ext, recorder, targets in
                 try await expectOrphanDiesWithItsWorker(host, ext, recorder, lock: "\(targets.folder)/lock", layer: "subreaper")
             }
         }
@@ -630,21 +620,10 @@ extension FaultTests {
         /// request never ended and the launcher was never reaped. Harmless when that fails: the test ends the
         /// orphan by the pid that holds its lock and the launcher (its host's child) by pid.
         @Test func aHungWorkersStoppedLauncherIsContinuedAndReaped() async throws {
-            let targets = try ProbeTargets()
-            defer { targets.remove() }
-            let loose = TemporaryExtension(identifier: "com.example.escaper-none", executable: "Escaper", policy: """
-                <key>Sandbox</key><string>none</string>
-                <key>AllowSubprocesses</key><true/>
-                """)
-            defer { loose.remove() }
-            try await withHost(extraSearchPaths: [loose.root], {
-                $0.allowedSandboxModes = [.strict, .bestEffort, .none]
+            try await withUnsandboxedEscaper({
                 $0.heartbeatInterval = .seconds(0.1)
                 $0.heartbeatTimeout = .seconds(0.5)
-            }) { host, _ in
-                let ext = try host.extension(identifier: loose.identifier)
-                let recorder = Recorder()
-                recorder.attach(to: ext)
+            }) { host, ext, recorder, targets in
                 let lock = "\(targets.folder)/lock"
                 let orphan = await probe(ext, recorder, "orphan:\(lock)")
                 #expect(orphan.hasPrefix("allowed: an orphan holds"), "\(orphan)")
@@ -662,11 +641,7 @@ extension FaultTests {
                 // Reaped by the host (gone from /proc, not a zombie), and the orphan gone with it.
                 let reaped = await eventually(timeout: 30) { kill(launcher, 0) != 0 && errno == ESRCH }
                 #expect(reaped, "the stopped launcher \(launcher) was never reaped")
-                let released = await eventually {
-                    let fd = open(lock, O_WRONLY | O_CLOEXEC)
-                    defer { if fd >= 0 { close(fd) } }
-                    return fd >= 0 && flock(fd, LOCK_EX | LOCK_NB) == 0
-                }
+                let released = await eventually { lockIsFree(lock) }
                 #expect(released, "the orphan outlived its worker")
                 if !released { for pid in lockHolders(lock) { kill(pid, SIGKILL) } }
                 if !reaped { kill(launcher, SIGKILL) }
@@ -741,13 +716,39 @@ func expectOrphanDiesWithItsWorker(_ host: ExtensionHost, _ ext: Extension, _ re
     let worker = try #require(workers.first, sourceLocation: sourceLocation)
     #expect(worker.sandbox.contains(layer), "\(worker.sandbox)", sourceLocation: sourceLocation)
     kill(worker.pid, SIGKILL)
-    let released = await eventually {
-        let fd = open(lock, O_WRONLY | O_CLOEXEC)
-        defer { if fd >= 0 { close(fd) } }
-        return fd >= 0 && flock(fd, LOCK_EX | LOCK_NB) == 0
-    }
+    let released = await eventually { lockIsFree(lock) }
     #expect(released, "the orphaned grandchild outlived its worker", sourceLocation: sourceLocation)
     if !released { for pid in lockHolders(lock) { kill(pid, SIGKILL) } }
+}
+
+/// Whether nobody holds a flock on `lock` (a test's own file).
+func lockIsFree(_ lock: String) -> Bool {
+    let fd = open(lock, O_WRONLY | O_CLOEXEC)
+    defer { if fd >= 0 { close(fd) } }
+    return fd >= 0 && flock(fd, LOCK_EX | LOCK_NB) == 0
+}
+
+/// Runs `body` with a host (`tweak` adds to its configuration) serving Escaper under `Sandbox none` with
+/// AllowSubprocesses, a recorder attached to it, and probe targets of the test's own.
+func withUnsandboxedEscaper(_ tweak: @escaping (inout HostConfiguration) -> Void = { _ in },
+                            _ body: (ExtensionHost, Extension, Recorder, ProbeTargets) async throws -> Void) async throws
+{
+    let targets = try ProbeTargets()
+    defer { targets.remove() }
+    let loose = TemporaryExtension(identifier: "com.example.escaper-none", executable: "Escaper", policy: """
+        <key>Sandbox</key><string>none</string>
+        <key>AllowSubprocesses</key><true/>
+        """)
+    defer { loose.remove() }
+    try await withHost(extraSearchPaths: [loose.root], {
+        $0.allowedSandboxModes = [.strict, .bestEffort, .none]
+        tweak(&$0)
+    }) { host, _ in
+        let ext = try host.extension(identifier: loose.identifier)
+        let recorder = Recorder()
+        recorder.attach(to: ext)
+        try await body(host, ext, recorder, targets)
+    }
 }
 
 /// The pids holding a flock on `path`, from /proc/locks (by the file's inode).
