@@ -75,6 +75,11 @@ public final class EventLoop: @unchecked Sendable {
     private let busyPollHitCount = Atomic<Int>(0)
     /// Waits that busy polling answered without sleeping (for tests and diagnostics).
     package var busyPollHits: Int { busyPollHitCount.load(ordering: .relaxed) }
+    private let busyPollMissCount = Atomic<Int>(0), busyPollCutCount = Atomic<Int>(0)
+    /// Polls that ran their whole budget, never stopped early for an oversubscribed machine, and found nothing;
+    /// and polls stopped early because the machine was oversubscribed.
+    package var busyPollMisses: Int { busyPollMissCount.load(ordering: .relaxed) }
+    package var busyPollCuts: Int { busyPollCutCount.load(ordering: .relaxed) }
 
     private struct Inbox {
         var tasks = Deque<@Sendable () -> Void>()
@@ -450,14 +455,24 @@ public final class EventLoop: @unchecked Sendable {
                 if n == 0 && timeout != 0 { return }
             } else if timeout != 0, busyPollNanoseconds > 0, clock == nil, lastWaitFoundWork {
                 let epfd = epfd, busyPollNanoseconds = busyPollNanoseconds
+                var cut = false
                 n = fds.withUnsafeMutableBufferPointer { f in
                     events.withUnsafeMutableBufferPointer { e in
-                        busyPoll(nanoseconds: busyPollNanoseconds, stopsWhen: { runQueue?.oversubscribed() ?? false }) {
+                        busyPoll(nanoseconds: busyPollNanoseconds, stopsWhen: {
+                            cut = runQueue?.oversubscribed() ?? false
+                            return cut
+                        }) {
                             Self.wait(epfd, f, e, 0)
                         }
                     }
                 }
-                if n > 0 { busyPollHitCount.add(1, ordering: .relaxed) }
+                if n > 0 {
+                    busyPollHitCount.add(1, ordering: .relaxed)
+                } else if n == 0 && cut {
+                    busyPollCutCount.add(1, ordering: .relaxed)
+                } else if n == 0 {
+                    busyPollMissCount.add(1, ordering: .relaxed)
+                }
             }
             if n == 0 && !driven { n = Self.wait(epfd, &fds, &events, timeout) }
             // A turn that ran tasks polls afterwards too (its wait had timeout 0 and may well have found nothing).
