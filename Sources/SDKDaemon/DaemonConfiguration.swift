@@ -119,6 +119,14 @@ package struct DaemonConfiguration: Sendable {
     /// Reads `path` over the defaults.
     ///
     /// - Throws: `HostError.Code.invalidConfiguration` naming the file and the key.
+    /// Why no Unix socket can have `path`, or nil: its address holds 107 bytes of path, and a path that is empty or
+    /// ends in "/" names no file. Checked for SocketPath and, at bind, for a path however it was given.
+    static func socketPathProblem(_ path: String) -> String? {
+        if path.isEmpty || path.hasSuffix("/") { return "'\(path)' names no socket file" }
+        if path.utf8.count > 107 { return "'\(path)' is \(path.utf8.count) bytes; a Unix socket's path holds at most 107" }
+        return nil
+    }
+
     package init(contentsOf path: String, defaultExtensionSearchPaths: [String]) throws(HostError) {
         self.init(defaultExtensionSearchPaths: defaultExtensionSearchPaths)
         source = path
@@ -140,11 +148,7 @@ package struct DaemonConfiguration: Sendable {
         let crashDirectoryGiven = try f.string("CrashReportDirectory")
         if let socket = try f.string("SocketPath") {
             socketPath = resolve(socket)
-            // A Unix socket's address holds 107 bytes of path: a longer one (or none) could never be served.
-            guard !socket.isEmpty, !socket.hasSuffix("/"), socketPath.utf8.count <= 107 else {
-                throw f.fail("SocketPath", socket.isEmpty || socket.hasSuffix("/") ? "'\(socket)' names no socket file"
-                    : "'\(socketPath)' is \(socketPath.utf8.count) bytes; a Unix socket's path holds at most 107")
-            }
+            if let problem = Self.socketPathProblem(socket.isEmpty ? socket : socketPath) { throw f.fail("SocketPath", problem) }
             if crashDirectoryGiven == nil {
                 host.crashReportDirectory = String(socketPath[..<(socketPath.lastIndex(of: "/") ?? socketPath.startIndex)]) + "/crashes"
             }

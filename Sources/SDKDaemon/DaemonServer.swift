@@ -198,12 +198,9 @@ package final class DaemonServer: @unchecked Sendable {
 
     /// Binds `path`, replacing a stale socket left by a dead daemon but never a live one.
     static func bind(_ path: String, mode: mode_t, log: HostEngine) throws(HostError) -> FileDescriptor {
-        // A Unix socket's address holds 107 bytes of path: however it was given (SocketPath, --socket, the
-        // runtime folder), a longer one, or none, is the operator's to fix.
-        guard !path.isEmpty, !path.hasSuffix("/"), path.utf8.count <= 107 else {
-            throw HostError(.invalidConfiguration, path.isEmpty || path.hasSuffix("/") ? "socket path '\(path)' names no socket file"
-                : "socket path '\(path)' is \(path.utf8.count) bytes; a Unix socket's path holds at most 107")
-        }
+        // However the path was given (SocketPath, --socket, the runtime folder), one no socket can have is the
+        // operator's to fix.
+        if let problem = DaemonConfiguration.socketPathProblem(path) { throw HostError(.invalidConfiguration, "socket path \(problem)") }
         var st = stat()
         if lstat(path, &st) == 0 {
             guard (st.st_mode & S_IFMT) == S_IFSOCK else {
