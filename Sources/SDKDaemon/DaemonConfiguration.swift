@@ -164,8 +164,12 @@ package struct DaemonConfiguration: Sendable {
         if let raw = f.entries["AllowedUIDs"] {
             guard case .array(let list) = raw else { throw f.mismatch("AllowedUIDs", expected: "an array of integers", found: raw) }
             allowedUIDs = try list.enumerated().map { (i, v) throws(HostError) -> uid_t in
-                guard case .integer(let n) = v, let uid = uid_t(exactly: n) else {
+                guard case .integer(let n) = v else {
                     throw f.mismatch("AllowedUIDs[\(i)]", expected: "a uid (non-negative integer)", found: v)
+                }
+                // An integer, but not one a uid can be: "expected … found integer" said nothing.
+                guard let uid = uid_t(exactly: n), uid != uid_t.max else {
+                    throw f.fail("AllowedUIDs[\(i)]", "\(n) is not a uid (0...\(uid_t.max - 1))")
                 }
                 return uid
             }
@@ -196,7 +200,7 @@ package struct DaemonConfiguration: Sendable {
             }
             host.workerUser = user
         }
-        host.runtimePaths = try ExtensionPolicy.paths(f, "RuntimePaths") ?? host.runtimePaths
+        host.runtimePaths = try ExtensionPolicy.grants(f, "RuntimePaths", needing: "every worker") ?? host.runtimePaths
         if let interpreters = try f.fields("Interpreters") {
             // Each key an interpreter's absolute path, each value the folders of its library.
             var table: [String: [String]] = [:]
@@ -204,7 +208,7 @@ package struct DaemonConfiguration: Sendable {
                 guard key.hasPrefix("/"), !key.utf8.contains(0), !key.split(separator: "/").contains("..") else {
                     throw interpreters.fail(key, "'\(key)' is not an absolute path without '..'")
                 }
-                table[key] = try ExtensionPolicy.paths(interpreters, key) ?? []
+                table[key] = try ExtensionPolicy.grants(interpreters, key, needing: "the interpreter") ?? []
             }
             host.interpreters = table
         }

@@ -308,6 +308,14 @@ import Glibc
             ("<key>MaxMemoryLimitMB</key><integer>1</integer>", "MaxMemoryLimitMB: 1 is outside 16...65536"),
             ("<key>AllowedReadableRoots</key><array><string>data</string></array>", "AllowedReadableRoots: 'data' is not an absolute path"),
             ("<key>AllowNetwork</key><string>no</string>", "AllowNetwork: expected a boolean"),
+            // The whole file system in every worker's root was skipped at each launch, with a warning per worker.
+            ("<key>RuntimePaths</key><array><string>/usr/lib</string><string>/</string></array>",
+             "RuntimePaths: '/' is the whole file system; name the folders every worker needs"),
+            ("<key>Interpreters</key><dict><key>/usr/bin/python3</key><array><string>/usr/../</string></array></dict>",
+             "is not an absolute path without '..'"),
+            ("<key>Interpreters</key><dict><key>/usr/bin/python3</key><array><string>//.</string></array></dict>",
+             "Interpreters./usr/bin/python3: '//.' is the whole file system; name the folders the interpreter needs"),
+            ("<key>AllowedUIDs</key><array><integer>-1</integer></array>", "AllowedUIDs[0]: -1 is"),
             ("<key>DefaultPolicy</key><dict><key>ExecutableSHA256</key><string>00</string></dict>",
              "DefaultPolicy.ExecutableSHA256: is one executable's digest"),
             // A socket path no Unix socket can have was taken, and `serve` then failed on it.

@@ -78,6 +78,12 @@ import Glibc
             ("HostConfiguration.defaultPolicy.executableSHA256: ExecutableSHA256: 'abc' is not 64 hex digits",
              { $0.defaultPolicy.executableSHA256 = "abc" }),
             ("HostConfiguration.defaultPolicy.maxRequestsPerWorker: MaxRequestsPerWorker: 0 is outside", { $0.defaultPolicy.maxRequestsPerWorker = 0 }),
+            ("HostConfiguration.runtimePaths: RuntimePaths: '/' is the whole file system; name the folders every worker needs",
+             { $0.runtimePaths.append("/") }),
+            ("HostConfiguration.runtimePaths: RuntimePaths: 'lib' is not an absolute path", { $0.runtimePaths = ["lib"] }),
+            ("HostConfiguration.interpreters: /usr/bin/python3: '/.' is the whole file system; name the folders the interpreter needs",
+             { $0.interpreters = ["/usr/bin/python3": ["/usr/lib", "/."]] }),
+            ("HostConfiguration.interpreters: 'python3' is not an absolute path without '..'", { $0.interpreters = ["python3": ["/usr/lib"]] }),
         ]
         for (expected, change) in cases {
             let error = await refusal(change)

@@ -50,6 +50,16 @@ extension HostConfiguration {
         _ = try PlistFields(checking: "seconds", .real(workerExitGracePeriodSeconds), as: "HostConfiguration.workerExitGracePeriod")
             .seconds("seconds", minimum: 0)
         try defaultPolicy.validate(as: "HostConfiguration.defaultPolicy")
+        // The folders every root holds, under the config file's rule for them (no "..", not the whole file system).
+        _ = try ExtensionPolicy.grants(PlistFields(checking: "RuntimePaths", .array(runtimePaths.map { .string($0) }),
+                                                   as: "HostConfiguration.runtimePaths"), "RuntimePaths", needing: "every worker")
+        for (interpreter, folders) in interpreters.sorted(by: { $0.key < $1.key }) {
+            guard interpreter.hasPrefix("/"), !interpreter.utf8.contains(0), !interpreter.split(separator: "/").contains("..") else {
+                throw HostError(.invalidConfiguration, "HostConfiguration.interpreters: '\(interpreter)' is not an absolute path without '..'")
+            }
+            _ = try ExtensionPolicy.grants(PlistFields(checking: interpreter, .array(folders.map { .string($0) }),
+                                                       as: "HostConfiguration.interpreters"), interpreter, needing: "the interpreter")
+        }
     }
 }
 

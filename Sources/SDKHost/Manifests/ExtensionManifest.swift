@@ -347,11 +347,12 @@ extension ExtensionPolicy {
 
     /// `paths`, none of them the root, as written or through links: a worker's root is built of what it is
     /// granted, and the whole file system is not a grant (it cannot be bound over the root, so it was skipped at
-    /// every launch with a warning).
-    static func grants(_ p: PlistFields, _ key: String) throws(HostError) -> [String]? {
+    /// every launch with a warning). The config's RuntimePaths and Interpreters folders are checked the same way
+    /// (`needing` says whose folders to name).
+    package static func grants(_ p: PlistFields, _ key: String, needing whose: String = "the extension") throws(HostError) -> [String]? {
         let paths = try paths(p, key)
         if let root = paths?.first(where: { $0.split(separator: "/").allSatisfy { $0 == "." } || resolvedPath($0) == "/" }) {
-            throw p.fail(key, "'\(root)' is the whole file system; name the folders the extension needs")
+            throw p.fail(key, "'\(root)' is the whole file system; name the folders \(whose) needs")
         }
         return paths
     }
