@@ -64,7 +64,7 @@ package final class DaemonServer: @unchecked Sendable {
     private var lastReload: (endedAt: UInt64, took: UInt64)?
     private var reloadTimer: TimerID?
     /// The extension list the clients were last sent (`connected`), which a reload sends again only if it changed.
-    private var announcedExtensions: [String: String]?
+    private var announcedExtensions: Message?
 
     /// Blocks SIGTERM/SIGINT (call before any other thread starts), discovers extensions and binds the socket.
     ///
@@ -271,7 +271,7 @@ package final class DaemonServer: @unchecked Sendable {
     /// What serving needs besides the listener and the signals: the sweep and the event fan-out.
     private func startServing() {
         scheduleSweep()
-        if case .connected(_, _, _, let points) = connectedMessage() { announcedExtensions = points }
+        announcedExtensions = connectedMessage()
         engine.eventObserver = { [unowned self] event in
             // Made for the first session that takes it: with no subscriber, an event costs no message.
             var message: Message?
@@ -321,8 +321,8 @@ package final class DaemonServer: @unchecked Sendable {
         Systemd.notify("RELOADING=1\nMONOTONIC_USEC=\(start / 1000)")
         if case .success = engine.reloadManifestsOnLoop() {
             let message = connectedMessage()
-            if case .connected(_, _, _, let points) = message, points != announcedExtensions {
-                announcedExtensions = points
+            if message != announcedExtensions {
+                announcedExtensions = message
                 for session in sessions.values where session.handshaken { session.send(message) }
             }
         }
@@ -333,8 +333,19 @@ package final class DaemonServer: @unchecked Sendable {
 
     func connectedMessage() -> Message {
         let infos = engine.extensions
+        // The listed extensions an embedded host would refuse by name (a skipped manifest, a missing executable):
+        // the client refuses them as it would, rather than sending a request that can only fail to launch.
+        var problems: [String: String] = [:]
+        for info in infos {
+            guard let problem = engine.lookupProblem(info.identifier) else { continue }
+            // At most 1,024 scalars each: a manifest's error can quote its value, and every client is sent the list.
+            let detail = problem.detail.unicodeScalars.count > 1024
+                ? String(String.UnicodeScalarView(problem.detail.unicodeScalars.prefix(1024))) + "…" : problem.detail
+            problems[info.identifier] = "\(problem.code) \(detail)"
+        }
         return .connected(version: protocolVersion, pid: getpid(), extensions: infos.map { $0.identifier },
-                          extensionPoints: Dictionary(uniqueKeysWithValues: infos.map { ($0.identifier, $0.extensionPointIdentifier) }))
+                          extensionPoints: Dictionary(uniqueKeysWithValues: infos.map { ($0.identifier, $0.extensionPointIdentifier) }),
+                          problems: problems)
     }
 
     // MARK: Clients

@@ -332,12 +332,18 @@ package enum FlatFrame {
                 guard let version = integer(.version), let pid = integer(.pid), let extensions = strings(.extensions),
                     let points = table(.points)
                 else { return nil }
-                var named: [String: String] = [:]
-                for (key, value) in points {
-                    guard case .string(let point) = value else { return nil }
-                    named[key] = point
+                func texts(_ table: [(key: String, value: FlatScalar)]) -> [String: String]? {
+                    var named: [String: String] = [:]
+                    for (key, value) in table {
+                        guard case .string(let text) = value else { return nil }
+                        named[key] = text
+                    }
+                    return named
                 }
-                return .connected(version: version, pid: Int32(truncatingIfNeeded: pid), extensions: extensions, extensionPoints: named)
+                // `problems` is written only when there are some.
+                guard let named = texts(points), let problems = table(.problems).map(texts) ?? [:] else { return nil }
+                return .connected(version: version, pid: Int32(truncatingIfNeeded: pid), extensions: extensions,
+                                  extensionPoints: named, problems: problems)
             case .begin, .complete, .partial, .event, .sandboxed, .statusReport, .leak, .hostCall, .hostCallResult,
                 .hostCallError:
                 return nil
@@ -410,6 +416,7 @@ extension MessageKey {
             if bytes.spells(MessageKey.service.staticName) { self = .service; return }
         case 8:
             if bytes.spells(MessageKey.userInfo.staticName) { self = .userInfo; return }
+            if bytes.spells(MessageKey.problems.staticName) { self = .problems; return }
         case 9:
             if bytes.spells(MessageKey.`extension`.staticName) { self = .`extension`; return }
         case 10:

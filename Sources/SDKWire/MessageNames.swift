@@ -57,7 +57,7 @@ public enum MessageKey: String, CaseIterable, Sendable {
     // Messages.
     case type, id, items, fds, `extension`, deadlineMs, version, identifier, hostPid, idleTimeoutMs, pid, count
     case error, seq, message, app, extensions, points, event, reason, layers, skipped, timings, report, alive
-    case afterMs, call, service
+    case afterMs, call, service, problems
     // An error's fields (`domain`, `code` and `message`).
     case domain, code
     // An item's fields.
@@ -95,6 +95,7 @@ public enum MessageKey: String, CaseIterable, Sendable {
         case .afterMs: "afterMs"
         case .call: "call"
         case .service: "service"
+        case .problems: "problems"
         case .domain: "domain"
         case .code: "code"
         case .title: "title"

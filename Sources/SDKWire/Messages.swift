@@ -34,8 +34,11 @@
 //
 // Between a client library and the daemon, additionally:
 //   client -> daemon connect     {type, version, app?}         app: the client's name (default: its executable's)
-//   daemon -> client connected   {type, version, pid, extensions: [string], points?: {id: extension point}}
-//                                sent again after a SIGHUP rescan, with the new list
+//   daemon -> client connected   {type, version, pid, extensions: [string], points?: {id: extension point},
+//                                 problems?: {id: "<HostError code> <detail>"}}
+//                                sent again after a SIGHUP rescan, with the new list; `problems` (written only when
+//                                some are) names the listed extensions no request can start, as an embedded host's
+//                                `extension(identifier:)` would refuse them
 //   daemon -> client assigned    {type, id, pid}              the request was sent to worker `pid`
 //   daemon -> client interrupted {type, id, reason: {kind, code?, detail?}}
 //                                kind: signal|exit|hang|protocol|disconnected|launch|shutdown
@@ -131,7 +134,8 @@ public enum Message: Sendable, Equatable {
     case pong(seq: Int64)
     case error(message: String, id: RequestID?)
     case connect(version: Int64, app: String? = nil)
-    case connected(version: Int64, pid: Int32, extensions: [String], extensionPoints: [String: String] = [:])
+    case connected(version: Int64, pid: Int32, extensions: [String], extensionPoints: [String: String] = [:],
+                   problems: [String: String] = [:])
     case assigned(id: RequestID, pid: Int32)
     case interrupted(id: RequestID, reason: PlistValue)
     case status(seq: Int64)
@@ -248,10 +252,11 @@ public enum Message: Sendable, Equatable {
             [.field(.type, .type(.cancelled)), .field(.id, .id(id)),
              .field(.error, .table([(MessageKey.code.rawValue, .integer(error.code)), (MessageKey.domain.rawValue, .string(error.domain)),
                                     (MessageKey.message.rawValue, .string(error.message))]))]
-        case let .connected(version, pid, extensions, points):
+        case let .connected(version, pid, extensions, points, problems):
             [.field(.type, .type(.connected)), .field(.version, .integer(version)), .field(.pid, .integer(Int64(pid))),
              .field(.extensions, .strings(extensions)),
              .field(.points, .table(points.sorted { $0.key < $1.key }.map { ($0.key, .string($0.value)) }))]
+                + (problems.isEmpty ? [] : [.field(.problems, .table(problems.sorted { $0.key < $1.key }.map { ($0.key, .string($0.value)) }))])
         case let .interrupted(id, reason):
             FlatScalar.table(reason).map { [.field(.type, .type(.interrupted)), .field(.id, .id(id)), .field(.reason, .table($0))] }
         case .begin, .complete, .partial, .event, .sandboxed, .statusReport, .leak, .hostCall, .hostCallResult,
@@ -395,18 +400,22 @@ public enum Message: Sendable, Equatable {
             self = .prewarmed(id: try id(), pid: pid32)
         case .connected?:
             let pid = try integer(.pid)
-            var points: [String: String] = [:]
-            switch d[.points] {
-            case nil: break
-            case .dictionary(let raw)?:
-                for (key, value) in raw {
-                    guard let point = value.stringValue else { throw MessageError("'connected' points must be strings") }
-                    points[key] = point
+            func stringTable(_ key: MessageKey) throws(MessageError) -> [String: String] {
+                var table: [String: String] = [:]
+                switch d[key] {
+                case nil: break
+                case .dictionary(let raw)?:
+                    for (name, value) in raw {
+                        guard let text = value.stringValue else { throw MessageError("'connected' \(key.rawValue) must be strings") }
+                        table[name] = text
+                    }
+                case let other?: throw MessageError("'connected' \(key.rawValue) is a \(other.kindName), not a dictionary")
                 }
-            case let other?: throw MessageError("'connected' points is a \(other.kindName), not a dictionary")
+                return table
             }
             self = .connected(version: try integer(.version), pid: Int32(truncatingIfNeeded: pid),
-                              extensions: try strings(.extensions), extensionPoints: points)
+                              extensions: try strings(.extensions), extensionPoints: try stringTable(.points),
+                              problems: try stringTable(.problems))
         case .sandboxed?:
             // The launcher writes the pid as a string (its frame writer has strings only).
             let pid = d[.pid]?.stringValue.flatMap { Int32($0) }

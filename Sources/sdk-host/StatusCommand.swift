@@ -51,7 +51,7 @@ enum StatusCommand {
         // Each column as wide as its widest cell.
         let header = ["extension", "state", "req", "done", "cancel", "intr", "p50 ms", "p99 ms", "slow", "/1000", "crash", "workers"]
         let rows = status.extensions.map { ext -> [String] in
-            var state = ext.state.rawValue
+            var state = ext.problem == nil ? ext.state.rawValue : "refused"
             if let retry = ext.retryInSeconds { state += " \(Int(retry.rounded(.up)))s" }
             return [ext.identifier, state, String(ext.requests), String(ext.completions), String(ext.cancellations),
                     String(ext.interruptions), ext.latencyP50Milliseconds.map { format($0) } ?? "-",
@@ -63,6 +63,7 @@ enum StatusCommand {
             print(cells.enumerated().map { $0.offset == cells.count - 1 ? $0.element : pad($0.element, widths[$0.offset] + 2) }.joined())
         }
         for ext in status.extensions {
+            if let problem = ext.problem { print("\(ext.identifier): refused, no request can start: " + problem.displaySafe()) }
             if !ext.interruptionsByReason.isEmpty {
                 print("\(ext.identifier): interrupted " + ext.interruptionsByReason.keys.sorted()
                     .map { "\($0) \(ext.interruptionsByReason[$0]!)" }.joined(separator: ", "))

@@ -162,6 +162,42 @@ final class NotifyListener {
             daemon.logText.contains("reload: \(extra)/Reloaded/Info.plist") && daemon.logText.contains("skipped, the other extensions are served")
         }, "\(daemon.logText)")
         #expect(try await echo.perform([ExtensionItem(title: "still")]).first?.title == "still")
+
+        // One that names itself but breaks a rule is listed and refused by name, as an embedded host refuses it
+        // (the client was sent the problem): before, `extension(identifier:)` took it, and each request was sent
+        // to the daemon to end as a launch failure (`sdk-host request` exited 4 here, 2 when embedded).
+        writeFile("\(extra)/Reloaded/Info.plist", """
+            <?xml version="1.0" encoding="UTF-8"?>
+            <plist version="1.0"><dict>
+              <key>CFBundleIdentifier</key><string>com.example.reloaded</string>
+              <key>NSExtension</key><dict>
+                <key>NSExtensionPointIdentifier</key><string>com.example.reload-point</string>
+                <key>NSExtensionExecutable</key><string>Echo</string>
+                <key>SDKHostPolicy</key><dict><key>NetworkAllowed</key><integer>1</integer></dict>
+              </dict>
+            </dict></plist>
+            """)
+        daemon.signal(SIGHUP)
+        func refusal() -> HostError? {
+            do { _ = try host.extension(identifier: "com.example.reloaded"); return nil } catch { return error }
+        }
+        // Listed again (the last step's manifest named no identifier), and refused saying why.
+        #expect(await eventually(timeout: 20) { host.extensionIdentifiers.contains("com.example.reloaded") }, "\(daemon.logText)")
+        let refused = refusal()
+        #expect(refused?.code == .invalidManifest, "\(String(describing: refused))")
+        #expect(refused?.detail.contains("\(extra)/Reloaded/Info.plist") == true
+                    && refused?.detail.contains("NetworkAllowed: expected a boolean, found integer") == true, "\(String(describing: refused))")
+        // Its status says so (the table shows it refused, `--json` and the API give the problem).
+        let listed = await host.status()?.extensions.first { $0.identifier == "com.example.reloaded" }
+        #expect(listed?.problem?.contains("NetworkAllowed: expected a boolean, found integer") == true, "\(String(describing: listed))")
+        #expect(await host.status()?.extensions.first { $0.identifier == "com.example.echo" }?.problem == nil)
+        // The CLI, through the daemon, says so and exits 2, as it does embedded.
+        let err = "\(extra)/request.err"
+        let pid = spawnProgram([sdkHostBinary, "request", "com.example.reloaded", "--socket", daemon.socket], stderr: err)
+        #expect(await waitExit(pid) == 2)
+        let message = String(decoding: try readFile(err), as: UTF8.self)
+        #expect(message.contains("NetworkAllowed: expected a boolean, found integer"), "\(message)")
+        #expect(try await echo.perform([ExtensionItem(title: "still")]).first?.title == "still")
         await host.shutdown()
         #expect(await daemon.stop() == 0)
     }

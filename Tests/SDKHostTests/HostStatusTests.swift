@@ -51,7 +51,7 @@ import SDKWire
             cancellations: 0, interruptions: 0, interruptionsByReason: [:], latencyP50Milliseconds: nil,
             latencyP99Milliseconds: nil, slowRequests: 2, slowRequestsPer1000: 1.5, slowRequestSeconds: 3.25, crashes: 0,
             hangKills: 1, timeouts: 2, overloads: 3, protocolViolations: 4, spawns: 5, recycles: 6, quarantines: 7,
-            leaks: 8, pools: [], workers: []))
+            leaks: 8, pools: [], workers: [], problem: "/e/Info.plist: MaxWorkers: 0 is outside 1...64"))
         status.totals = StatusTotals(adding: status.extensions)
         // The reports' optional fields, each way: a crash with no app and a fatal error line, a leak with an app.
         status.recentCrashes.append(CrashReport(extensionIdentifier: "y", pid: 7, reason: .exited(3), time: 12.5,

@@ -30,7 +30,8 @@ import Testing
                 .interrupted(id: id, reason: ["kind": "signal", "code": .integer(n)]),
                 .interrupted(id: id, reason: ["kind": "protocol", "detail": .string(s)]), .interrupted(id: id, reason: [:]),
                 .connected(version: n, pid: pid, extensions: [s, "com.example.echo"], extensionPoints: ["com.sdk-host.service": s]),
-                .connected(version: n, pid: pid, extensions: [], extensionPoints: [:])]
+                .connected(version: n, pid: pid, extensions: [], extensionPoints: [:]),
+                .connected(version: n, pid: pid, extensions: [s], extensionPoints: [s: "p"], problems: [s: "refused \(s)"])]
     }
 
     /// Whether every string of the fields, keys of tables included, is ASCII.

@@ -19,6 +19,7 @@ import Glibc
         .ping(seq: 7), .pong(seq: 7), .error(message: "bad", id: id), .error(message: "bad", id: nil),
         .begin(id: id, items: [], extensionID: "com.example.echo", deadlineMs: 1500),
         .connect(version: 1), .connected(version: 1, pid: 9, extensions: ["a", "b"]), .assigned(id: id, pid: 12),
+        .connected(version: 1, pid: 9, extensions: ["a"], extensionPoints: ["a": "p"], problems: ["a": "refused a: refused: owned by uid 7"]),
         .interrupted(id: id, reason: ["kind": "signal", "code": 11]), .status(seq: 3),
         .statusReport(seq: 3, report: ["extensions": []]),
         .unknown(type: "stream-event"),

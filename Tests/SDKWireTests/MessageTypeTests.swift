@@ -58,7 +58,7 @@ import Testing
             .hello(version: 1, identifier: "x", hostPid: 1, idleTimeoutMs: 1), .welcome(version: 1, identifier: "x", pid: 1),
             .begin(id: id, items: [item], extensionID: "x", deadlineMs: 5), .complete(id: id, items: []), .partial(id: id, items: []), .credit(id: id, count: 1),
             .cancel(id: id), .cancelled(id: id, error: .cancelledByHost), .ping(seq: 1), .pong(seq: 1),
-            .error(message: "m", id: nil), .connect(version: 1, app: "a"), .connected(version: 1, pid: 1, extensions: [], extensionPoints: ["a": "b"]),
+            .error(message: "m", id: nil), .connect(version: 1, app: "a"), .connected(version: 1, pid: 1, extensions: [], extensionPoints: ["a": "b"], problems: ["a": "refused r"]),
             .assigned(id: id, pid: 1), .interrupted(id: id, reason: ["kind": "hang"]), .status(seq: 1),
             .statusReport(seq: 1, report: [:]), .sandboxed(layers: [], skipped: [], pid: 3, timings: ["t"]), .launchFailed(reason: "r"),
             .prewarm(id: id, extensionID: "x"), .prewarmed(id: id, pid: 1), .leak(id: id, alive: [], afterMs: 1),

@@ -116,6 +116,9 @@ public struct ExtensionStatus: Sendable, Equatable, Codable {
     /// Its pools: one in an embedded host; in the daemon one per client app of a `perApp` extension.
     public var pools: [PoolStatus]
     public var workers: [WorkerStatus]
+    /// Why no request of it can start (its manifest's error, a refusal, an executable not found: what
+    /// `ExtensionHost.extension(identifier:)` throws for it), or nil when it can run.
+    public var problem: String? = nil
 }
 
 /// One pool of an extension's workers.
@@ -188,7 +191,7 @@ extension HostEngine {
                 slowRequestSeconds: Double(a.slowNanoseconds) / 1e9, crashes: c.crashes, hangKills: c.hangKills,
                 timeouts: c.timeouts, overloads: c.overloads, protocolViolations: c.protocolViolations,
                 spawns: c.spawns, recycles: a.recycles, quarantines: a.quarantines, leaks: c.leaks, pools: poolStates,
-                workers: workerStates)
+                workers: workerStates, problem: manifests[id] == nil ? nil : lookupProblem(id)?.detail)
         }
         let crashes = metrics.crashReports.suffix(8).map { report in
             var report = report
@@ -295,6 +298,7 @@ extension ExtensionStatus {
         if let retryInSeconds { d["retryInSeconds"] = .real(retryInSeconds) }
         if let latencyP50Milliseconds { d["latencyP50Milliseconds"] = .real(latencyP50Milliseconds) }
         if let latencyP99Milliseconds { d["latencyP99Milliseconds"] = .real(latencyP99Milliseconds) }
+        if let problem { d["problem"] = .string(problem) }
         return .dictionary(d)
     }
 }

@@ -18,7 +18,7 @@ final class DaemonClient: HostBackend, @unchecked Sendable {
     let limits = WireLimits()
     /// How long a request waits for a connection before it is interrupted (`disconnected`).
     let reconnectTimeout: Double
-    private let known = Mutex<(extensions: [ExtensionInfo], daemonPid: Int32)>(([], 0))
+    private let known = Mutex<(extensions: [ExtensionInfo], daemonPid: Int32, problems: [String: HostError])>(([], 0, [:]))
     /// Worker events from the daemon; the first stream subscribes (and every later connection does again).
     private var eventHub: EventHub!
     private var subscribed = false
@@ -89,7 +89,8 @@ final class DaemonClient: HostBackend, @unchecked Sendable {
     func atEndOfTurn(_ body: @escaping @Sendable () -> Void) { loop.atEndOfTurn(body) }
 
     func lookupProblem(_ identifier: String) -> HostError? {
-        let names = extensionIdentifiers
+        let (names, problem) = known.withLock { ($0.extensions.map(\.identifier), $0.problems[identifier]) }
+        if let problem { return problem }
         if names.contains(identifier) { return nil }
         return HostError(.unknownExtension, "unknown extension '\(identifier)' at daemon \(socketPath) "
             + "(known: \(names.isEmpty ? "none" : names.joined(separator: ", ")))")
@@ -278,10 +279,11 @@ final class DaemonClient: HostBackend, @unchecked Sendable {
 
     private func handle(_ message: Message) {
         switch message {
-        case .connected(_, let pid, let extensions, let points):
+        case .connected(_, let pid, let extensions, let points, let problems):
             // Also sent again after the daemon rescanned its manifests (SIGHUP): then only the list changes.
             let infos = extensions.sorted().map { ExtensionInfo(identifier: $0, extensionPointIdentifier: points[$0] ?? "") }
-            known.withLock { $0 = (infos, pid) }
+            let refusals = problems.mapValues(HostError.init(daemonProblem:))
+            known.withLock { $0 = (infos, pid, refusals) }
             if ready { return }
             ready = true
             backoff = 0.02
@@ -499,6 +501,20 @@ package enum SocketFolderProblem: Equatable {
             self = .writableByOthers(folder.st_mode & 0o777)
         } else {
             return nil
+        }
+    }
+}
+
+extension HostError {
+    /// An error from a `connected` message's `problems` entry, "<code> <detail>" (a code this client does not know
+    /// reads as `refused`, with the whole text as its detail).
+    init(daemonProblem text: String) {
+        let codes: [HostError.Code] = [.unknownExtension, .invalidManifest, .executableNotFound, .invalidConfiguration,
+                                       .system, .daemonUnavailable, .refused]
+        if let space = text.firstIndex(of: " "), let code = codes.first(where: { $0.description == text[..<space] }) {
+            self.init(code, String(text[text.index(after: space)...]))
+        } else {
+            self.init(.refused, text)
         }
     }
 }

@@ -43,7 +43,7 @@ extension HostEngine: HostBackend {
     /// Workers listed in any pool (loop thread).
     package var listedWorkerCount: Int { workers.count }
 
-    func lookupProblem(_ identifier: String) -> HostError? {
+    package func lookupProblem(_ identifier: String) -> HostError? {
         let manifests = manifestSnapshot.withLock { $0 }
         guard let manifest = manifests[identifier] else {
             let known = manifests.keys.sorted().joined(separator: ", ")
