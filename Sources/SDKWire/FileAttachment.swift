@@ -59,30 +59,16 @@ public final class FileAttachment: Sendable, Hashable, CustomStringConvertible {
     ///
     /// - Throws: `FileAttachmentError` when it cannot be opened or is not a regular file.
     public convenience init(contentsOf path: String) throws(FileAttachmentError) {
-        // What the path names is checked before it is opened for reading (an O_PATH descriptor opens nothing): a
-        // FIFO's open waited for a writer, for ever, and a device's open runs its driver. What is then opened is
-        // that same file, through /proc, so a link swapped in between cannot slip another in.
-        let pathFD = sdk_open_path_only(path)
-        guard pathFD >= 0 else { throw FileAttachmentError("open", path, errno: errno) }
-        defer { close(pathFD) }
-        if let problem = Self.notARegularFile(pathFD) { throw FileAttachmentError("attach", path, reason: problem) }
-        var fd = open("/proc/self/fd/\(pathFD)", O_RDONLY | O_CLOEXEC | O_NOCTTY)
-        if fd < 0 && errno == ENOENT {
-            // No /proc (a chroot, some containers): the path again, without waiting, and only if it is that file.
-            fd = open(path, O_RDONLY | O_CLOEXEC | O_NOCTTY | O_NONBLOCK)
-            var checked = stat(), opened = stat()
-            if fd >= 0, fstat(pathFD, &checked) != 0 || fstat(fd, &opened) != 0
-                || checked.st_dev != opened.st_dev || checked.st_ino != opened.st_ino
-            {
-                close(fd)
-                throw FileAttachmentError("attach", path, reason: "it changed while it was opened")
+        // What the path names is checked before it is opened for reading: a FIFO's open waited for a writer, for
+        // ever, and a device's open runs its driver (sdk_open_regular_file).
+        var info = stat()
+        let fd = sdk_open_regular_file(path, 0, &info)
+        guard fd >= 0 else {
+            switch errno {
+            case ENODEV: throw FileAttachmentError("attach", path, reason: Self.notARegular(info.st_mode) ?? "not a regular file")
+            case ESTALE: throw FileAttachmentError("attach", path, reason: "it changed while it was opened")
+            case let e: throw FileAttachmentError("open", path, errno: e)
             }
-            if fd >= 0 { _ = fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK) }
-        }
-        guard fd >= 0 else { throw FileAttachmentError("open", path, errno: errno) }
-        if let problem = Self.notARegularFile(fd) {
-            close(fd)
-            throw FileAttachmentError("attach", path, reason: problem)
         }
         self.init(adopting: fd)
     }
@@ -168,7 +154,12 @@ public final class FileAttachment: Sendable, Hashable, CustomStringConvertible {
     package static func notARegularFile(_ fd: Int32) -> String? {
         var st = stat()
         guard fstat(fd, &st) == 0 else { return "fstat failed: \(String(cString: strerror(errno)))" }
-        let type = st.st_mode & S_IFMT
+        return notARegular(st.st_mode)
+    }
+
+    /// Why a file of this mode cannot be an attachment, or nil.
+    static func notARegular(_ mode: mode_t) -> String? {
+        let type = mode & S_IFMT
         if type == S_IFREG { return nil }
         let name = switch type {
         case S_IFSOCK: "a socket"

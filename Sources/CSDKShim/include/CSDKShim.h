@@ -5,6 +5,7 @@
 
 #include <stdint.h>
 #include <sys/types.h>
+#include <sys/stat.h>
 
 /// Spawns `path` with exactly these descriptors in the child: /dev/null on 0, `stdout_fd` on 1, `stderr_fd`
 /// on 2, `ipc_fd` on 3, `profile_fd` on 4 and `notice_fd` on 5 unless they are -1. Every other descriptor is
@@ -182,6 +183,15 @@ int sdk_flags_path_only(int flags);
 int sdk_open_path_only(const char *path);
 /// The same, naming a symbolic link itself rather than what it points to.
 int sdk_open_path_only_nofollow(const char *path);
+/// Opens the regular file at `path` read-only (O_CLOEXEC | O_NOCTTY, blocking) without opening anything else on
+/// the way: what the path names is checked through an O_PATH descriptor, which opens nothing (a FIFO's open waits
+/// for a writer, a device's runs its driver), and then that same file is opened through /proc/self/fd; without
+/// /proc, the path again, non-blocking, kept only if it is the same file. `nofollow`: a link at `path` is not
+/// followed (and is refused, as not a regular file). FileAttachment(contentsOf:) and readRegularFile use it.
+/// Returns the descriptor, with `*info` its stat. Else -1 and errno: the failing call's, or EFTYPE-like ENODEV
+/// with `*info` the stat of what the path names when that is not a regular file, or ESTALE when what was opened is
+/// not what was checked (the path changed in between).
+int sdk_open_regular_file(const char *path, int nofollow, struct stat *info);
 /// 1 when `fd` is a memfd (its /proc/self/fd link reads "/memfd:…"), else 0.
 int sdk_is_memfd(int fd);
 /// 1 when `fd` is sealed against writing, growing and shrinking (only a memfd can be: seals exist on tmpfs and

@@ -83,22 +83,18 @@ package func readRegularFile(_ path: String, maxBytes: Int, followingLinks: Bool
         default: "not a plain file"
         }
     }
-    // An O_PATH descriptor opens nothing (a device's open is never run), so what it names is checked before
-    // anything is opened for reading, and what is then opened is that same file, through /proc: a link swapped
-    // between a check and an open cannot slip a device in.
-    let pathFD = followingLinks ? sdk_open_path_only(path) : sdk_open_path_only_nofollow(path)
-    guard pathFD >= 0 else { throw FileReadError(description: SystemError("open", errno: errno, detail: path).description) }
-    defer { close(pathFD) }
+    // What the path names is checked before anything is opened for reading (a device's open is never run), and
+    // what is then opened is that same file (sdk_open_regular_file).
     var info = stat()
-    guard fstat(pathFD, &info) == 0 else { throw FileReadError(description: SystemError("fstat", errno: errno, detail: path).description) }
-    guard info.st_mode & S_IFMT == S_IFREG else { throw FileReadError(description: "not a regular file (\(kind(info.st_mode)))") }
-    let fd = open("/proc/self/fd/\(pathFD)", O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY)
-    guard fd >= 0 else { throw FileReadError(description: SystemError("open", errno: errno, detail: path).description) }
-    defer { close(fd) }
-    var opened = stat()
-    guard fstat(fd, &opened) == 0, opened.st_dev == info.st_dev, opened.st_ino == info.st_ino else {
-        throw FileReadError(description: "changed while it was opened")
+    let fd = sdk_open_regular_file(path, followingLinks ? 0 : 1, &info)
+    guard fd >= 0 else {
+        switch errno {
+        case ENODEV: throw FileReadError(description: "not a regular file (\(kind(info.st_mode)))")
+        case ESTALE: throw FileReadError(description: "changed while it was opened")
+        case let e: throw FileReadError(description: SystemError("open", errno: e, detail: path).description)
+        }
     }
+    defer { close(fd) }
     func tooLarge(_ size: Int) -> FileReadError {
         FileReadError(description: "\(size) bytes or more; at most \(maxBytes) are read")
     }
