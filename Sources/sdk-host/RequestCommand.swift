@@ -33,9 +33,9 @@ enum RequestCommand {
           --embedded      run the worker in this process's own host, from --config's extension paths
           --socket PATH   use the daemon at PATH (an error if none answers)
           --app NAME      the app name the daemon pools workers by (default: sdk-host)
-          --timeout S     the request's deadline in seconds (default \(Int(defaultTimeout))): past it the worker
-                          is killed and the request interrupted (timed out, exit 4); this command gives up
-                          10 s later
+          --timeout S     the request's deadline in seconds (default \(Int(defaultTimeout))), or the extension's
+                          RequestDeadlineSeconds if sooner: past it the request is interrupted (timed out,
+                          exit 4) and its worker told to cancel; this command gives up 10 s later
           --config PATH   the configuration: the daemon's socket, or the embedded host's extensions and limits
         Prints "served by: …" (the embedded host or the daemon, with the worker's pid), the outcome and the items.
         Exit status 0 completed, 3 cancelled, 4 interrupted, 2 usage or configuration error, 1 no daemon at

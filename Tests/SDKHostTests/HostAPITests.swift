@@ -164,6 +164,24 @@ import Glibc
         }
     }
 
+    /// The manifest's RequestDeadlineSeconds is a limit a request's own deadline cannot lift: before, an app's
+    /// deadline (the CLI sends 60 s) replaced it, and a 0.5 s limit let a 5 s request complete.
+    @Test func theManifestsDeadlineIsALimitARequestCannotLift() async throws {
+        let limited = TemporaryExtension(identifier: "com.example.limited", executable: "Crasher",
+                                         policy: "<key>RequestDeadlineSeconds</key><real>0.5</real>")
+        defer { limited.remove() }
+        try await withHost(extraSearchPaths: [limited.root]) { host, _ in
+            let (ext, recorder) = try recordedExtension(host, "com.example.limited")
+            let later = ext.beginRequest(withInputItems: [ExtensionItem(title: "slow:5000")], deadline: 60)
+            #expect(await recorder.wait(for: later) == .interrupted(.timedOut))
+            let unset = ext.beginRequest(withInputItems: [ExtensionItem(title: "slow:5000")])
+            #expect(await recorder.wait(for: unset) == .interrupted(.timedOut))
+            // Within the limit, a request completes.
+            let quick = ext.beginRequest(withInputItems: [ExtensionItem(title: "slow:1")], deadline: 60)
+            #expect(await recorder.wait(for: quick) == .completed([ExtensionItem(title: "slow:1")]))
+        }
+    }
+
     @Test func aDeadlineCancelsOnlyItsOwnRequestNotTheWorkersOthers() async throws {
         // One worker, two requests on it. The first slice killed the worker at a deadline, so the neighbour
         // ended as `hang`; now the late request is cancelled at the worker and only it ends (`timedOut`).

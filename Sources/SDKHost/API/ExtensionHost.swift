@@ -235,7 +235,7 @@ public final class Extension: Sendable {
     ///   - items: The input items.
     ///   - deadline: How long the request may run: past it, it ends interrupted with `.timedOut` and its worker
     ///     is told to cancel it (killed only if it ignores that for `cancelGracePeriod`); nil for the manifest's
-    ///     `RequestDeadlineSeconds`.
+    ///     `RequestDeadlineSeconds`, which is also a limit: a later deadline is cut to it.
     /// - Returns: The request's identifier.
     @discardableResult
     public func beginRequest(withInputItems items: [ExtensionItem], deadline: Duration? = nil) -> RequestID {

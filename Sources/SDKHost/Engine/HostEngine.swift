@@ -136,7 +136,9 @@ package final class HostEngine: @unchecked Sendable {
         let manifest = manifests[request.extensionID]
         let record = RequestRecord(
             id: request.id, extensionID: request.extensionID, items: request.items,
-            deadline: request.deadline ?? manifest?.policy.requestDeadlineSeconds,
+            // The extension's RequestDeadlineSeconds (or the operator's DefaultPolicy) is a limit: a request's own
+            // deadline may come sooner, never later (an app's 60 s lifted a 10 s limit).
+            deadline: min(request.deadline ?? .infinity, manifest?.policy.requestDeadlineSeconds ?? .infinity).nonInfinite,
             deliver: request.deliver)
         record.onWorkerAssigned = request.onWorkerAssigned
         record.progress = request.progress
@@ -456,4 +458,9 @@ package final class HostEngine: @unchecked Sendable {
             for completion in completions { completion() }
         }
     }
+}
+
+private extension Double {
+    /// Itself, or nil for infinity (no deadline).
+    var nonInfinite: Double? { isInfinite ? nil : self }
 }
