@@ -104,7 +104,8 @@ enum DoctorCommand {
                 do { _ = try embedded.extension(identifier: info.identifier) } catch { missing.append("\(error)") }
             }
             embedded.shutdown {}
-            missing += skipped.withLock { $0 }
+            // A skipped manifest that names its identifier was refused by name just above: said once.
+            missing += skipped.withLock { $0 }.filter { line in !missing.contains { line.hasPrefix($0) } }
             checks.append(("extensions", missing.isEmpty && !infos.isEmpty,
                            !missing.isEmpty ? missing.joined(separator: "; ")
                                : infos.isEmpty ? "none found in \(host.extensionSearchPaths.joined(separator: ", "))"

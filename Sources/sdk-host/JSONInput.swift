@@ -129,6 +129,12 @@ enum JSONInput {
             while at < bytes.count, "+-0123456789.eE".utf8.contains(bytes[at]) { at += 1 }
             let text = String(decoding: bytes[start..<at], as: UTF8.self)
             if let n = Int64(text) { return .integer(n) }
+            // A whole number past Int64 is refused, not sent as the nearest real (18446744073709551615 arrived as
+            // 1.8446744073709552e+19, and nothing said so).
+            if !text.utf8.contains(where: { ".eE".utf8.contains($0) }), Double(text) != nil {
+                at = start
+                throw fail("'\(text)' is a whole number outside the 64-bit range; write it as a string, or as a real (with a '.')")
+            }
             if let d = Double(text), d.isFinite { return .real(d) }
             at = start
             throw fail(text.isEmpty ? "expected a value" : "'\(text)' is not a number")

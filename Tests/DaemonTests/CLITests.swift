@@ -101,7 +101,8 @@ import Glibc
         let (sent, echoed, _) = try await run(["request", "com.example.echo", "--embedded",
                                                "--payload", #"{"name": "Ada", "n": 3, "tags": ["x"], "pi": 3.5, "ok": true}"#])
         #expect(sent == 0 && echoed.contains(#"attachments=[{"n": 3, "name": "Ada", "ok": true, "pi": 3.5, "tags": ["x"]}]"#), "\(echoed)")
-        for (json, why) in [(#"{"a": null}"#, "null has no property-list form"), ("[1, 2", "an array is not closed at byte 5")] {
+        for (json, why) in [(#"{"a": null}"#, "null has no property-list form"), ("[1, 2", "an array is not closed at byte 5"),
+                            (#"{"n": 18446744073709551615}"#, "'18446744073709551615' is a whole number outside the 64-bit range")] {
             let (bad, _, badErr) = try await run(["request", "com.example.echo", "--embedded", "--payload", json])
             #expect(bad == 2 && badErr.contains("--payload: \(why)"), "\(badErr)")
         }
@@ -512,6 +513,23 @@ import Glibc
             """)
         let (twice, twiceOut, _) = try await run(["doctor", "--config", "\(folder.path)/twice.plist"])
         #expect(twice == 2 && twiceOut.contains("is already used by"), "\(String(describing: twice)) \(twiceOut)")
+        // An ill-formed manifest that names its identifier is said once (it was twice, on one line: refused by
+        // name, then again as skipped).
+        let other = try TemporaryFolder()
+        mkdir("\(other.path)/Bad", 0o755)
+        writeFile("\(other.path)/Bad/Info.plist", """
+            <plist version="1.0"><dict><key>CFBundleIdentifier</key><string>com.example.bogus</string>
+            <key>NSExtension</key><dict><key>NSExtensionPointIdentifier</key><string>p</string>
+            <key>NSExtensionExecutable</key><string>Echo</string>
+            <key>SDKHostPolicy</key><dict><key>Bogus</key><integer>0</integer></dict></dict></dict></plist>
+            """)
+        writeFile("\(other.path)/bogus.plist", """
+            <plist version="1.0"><dict><key>ExtensionSearchPaths</key><array><string>\(other.path)</string></array>
+            <key>SocketPath</key><string>\(other.path)/d.sock</string></dict></plist>
+            """)
+        let (bogus, bogusOut, _) = try await run(["doctor", "--config", "\(other.path)/bogus.plist"])
+        #expect(bogus == 2, "\(String(describing: bogus)) \(bogusOut)")
+        #expect(bogusOut.components(separatedBy: "SDKHostPolicy.Bogus: unknown key").count == 2, "\(bogusOut)")
     }
 
     /// Copies the CLI, the launcher, Escaper and its manifest (plus `manifests`) into a folder any user can

@@ -440,7 +440,11 @@ extension HostEngine {
         // A death that quarantines the pool ends those requests as `quarantined`, like the ones waiting.
         if ending.diedOnItsOwn { workerDiedOnItsOwn(worker) }
         let quarantined = supervisor.isQuarantined(worker.poolKey, now: loop.now)
+        // How many were still running and end now (a request past its deadline, or cancelled, has ended already
+        // and only waited for its worker's answer: its crash report lists it, its outcome stands).
+        var interrupted = 0
         for id in inFlight.reversed() {
+            if requests[id] != nil { interrupted += 1 }
             if requeue && quarantined {
                 finish(id, .interrupted(.quarantined))
             } else if requeue, let record = requests[id], record.requeues < 2 {
@@ -449,6 +453,7 @@ extension HostEngine {
                 if !record.hostCalls.isEmpty { cancelHostCalls(record) }
                 if record.publishesPid { pids.withLock { _ = $0.removeValue(forKey: id) } }
                 requests.requeueFirst(record)
+                interrupted -= 1
             } else {
                 finish(id, .interrupted(reason))
             }
@@ -469,7 +474,7 @@ extension HostEngine {
         }
         let statusText = status.map(String.init(describing:)) ?? "status unavailable"
         if crashed {
-            recordCrash(worker, reason: reason, inFlight: inFlight)
+            recordCrash(worker, reason: reason, inFlight: inFlight, interrupted: interrupted)
         } else {
             log(.info, "\(worker.extensionID): worker pid \(worker.pid) exited (\(statusText))")
         }
@@ -497,15 +502,18 @@ extension HostEngine {
         if !workerFolders.remove(folder) { log(.warning, "\(worker.extensionID): cannot remove the worker's temp folder \(folder)") }
     }
 
-    func recordCrash(_ worker: WorkerProcess, reason: InterruptionReason, inFlight: [RequestID]) {
+    /// `interrupted`: how many of `inFlight` this ended (the others went back to the queue, or had ended and
+    /// waited for the worker's answer).
+    func recordCrash(_ worker: WorkerProcess, reason: InterruptionReason, inFlight: [RequestID], interrupted: Int) {
         let now = timespec.now
         var report = CrashReport(
             extensionIdentifier: worker.extensionID, pid: worker.pid, reason: reason,
             time: now.seconds, inFlightRequests: inFlight,
             stderrTail: worker.stderrTail.text)
         report.app = worker.app
-        log(.warning, "\(worker.extensionID): worker pid \(worker.pid) ended: \(reason); "
-            + "\(inFlight.count) request(s) interrupted")
+        let others = inFlight.count - interrupted
+        log(.warning, "\(worker.extensionID): worker pid \(worker.pid) ended: \(reason); \(interrupted) request(s) interrupted"
+            + (others > 0 ? " (\(others) more on it had ended already or went back to the queue)" : ""))
         metrics.addCrashReport(report, limit: configuration.crashReportLimit)
         crashStore?.save(report)
     }
