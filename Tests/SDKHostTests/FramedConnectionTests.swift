@@ -120,6 +120,31 @@ import Testing
         }
     }
 
+    /// A peer that closes with something of ours unread, at a frame boundary, has simply gone: an end of file,
+    /// not a broken socket (a daemon logged a client stopped by Ctrl-C as "dropped: … Connection reset by peer").
+    @Test func aResetAtAFrameBoundaryIsAnEndOfFile() throws {
+        try withSocketPair(capacity: 1 << 20) { kernel, loop, ours, peer in
+            final class Box: @unchecked Sendable { var connection: FramedConnection?; var end: ConnectionEnd?; var got = 0 }
+            let box = Box()
+            box.connection = FramedConnection(FileDescriptor(adopting: ours), loop: loop, limits: .default)
+            loop.execute {
+                try? box.connection?.start(onMessage: { _ in box.got += 1 }, onEnd: { box.end = $0 })
+                try? box.connection?.send(.ping(seq: 1))  // the peer never reads it
+            }
+            loop.runUntilIdle()
+            var whole: [UInt8] = []
+            var outgoing = OutgoingDescriptors()
+            var encoder = BinaryPlistEncoder()
+            try outgoing.encode(.pong(seq: 1), with: &encoder, appendingTo: &whole)
+            #expect(whole.withUnsafeBytes { kernel.send(peer, $0, descriptors: []) } == whole.count)
+            kernel.close(peer)
+            loop.runUntilIdle()
+            loop.execute { box.connection?.close() }
+            #expect(box.got == 1)
+            #expect(box.end == .endOfFile, "ended \(String(describing: box.end))")
+        }
+    }
+
     /// A frame the peer had begun when this side stopped reading (its output to the peer over the limit) does not
     /// age while reading is paused: the time this side would not read is not the peer's, and the time before the
     /// pause still counts. Its clock ran on, so a daemon's sweep closed a client for "a frame left unfinished" as

@@ -18,6 +18,10 @@ import SDKWire
 import SDKPosix
 import CSDKShim
 
+#if canImport(Glibc)
+import Glibc
+#endif
+
 /// Why a connection ended.
 package enum ConnectionEnd: Equatable, Sendable {
     /// The peer closed it.
@@ -350,8 +354,10 @@ package final class FramedConnection {
                 // wrote is read: half a frame left is a truncated frame all the same. (It was reported as a broken
                 // socket, and the worker's requests ended with its exit status: a Crasher `truncate` that exited 0
                 // with a ping unread showed "exit 0", under load.)
+                // At a frame boundary the reset says only that the peer has gone, as an end of file does: a client
+                // stopped with Ctrl-C was logged as "dropped: recvmsg: Connection reset by peer", a warning.
                 let left = reader.bufferedByteCount
-                end(left > 0 ? .truncated(Self.truncatedFrame(left)) : .broken(error.description))
+                end(left > 0 ? .truncated(Self.truncatedFrame(left)) : error.errno == ECONNRESET ? .endOfFile : .broken(error.description))
             }
         }
     }
