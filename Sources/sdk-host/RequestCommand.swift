@@ -133,11 +133,16 @@ enum RequestCommand {
         let mode = host.mode
         // An embedded host's worker that crashed: the end of its stderr says why (the daemon keeps its reports,
         // `sdk-host crashes`).
-        var stderrTail: [Substring] = []
+        var crash: CrashReport?
         switch (mode, outcome) {
-        case (.embedded, .interrupted(.signal)?), (.embedded, .interrupted(.exited)?): stderrTail = lastStderrLines(host, id)
+        case (.embedded, .interrupted(.signal)?), (.embedded, .interrupted(.exited)?):
+            crash = runAsync { await host.crashReportsInMemory() }.last { $0.inFlightRequests.contains(id) }
+        case (.daemon, .interrupted(.signal)?), (.daemon, .interrupted(.exited)?):
+            // The daemon's crash report of that worker (its ids are the daemon's own, its pid is the one we were told).
+            if let pid = workerPid.withLock({ $0 }) { crash = runAsync { await host.status() }?.recentCrashes.last { $0.pid == pid } }
         default: break
         }
+        let stderrTail = crash.map { Array($0.stderrTail.split(separator: "\n").suffix(8)) } ?? []
         let finished = DispatchSemaphore(value: 0)
         host.shutdown { finished.signal() }
         finished.wait()
@@ -161,6 +166,10 @@ enum RequestCommand {
             exit(ExitStatus.cancelled)
         case .interrupted(let reason):
             print("interrupted \(id): " + "\(reason)".displaySafe())
+            // Why it died (the Swift runtime's "Fatal error: …"), when the last lines are a backtrace's frames.
+            if let why = crash?.fatalErrorLine, !stderrTail.contains(where: { $0.contains(why) }) {
+                print("  why: " + String(why.prefix(200)).displaySafe())
+            }
             if !stderrTail.isEmpty {
                 print("  the worker's stderr, last \(stderrTail.count) line(s):")
                 for line in stderrTail { print("  | " + String(line).displaySafe()) }
@@ -176,12 +185,6 @@ import SDKPosix
 extension RequestCommand {
     /// The last lines of stderr of the worker that had request `id` in flight when it died, from the embedded
     /// host's crash reports (read before it shuts down).
-    static func lastStderrLines(_ host: ExtensionHost, _ id: RequestID) -> [Substring] {
-        let reports = runAsync { await host.crashReportsInMemory() }
-        guard let report = reports.last(where: { $0.inFlightRequests.contains(id) }) else { return [] }
-        return Array(report.stderrTail.split(separator: "\n").suffix(8))
-    }
-
     static func describe(_ item: ExtensionItem) -> String {
         // One line per item, whatever the worker put in it: its strings are escaped newlines and all.
         ("title=\(item.title.map { "\"\($0)\"" } ?? "nil")"

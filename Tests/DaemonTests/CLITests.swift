@@ -246,6 +246,8 @@ import Glibc
         let (interrupted, text, _) = try await run(["request", "com.example.crasher", "--embedded", "--text", "segv"])
         #expect(interrupted == 4)
         #expect(text.contains("signal 11"))
+        let (ranged, rangeText, _) = try await run(["request", "com.example.crasher", "--embedded", "--text", "range"])
+        #expect(ranged == 4 && rangeText.contains("  why: ") && rangeText.contains("Fatal error: Index out of range"), "\(rangeText)")
         #expect(try await run(["request", "com.example.crasher", "--embedded", "--text", "hang", "--timeout", "0.3"]).0 == 4)
     }
 
@@ -328,6 +330,10 @@ import Glibc
         let (status, out, err) = try await run(["request", "com.example.crasher", "--config", daemon.configPath, "--text", "range"])
         #expect(status == 4, "\(err)")
         #expect(out.contains("served by: daemon pid \(daemon.pid) at \(daemon.socket), worker pid "), "\(out)")
+        // Why the worker died, and the end of its stderr, from the daemon's crash report (as embedded, where they
+        // come from the host's own): before, a request through the daemon showed neither.
+        #expect(out.contains("  why: ") && out.contains("Fatal error: Index out of range")
+                    && out.contains("the worker's stderr, last "), "\(out)")
         #expect(await eventually(timeout: 20) { !CrashReportStore.load(directory: daemon.crashFolder).isEmpty })
         let (listed, crashes, _) = try await run(["crashes", "--config", daemon.configPath])
         #expect(listed == 0)
