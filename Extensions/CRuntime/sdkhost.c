@@ -678,7 +678,7 @@ static int frame_encode(const sdkhost_value *value, uint8_t **frame, size_t *len
     plan_value(&p, value, 0);
     int e = layout_of(&p, &l);
     if (e) {
-        if (detail) snprintf(detail, detail_size, "%s", e == EINVAL ? "a value that cannot be encoded (none, or nested deeper than 512)" : "too large to encode");
+        if (detail) snprintf(detail, detail_size, "%s", e == EINVAL ? "a value is none, or nested deeper than 512" : "too large to encode");
         return e;
     }
     if (l.total > SDKHOST_MAX_FRAME_BYTES) {
@@ -1612,11 +1612,13 @@ bool sdkhost_complete_request(sdkhost_request *request, const sdkhost_item *item
     }
     outgoing m;
     char detail[160];
-    if (encode_items_message(&m, "complete", request->id, items, count, 0, NULL, detail, sizeof detail) != 0) {
-        /* Too large for a frame: the request still ends, cancelled with the reason. */
+    int failed = encode_items_message(&m, "complete", request->id, items, count, 0, NULL, detail, sizeof detail);
+    if (failed != 0) {
+        /* Too large for a frame, or a value no frame can hold: the request still ends, cancelled with the reason. */
+        const char *what = failed == EINVAL ? "reply cannot be encoded" : "reply too large";
         char message[200];
-        snprintf(message, sizeof message, "reply too large: %s", detail);
-        sdkhost_log("reply to %s too large: %s", request->id, detail);
+        snprintf(message, sizeof message, "%s: %s", what, detail);
+        sdkhost_log("%s for %s: %s", what, request->id, detail);
         encode_cancelled(&m, request->id, "SDKExtension", 3, message);
     }
     return request_finish(request, &m, "completeRequest");

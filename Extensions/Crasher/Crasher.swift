@@ -295,6 +295,11 @@ struct Crasher: RequestHandler {
             context.completeRequest(returningItems: [
                 ExtensionItem(attachments: [.data([UInt8](repeating: 7, count: megabytes << 20))])
             ])
+        case "deepreply":
+            // A reply nested past the frame's 512 levels: no frame can hold it, and the runtime says so.
+            var deep = PlistValue.array([])
+            for _ in 0..<520 { deep = .array([deep]) }
+            context.completeRequest(returningItems: [ExtensionItem(attachments: [deep])])
         case let flood where flood.hasPrefix("flood:"):
             // <MB> megabytes of stdout, many lines, some forging a host log line and a terminal escape.
             let megabytes = Int(flood.dropFirst(6)) ?? 16

@@ -260,6 +260,18 @@ static void begin(sdkhost_request *request, void *context) {
         free(bytes);
         sdkhost_complete_request(request, &item, 1);
         sdkhost_item_free(&item);
+    } else if (strcmp(command, "deepreply") == 0) {
+        /* A reply nested past the frame's 512 levels: no frame can hold it, and the runtime says so. */
+        sdkhost_value deep = sdkhost_array();
+        for (int i = 0; i < 520; i++) {
+            sdkhost_value outer = sdkhost_array();
+            sdkhost_array_append(&outer, deep);
+            deep = outer;
+        }
+        sdkhost_item item = sdkhost_item_make(NULL, NULL);
+        sdkhost_item_add_attachment(&item, deep);
+        sdkhost_complete_request(request, &item, 1);
+        sdkhost_item_free(&item);
     } else if (strcmp(command, "stall") == 0) {
         /* Half a frame on the connection, then stopped: wedged mid-frame, it can answer nothing. */
         write_half_frame();

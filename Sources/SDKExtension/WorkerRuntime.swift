@@ -112,10 +112,12 @@ final class HostConnection: Sendable {
             return (true, nil)
         } catch {
             guard case .complete(let id, _) = message else { return (false, "cannot send '\(message.typeName)': \(error)") }
+            // Nested past the limit is not "too large": said as what it is.
+            let what = error.code == .tooDeep ? "reply cannot be encoded" : "reply too large"
             let refusal = Message.cancelled(id: id, error: ExtensionError(
-                domain: "SDKExtension", code: 3, message: "reply too large: \(error.detail)"))
+                domain: "SDKExtension", code: 3, message: "\(what): \(error.detail)"))
             try? Frame.encode(refusal.plist, with: &encoder, appendingTo: &bytes)
-            return (true, "reply to \(id) too large: \(error.detail)")
+            return (true, "\(what) for \(id): \(error.detail)")
         }
     }
 

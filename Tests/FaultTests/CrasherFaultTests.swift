@@ -61,6 +61,11 @@ extension FaultTests {
                 return false
             }, crash: false),
             Case(fault: "double", expected: { $0 == .completed([ExtensionItem(title: "first")]) }, crash: false),
+            // A reply nested past 512 levels is not "too large" (it said so): cancelled, saying what it is.
+            Case(fault: "deepreply", expected: {
+                if case .cancelled(let e) = $0 { return e.domain == "SDKExtension" && e.code == 3 && e.message.hasPrefix("reply cannot be encoded") }
+                return false
+            }, crash: false),
             Case(fault: "slow:100", expected: { $0 == .completed([ExtensionItem(title: "slow:100")]) }, crash: false),
             Case(fault: "echo", expected: { $0 == .completed([ExtensionItem(title: "echo")]) }, crash: false),
         ]

@@ -171,7 +171,7 @@ extension FaultTests {
                     Issue.record("expected an interruption for a request nested too deep, got \(String(describing: deepOutcome))")
                     return
                 }
-                #expect(deepDetail.contains("request too large") && deepDetail.contains("deeper than the limit of 512"), "\(deepDetail)")
+                #expect(deepDetail.contains("request cannot be encoded") && deepDetail.contains("deeper than the limit of 512"), "\(deepDetail)")
                 // A reply over the limit: the worker reports it instead of leaving the request hanging.
                 let bigReply = ext.beginRequest(withInputItems: [ExtensionItem(title: "bigreply:17")], deadline: .seconds(120))
                 let replyOutcome = await recorder.wait(for: bigReply)

@@ -266,7 +266,8 @@ bool sdkhost_request_is_finished(const sdkhost_request *request);
 /** Completes the request with `count` items (borrowed: still the caller's afterwards; their descriptors are
  *  sent as they are). Only the first of complete/cancel counts; a later one is logged and ignored. A reply too
  *  large for a frame (over 16 MiB, or more than 64 files) cancels the request instead, with error
- *  {"SDKExtension", 3, "reply too large: ..."}. Any thread.
+ *  {"SDKExtension", 3, "reply too large: ..."}; one holding a value no frame can hold (none, or nested deeper
+ *  than 512) with {"SDKExtension", 3, "reply cannot be encoded: ..."}. Any thread.
  *  @return true if this call finished the request. */
 bool sdkhost_complete_request(sdkhost_request *request, const sdkhost_item *items, size_t count);
 

@@ -364,7 +364,8 @@ final class DaemonClient: HostBackend, @unchecked Sendable {
             try connection?.send(.begin(id: request.id, items: request.items, extensionID: request.extensionID,
                                          deadlineMs: deadlineMs))
         } catch {
-            finish(request.id, .interrupted(.protocolViolation("request too large to send: \(error.detail)")))
+            finish(request.id, .interrupted(.protocolViolation(
+                (error.code == .tooDeep ? "request cannot be encoded: " : "request too large to send: ") + error.detail)))
         }
     }
 

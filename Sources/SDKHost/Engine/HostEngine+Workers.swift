@@ -32,7 +32,9 @@ extension HostEngine {
     /// A begin that could not be queued (over the frame limit): the request is interrupted.
     func beginNotSent(_ id: RequestID, to worker: WorkerProcess, _ error: WireError) {
         worker.inFlight.remove(id)
-        finish(id, .interrupted(.protocolViolation("request too large to send: \(error.detail)")))
+        // Nested past the limit is not "too large": said as what it is.
+        finish(id, .interrupted(.protocolViolation(
+            (error.code == .tooDeep ? "request cannot be encoded: " : "request too large to send: ") + error.detail)))
     }
 
     func handle(_ message: Message, from worker: WorkerProcess) {
