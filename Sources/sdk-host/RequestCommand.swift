@@ -38,6 +38,7 @@ enum RequestCommand {
                           exit 4) and its worker told to cancel; this command gives up 10 s later
           --config PATH   the configuration: the daemon's socket, or the embedded host's extensions and limits
         Prints "served by: …" (the embedded host or the daemon, with the worker's pid), the outcome and the items.
+        Ctrl-C cancels the request (its outcome is printed: cancelled, exit 3); a second Ctrl-C quits at once (130).
         Exit status 0 completed, 3 cancelled, 4 interrupted, 2 usage or configuration error, 1 no daemon at
         --socket, or no outcome in time.
         """
@@ -125,9 +126,28 @@ enum RequestCommand {
                 }
             }
         }
+        // Ctrl-C cancels the request, whose outcome is printed as any other (cancelled, exit 3); a second one ends
+        // the command at once (130). Before, the first ended it with no outcome, and the daemon logged the client
+        // as dropped.
+        let interrupted = Mutex<(id: RequestID?, count: Int)>((nil, 0))
+        let cancelOnInterrupt: @Sendable (RequestID) -> Void = { id in
+            var line = "sdk-host: Ctrl-C: cancelling \(id) (again to quit at once)\n"
+            line.withUTF8 { _ = write(2, $0.baseAddress, $0.count) }
+            ext.cancelRequest(id)
+        }
+        signal(SIGINT, SIG_IGN)
+        let interrupts = DispatchSource.makeSignalSource(signal: SIGINT, queue: .global())
+        interrupts.setEventHandler {
+            let (id, count) = interrupted.withLock { $0.count += 1; return ($0.id, $0.count) }
+            if count > 1 { _exit(130) }
+            if let id { cancelOnInterrupt(id) }
+        }
+        interrupts.resume()
         let workerPid = Mutex<pid_t?>(nil)
         let id = ext.beginRequest(withInputItems: items, deadline: timeout, onWorkerAssigned: { pid in workerPid.withLock { $0 = pid } })
         items = []  // the attachments' descriptors are the request's now
+        // A Ctrl-C that came before the request had its id cancels it now.
+        if interrupted.withLock({ $0.id = id; return $0.count }) > 0 { cancelOnInterrupt(id) }
         // The deadline ends the request at the host; the extra 10 s covers a daemon that never answers at all.
         let outcome = waiter.wait(for: id, timeout: timeout + 10)
         let mode = host.mode

@@ -251,6 +251,28 @@ import Glibc
         #expect(try await run(["request", "com.example.crasher", "--embedded", "--text", "hang", "--timeout", "0.3"]).0 == 4)
     }
 
+    /// Ctrl-C cancels the request, and its outcome is printed as any other (exit 3); before, it ended the command
+    /// with no outcome (and through a daemon, the daemon logged the client as dropped).
+    @Test func ctrlCCancelsTheRequest() async throws {
+        let folder = try TemporaryFolder()
+        let out = "\(folder.path)/out", err = "\(folder.path)/err"
+        let pid = spawnProgram([sdkHostBinary, "request", "com.example.crasher", "--embedded", "--text", "slow:60000"],
+                               stdout: out, stderr: err)
+        // Its worker is running (so the request has begun, and Ctrl-C is the command's to handle).
+        func children() -> [String] {
+            (listNames("/proc/\(pid)/task") ?? []).flatMap { task in
+                (readSmallFile("/proc/\(pid)/task/\(task)/children") ?? "").split(separator: " ").map(String.init)
+            }
+        }
+        #expect(await eventually(timeout: 30) { !children().isEmpty })
+        kill(pid, SIGINT)
+        #expect(await waitExit(pid) == 3)
+        let printed = String(decoding: try readFile(out), as: UTF8.self)
+        #expect(printed.contains("cancelled ") && printed.contains("cancelled by the host"), "\(printed)")
+        let said = String(decoding: try readFile(err), as: UTF8.self)
+        #expect(said.contains("Ctrl-C: cancelling"), "\(said)")
+    }
+
     @Test func everyCommandAnswersHelpAndTheVersion() async throws {
         for command in ["demo", "request", "serve", "status", "doctor", "crashes", "plist", "bench"] {
             let (status, out, err) = try await run([command, "--help"])
