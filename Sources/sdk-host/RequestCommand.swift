@@ -37,6 +37,8 @@ enum RequestCommand {
                           RequestDeadlineSeconds if sooner: past it the request is interrupted (timed out,
                           exit 4) and its worker told to cancel; this command gives up 10 s later
           --config PATH   the configuration: the daemon's socket, or the embedded host's extensions and limits
+          --log-level L   an embedded host's log on stderr from level L: debug, info (its workers' own output:
+                          print, sdkhost_log), warning (the default), error
         Prints "served by: …" (the embedded host or the daemon, with the worker's pid), the outcome and the items.
         Ctrl-C cancels the request (its outcome is printed: cancelled, exit 3); a second Ctrl-C quits at once (130).
         Exit status 0 completed, 3 cancelled, 4 interrupted, 2 usage or configuration error, 1 no daemon at
@@ -46,13 +48,18 @@ enum RequestCommand {
 
     static func run(_ arguments: [String]) -> Never {
         let options = Options(arguments, valued: ["--text", "--timeout", "--socket", "--config", "--app", "--file", "--attach",
-                                                  "--payload", "--save", "--serve"],
+                                                  "--payload", "--save", "--serve", "--log-level"],
                               boolean: ["--embedded", "--stream"], usage: usage)
         guard options.positionals.count == 1 else {
             fail(options.positionals.isEmpty ? "missing extension identifier\n\(usage)" : "unexpected argument '\(options.positionals[1])'\n\(usage)", status: ExitStatus.usage)
         }
         EmbeddedHost.configure(from: options)
         let identifier = options.positionals[0]
+        var logLevel = LogLevel.warning
+        if let raw = options.value("--log-level") {
+            guard let level = LogLevel(name: raw) else { fail("--log-level: '\(raw)' is not one of debug, info, warning, error", status: ExitStatus.usage) }
+            logLevel = level
+        }
         var timeout = defaultTimeout
         if let raw = options.value("--timeout") {
             guard let t = Double(raw), t > 0, t <= 86_400 else { fail("--timeout: '\(raw)' is not a number of seconds in (0, 86400]", status: ExitStatus.usage) }
@@ -63,7 +70,7 @@ enum RequestCommand {
         }
         let host: ExtensionHost
         if options.has("--embedded") {
-            host = EmbeddedHost.make()
+            host = EmbeddedHost.make(logLevel: logLevel)
         } else {
             let socket = loadConfiguration(options).socketPath
             let explicit = options.value("--socket") != nil
@@ -81,7 +88,7 @@ enum RequestCommand {
             case .failure(let error) where explicit: fail("\(error)", status: ExitStatus.failure)
             case .failure(let error):
                 // No daemon: embedded, as documented, and said so, with why (stdout stays the outcome's).
-                host = EmbeddedHost.make()
+                host = EmbeddedHost.make(logLevel: logLevel)
                 var line = "sdk-host: \(daemonUnreachable(socket, error)); using an embedded host\n"
                 line.withUTF8 { _ = write(2, $0.baseAddress, $0.count) }
             }

@@ -249,6 +249,12 @@ import Glibc
         let (ranged, rangeText, _) = try await run(["request", "com.example.crasher", "--embedded", "--text", "range"])
         #expect(ranged == 4 && rangeText.contains("  why: ") && rangeText.contains("Fatal error: Index out of range"), "\(rangeText)")
         #expect(try await run(["request", "com.example.crasher", "--embedded", "--text", "hang", "--timeout", "0.3"]).0 == 4)
+        // --log-level shows the embedded host's log from that level (the workers' own lines are info).
+        let (logged, _, logText) = try await run(["request", "com.example.echo", "--embedded", "--text", "hi", "--log-level", "info"])
+        #expect(logged == 0 && logText.contains("info: com.example.echo: started launcher pid ")
+                    && logText.contains("(its launcher's child), sandboxed"), "\(logText)")
+        let (badLevel, _, badLevelText) = try await run(["request", "com.example.echo", "--embedded", "--log-level", "loud"])
+        #expect(badLevel == 2 && badLevelText.contains("--log-level: 'loud' is not one of"), "\(badLevelText)")
     }
 
     /// Ctrl-C cancels the request, and its outcome is printed as any other (exit 3); before, it ended the command

@@ -107,7 +107,9 @@ extension HostEngine {
             if !worker.exitWatched { pollForExit(worker) }
             return worker
         }
-        log(.info, "\(manifest.identifier): started worker pid \(worker.pid)")
+        // Under a launcher this is the launcher's pid, which its 'sandboxed' report replaces with the worker's own
+        // (logged then): the log said "started worker pid 3314", then "worker pid 3317 exited".
+        log(.info, "\(manifest.identifier): started " + (launcherPath == nil ? "worker" : "launcher") + " pid \(worker.pid)")
         send(.hello(version: protocolVersion, identifier: manifest.identifier, hostPid: getpid(), idleTimeoutMs: idleMs),
              to: worker)
         if heartbeatTimer == nil { scheduleHeartbeat() }

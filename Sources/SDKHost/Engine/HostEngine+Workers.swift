@@ -115,6 +115,7 @@ extension HostEngine {
             worker.sandboxReported = true
             let namespaced = layers.contains("pidNamespace")
             if let reportedPID, let direct = worker.adoptWorkerPID(reportedPID, signalDirectly: !namespaced) {
+                log(.info, "\(worker.extensionID): worker pid \(reportedPID) (its launcher's child), sandboxed")
                 // The launcher's worker is pid 2 of its namespace (pid 1 is the launcher's init): that is the id
                 // its runtime stores in the exit-notice word. Without a pid namespace (the launcher only its
                 // subreaping parent) it is the same pid inside and out.
