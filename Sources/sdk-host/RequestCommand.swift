@@ -20,7 +20,8 @@ enum RequestCommand {
                                 [--timeout SECONDS] [--config PATH]
           --text S        an input item with title S (repeatable; default: one empty item)
           --payload JSON  a value for the first item's payloads (`attachments`): what ExtensionItem(encoding:)
-                          sends and a Codable extension reads with decode(_:) (repeatable; JSON without null)
+                          sends and a Codable extension reads with decode(_:) (repeatable; JSON without null;
+                          @FILE reads the JSON from FILE, a regular file of at most 16 MiB)
           --file FILE     send FILE, opened read-only, as a file of the first item (`fileAttachments`, passed
                           as a descriptor: its bytes are never copied through the socket; repeatable, at most 64)
           --save DIR      write what the request returns into DIR (made if missing): each payload that is data
@@ -102,7 +103,20 @@ enum RequestCommand {
         for spec in options.values["--serve"] ?? [] { serve(spec, on: ext) }
         let texts = options.values["--text"] ?? []
         var items = texts.isEmpty ? [ExtensionItem()] : texts.map { ExtensionItem(title: $0) }
-        for json in options.values["--payload"] ?? [] {
+        for raw in options.values["--payload"] ?? [] {
+            // @FILE: the JSON is FILE's (a value past the kernel's 128 KiB limit on one argument).
+            var json = raw
+            if raw.hasPrefix("@") {
+                do {
+                    let bytes = try readRegularFile(String(raw.dropFirst()), maxBytes: 16 << 20)
+                    guard let text = String(validating: bytes, as: UTF8.self) else {
+                        fail("--payload \(raw): not UTF-8 text", status: ExitStatus.usage)
+                    }
+                    json = text
+                } catch {
+                    fail("--payload \(raw): \(error)", status: ExitStatus.usage)
+                }
+            }
             do {
                 items[0].attachments.append(try JSONInput.parse(json))
             } catch {

@@ -101,6 +101,12 @@ import Glibc
         let (sent, echoed, _) = try await run(["request", "com.example.echo", "--embedded",
                                                "--payload", #"{"name": "Ada", "n": 3, "tags": ["x"], "pi": 3.5, "ok": true}"#])
         #expect(sent == 0 && echoed.contains(#"attachments=[{"n": 3, "name": "Ada", "ok": true, "pi": 3.5, "tags": ["x"]}]"#), "\(echoed)")
+        // @FILE: JSON past the kernel's 128 KiB limit on one argument.
+        writeFile("\(folder.path)/big.json", "{\"big\": \"\(String(repeating: "x", count: 200_000))\"}")
+        let (fromFile, fileEchoed, _) = try await run(["request", "com.example.echo", "--embedded", "--payload", "@\(folder.path)/big.json"])
+        #expect(fromFile == 0 && fileEchoed.contains(#"attachments=[{"big": "xxxx"#), "\(fileEchoed.prefix(300))")
+        let (noFile, _, noFileErr) = try await run(["request", "com.example.echo", "--embedded", "--payload", "@\(folder.path)/none.json"])
+        #expect(noFile == 2 && noFileErr.contains("--payload @\(folder.path)/none.json: open"), "\(noFileErr)")
         for (json, why) in [(#"{"a": null}"#, "null has no property-list form"), ("[1, 2", "an array is not closed at byte 5"),
                             (#"{"n": 18446744073709551615}"#, "'18446744073709551615' is a whole number outside the 64-bit range")] {
             let (bad, _, badErr) = try await run(["request", "com.example.echo", "--embedded", "--payload", json])
