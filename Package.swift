@@ -103,7 +103,7 @@ let package = Package(
             name: "sdk-host",
             // Depending on the extensions and the Foundation codec helper makes `swift run sdk-host …` build them
             // next to it.
-            dependencies: ["SDKWire", "SDKPosix", "SDKHost", "SDKDaemon", "Echo", "Crasher", "AsyncEcho", "Ticker", "Renderer", "Escaper", "CrasherC", "foundation-codec-bench", "sdk-host-launcher"],
+            dependencies: ["SDKWire", "SDKPosix", "SDKHost", "SDKDaemon", "CSDKShim", "Echo", "Crasher", "AsyncEcho", "Ticker", "Renderer", "Escaper", "CrasherC", "foundation-codec-bench", "sdk-host-launcher"],
             linkerSettings: staticExecutable),
         // Times Foundation's PropertyListSerialization for `sdk-host bench`, in its own process.
         .executableTarget(name: "foundation-codec-bench", dependencies: ["SDKPosix"]),

@@ -422,34 +422,43 @@ int sdk_flags_path_only(int flags) { return (flags & O_PATH) != 0; }
 int sdk_open_path_only(const char *path) { return open(path, O_PATH | O_CLOEXEC); }
 int sdk_open_path_only_nofollow(const char *path) { return open(path, O_PATH | O_CLOEXEC | O_NOFOLLOW); }
 
-int sdk_open_regular_file(const char *path, int nofollow, struct stat *info) {
+int sdk_signal_is_ignored(int signal) {
+    struct sigaction current;
+    return sigaction(signal, NULL, &current) == 0 && !(current.sa_flags & SA_SIGINFO) && current.sa_handler == SIG_IGN;
+}
+
+int sdk_open_regular_file(const char *path, int nofollow, int reopen_by_path, struct stat *info) {
     int checked = open(path, O_PATH | O_CLOEXEC | (nofollow ? O_NOFOLLOW : 0));
     if (checked < 0) return -1;
-    int error = 0, fd = -1;
+    int result = -1, error = 0, fd = -1;
     if (fstat(checked, info) != 0) {
         error = errno;
     } else if (!S_ISREG(info->st_mode)) {
-        error = ENODEV;
+        result = SDK_OPEN_NOT_REGULAR;
     } else {
         char link[32];
         snprintf(link, sizeof link, "/proc/self/fd/%d", checked);
         fd = open(link, O_RDONLY | O_CLOEXEC | O_NOCTTY | O_NONBLOCK);
         // No /proc (a chroot, some containers): the path again, without waiting on what it may name now.
-        if (fd < 0 && errno == ENOENT) fd = open(path, O_RDONLY | O_CLOEXEC | O_NOCTTY | O_NONBLOCK | (nofollow ? O_NOFOLLOW : 0));
+        if (fd < 0 && errno == ENOENT && reopen_by_path) {
+            fd = open(path, O_RDONLY | O_CLOEXEC | O_NOCTTY | O_NONBLOCK | (nofollow ? O_NOFOLLOW : 0));
+        }
         struct stat opened;
         if (fd < 0) {
             error = errno;
-        } else if (fstat(fd, &opened) != 0 || opened.st_dev != info->st_dev || opened.st_ino != info->st_ino) {
-            error = ESTALE;
+        } else if (fstat(fd, &opened) != 0) {
+            error = errno;
+        } else if (opened.st_dev != info->st_dev || opened.st_ino != info->st_ino) {
+            result = SDK_OPEN_CHANGED;
         } else {
             int flags = fcntl(fd, F_GETFL);
-            if (flags < 0 || fcntl(fd, F_SETFL, flags & ~O_NONBLOCK) != 0) error = errno;
+            if (flags < 0 || fcntl(fd, F_SETFL, flags & ~O_NONBLOCK) != 0) error = errno; else result = fd;
         }
-        if (error != 0 && fd >= 0) { close(fd); fd = -1; }
+        if (result != fd && fd >= 0) close(fd);
     }
     close(checked);
-    if (error != 0) errno = error;
-    return fd;
+    if (result == -1) errno = error;
+    return result;
 }
 
 int sdk_is_memfd(int fd) {

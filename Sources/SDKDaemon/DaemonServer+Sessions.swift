@@ -34,7 +34,7 @@ extension DaemonServer {
             // The app is the peer's uid (from the kernel) and the name it gives; a name is only a label within
             // its own uid, so no client can join another user's workers by naming itself after them.
             session.app = "\(session.credentials.uid)/" + Self.appLabel(app)
-            session.send(connectedMessage())
+            session.send(connectedMessage(for: session))
         case .begin(let clientID, let items, let extensionID, let deadlineMs):
             let forwarded = session.connection.withForwardablePayload { $0.flatMap(ForwardedFrame.init(payload:)) }
             begin(session, clientID: clientID, items: items, extensionID: extensionID, deadlineMs: deadlineMs,
@@ -248,6 +248,8 @@ extension HostStatus {
             var e = e
             e.pools = e.pools.filter { session.maySee(app: $0.app) }
             e.workers = e.workers.filter { session.maySee(app: $0.app) }
+            // The operator's paths stay the operator's (as in `connected`).
+            if e.problem != nil { e.problem = DaemonServer.refusedBriefly(e.identifier) }
             return e
         }
         copy.recentCrashes = recentCrashes.filter { session.maySee(app: $0.app) }

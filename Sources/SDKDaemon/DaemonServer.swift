@@ -63,8 +63,16 @@ package final class DaemonServer: @unchecked Sendable {
     /// (`reload`).
     private var lastReload: (endedAt: UInt64, took: UInt64)?
     private var reloadTimer: TimerID?
-    /// The extension list the clients were last sent (`connected`), which a reload sends again only if it changed.
-    private var announcedExtensions: Message?
+    /// The extension list the clients were last sent (`connected`), made at the start and at each reload: in full
+    /// for the daemon's own uid and root, and without the refusals' detail for the others (`ClientSession.seesEverything`).
+    /// A reload sends it again only if it changed.
+    private var announcedExtensions: (full: Message, limited: Message)?
+
+    /// The `connected` message for `session`.
+    func connectedMessage(for session: ClientSession) -> Message {
+        let announced = announcedExtensions ?? connectedMessages()
+        return session.seesEverything ? announced.full : announced.limited
+    }
 
     /// Blocks SIGTERM/SIGINT (call before any other thread starts), discovers extensions and binds the socket.
     ///
@@ -271,7 +279,7 @@ package final class DaemonServer: @unchecked Sendable {
     /// What serving needs besides the listener and the signals: the sweep and the event fan-out.
     private func startServing() {
         scheduleSweep()
-        announcedExtensions = connectedMessage()
+        announcedExtensions = connectedMessages()
         engine.eventObserver = { [unowned self] event in
             // Made for the first session that takes it: with no subscriber, an event costs no message.
             var message: Message?
@@ -320,10 +328,12 @@ package final class DaemonServer: @unchecked Sendable {
         let start = monotonicNanoseconds()
         Systemd.notify("RELOADING=1\nMONOTONIC_USEC=\(start / 1000)")
         if case .success = engine.reloadManifestsOnLoop() {
-            let message = connectedMessage()
-            if message != announcedExtensions {
-                announcedExtensions = message
-                for session in sessions.values where session.handshaken { session.send(message) }
+            let messages = connectedMessages()
+            if messages.full != announcedExtensions?.full {
+                announcedExtensions = messages
+                for session in sessions.values where session.handshaken {
+                    session.send(session.seesEverything ? messages.full : messages.limited)
+                }
             }
         }
         Systemd.notify("READY=1\nSTATUS=\(statusLine)")
@@ -331,21 +341,36 @@ package final class DaemonServer: @unchecked Sendable {
         lastReload = (engine.loop.now, end &- start)
     }
 
-    func connectedMessage() -> Message {
+    /// The `connected` message, in full and for clients of other uids (`announcedExtensions`).
+    func connectedMessages() -> (full: Message, limited: Message) {
         let infos = engine.extensions
         // The listed extensions an embedded host would refuse by name (a skipped manifest, a missing executable):
         // the client refuses them as it would, rather than sending a request that can only fail to launch.
-        var problems: [String: String] = [:]
+        var full: [String: String] = [:], limited: [String: String] = [:]
+        var total = 0
         for info in infos {
             guard let problem = engine.lookupProblem(info.identifier) else { continue }
-            // At most 1,024 scalars each: a manifest's error can quote its value, and every client is sent the list.
+            // The detail names the operator's files and folders: other uids get what it is, not where.
+            let brief = "\(problem.code) \(Self.refusedBriefly(info.identifier))"
+            limited[info.identifier] = brief
+            // At most 1,024 scalars each and 64 KiB in all: a manifest's error can quote its value, and every client
+            // is sent the list; past that, the brief form.
             let detail = problem.detail.unicodeScalars.count > 1024
                 ? String(String.UnicodeScalarView(problem.detail.unicodeScalars.prefix(1024))) + "…" : problem.detail
-            problems[info.identifier] = "\(problem.code) \(detail)"
+            total += detail.utf8.count
+            full[info.identifier] = total <= 64 << 10 ? "\(problem.code) \(detail)" : brief
         }
-        return .connected(version: protocolVersion, pid: getpid(), extensions: infos.map { $0.identifier },
-                          extensionPoints: Dictionary(uniqueKeysWithValues: infos.map { ($0.identifier, $0.extensionPointIdentifier) }),
-                          problems: problems)
+        func message(_ problems: [String: String]) -> Message {
+            .connected(version: protocolVersion, pid: getpid(), extensions: infos.map { $0.identifier },
+                       extensionPoints: Dictionary(uniqueKeysWithValues: infos.map { ($0.identifier, $0.extensionPointIdentifier) }),
+                       problems: problems)
+        }
+        return (message(full), message(limited))
+    }
+
+    /// What a client of another uid is told of an extension that cannot start.
+    static func refusedBriefly(_ identifier: String) -> String {
+        "\(identifier): no request can start; the daemon's operator sees why (sdk-host doctor, or its log)"
     }
 
     // MARK: Clients

@@ -62,12 +62,12 @@ public final class FileAttachment: Sendable, Hashable, CustomStringConvertible {
         // What the path names is checked before it is opened for reading: a FIFO's open waited for a writer, for
         // ever, and a device's open runs its driver (sdk_open_regular_file).
         var info = stat()
-        let fd = sdk_open_regular_file(path, 0, &info)
+        let fd = sdk_open_regular_file(path, 0, 1, &info)
         guard fd >= 0 else {
-            switch errno {
-            case ENODEV: throw FileAttachmentError("attach", path, reason: Self.notARegular(info.st_mode) ?? "not a regular file")
-            case ESTALE: throw FileAttachmentError("attach", path, reason: "it changed while it was opened")
-            case let e: throw FileAttachmentError("open", path, errno: e)
+            switch fd {
+            case SDK_OPEN_NOT_REGULAR: throw FileAttachmentError("attach", path, reason: Self.notARegular(info.st_mode) ?? "not a regular file")
+            case SDK_OPEN_CHANGED: throw FileAttachmentError("attach", path, reason: "it changed while it was opened")
+            default: throw FileAttachmentError("open", path, errno: errno)
             }
         }
         self.init(adopting: fd)

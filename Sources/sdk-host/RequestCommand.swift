@@ -8,6 +8,7 @@
 // host built from --config (or $SDKHOST_CONFIG), and says so on stderr.
 import Dispatch
 import SDKHost
+import CSDKShim
 
 #if canImport(Glibc)
 import Glibc
@@ -137,6 +138,7 @@ enum RequestCommand {
         if let saveDirectory { prepareSaveDirectory(saveDirectory) }
         let waiter = OutcomeWaiter(attachingTo: ext)
         let began = monotonicNanoseconds()
+        let beganAt = Double(time(nil)) - 1  // wall clock, for a crash report's time
         if options.has("--stream") {
             // Straight to fd 1, a line at a time: through a pipe, stdio would hold the lines until the end.
             ext.requestProgressHandler = { _, batch in
@@ -147,23 +149,30 @@ enum RequestCommand {
                 }
             }
         }
-        // Ctrl-C cancels the request, whose outcome is printed as any other (cancelled, exit 3); a second one ends
-        // the command at once (130). Before, the first ended it with no outcome, and the daemon logged the client
-        // as dropped.
-        let interrupted = Mutex<(id: RequestID?, count: Int)>((nil, 0))
+        // Ctrl-C cancels the request, whose outcome is printed as any other (cancelled, exit 3); a second one, or
+        // one after the outcome, ends the command at once (130). Before, the first ended it with no outcome, and
+        // the daemon logged the client as dropped. A command started with SIGINT ignored (in the background, under
+        // nohup) keeps ignoring it.
+        let interrupted = Mutex<(id: RequestID?, count: Int, done: Bool)>((nil, 0, false))
         let cancelOnInterrupt: @Sendable (RequestID) -> Void = { id in
             var line = "sdk-host: Ctrl-C: cancelling \(id) (again to quit at once)\n"
             line.withUTF8 { _ = write(2, $0.baseAddress, $0.count) }
             ext.cancelRequest(id)
         }
-        signal(SIGINT, SIG_IGN)
-        let interrupts = DispatchSource.makeSignalSource(signal: SIGINT, queue: .global())
-        interrupts.setEventHandler {
-            let (id, count) = interrupted.withLock { $0.count += 1; return ($0.id, $0.count) }
-            if count > 1 { _exit(130) }
-            if let id { cancelOnInterrupt(id) }
+        var interrupts: (any DispatchSourceSignal)?
+        if sdk_signal_is_ignored(SIGINT) == 0 {
+            signal(SIGINT, SIG_IGN)
+            let source = DispatchSource.makeSignalSource(signal: SIGINT, queue: .global())
+            source.setEventHandler {
+                // `data`: the signals since the last call (two quick presses may come as one call).
+                let presses = Int(source.data)
+                let (id, count, done) = interrupted.withLock { $0.count += max(presses, 1); return ($0.id, $0.count, $0.done) }
+                if count > 1 || done { _exit(130) }
+                if let id { cancelOnInterrupt(id) }
+            }
+            source.resume()
+            interrupts = source
         }
-        interrupts.resume()
         let workerPid = Mutex<pid_t?>(nil)
         let id = ext.beginRequest(withInputItems: items, deadline: timeout, onWorkerAssigned: { pid in workerPid.withLock { $0 = pid } })
         items = []  // the attachments' descriptors are the request's now
@@ -171,6 +180,8 @@ enum RequestCommand {
         if interrupted.withLock({ $0.id = id; return $0.count }) > 0 { cancelOnInterrupt(id) }
         // The deadline ends the request at the host; the extra 10 s covers a daemon that never answers at all.
         let outcome = waiter.wait(for: id, timeout: timeout + 10)
+        interrupted.withLock { $0.done = true }  // a Ctrl-C now quits (the host's shutdown can take a while)
+        _ = interrupts
         let mode = host.mode
         // An embedded host's worker that crashed: the end of its stderr says why (the daemon keeps its reports,
         // `sdk-host crashes`).
@@ -179,8 +190,11 @@ enum RequestCommand {
         case (.embedded, .interrupted(.signal)?), (.embedded, .interrupted(.exited)?):
             crash = runAsync { await host.crashReportsInMemory() }.last { $0.inFlightRequests.contains(id) }
         case (.daemon, .interrupted(.signal)?), (.daemon, .interrupted(.exited)?):
-            // The daemon's crash report of that worker (its ids are the daemon's own, its pid is the one we were told).
-            if let pid = workerPid.withLock({ $0 }) { crash = runAsync { await host.status() }?.recentCrashes.last { $0.pid == pid } }
+            // The daemon's crash report of that worker: its ids are the daemon's own, so it is the one of the pid we
+            // were told, written since this request began, with this outcome's reason (a pid can be reused).
+            if let pid = workerPid.withLock({ $0 }), case .interrupted(let reason)? = outcome {
+                crash = runAsync { await host.status() }?.recentCrashes.last { $0.pid == pid && $0.time >= beganAt && $0.reason == reason }
+            }
         default: break
         }
         let stderrTail = crash.map { Array($0.stderrTail.split(separator: "\n").suffix(8)) } ?? []

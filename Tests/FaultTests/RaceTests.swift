@@ -153,7 +153,7 @@ extension FaultTests {
                 let (ext, recorder) = try recordedExtension(host, "com.example.crasher")
                 // Input over the 16 MiB frame limit: never sent, interrupted with the reason.
                 let huge = ExtensionItem(attachments: [.data([UInt8](repeating: 1, count: 17 << 20))])
-                // Deadlines well past Crasher's 10 s: building and refusing 17 MiB is slow on a loaded machine.
+                // Long deadlines (Crasher's limit is 120 s): building and refusing 17 MiB is slow on a loaded machine.
                 let tooBig = ext.beginRequest(withInputItems: [ExtensionItem(title: "echo"), huge], deadline: .seconds(120))
                 let inputOutcome = await recorder.wait(for: tooBig)
                 guard case .interrupted(.protocolViolation(let detail))? = inputOutcome else {

@@ -167,17 +167,19 @@ import Glibc
     /// The manifest's RequestDeadlineSeconds is a limit a request's own deadline cannot lift: before, an app's
     /// deadline (the CLI sends 60 s) replaced it, and a 0.5 s limit let a 5 s request complete.
     @Test func theManifestsDeadlineIsALimitARequestCannotLift() async throws {
+        // A 2 s limit: the requests that outlast it sleep 60 s; the one within it meets a warm worker.
         let limited = TemporaryExtension(identifier: "com.example.limited", executable: "Crasher",
-                                         policy: "<key>RequestDeadlineSeconds</key><real>0.5</real>")
+                                         policy: "<key>RequestDeadlineSeconds</key><real>2</real><key>MaxWorkers</key><integer>1</integer>")
         defer { limited.remove() }
         try await withHost(extraSearchPaths: [limited.root]) { host, _ in
             let (ext, recorder) = try recordedExtension(host, "com.example.limited")
-            let later = ext.beginRequest(withInputItems: [ExtensionItem(title: "slow:5000")], deadline: 60)
+            _ = try await ext.prewarm()
+            let later = ext.beginRequest(withInputItems: [ExtensionItem(title: "slow:60000")], deadline: 120)
             #expect(await recorder.wait(for: later) == .interrupted(.timedOut))
-            let unset = ext.beginRequest(withInputItems: [ExtensionItem(title: "slow:5000")])
+            let unset = ext.beginRequest(withInputItems: [ExtensionItem(title: "slow:60000")])
             #expect(await recorder.wait(for: unset) == .interrupted(.timedOut))
             // Within the limit, a request completes.
-            let quick = ext.beginRequest(withInputItems: [ExtensionItem(title: "slow:1")], deadline: 60)
+            let quick = ext.beginRequest(withInputItems: [ExtensionItem(title: "slow:1")], deadline: 120)
             #expect(await recorder.wait(for: quick) == .completed([ExtensionItem(title: "slow:1")]))
         }
     }

@@ -21,7 +21,7 @@ import Glibc
         #expect(echo.executablePath?.hasSuffix("/Echo") == true)
         #expect(echo.policy.maxConcurrentRequests == 64)
         #expect(echo.policy.memoryLimitMB == 512)
-        #expect(manifests["com.example.crasher"]?.policy.requestDeadline == .seconds(10))
+        #expect(manifests["com.example.crasher"]?.policy.requestDeadline == .seconds(120))
         // The Python echo: a script beside its manifest, run by the listed interpreter, its path made absolute.
         if let python = HostConfiguration.defaultInterpreters["/usr/bin/python3"] {
             let echoPython = try #require(manifests["com.example.echo-python"])

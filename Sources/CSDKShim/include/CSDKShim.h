@@ -185,13 +185,18 @@ int sdk_open_path_only(const char *path);
 int sdk_open_path_only_nofollow(const char *path);
 /// Opens the regular file at `path` read-only (O_CLOEXEC | O_NOCTTY, blocking) without opening anything else on
 /// the way: what the path names is checked through an O_PATH descriptor, which opens nothing (a FIFO's open waits
-/// for a writer, a device's runs its driver), and then that same file is opened through /proc/self/fd; without
-/// /proc, the path again, non-blocking, kept only if it is the same file. `nofollow`: a link at `path` is not
-/// followed (and is refused, as not a regular file). FileAttachment(contentsOf:) and readRegularFile use it.
-/// Returns the descriptor, with `*info` its stat. Else -1 and errno: the failing call's, or EFTYPE-like ENODEV
-/// with `*info` the stat of what the path names when that is not a regular file, or ESTALE when what was opened is
-/// not what was checked (the path changed in between).
-int sdk_open_regular_file(const char *path, int nofollow, struct stat *info);
+/// for a writer, a device's runs its driver), and then that same file is opened through /proc/self/fd. Without
+/// /proc, with `reopen_by_path` the path is opened again, non-blocking (a device swapped in meanwhile has its
+/// open run), and kept only if it is the same file; without it, that fails (ENOENT). `nofollow`: a link at `path`
+/// is not followed (and is refused, as not a regular file). FileAttachment(contentsOf:) and readRegularFile use it.
+/// Returns the descriptor, with `*info` its stat; -1 with errno when a call fails; SDK_OPEN_NOT_REGULAR with
+/// `*info` the stat of what the path names when that is not a regular file; SDK_OPEN_CHANGED when what was opened
+/// is not what was checked (the path changed in between).
+int sdk_open_regular_file(const char *path, int nofollow, int reopen_by_path, struct stat *info);
+/// 1 when `signal`'s disposition is SIG_IGN (a command started in the background, or under nohup), else 0.
+int sdk_signal_is_ignored(int signal);
+#define SDK_OPEN_NOT_REGULAR (-2)
+#define SDK_OPEN_CHANGED (-3)
 /// 1 when `fd` is a memfd (its /proc/self/fd link reads "/memfd:…"), else 0.
 int sdk_is_memfd(int fd);
 /// 1 when `fd` is sealed against writing, growing and shrinking (only a memfd can be: seals exist on tmpfs and

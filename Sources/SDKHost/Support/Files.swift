@@ -70,7 +70,8 @@ package struct FileReadError: Error, CustomStringConvertible {
 /// Reads a small file that must be a regular file of at most `maxBytes`: a manifest or a configuration file, which
 /// whoever can write its folder may replace by a FIFO (opening it waited for a writer for ever, and the daemon with
 /// it), a link to /dev/zero (reading it never ended: gigabytes in seconds) or a file of hundreds of megabytes.
-/// Checked before it is opened for reading (opening a device may do something), and opened non-blocking.
+/// Checked before it is opened for reading (opening a device may do something), and read through a descriptor of
+/// that same file (sdk_open_regular_file; a FIFO or a device is never opened).
 package func readRegularFile(_ path: String, maxBytes: Int, followingLinks: Bool = true) throws(FileReadError) -> [UInt8] {
     func kind(_ mode: mode_t) -> String {
         switch mode & S_IFMT {
@@ -85,13 +86,14 @@ package func readRegularFile(_ path: String, maxBytes: Int, followingLinks: Bool
     }
     // What the path names is checked before anything is opened for reading (a device's open is never run), and
     // what is then opened is that same file (sdk_open_regular_file).
+    // Without /proc it fails rather than open the path a second time (which would run a device's open).
     var info = stat()
-    let fd = sdk_open_regular_file(path, followingLinks ? 0 : 1, &info)
+    let fd = sdk_open_regular_file(path, followingLinks ? 0 : 1, 0, &info)
     guard fd >= 0 else {
-        switch errno {
-        case ENODEV: throw FileReadError(description: "not a regular file (\(kind(info.st_mode)))")
-        case ESTALE: throw FileReadError(description: "changed while it was opened")
-        case let e: throw FileReadError(description: SystemError("open", errno: e, detail: path).description)
+        switch fd {
+        case SDK_OPEN_NOT_REGULAR: throw FileReadError(description: "not a regular file (\(kind(info.st_mode)))")
+        case SDK_OPEN_CHANGED: throw FileReadError(description: "changed while it was opened")
+        default: throw FileReadError(description: SystemError("open", errno: errno, detail: path).description)
         }
     }
     defer { close(fd) }
