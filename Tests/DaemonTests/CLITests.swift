@@ -555,19 +555,14 @@ import Glibc
         #expect(twice == 2 && twiceOut.contains("is already used by"), "\(String(describing: twice)) \(twiceOut)")
         // An ill-formed manifest that names its identifier is said once (it was twice, on one line: refused by
         // name, then again as skipped).
-        let other = try TemporaryFolder()
-        mkdir("\(other.path)/Bad", 0o755)
-        writeFile("\(other.path)/Bad/Info.plist", """
-            <plist version="1.0"><dict><key>CFBundleIdentifier</key><string>com.example.bogus</string>
-            <key>NSExtension</key><dict><key>NSExtensionPointIdentifier</key><string>p</string>
-            <key>NSExtensionExecutable</key><string>Echo</string>
-            <key>SDKHostPolicy</key><dict><key>Bogus</key><integer>0</integer></dict></dict></dict></plist>
+        let bogusExtension = TemporaryExtension(identifier: "com.example.bogus", executable: "Echo",
+                                                policy: "<key>Bogus</key><integer>0</integer>")
+        defer { bogusExtension.remove() }
+        writeFile("\(folder.path)/bogus.plist", """
+            <plist version="1.0"><dict><key>ExtensionSearchPaths</key><array><string>\(bogusExtension.root)</string></array>
+            <key>SocketPath</key><string>\(folder.path)/d.sock</string></dict></plist>
             """)
-        writeFile("\(other.path)/bogus.plist", """
-            <plist version="1.0"><dict><key>ExtensionSearchPaths</key><array><string>\(other.path)</string></array>
-            <key>SocketPath</key><string>\(other.path)/d.sock</string></dict></plist>
-            """)
-        let (bogus, bogusOut, _) = try await run(["doctor", "--config", "\(other.path)/bogus.plist"])
+        let (bogus, bogusOut, _) = try await run(["doctor", "--config", "\(folder.path)/bogus.plist"])
         #expect(bogus == 2, "\(String(describing: bogus)) \(bogusOut)")
         #expect(bogusOut.components(separatedBy: "SDKHostPolicy.Bogus: unknown key").count == 2, "\(bogusOut)")
     }

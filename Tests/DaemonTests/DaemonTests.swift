@@ -234,28 +234,23 @@ import Glibc
     /// files) goes to the daemon's own uid and root, and another allowed uid is told only that it cannot start.
     @Test(.enabled(if: getuid() == 0 && access("/usr/bin/setpriv", X_OK) == 0, "needs root and setpriv"))
     func anotherUserIsToldAnExtensionCannotStartButNotWhy() async throws {
-        let extra = try TemporaryFolder()
-        mkdir("\(extra.path)/Bad", 0o755)
-        writeFile("\(extra.path)/Bad/Info.plist", """
-            <plist version="1.0"><dict><key>CFBundleIdentifier</key><string>com.example.refused</string>
-            <key>NSExtension</key><dict><key>NSExtensionPointIdentifier</key><string>p</string>
-            <key>NSExtensionExecutable</key><string>Echo</string>
-            <key>SDKHostPolicy</key><dict><key>MaxWorkers</key><integer>0</integer></dict></dict></dict></plist>
-            """)
+        let refused = TemporaryExtension(identifier: "com.example.refused", executable: "Echo",
+                                         policy: "<key>MaxWorkers</key><integer>0</integer>")
+        defer { refused.remove() }
         let daemon = try await DaemonProcess(extraConfig: "<key>AllowedUIDs</key><array><integer>0</integer><integer>65534</integer></array>",
-                                             socketMode: 0o666, folderMode: 0o755, extraSearchPaths: [extra.path])
+                                             socketMode: 0o666, folderMode: 0o755, extraSearchPaths: [refused.root])
         defer { daemon.remove() }
         let err = "\(daemon.folder)/nobody.err"
         let nobody = spawnProgram(["/usr/bin/setpriv", "--reuid=65534", "--regid=65534", "--clear-groups",
                                    sdkHostBinary, "request", "com.example.refused", "--socket", daemon.socket], stderr: err)
         #expect(await waitExit(nobody) == 2)
         let told = String(decoding: try readFile(err), as: UTF8.self)
-        #expect(told.contains("com.example.refused: no request can start") && !told.contains(extra.path), "\(told)")
+        #expect(told.contains("com.example.refused: no request can start") && !told.contains(refused.root), "\(told)")
         let rootErr = "\(daemon.folder)/root.err"
         let root = spawnProgram([sdkHostBinary, "request", "com.example.refused", "--socket", daemon.socket], stderr: rootErr)
         #expect(await waitExit(root) == 2)
         let rootTold = String(decoding: try readFile(rootErr), as: UTF8.self)
-        #expect(rootTold.contains("\(extra.path)/Bad/Info.plist") && rootTold.contains("MaxWorkers: 0 is outside"), "\(rootTold)")
+        #expect(rootTold.contains("\(refused.root)/Ext/Info.plist") && rootTold.contains("MaxWorkers: 0 is outside"), "\(rootTold)")
         #expect(await daemon.stop() == 0)
     }
 

@@ -133,16 +133,21 @@ final class NotifyListener {
 
         // A new manifest appears (the Echo executable under another identifier and extension point); SIGHUP.
         mkdir("\(extra)/Reloaded", 0o700)
-        writeFile("\(extra)/Reloaded/Info.plist", """
-            <?xml version="1.0" encoding="UTF-8"?>
-            <plist version="1.0"><dict>
-              <key>CFBundleIdentifier</key><string>com.example.reloaded</string>
-              <key>NSExtension</key><dict>
-                <key>NSExtensionPointIdentifier</key><string>com.example.reload-point</string>
-                <key>NSExtensionExecutable</key><string>Echo</string>
-              </dict>
-            </dict></plist>
-            """)
+        // The Echo executable under another identifier and extension point, with `policy` in its SDKHostPolicy.
+        func writeReloaded(policy: String = "") {
+            writeFile("\(extra)/Reloaded/Info.plist", """
+                <?xml version="1.0" encoding="UTF-8"?>
+                <plist version="1.0"><dict>
+                  <key>CFBundleIdentifier</key><string>com.example.reloaded</string>
+                  <key>NSExtension</key><dict>
+                    <key>NSExtensionPointIdentifier</key><string>com.example.reload-point</string>
+                    <key>NSExtensionExecutable</key><string>Echo</string>
+                    <key>SDKHostPolicy</key><dict>\(policy)</dict>
+                  </dict>
+                </dict></plist>
+                """)
+        }
+        writeReloaded()
         daemon.signal(SIGHUP)
         #expect(await notify.wait { $0.contains("RELOADING=1") && $0.contains("MONOTONIC_USEC=") } != nil)
         #expect(await eventually(timeout: 20) { host.extensionIdentifiers.contains("com.example.reloaded") })
@@ -166,17 +171,7 @@ final class NotifyListener {
         // One that names itself but breaks a rule is listed and refused by name, as an embedded host refuses it
         // (the client was sent the problem): before, `extension(identifier:)` took it, and each request was sent
         // to the daemon to end as a launch failure (`sdk-host request` exited 4 here, 2 when embedded).
-        writeFile("\(extra)/Reloaded/Info.plist", """
-            <?xml version="1.0" encoding="UTF-8"?>
-            <plist version="1.0"><dict>
-              <key>CFBundleIdentifier</key><string>com.example.reloaded</string>
-              <key>NSExtension</key><dict>
-                <key>NSExtensionPointIdentifier</key><string>com.example.reload-point</string>
-                <key>NSExtensionExecutable</key><string>Echo</string>
-                <key>SDKHostPolicy</key><dict><key>NetworkAllowed</key><integer>1</integer></dict>
-              </dict>
-            </dict></plist>
-            """)
+        writeReloaded(policy: "<key>NetworkAllowed</key><integer>1</integer>")
         daemon.signal(SIGHUP)
         func refusal() -> HostError? {
             do { _ = try host.extension(identifier: "com.example.reloaded"); return nil } catch { return error }
