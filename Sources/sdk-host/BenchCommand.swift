@@ -49,13 +49,13 @@ enum BenchCommand {
         let json = options.has("--json")
         let quick = options.has("--quick")
         if let raw = options.value("--soak") {
-            guard let count = Int(raw), count > 0 else { fail("--soak: '\(raw)' is not a positive request count\n\(usage)", status: ExitStatus.usage) }
+            guard let count = Int(raw), count > 0 else { fail("--soak: '\(raw)' is not a positive request count", status: ExitStatus.usage, usage: usage) }
             SoakCommand.run(total: count, json: json)
         }
         let mode = options.positionals.first
         guard options.positionals.count <= 1, mode == nil || mode == "api" || mode == "codec" || mode == "drain" || mode == "stream"
             || mode == "throughput" || mode == "cold" || mode == "daemon" || mode == "kill" || mode == "calls" || mode == "languages" else {
-            fail("unexpected argument '\(options.positionals.last ?? "")'\n\(usage)", status: ExitStatus.usage)
+            fail("unexpected argument '\(options.positionals.last ?? "")'", status: ExitStatus.usage, usage: usage)
         }
         var results = Results()
         if mode == "codec" {

@@ -32,8 +32,8 @@ enum ConformanceCommand {
     static func run(_ arguments: [String]) -> Never {
         let options = Options(arguments, valued: ["--config"], boolean: [], usage: usage)
         guard options.positionals.count == 1 else {
-            fail(options.positionals.isEmpty ? "missing extension identifier\n\(usage)" : "unexpected argument '\(options.positionals[1])'\n\(usage)",
-                 status: ExitStatus.usage)
+            fail(options.positionals.isEmpty ? "missing extension identifier" : "unexpected argument '\(options.positionals[1])'",
+                 status: ExitStatus.usage, usage: usage)
         }
         EmbeddedHost.configure(from: options)
         let identifier = options.positionals[0]

@@ -88,7 +88,7 @@ enum DemoCommand {
 
     static func run(_ arguments: [String]) {
         let options = Options(arguments, valued: ["--config"], boolean: [], usage: usage)
-        if let extra = options.positionals.first { fail("unexpected argument '\(extra)'\n\(usage)", status: ExitStatus.usage) }
+        if let extra = options.positionals.first { fail("unexpected argument '\(extra)'", status: ExitStatus.usage, usage: usage) }
         EmbeddedHost.configure(from: options)
         let began = monotonicMs()
         // The table reports every outcome; the host's own log lines would only interleave with it. The demo

@@ -20,7 +20,7 @@ enum HammerCommand {
         let options = Options(arguments, valued: ["--socket", "--count", "--faults", "--in-flight"], boolean: ["--sample"],
                               usage: usage)
         guard let socket = options.value("--socket"), let count = options.value("--count").flatMap(Int.init) else {
-            fail(usage, status: 2)
+            fail("--socket and --count are required", status: 2, usage: usage)
         }
         let faults = options.value("--faults").flatMap(Int.init) ?? 0
         let width = options.value("--in-flight").flatMap(Int.init) ?? 64

@@ -21,7 +21,7 @@ struct Options {
                 exit(ExitStatus.success)
             }
             if valued.contains(arg) {
-                guard i + 1 < arguments.count else { fail("\(arg) needs a value\n\(usage)", status: ExitStatus.usage) }
+                guard i + 1 < arguments.count else { fail("\(arg) needs a value", status: ExitStatus.usage, usage: usage) }
                 values[arg, default: []].append(arguments[i + 1])
                 i += 2
                 continue
@@ -29,7 +29,7 @@ struct Options {
             if boolean.contains(arg) {
                 flags.insert(arg)
             } else if arg.hasPrefix("-") {
-                fail("unknown option \(arg)\n\(usage)", status: ExitStatus.usage)
+                fail("unknown option \(arg)", status: ExitStatus.usage, usage: usage)
             } else {
                 positionals.append(arg)
             }

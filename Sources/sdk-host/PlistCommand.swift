@@ -16,7 +16,7 @@ enum PlistCommand {
     static func run(_ arguments: [String]) {
         let options = Options(arguments, valued: [], boolean: [], usage: usage)
         guard options.positionals.count == 1, let mode = options.positionals.first, mode == "encode" || mode == "decode" else {
-            fail(usage, status: ExitStatus.usage)
+            fail("expected encode or decode", status: ExitStatus.usage, usage: usage)
         }
         let input = readAll(0)
         do {

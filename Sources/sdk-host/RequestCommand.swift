@@ -18,7 +18,7 @@ enum RequestCommand {
     static let usage = """
         usage: sdk-host request <extension-id> [--text S]... [--payload JSON]... [--file FILE]... [--save DIR]
                                 [--serve NAME=PATH]... [--stream] [--embedded | --socket PATH] [--app NAME]
-                                [--timeout SECONDS] [--config PATH]
+                                [--timeout SECONDS] [--config PATH] [--log-level L]
           --text S        an input item with title S (repeatable; default: one empty item)
           --payload JSON  a value for the first item's payloads (`attachments`): what ExtensionItem(encoding:)
                           sends and a Codable extension reads with decode(_:) (repeatable; JSON without null;
@@ -53,7 +53,7 @@ enum RequestCommand {
                                                   "--payload", "--save", "--serve", "--log-level"],
                               boolean: ["--embedded", "--stream"], usage: usage)
         guard options.positionals.count == 1 else {
-            fail(options.positionals.isEmpty ? "missing extension identifier\n\(usage)" : "unexpected argument '\(options.positionals[1])'\n\(usage)", status: ExitStatus.usage)
+            fail(options.positionals.isEmpty ? "missing extension identifier" : "unexpected argument '\(options.positionals[1])'", status: ExitStatus.usage, usage: usage)
         }
         EmbeddedHost.configure(from: options)
         let identifier = options.positionals[0]
@@ -68,7 +68,7 @@ enum RequestCommand {
             timeout = t
         }
         if options.has("--embedded") && options.value("--socket") != nil {
-            fail("--embedded and --socket exclude each other\n\(usage)", status: ExitStatus.usage)
+            fail("--embedded and --socket exclude each other", status: ExitStatus.usage, usage: usage)
         }
         let host: ExtensionHost
         if options.has("--embedded") {

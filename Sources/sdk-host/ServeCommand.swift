@@ -22,7 +22,7 @@ enum ServeCommand {
 
     static func run(_ arguments: [String]) -> Never {
         let options = Options(arguments, valued: ["--config", "--socket", "--exit-with-parent"], boolean: [], usage: usage)
-        guard options.positionals.isEmpty else { fail("unexpected argument '\(options.positionals[0])'\n\(usage)", status: ExitStatus.usage) }
+        guard options.positionals.isEmpty else { fail("unexpected argument '\(options.positionals[0])'", status: ExitStatus.usage, usage: usage) }
         // Internal (bench): end with the process that started us, even if it is SIGKILLed.
         if let raw = options.value("--exit-with-parent") {
             guard let parent = Int32(raw) else { fail("--exit-with-parent: '\(raw)' is not a pid", status: ExitStatus.usage) }

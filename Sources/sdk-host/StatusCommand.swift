@@ -65,8 +65,9 @@ enum StatusCommand {
         for ext in status.extensions {
             if let problem = ext.problem { print("\(ext.identifier): refused, no request can start: " + problem.displaySafe()) }
             if !ext.interruptionsByReason.isEmpty {
-                print("\(ext.identifier): interrupted " + ext.interruptionsByReason.keys.sorted()
-                    .map { "\($0) \(ext.interruptionsByReason[$0]!)" }.joined(separator: ", "))
+                // "signal=4", not "signal 4", which read as SIGILL: four requests interrupted by a signal.
+                print("\(ext.identifier): interruptions by reason: " + ext.interruptionsByReason.keys.sorted()
+                    .map { "\($0)=\(ext.interruptionsByReason[$0]!)" }.joined(separator: ", "))
             }
             if ext.leaks > 0 { print("\(ext.identifier): \(ext.leaks) leak(s) (contexts or Tasks alive after their request)") }
             if ext.slowRequests > 0 {

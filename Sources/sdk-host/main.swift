@@ -12,7 +12,7 @@ let usage = """
       demo [--config P]         echo, every crash fault, a deadline, a cancel, the sandbox escapes, a host
                                 service, Python and C extensions and a quarantine, through an embedded host
       request <ext-id> [--text S]... [--payload JSON]... [--file FILE]... [--save DIR] [--serve NAME=PATH]...
-              [--stream] [--embedded | --socket P] [--app NAME] [--timeout S] [--config P]
+              [--stream] [--embedded | --socket P] [--app NAME] [--timeout S] [--config P] [--log-level L]
                                 one request; prints which host served it, the outcome and the items (and
                                 with --stream each partial result as it comes); --payload sends a value a
                                 Codable extension decodes, --file sends a file as a descriptor, --save
@@ -62,14 +62,16 @@ enum ExitStatus {
 }
 
 /// Prints one line to stderr and exits with `status`: the CLI's error convention.
-func fail(_ message: String, status: Int32 = ExitStatus.failure) -> Never {
-    var line = "sdk-host: " + message.displaySafe() + "\n"
+/// Prints "sdk-host: <message>" on stderr, escaped (it may quote a peer), then `usage` as it is (our own text,
+/// on its lines: it was escaped with the rest, one line of "\x0a"), and exits with `status`.
+func fail(_ message: String, status: Int32 = ExitStatus.failure, usage: String? = nil) -> Never {
+    var line = "sdk-host: " + message.displaySafe() + "\n" + (usage.map { $0.hasSuffix("\n") ? $0 : $0 + "\n" } ?? "")
     line.withUTF8 { _ = write(2, $0.baseAddress, $0.count) }
     exit(status)
 }
 
 var arguments = Array(CommandLine.arguments.dropFirst())
-guard let command = arguments.first else { fail("missing command\n" + usage, status: ExitStatus.usage) }
+guard let command = arguments.first else { fail("missing command", status: ExitStatus.usage, usage: usage) }
 arguments.removeFirst()
 switch command {
 case "plist": PlistCommand.run(arguments)
@@ -85,7 +87,7 @@ case "conformance": ConformanceCommand.run(arguments)
 case "hammer": HammerCommand.run(arguments)  // internal: load client for tests
 case "help", "--help", "-h": print(usage)
 case "version", "--version": print("sdk-host \(ExtensionHost.version)")
-default: fail("unknown command '\(command)'\n" + usage, status: ExitStatus.usage)
+default: fail("unknown command '\(command)'", status: ExitStatus.usage, usage: usage)
 }
 
 /// Every line the CLI prints goes through here: what a peer wrote (a title, an error message, an app name, an

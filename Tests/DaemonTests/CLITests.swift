@@ -368,6 +368,9 @@ import Glibc
         // come from the host's own): before, a request through the daemon showed neither.
         #expect(out.contains("  why: ") && out.contains("Fatal error: Index out of range")
                     && out.contains("the worker's stderr, last "), "\(out)")
+        // status counts it by reason as "signal=1" ("signal 1" read as a signal's number).
+        let (_, statusText, _) = try await run(["status", "--config", daemon.configPath])
+        #expect(statusText.contains("com.example.crasher: interruptions by reason: signal=1"), "\(statusText)")
         #expect(await eventually(timeout: 20) { !CrashReportStore.load(directory: daemon.crashFolder).isEmpty })
         let (listed, crashes, _) = try await run(["crashes", "--config", daemon.configPath])
         #expect(listed == 0)
@@ -428,6 +431,12 @@ import Glibc
             let (status, _, err) = try await run(arguments)
             #expect(status == 2, "\(arguments)")
             #expect(err.hasPrefix("sdk-host: ") && err.contains(expected), "\(arguments): \(err)")
+            // The error on its line; a usage after it on lines of its own, as --help shows it (it was escaped with
+            // the error into one line of "\x0a").
+            #expect(!err.contains("\\x0a"), "\(arguments): \(err)")
+            if err.contains("usage:") {
+                #expect(err.split(separator: "\n").count > 2 && err.split(separator: "\n")[1].hasPrefix("usage: sdk-host"), "\(arguments): \(err)")
+            }
         }
     }
 
