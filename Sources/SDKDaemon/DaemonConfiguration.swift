@@ -72,6 +72,8 @@ package struct DaemonConfiguration: Sendable {
     package var host: HostConfiguration
     package var socketPath: String
     package var socketMode: mode_t = 0o600
+    /// Whether the file named its `CrashReportDirectory` (else it is the socket folder's `crashes`, the daemon's).
+    package var namesCrashReportDirectory = false
     package var allowedUIDs: [uid_t] = [getuid()]
     package var drainTimeout: Double = 10
     package var maxClients = 256
@@ -153,7 +155,10 @@ package struct DaemonConfiguration: Sendable {
                 host.crashReportDirectory = String(socketPath[..<(socketPath.lastIndex(of: "/") ?? socketPath.startIndex)]) + "/crashes"
             }
         }
-        if let dir = crashDirectoryGiven { host.crashReportDirectory = resolve(dir) }
+        if let dir = crashDirectoryGiven {
+            host.crashReportDirectory = resolve(dir)
+            namesCrashReportDirectory = true
+        }
         if let mode = try f.integer("SocketMode", in: 0...0o777) { socketMode = mode_t(mode) }
         if let level = try f.string("LogLevel") {
             guard let parsed = LogLevel(name: level) else {

@@ -33,7 +33,13 @@ enum EmbeddedHost {
             return (HostConfiguration(extensionSearchPaths: extensionSearchPaths()), "built-in defaults")
         }
         do {
-            return (try readConfiguration(file).host, file)
+            let configuration = try readConfiguration(file)
+            var host = configuration.host
+            // The socket folder's crashes are the daemon's: an embedded host of the CLI (a request, a conformance
+            // run, whose garbage makes workers exit 2 on purpose) keeps its reports in memory unless the file names
+            // a folder. Before, they went into the daemon's, and `sdk-host crashes` listed them as the daemon's.
+            if !configuration.namesCrashReportDirectory { host.crashReportDirectory = nil }
+            return (host, file)
         } catch {
             fail("configuration error: \(error)", status: ExitStatus.usage)
         }

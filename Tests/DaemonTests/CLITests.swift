@@ -323,7 +323,7 @@ import Glibc
         let config = "\(own.path)/sdk-host.plist"
         writeFile(config, """
             <plist version="1.0"><dict>
-              <key>ExtensionSearchPaths</key><array><string>exts</string></array>
+              <key>ExtensionSearchPaths</key><array><string>exts</string><string>\(packageRoot)/Extensions</string></array>
               <key>SocketPath</key><string>\(own.path)/none.sock</string>
             </dict></plist>
             """)
@@ -337,6 +337,21 @@ import Glibc
         #expect(fallback == 0 && fallbackOut.contains("served by: embedded host"), "\(fallbackOut)")
         #expect(fallbackErr.contains("no daemon answering on \(own.path)/none.sock (start one with `sdk-host serve`); "
             + "using an embedded host"), "\(fallbackErr)")
+        // The socket folder's crash reports are the daemon's: an embedded host keeps its own in memory (before,
+        // they went there, and the suite's filled the user's own folder) unless the file names a folder.
+        let (crashed, crashedOut, _) = try await run(["request", "com.example.crasher", "--embedded", "--config", config, "--text", "segv"])
+        #expect(crashed == 4 && crashedOut.contains("signal 11"), "\(crashedOut)")
+        #expect((listNames("\(own.path)/crashes") ?? []).isEmpty)
+        let named = "\(own.path)/named.plist"
+        writeFile(named, """
+            <plist version="1.0"><dict>
+              <key>ExtensionSearchPaths</key><array><string>\(packageRoot)/Extensions</string></array>
+              <key>SocketPath</key><string>\(own.path)/none.sock</string>
+              <key>CrashReportDirectory</key><string>\(own.path)/reports</string>
+            </dict></plist>
+            """)
+        _ = try await run(["request", "com.example.crasher", "--embedded", "--config", named, "--text", "segv"])
+        #expect((listNames("\(own.path)/reports") ?? []).contains { $0.hasSuffix(".crash.plist") })
     }
 
     /// A peer's text (a reply title, a client's message type) reaches neither the terminal nor the log with its
