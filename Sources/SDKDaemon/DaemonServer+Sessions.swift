@@ -122,7 +122,10 @@ extension DaemonServer {
         pendingRequestBytes += bytes
         session.pendingDescriptors += descriptors
         pendingDescriptors += descriptors
-        let internalID = makeRequestID()  // the worker's id for it: distinct is enough, and needs no getrandom
+        // The worker's id for it: the client's own, so that the workers' logs, crash and leak reports name the id the
+        // client knows (they named another), unless the engine has that id in use (another client's request, or
+        // one a worker still runs): then a fresh one (distinct is enough, and needs no getrandom).
+        let internalID = engine.isInUse(clientID) ? makeRequestID() : clientID
         session.internalIDs[clientID] = internalID
         // Clamped: a peer's deadline is any Int64; negative is "now", huge is the host's maximum.
         let deadline = deadlineMs.map { Double(min(max($0, 0), Int64(maximumSeconds) * 1000)) / 1000 }

@@ -49,6 +49,9 @@ package final class FakeWorker: WorkerChild, @unchecked Sendable {
     /// Every id this worker was sent a begin for, in order.
     @exclusivity(unchecked) package var begins: [RequestID] = []
     @exclusivity(unchecked) package var alive = true
+    /// The first id the host sent a begin for while this worker still ran a request of that id (one it never
+    /// answered: say, a cancel it ignored). Never right: the new request's answer would settle the old one.
+    @exclusivity(unchecked) package var beganWhileRunning: RequestID?
     /// Whether it answers a ping (a test makes it fall silent).
     @exclusivity(unchecked) package var answersPings = true
     /// Whether the schedule's checks have seen it reaped.
@@ -170,6 +173,7 @@ package final class FakeWorker: WorkerChild, @unchecked Sendable {
             if holdsWelcome { helloHeld = true } else { send(.welcome(version: protocolVersion, identifier: identifier, pid: pid)) }
         case .ping(let seq): if answersPings { send(.pong(seq: seq)) }
         case .begin(let id, let items, _, _):
+            if beganWhileRunning == nil, pending.contains(id) { beganWhileRunning = id }
             pending.append(id)
             let brought = items.flatMap { $0.fileAttachments }
             if !brought.isEmpty { files[id] = brought }

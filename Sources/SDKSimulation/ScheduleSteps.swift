@@ -78,6 +78,8 @@ package final class ScheduleState: @unchecked Sendable {
     package let partials = Mutex<(taken: [RequestID: Int], afterEnd: RequestID?)>(([:], nil))
     /// A request that was sent to a worker after it had ended, if any.
     @exclusivity(unchecked) package private(set) var lateBegin: RequestID?
+    /// A worker sent a begin for an id it still ran, and that worker.
+    @exclusivity(unchecked) package private(set) var beganWhileRunning: (id: RequestID, pid: pid_t)?
     /// How many workers were sent each request, and the first request sent to more than three (a request goes
     /// back to the queue at most twice when its worker dies before its handshake).
     @exclusivity(unchecked) private var sends: [RequestID: Int] = [:]
@@ -87,8 +89,9 @@ package final class ScheduleState: @unchecked Sendable {
     @exclusivity(unchecked) private var overran: [(id: RequestID, pump: Int)] = []
     @exclusivity(unchecked) private var pumps = 0
     /// An overrun request (the app's, or a daemon client's) the engine still holds two pumps after its burst.
-    package func overrunStillRunning(_ engine: HostEngine) -> RequestID? {
-        overran.first { $0.pump < pumps - 1 && engine.holds($0.id) }?.id
+    /// `reused`: whether an id was begun again since (then it may name a new request).
+    package func overrunStillRunning(_ engine: HostEngine, reused: (RequestID) -> Bool = { _ in false }) -> RequestID? {
+        overran.first { $0.pump < pumps - 1 && engine.holds($0.id) && !reused($0.id) }?.id
     }
     @exclusivity(unchecked) private var handles: [Weak] = []
     /// Requests that had ended when the previous pump started: a begin read now was written after that pump
@@ -134,6 +137,7 @@ package final class ScheduleState: @unchecked Sendable {
             }
             let seen = worker.begins.count
             let endOfFile = worker.pump(identifier: identifier)
+            if beganWhileRunning == nil, let id = worker.beganWhileRunning { beganWhileRunning = (id, worker.pid) }
             if lateBegin == nil, let late = worker.begins[seen...].first(where: endedBeforeLastPump.contains) {
                 lateBegin = late
             }

@@ -128,6 +128,10 @@ package final class SimClients {
         self.files = files
     }
 
+    /// Whether a client began `id` again: the daemon may then run a new request under it (a client's id is the
+    /// worker's unless the engine has it in use), so a check that followed the first one by its id stops there.
+    func reusedAnywhere(_ id: RequestID) -> Bool { clients.contains { $0.reused.contains(id) } }
+
     /// Lets every client read what the daemon sent.
     package func pump() {
         for client in clients { client.pump() }

@@ -295,8 +295,14 @@ package struct Simulation {
                         + "(\(clientRequests) of them the daemon's clients')")
                 }
                 if let problem = clients.problem { return failure(problem) }
-                if let id = state.sentTooOften { return failure("request \(id) was sent to more than three workers") }
-                if let id = state.overrunStillRunning(engine) {
+                // A client may begin an id again once its request has ended: counted per id, that is another request.
+                if let id = state.sentTooOften, !clients.reusedAnywhere(id) {
+                    return failure("request \(id) was sent to more than three workers")
+                }
+                if let (id, pid) = state.beganWhileRunning {
+                    return failure("worker \(pid) was sent a begin for \(id) while it still ran a request of that id")
+                }
+                if let id = state.overrunStillRunning(engine, reused: clients.reusedAnywhere) {
                     return failure("request \(id) still runs after its worker sent 20 partial results without credit")
                 }
                 if daemon.largestClientInFlight > daemonConfiguration.maxInFlightRequests {
@@ -366,6 +372,7 @@ package struct Simulation {
             if engine.activeRequestCount != 0 { return failure("\(engine.activeRequestCount) request(s) still held") }
             if engine.queuedRequestCount != 0 { return failure("a queue still holds requests") }
             if engine.listedWorkerCount != 0 { return failure("workers still listed") }
+            if engine.owedRequestCount != 0 { return failure("\(engine.owedRequestCount) ended request(s) still noted as owed by a worker") }
             for worker in launcher.workers {
                 let s = worker.shared.withLock { $0 }
                 if worker.alive || !s.reaped || s.exitFDOpen { return failure("fake worker \(worker.pid) not reaped and closed") }

@@ -427,6 +427,65 @@ func expectHealthy(_ daemon: DaemonProcess, maxLogBytes: Int = 2 << 20, sourceLo
         #expect(await daemon.stop() == 0)
     }
 
+    /// A client's request keeps its id towards the worker, so a crash report names the id the client knows (it
+    /// named another); an id the engine has in use (another client's request, or one a worker still runs after
+    /// its deadline) gets a fresh one, and each client still gets its own answer.
+    @Test func aClientsIdIsTheWorkersUnlessItIsInUse() async throws {
+        let daemon = try await DaemonProcess(extraConfig: "<key>CancelGraceSeconds</key><real>30</real>")
+        defer { daemon.remove() }
+        let first = try HostileClient(daemon.socket), second = try HostileClient(daemon.socket)
+        first.handshake()
+        second.handshake()
+        // The same id from two clients at once: both run, each answered with its own.
+        let (shared, firstBegin) = begin("com.example.crasher", "slow:800")
+        first.send(firstBegin)
+        second.send(.begin(id: shared, items: [ExtensionItem(title: "slow:900")], extensionID: "com.example.crasher", deadlineMs: nil))
+        #expect(first.outcome(of: shared) == .complete(id: shared, items: [ExtensionItem(title: "slow:800")]))
+        #expect(second.outcome(of: shared) == .complete(id: shared, items: [ExtensionItem(title: "slow:900")]))
+        // An id reused while a worker still runs it (its deadline passed; the worker ignores the cancel): apart.
+        let (ignored, ignoredBegin) = begin("com.example.crasher", "hang", deadlineMs: 200)
+        first.send(ignoredBegin)
+        #expect(first.outcome(of: ignored) == .interrupted(id: ignored, reason: InterruptionReason.timedOut.plist))
+        second.send(.begin(id: ignored, items: [ExtensionItem(title: "echo")], extensionID: "com.example.crasher", deadlineMs: nil))
+        #expect(second.outcome(of: ignored) == .complete(id: ignored, items: [ExtensionItem(title: "echo")]))
+        // A worker that dies with a request names the client's id in its crash report.
+        let (crashed, crashBegin) = begin("com.example.crasher", "segv")
+        second.send(crashBegin)
+        #expect(second.outcome(of: crashed) == .interrupted(id: crashed, reason: InterruptionReason.signal(SIGSEGV).plist))
+        let host = try await ExtensionHost.connect(socketPath: daemon.socket)
+        let reports = await host.status()?.recentCrashes ?? []
+        #expect(reports.contains { $0.inFlightRequests == [crashed] }, "\(reports.map(\.inFlightRequests))")
+        await host.shutdown()
+        try await expectHealthy(daemon)
+        #expect(await daemon.stop() == 0)
+    }
+
+    /// One worker: an id reused while that worker still runs it (past its deadline, the cancel ignored) must not
+    /// reach it as that id, or the new request's answer would settle the old one and the worker would never be
+    /// killed for ignoring the cancel.
+    @Test func anIdAWorkerStillRunsIsNotReusedTowardsIt() async throws {
+        let single = TemporaryExtension(identifier: "com.example.single", executable: "Crasher",
+                                        policy: "<key>MaxWorkers</key><integer>1</integer>")
+        defer { single.remove() }
+        let daemon = try await DaemonProcess(extraConfig: "<key>CancelGraceSeconds</key><real>1</real>", extraSearchPaths: [single.root])
+        defer { daemon.remove() }
+        let first = try HostileClient(daemon.socket), second = try HostileClient(daemon.socket)
+        first.handshake()
+        second.handshake()
+        let (ignored, ignoredBegin) = begin("com.example.single", "hang", deadlineMs: 200)
+        first.send(ignoredBegin)
+        #expect(first.outcome(of: ignored) == .interrupted(id: ignored, reason: InterruptionReason.timedOut.plist))
+        second.send(.begin(id: ignored, items: [ExtensionItem(title: "echo")], extensionID: "com.example.single", deadlineMs: nil))
+        #expect(second.outcome(of: ignored) == .complete(id: ignored, items: [ExtensionItem(title: "echo")]))
+        // The worker that ignored the cancel is killed after the grace period, its report naming that request.
+        let host = try await ExtensionHost.connect(socketPath: daemon.socket)
+        #expect(await eventually(timeout: 30) {
+            await host.status()?.recentCrashes.contains { $0.reason == .hang && $0.inFlightRequests == [ignored] } == true
+        })
+        await host.shutdown()
+        #expect(await daemon.stop() == 0)
+    }
+
     @Test func oneClientsZeroDeadlineNeverInterruptsAnother() async throws {
         let daemon = try await DaemonProcess(extraConfig: "<key>CancelGraceSeconds</key><real>1</real>")
         defer { daemon.remove() }

@@ -75,6 +75,9 @@ package final class HostEngine: @unchecked Sendable {
     var spareWorkerDirectory: String?
     var shuttingDown = false
     var shutdownCompletions: [@Sendable () -> Void] = []
+    /// Requests that have ended (cancelled, past their deadline) while a worker still runs them: it owes their
+    /// answer, and keeps each in its `inFlight` until it answers or dies. Their ids are not free (`isInUse`).
+    @exclusivity(unchecked) var endedButOwed: Set<RequestID> = []
     /// The engine itself, from the start of shutdown until its loop has stopped. Worker callbacks capture the
     /// engine unowned; an app may drop its host without awaiting shutdown, and the engine must outlive the
     /// reaping of its workers.
@@ -334,6 +337,16 @@ package final class HostEngine: @unchecked Sendable {
         abandon(id, outcome)
     }
 
+    /// Ended requests a worker still owes an answer (none once every worker has ended).
+    package var owedRequestCount: Int { endedButOwed.count }
+
+    /// Whether `id` names a request the engine holds, or one that has ended but that a worker still runs (loop
+    /// thread). A new request may take an id only when it is not: a worker sent a begin for an id it still runs
+    /// would take the old one's late answer for the new one's.
+    package func isInUse(_ id: RequestID) -> Bool {
+        requests[id] != nil || (!endedButOwed.isEmpty && endedButOwed.contains(id))
+    }
+
     /// Cancels `id` (loop thread).
     package func cancelOnLoop(_ id: RequestID) {
         loop.preconditionInLoop()
@@ -358,9 +371,9 @@ package final class HostEngine: @unchecked Sendable {
     func abandon(_ id: RequestID, _ outcome: RequestOutcome) {
         let worker = requests[id]?.worker
         finish(id, outcome)
-        guard let worker, worker.inFlight.contains(id), !worker.lifecycle.phase.isOver, worker.connection.isOpen,
-            worker.cancelTimers[id] == nil
-        else { return }
+        guard let worker, worker.inFlight.contains(id) else { return }
+        endedButOwed.insert(id)
+        guard !worker.lifecycle.phase.isOver, worker.connection.isOpen, worker.cancelTimers[id] == nil else { return }
         send(.cancel(id: id), to: worker)
         let grace = nanoseconds(configuration.cancelGracePeriodSeconds)
         armCancelGrace(worker, id, clock: AnswerClock(sentAt: loop.now, connection: worker.connection), check: nil, after: grace)
