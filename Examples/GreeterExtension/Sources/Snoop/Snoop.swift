@@ -37,7 +37,8 @@ struct Snoop: RequestHandler {
             return tryOpen("/proc/\(host)/mem", O_RDWR)
         case "signal-host":
             // In its own pid namespace the worker's parent is outside it: getppid() is 0, the host has no pid here.
-            return host > 0 && kill(host, 0) == 0 ? "ALLOWED" : refused("kill(host, 0)")
+            guard host > 0 else { return "refused: the host has no pid here (getppid() is 0: it is outside this pid namespace)" }
+            return kill(host, 0) == 0 ? "ALLOWED" : refused("kill(host, 0)")
         case "fork":
             let pid = fork()
             if pid == 0 { _exit(0) }
