@@ -420,7 +420,6 @@ int sdk_unread_output_bytes(int fd) {
 int sdk_flags_path_only(int flags) { return (flags & O_PATH) != 0; }
 
 int sdk_open_path_only(const char *path) { return open(path, O_PATH | O_CLOEXEC); }
-int sdk_open_path_only_nofollow(const char *path) { return open(path, O_PATH | O_CLOEXEC | O_NOFOLLOW); }
 
 int sdk_signal_is_ignored(int signal) {
     struct sigaction current;

@@ -210,7 +210,7 @@ package struct DaemonConfiguration: Sendable {
             // Each key an interpreter's absolute path, each value the folders of its library.
             var table: [String: [String]] = [:]
             for key in interpreters.entries.keys.sorted() {
-                guard key.hasPrefix("/"), !key.utf8.contains(0), !key.split(separator: "/").contains("..") else {
+                guard ExtensionPolicy.isAbsoluteWithoutDotDot(key) else {
                     throw interpreters.fail(key, "'\(key)' is not an absolute path without '..'")
                 }
                 table[key] = try ExtensionPolicy.grants(interpreters, key, needing: "the interpreter") ?? []

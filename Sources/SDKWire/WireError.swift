@@ -103,3 +103,11 @@ public struct WireLimits: Hashable, Sendable {
     /// The defaults: 16 MiB frames, depth 512, 4 Mi objects.
     public static let `default` = WireLimits()
 }
+
+extension WireError {
+    /// Why a request's begin was not sent (the embedded host's and the daemon client's words for it): nested past
+    /// the limit is not "too large", and is said as what it is.
+    package var requestNotSent: String {
+        (code == .tooDeep ? "request cannot be encoded: " : "request too large to send: ") + detail
+    }
+}

@@ -181,8 +181,6 @@ int sdk_flags_path_only(int flags);
 /// open(path, O_PATH | O_CLOEXEC): to check a file before it is opened for reading (readRegularFile), and for
 /// tests and Crasher, which hand such a descriptor to the host on purpose.
 int sdk_open_path_only(const char *path);
-/// The same, naming a symbolic link itself rather than what it points to.
-int sdk_open_path_only_nofollow(const char *path);
 /// Opens the regular file at `path` read-only (O_CLOEXEC | O_NOCTTY, blocking) without opening anything else on
 /// the way: what the path names is checked through an O_PATH descriptor, which opens nothing (a FIFO's open waits
 /// for a writer, a device's runs its driver), and then that same file is opened through /proc/self/fd. Without

@@ -54,7 +54,7 @@ extension HostConfiguration {
         _ = try ExtensionPolicy.grants(PlistFields(checking: "RuntimePaths", .array(runtimePaths.map { .string($0) }),
                                                    as: "HostConfiguration.runtimePaths"), "RuntimePaths", needing: "every worker")
         for (interpreter, folders) in interpreters.sorted(by: { $0.key < $1.key }) {
-            guard interpreter.hasPrefix("/"), !interpreter.utf8.contains(0), !interpreter.split(separator: "/").contains("..") else {
+            guard ExtensionPolicy.isAbsoluteWithoutDotDot(interpreter) else {
                 throw HostError(.invalidConfiguration, "HostConfiguration.interpreters: '\(interpreter)' is not an absolute path without '..'")
             }
             _ = try ExtensionPolicy.grants(PlistFields(checking: interpreter, .array(folders.map { .string($0) }),

@@ -103,6 +103,11 @@ public struct HostError: Error, Hashable, Sendable, CustomStringConvertible {
         }
         private let raw: Raw
         private init(_ raw: Raw) { self.raw = raw }
+        /// The code whose `description` is `name` (a daemon's `connected` names them), or nil.
+        package init?(name: some StringProtocol) {
+            guard let raw = Raw(rawValue: String(name)) else { return nil }
+            self.raw = raw
+        }
         /// No extension has this identifier.
         public static let unknownExtension = Code(.unknownExtension)
         /// A manifest (Info.plist) is missing keys, has ill-typed or unknown keys, or is not a plist.

@@ -364,8 +364,7 @@ final class DaemonClient: HostBackend, @unchecked Sendable {
             try connection?.send(.begin(id: request.id, items: request.items, extensionID: request.extensionID,
                                          deadlineMs: deadlineMs))
         } catch {
-            finish(request.id, .interrupted(.protocolViolation(
-                (error.code == .tooDeep ? "request cannot be encoded: " : "request too large to send: ") + error.detail)))
+            finish(request.id, .interrupted(.protocolViolation(error.requestNotSent)))
         }
     }
 
@@ -510,9 +509,7 @@ extension HostError {
     /// An error from a `connected` message's `problems` entry, "<code> <detail>" (a code this client does not know
     /// reads as `refused`, with the whole text as its detail).
     init(daemonProblem text: String) {
-        let codes: [HostError.Code] = [.unknownExtension, .invalidManifest, .executableNotFound, .invalidConfiguration,
-                                       .system, .daemonUnavailable, .refused]
-        if let space = text.firstIndex(of: " "), let code = codes.first(where: { $0.description == text[..<space] }) {
+        if let space = text.firstIndex(of: " "), let code = HostError.Code(name: text[..<space]) {
             self.init(code, String(text[text.index(after: space)...]))
         } else {
             self.init(.refused, text)

@@ -33,9 +33,7 @@ extension HostEngine {
     func beginNotSent(_ id: RequestID, to worker: WorkerProcess, _ error: WireError) {
         worker.inFlight.remove(id)
         if !endedButOwed.isEmpty { endedButOwed.remove(id) }
-        // Nested past the limit is not "too large": said as what it is.
-        finish(id, .interrupted(.protocolViolation(
-            (error.code == .tooDeep ? "request cannot be encoded: " : "request too large to send: ") + error.detail)))
+        finish(id, .interrupted(.protocolViolation(error.requestNotSent)))
     }
 
     func handle(_ message: Message, from worker: WorkerProcess) {

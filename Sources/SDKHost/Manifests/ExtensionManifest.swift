@@ -163,7 +163,7 @@ final class ExtensionManifest: Sendable {
         let inner = try ext.string(key), outer = try top.string(key)
         if let inner, let outer, inner != outer { throw top.fail(key, "differs from NSExtension.\(key) ('\(inner)')") }
         guard let value = inner ?? outer else { return nil }
-        guard value.hasPrefix("/"), !value.utf8.contains(0), !value.split(separator: "/").contains("..") else {
+        guard ExtensionPolicy.isAbsoluteWithoutDotDot(value) else {
             throw (inner != nil ? ext : top).fail(key, "'\(value)' is not an absolute path without '..'")
         }
         return value
@@ -357,12 +357,18 @@ extension ExtensionPolicy {
         return paths
     }
 
+    /// Whether `path` is absolute, without NUL and without a ".." part: the rule for every path a manifest or the
+    /// configuration names (grants, RuntimePaths, an interpreter and its folders).
+    package static func isAbsoluteWithoutDotDot(_ path: String) -> Bool {
+        path.hasPrefix("/") && !path.utf8.contains(0) && !path.split(separator: "/").contains("..")
+    }
+
     /// Absolute paths without NUL or "..", at most 256 of them (manifest grants and the config's RuntimePaths).
     package static func paths(_ p: PlistFields, _ key: String) throws(HostError) -> [String]? {
         guard let paths = try p.stringArray(key) else { return nil }
         guard paths.count <= 256 else { throw p.fail(key, "\(paths.count) paths; at most 256") }
         for path in paths {
-            guard path.hasPrefix("/"), !path.utf8.contains(0), !path.split(separator: "/").contains("..") else {
+            guard isAbsoluteWithoutDotDot(path) else {
                 throw p.fail(key, "'\(path)' is not an absolute path without '..'")
             }
         }
