@@ -53,6 +53,8 @@ public final class EventLoop: @unchecked Sendable {
     @exclusivity(unchecked) private var realRegistrations = 0
     @exclusivity(unchecked) private var timers = TimerHeap()
     @exclusivity(unchecked) private var beforeSleep: [() -> Void] = []
+    /// An empty buffer `runBeforeSleepHooks` hands `beforeSleep` while it runs what was there.
+    @exclusivity(unchecked) private var spareHooks: [() -> Void] = []
     private let inbox = SpinningMutex<Inbox>(Inbox())
     /// The thread holding the turn (0: none): the loop thread while it is awake, or an inline caller.
     private let turnHolder = Atomic<UInt>(0)
@@ -348,10 +350,16 @@ public final class EventLoop: @unchecked Sendable {
     }
 
     private func runBeforeSleepHooks() {
+        // The hooks are taken whole, leaving a spare empty buffer for those they add; neither buffer is copied or
+        // made again (a copy, then `removeAll(keepingCapacity:)` of the shared buffer, was ~1% of a schedule). A
+        // local array, not a field: a hook that runs the hooks again (an inline task's flush) takes only its own.
         while !beforeSleep.isEmpty {
-            let hooks = beforeSleep
-            beforeSleep.removeAll(keepingCapacity: true)
+            var hooks: [() -> Void] = []
+            swap(&hooks, &spareHooks)
+            swap(&hooks, &beforeSleep)
             for hook in hooks { hook() }
+            hooks.removeAll(keepingCapacity: true)
+            spareHooks = hooks
         }
     }
 
