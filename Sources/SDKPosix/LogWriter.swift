@@ -1,7 +1,9 @@
 // LogWriter: log lines leave the event loop through a bounded buffer that one background thread writes out.
 // A stalled stderr reader (a full pipe, a stopped terminal) used to block the loop on every log line; now the
 // loop only appends to memory, and when the buffer is full the line is dropped and counted. The writer thread
-// reports the count once it catches up. One writer per process, started on first use.
+// reports the count once it catches up. One writer per process, started on first use. What is still buffered
+// when the process calls exit() is written first, for a bounded time (`flush`): a command that logged a line and
+// then failed used to exit with the line unwritten (the line that said why).
 
 #if canImport(Glibc)
 import Glibc
@@ -18,6 +20,7 @@ public final class LogWriter: Sendable {
         var pending: [UInt8] = []
         var dropped = 0
         var started = false
+        /// The writer thread holds bytes it took and has not finished writing.
         var writing = false
     }
 
@@ -73,7 +76,24 @@ public final class LogWriter: Sendable {
     /// Bytes waiting to be written (for tests).
     public var pendingBytes: Int { state.withLock { $0.pending.count } }
 
+    /// Waits until every line accepted so far is written, for at most `timeoutNanoseconds` (a reader that
+    /// stopped reading cannot hold the caller for longer). Returns whether everything was written.
+    @discardableResult
+    public func flush(timeoutNanoseconds: UInt64) -> Bool {
+        let deadline = monotonicNanoseconds() &+ timeoutNanoseconds
+        while state.withLock({ !$0.pending.isEmpty || $0.dropped > 0 || $0.writing }) {
+            guard monotonicNanoseconds() < deadline else { return false }
+            usleep(1000)
+        }
+        return true
+    }
+
     private func startThread() {
+        // The process's own stderr writer is flushed when the process exits (exit() runs this; a signal that
+        // kills it does not): 1 s at most, so a stalled stderr does not hold the exit.
+        if self === LogWriter.standardError {
+            atexit { _ = LogWriter.standardError.flush(timeoutNanoseconds: 1_000_000_000) }
+        }
         _ = startDetachedThread(named: LogWriter.threadName) { [self] in run() }
     }
 
@@ -84,17 +104,18 @@ public final class LogWriter: Sendable {
             if n < 0 && errno != EINTR && errno != EAGAIN { usleep(10_000) }
             while true {
                 let (bytes, dropped) = state.withLock { s -> ([UInt8], Int) in
-                    defer {
-                        s.pending = []
-                        s.dropped = 0
-                    }
-                    return (s.pending, s.dropped)
+                    let taken = (s.pending, s.dropped)
+                    s.pending = []
+                    s.dropped = 0
+                    s.writing = !taken.0.isEmpty || taken.1 > 0
+                    return taken
                 }
                 if bytes.isEmpty && dropped == 0 { break }
                 writeAll(bytes)
                 if dropped > 0 {
                     writeAll(Array("sdk-host: warning: \(dropped) log line(s) dropped: the log reader fell behind\n".utf8))
                 }
+                state.withLock { $0.writing = false }
             }
         }
     }

@@ -94,7 +94,7 @@ enum DoctorCommand {
         // A manifest the host skips (ill-formed, or a second one of an identifier) is logged, not thrown: kept.
         let skipped = Mutex<[String]>([])
         host.logHandler = { level, line in
-            if level >= .error, line.hasSuffix("skipped, the other extensions are served") { skipped.withLock { $0.append(line) } }
+            if level >= .error, line.hasSuffix(HostEngine.skippedManifestSuffix) { skipped.withLock { $0.append(line) } }
         }
         do {
             let embedded = try ExtensionHost(configuration: host)

@@ -70,9 +70,25 @@ enum RequestCommand {
         if options.has("--embedded") && options.value("--socket") != nil {
             fail("--embedded and --socket exclude each other", status: ExitStatus.usage, usage: usage)
         }
+        // An embedded host's log of a manifest it skipped is about another extension, unless it is this one's: held,
+        // and said only if this extension is not found (or with --log-level, which asks for the whole log).
+        let heldSkips = Mutex<[String]>([])
+        let quietSkips = options.value("--log-level") == nil
+        func embedded() -> ExtensionHost {
+            EmbeddedHost.make(logLevel: logLevel) { configuration in
+                guard quietSkips else { return }
+                configuration.logHandler = { level, line in
+                    if line.hasSuffix(HostEngine.skippedManifestSuffix) {
+                        heldSkips.withLock { $0.append(line) }
+                    } else {
+                        HostConfiguration.standardErrorLog(level, line)
+                    }
+                }
+            }
+        }
         let host: ExtensionHost
         if options.has("--embedded") {
-            host = EmbeddedHost.make(logLevel: logLevel)
+            host = embedded()
         } else {
             let socket = loadConfiguration(options).socketPath
             let explicit = options.value("--socket") != nil
@@ -90,7 +106,7 @@ enum RequestCommand {
             case .failure(let error) where explicit: fail("\(error)", status: ExitStatus.failure)
             case .failure(let error):
                 // No daemon: embedded, as documented, and said so, with why (stdout stays the outcome's).
-                host = EmbeddedHost.make(logLevel: logLevel)
+                host = embedded()
                 var line = "sdk-host: \(daemonUnreachable(socket, error)); using an embedded host\n"
                 line.withUTF8 { _ = write(2, $0.baseAddress, $0.count) }
             }
@@ -99,6 +115,8 @@ enum RequestCommand {
         do {
             ext = try host.extension(identifier: identifier)
         } catch {
+            // A manifest that did not read may have been this extension's.
+            for line in heldSkips.withLock({ $0 }) { HostConfiguration.standardErrorLog(.error, line) }
             fail("\(error)", status: ExitStatus.usage)
         }
         for spec in options.values["--serve"] ?? [] { serve(spec, on: ext) }

@@ -1,6 +1,7 @@
 // sdk-host: the command-line entry point (shared/DESIGN.md "CLI"). Each subcommand lives in its own file.
 // Every command answers --help (exit 0) and shares one exit-status table (ExitStatus).
 import SDKHost
+import SDKPosix
 import SDKWire
 
 #if canImport(Glibc)
@@ -61,11 +62,13 @@ enum ExitStatus {
     static let interrupted: Int32 = 4
 }
 
-/// Prints one line to stderr and exits with `status`: the CLI's error convention.
-/// Prints "sdk-host: <message>" on stderr, escaped (it may quote a peer), then `usage` as it is (our own text,
-/// on its lines: it was escaped with the rest, one line of "\x0a"), and exits with `status`.
+/// The CLI's error convention: prints "sdk-host: <message>" on stderr, escaped (it may quote a peer), then
+/// `usage` as it is (our own text, on its lines: it was escaped with the rest, one line of "\x0a"), and exits
+/// with `status`.
 func fail(_ message: String, status: Int32 = ExitStatus.failure, usage: String? = nil) -> Never {
     var line = "sdk-host: " + message.displaySafe() + "\n" + (usage.map { $0.hasSuffix("\n") ? $0 : $0 + "\n" } ?? "")
+    // The host's log lines first (they are often why), then this one.
+    LogWriter.standardError.flush(timeoutNanoseconds: 1_000_000_000)
     line.withUTF8 { _ = write(2, $0.baseAddress, $0.count) }
     exit(status)
 }

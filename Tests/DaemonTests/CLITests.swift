@@ -354,6 +354,45 @@ import Glibc
         #expect((listNames("\(own.path)/reports") ?? []).contains { $0.hasSuffix(".crash.plist") })
     }
 
+    /// An embedded `request` does not print another manifest's problem (it said "error:" about a manifest beside
+    /// the one it served), but does when the extension it was asked for is not found: that manifest may have been
+    /// this one's. That line used to be lost: the command exited before the log's writer thread wrote it.
+    @Test func anEmbeddedRequestSaysASkippedManifestOnlyWhenItsExtensionIsNotFound() async throws {
+        let own = try TemporaryFolder()
+        for name in ["exts", "exts/Only", "exts/Broken"] { mkdir("\(own.path)/\(name)", 0o700) }
+        writeFile("\(own.path)/exts/Only/Info.plist", """
+            <?xml version="1.0" encoding="UTF-8"?>
+            <plist version="1.0"><dict>
+              <key>CFBundleIdentifier</key><string>com.example.only-here</string>
+              <key>NSExtension</key><dict>
+                <key>NSExtensionPointIdentifier</key><string>com.sdk-host.service</string>
+                <key>NSExtensionExecutable</key><string>Echo</string>
+              </dict>
+            </dict></plist>
+            """)
+        writeFile("\(own.path)/exts/Broken/Info.plist", "<plist><dict><key>CFBundleIdentifier</key>\n")
+        let config = "\(own.path)/sdk-host.plist"
+        writeFile(config, """
+            <plist version="1.0"><dict>
+              <key>ExtensionSearchPaths</key><array><string>exts</string></array>
+              <key>SocketPath</key><string>\(own.path)/none.sock</string>
+            </dict></plist>
+            """)
+        let skipped = "\(own.path)/exts/Broken/Info.plist: line 2"
+        let (served, _, servedErr) = try await run(["request", "com.example.only-here", "--embedded", "--config", config])
+        #expect(served == 0 && !servedErr.contains("skipped"), "\(servedErr)")
+        let (unknown, _, unknownErr) = try await run(["request", "com.example.broken", "--embedded", "--config", config])
+        let lines = unknownErr.split(separator: "\n")
+        #expect(unknown == 2 && lines.count == 2, "\(unknownErr)")
+        #expect(lines.first?.contains(skipped) == true && lines.first?.hasSuffix("skipped, the other extensions are served") == true,
+                "\(unknownErr)")
+        #expect(lines.last?.contains("unknown extension 'com.example.broken'") == true, "\(unknownErr)")
+        // --log-level asks for the whole log.
+        let (logged, _, loggedErr) = try await run(["request", "com.example.only-here", "--embedded", "--config", config,
+                                                    "--log-level", "warning"])
+        #expect(logged == 0 && loggedErr.contains(skipped), "\(loggedErr)")
+    }
+
     /// A peer's text (a reply title, a client's message type) reaches neither the terminal nor the log with its
     /// control characters live: no escape sequence, no forged line.
     @Test func peerTextIsShownEscapedOnTheTerminalAndInTheLog() async throws {

@@ -35,10 +35,13 @@ extension HostEngine {
 
     // MARK: Reload
 
+    /// How a log line about a manifest that discovery skipped ends (the CLI's `doctor` and `request` pick them out).
+    package static let skippedManifestSuffix = "; skipped, the other extensions are served"
+
     /// Logs each manifest discovery skipped, and, at start, a launcher that is missing while extensions need it:
     /// once, not at each of their requests.
     func logSkippedManifests(_ problems: [HostError], during phase: String = "") {
-        for problem in problems { log(.error, "\(phase)\(problem.detail); skipped, the other extensions are served") }
+        for problem in problems { log(.error, "\(phase)\(problem.detail)\(Self.skippedManifestSuffix)") }
         guard phase.isEmpty, launcherPath == nil else { return }
         let confined = manifests.values.filter { $0.refusal == nil && $0.policy.sandbox != .none }.map(\.identifier).sorted()
         if !confined.isEmpty {
