@@ -40,7 +40,8 @@ enum RequestCommand {
                           exit 4) and its worker told to cancel; this command gives up 10 s later
           --config PATH   the configuration: the daemon's socket, or the embedded host's extensions and limits
           --log-level L   an embedded host's log on stderr from level L: debug, info (its workers' own output:
-                          print, sdkhost_log), warning (the default), error
+                          print, sdkhost_log), warning (the default), error. Without it, a manifest the host
+                          skipped is named only when <extension-id> is not found (sdk-host doctor lists them)
         Prints "served by: …" (the embedded host or the daemon, with the worker's pid), the outcome and the items.
         Ctrl-C cancels the request (its outcome is printed: cancelled, exit 3); a second Ctrl-C quits at once (130).
         Exit status 0 completed, 3 cancelled, 4 interrupted, 2 usage or configuration error, 1 no daemon at
