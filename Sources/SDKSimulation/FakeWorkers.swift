@@ -62,16 +62,50 @@ package final class FakeWorker: WorkerChild, @unchecked Sendable {
     /// The hello it has not answered yet, and what came after it: a runtime answers `hello` before it reads on,
     /// so a worker still starting takes nothing else in (it is seen read, for the late-begin check, as it comes).
     @exclusivity(unchecked) private var helloHeld = false
-    @exclusivity(unchecked) private var heldAfterHello: [Message] = []
+    @exclusivity(unchecked) private var heldAfterHello: [Input] = []
+
+    /// What the worker acts on in a message from the host.
+    private enum Input {
+        case hello
+        case ping(seq: Int64)
+        case begin(id: RequestID, files: [FileAttachment])
+        case cancel(id: RequestID)
+        case other
+
+        init(_ incoming: SocketInbox.Incoming) {
+            switch incoming {
+            case .peeked(let frame):
+                switch frame.type {
+                case .hello: self = .hello
+                case .ping: self = frame.seq.map { .ping(seq: $0) } ?? .other
+                case .begin: self = frame.id.map { .begin(id: $0, files: []) } ?? .other
+                case .cancel: self = frame.id.map { .cancel(id: $0) } ?? .other
+                default: self = .other
+                }
+            case .decoded(let message):
+                switch message {
+                case .hello: self = .hello
+                case .ping(let seq): self = .ping(seq: seq)
+                case .begin(let id, let items, _, _): self = .begin(id: id, files: items.flatMap { $0.fileAttachments })
+                case .cancel(let id): self = .cancel(id: id)
+                default: self = .other
+                }
+            }
+        }
+    }
 
     /// Where its descriptors live: the simulated kernel, or (nil) the real one.
     let kernel: SimulatedKernel?
+    /// The frames of the replies every worker sends again and again, shared by its launcher's workers (the
+    /// single-threaded simulation's); nil encodes each.
+    let templates: ReplyTemplates?
 
     package init(pid: pid_t, socket: Int32, stdoutWrite: Int32, stderrWrite: Int32, exitNotice: ExitNoticePage?,
-                 kernel: SimulatedKernel?) {
+                 kernel: SimulatedKernel?, templates: ReplyTemplates? = nil) {
         self.pid = pid
         self.exitNotice = exitNotice
         self.kernel = kernel
+        self.templates = templates
         exitDescriptor = kernel?.counter() ?? sdk_eventfd()
         self.socket = socket
         self.stdoutWrite = stdoutWrite
@@ -124,6 +158,10 @@ package final class FakeWorker: WorkerChild, @unchecked Sendable {
 
     package func send(_ message: Message) {
         guard alive else { return }
+        if let templates, let bytes = templates.frame(for: message) {
+            _ = bytes.withUnsafeBytes { try? sendNonBlocking(socket, $0, descriptors: []) }
+            return
+        }
         // As the runtime encodes (no dictionary built first).
         var bytes: [UInt8] = []
         var outgoing = OutgoingDescriptors()
@@ -156,29 +194,29 @@ package final class FakeWorker: WorkerChild, @unchecked Sendable {
     package func pump(identifier: String) -> Bool {
         guard alive else { return false }
         let endOfFile = inbox.readAll(from: socket)
-        while let message = inbox.nextMessage(scanningBegins: true) {
-            if case .begin(let id, _, _, _) = message { begins.append(id) }
+        while let incoming = inbox.next() {
+            let input = Input(incoming)
+            if case .begin(let id, _) = input { begins.append(id) }
             if helloHeld {
-                heldAfterHello.append(message)
+                heldAfterHello.append(input)
             } else {
-                take(message, identifier: identifier)
+                take(input, identifier: identifier)
             }
         }
         return endOfFile
     }
 
-    private func take(_ message: Message, identifier: String) {
-        switch message {
+    private func take(_ input: Input, identifier: String) {
+        switch input {
         case .hello:
             if holdsWelcome { helloHeld = true } else { send(.welcome(version: protocolVersion, identifier: identifier, pid: pid)) }
         case .ping(let seq): if answersPings { send(.pong(seq: seq)) }
-        case .begin(let id, let items, _, _):
+        case .begin(let id, let brought):
             if beganWhileRunning == nil, pending.contains(id) { beganWhileRunning = id }
             pending.append(id)
-            let brought = items.flatMap { $0.fileAttachments }
             if !brought.isEmpty { files[id] = brought }
         case .cancel(let id): cancelRequested.insert(id)
-        default: break
+        case .other: break
         }
     }
 }
@@ -216,6 +254,33 @@ struct SocketInbox {
             case .success(.wouldBlock):
                 return false
             }
+        }
+    }
+
+    /// What a peer takes from a frame: its type and id or seq (`FramePeek`), or, for a frame that brings
+    /// descriptors or that the peek does not read, the message decoded in full.
+    enum Incoming {
+        case peeked(PeekedFrame)
+        case decoded(Message)
+    }
+
+    /// The next whole frame, peeked (`FramePeek`) or decoded; nil when none is buffered or one does not decode.
+    /// With `skippingStatusReports`, status reports are passed over (a client never looks inside one).
+    mutating func next(skippingStatusReports: Bool = false) -> Incoming? {
+        while true {
+            // Most pumps find nothing: no copy of the reader for them.
+            guard reader.bufferedByteCount >= Frame.headerSize else { return nil }
+            var ahead = reader
+            guard let peeked = try? ahead.withNextPayload({ payload throws(WireError) in FramePeek.peek(payload) }) else {
+                return nil  // no whole frame (a frame over the limit fails the full read below too)
+            }
+            guard let peeked else {
+                return nextMessage(scanningBegins: true, skippingStatusReports: skippingStatusReports).map(Incoming.decoded)
+            }
+            reader = ahead
+            incoming.claimedNone()
+            if skippingStatusReports, peeked.type == .statusReport { continue }
+            return .peeked(peeked)
         }
     }
 
@@ -282,9 +347,14 @@ package final class SimLauncher: WorkerLauncher, @unchecked Sendable {
     /// (nil) the real one, for an engine on a loop thread of its own.
     let kernel: SimulatedKernel?
 
-    package init(kernel: SimulatedKernel? = nil) {
+    /// `templates`: its workers' reply frames (`FakeWorker.templates`), for a simulation whose one thread drives
+    /// every worker; nil encodes each.
+    package init(kernel: SimulatedKernel? = nil, templates: ReplyTemplates? = nil) {
         self.kernel = kernel
+        self.templates = templates
     }
+
+    private let templates: ReplyTemplates?
 
     package var workers: [FakeWorker] { state.withLock { $0.workers } }
     package func failNextSpawn() { state.withLock { $0.failNext = true } }
@@ -317,7 +387,8 @@ package final class SimLauncher: WorkerLauncher, @unchecked Sendable {
         }
         // The page alone, with no memfd: that would be the worker's descriptor 5, and this worker has no process.
         let page = ExitNoticePage.unshared()
-        let worker = FakeWorker(pid: pid, socket: sv[1], stdoutWrite: out[1], stderrWrite: err[1], exitNotice: page, kernel: kernel)
+        let worker = FakeWorker(pid: pid, socket: sv[1], stdoutWrite: out[1], stderrWrite: err[1], exitNotice: page, kernel: kernel,
+                                templates: templates)
         worker.holdsWelcome = slow
         state.withLock { $0.workers.append(worker) }
         return LaunchedWorker(child: worker, socket: FileDescriptor(adopting: sv[0]),
@@ -355,4 +426,97 @@ package final class SimExitNotices: ExitNoticeWatching, @unchecked Sendable {
 
     /// Watches still held (none once every worker has ended).
     package var count: Int { watches.withLock { $0.count } }
+}
+
+/// The frames of the replies fake workers send again and again (a completion titled "done", a partial result, a
+/// cancellation, a pong), each encoded once with a stand-in id and then copied with the request's id written over
+/// it: the same bytes the encoder writes (its strings are not shared between objects, and an id is always its 36
+/// ASCII bytes). Encoding each was ~2% of a schedule. A message with files, or of another shape, is encoded.
+package final class ReplyTemplates {
+    package init() {}
+
+    /// A reply's shape: everything but its id (or a pong's seq, by its width in bytes).
+    private enum Shape: Equatable {
+        case complete(title: String?, items: Int)
+        case partial(title: String?, items: Int)
+        case cancelled(ExtensionError)
+        case pong(width: Int)
+    }
+    /// A few shapes in all: looked through in order, with no hashing. `idAt`: where the id's 36 bytes (a pong's
+    /// seq's) are.
+    private var templates: [(shape: Shape, bytes: [UInt8], idAt: Int)] = []
+    private static let standIn = RequestID(high: 0x0123_4567_89AB_CDEF, low: 0xFEDC_BA98_7654_3210)
+
+    /// The frame of `message`, or nil when it is not of a shape kept here.
+    func frame(for message: Message) -> [UInt8]? {
+        let shape: Shape, id: RequestID
+        switch message {
+        case .complete(let requestID, let items), .partial(let requestID, let items):
+            guard items.count <= 1 else { return nil }
+            var title: String?
+            if let item = items.first {
+                guard item.fileAttachments.isEmpty, item.text == nil, item.attachments.isEmpty, item.userInfo.isEmpty
+                else { return nil }
+                title = item.title
+            }
+            if case .complete = message {
+                shape = .complete(title: title, items: items.count)
+            } else {
+                shape = .partial(title: title, items: items.count)
+            }
+            id = requestID
+        case .cancelled(let requestID, let error):
+            shape = .cancelled(error)
+            id = requestID
+        case .pong(let seq):
+            return pong(seq)
+        default:
+            return nil
+        }
+        var found = templates.firstIndex { $0.shape == shape }
+        if found == nil {
+            let standIn: Message = switch shape {
+            case .complete(let title, let count): .complete(id: Self.standIn, items: count == 0 ? [] : [ExtensionItem(title: title)])
+            case .partial(let title, let count): .partial(id: Self.standIn, items: count == 0 ? [] : [ExtensionItem(title: title)])
+            case .cancelled(let error): .cancelled(id: Self.standIn, error: error)
+            case .pong: preconditionFailure("a pong is made by pong(_:)")
+            }
+            var bytes: [UInt8] = []
+            var encoder = BinaryPlistEncoder()
+            var outgoing = OutgoingDescriptors()
+            guard (try? outgoing.encode(standIn, with: &encoder, appendingTo: &bytes)) != nil else { return nil }
+            let text = Array(Self.standIn.uuidString.utf8)
+            guard let at = bytes.indices.first(where: { bytes[$0...].starts(with: text) }) else { return nil }
+            templates.append((shape, bytes, at))
+            found = templates.count - 1
+        }
+        let template = templates[found!]
+        var bytes = template.bytes
+        bytes.withUnsafeMutableBytes { id.writeUUID(into: UnsafeMutableRawBufferPointer(rebasing: $0[template.idAt..<template.idAt + 36])) }
+        return bytes
+    }
+
+    /// A pong's frame: the template of its seq's width (the encoder writes the fewest bytes of 1, 2, 4 and 8 that
+    /// hold a value, 8 for a negative one), with the seq written over a stand-in's.
+    private func pong(_ seq: Int64) -> [UInt8]? {
+        let width = seq < 0 ? 8 : seq < 1 << 8 ? 1 : seq < 1 << 16 ? 2 : seq < 1 << 32 ? 4 : 8
+        // A stand-in of that width, whose integer object (marker and bytes) appears once in the frame.
+        let standIn: Int64 = width == 8 ? 0x5AA5_A55A_A55A_5AA5 : Int64(0xA5A5_A5A5 >> (32 - 8 * width))
+        var found = templates.firstIndex { $0.shape == .pong(width: width) }
+        if found == nil {
+            var bytes: [UInt8] = []
+            var encoder = BinaryPlistEncoder()
+            var outgoing = OutgoingDescriptors()
+            guard (try? outgoing.encode(.pong(seq: standIn), with: &encoder, appendingTo: &bytes)) != nil else { return nil }
+            let object = [0x10 | UInt8(width.trailingZeroBitCount)] + (0..<width).map { UInt8(truncatingIfNeeded: standIn >> (8 * ($0 ^ (width - 1)))) }
+            let at = bytes.indices.filter { bytes[$0...].starts(with: object) }
+            guard at.count == 1 else { return nil }
+            templates.append((.pong(width: width), bytes, at[0] + 1))
+            found = templates.count - 1
+        }
+        let template = templates[found!]
+        var bytes = template.bytes
+        for k in 0..<width { bytes[template.idAt + k] = UInt8(truncatingIfNeeded: seq >> (8 * (width - 1 - k))) }
+        return bytes
+    }
 }
