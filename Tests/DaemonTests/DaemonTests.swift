@@ -4,6 +4,7 @@ import HostTestSupport
 @testable import SDKDaemon
 import SDKHost
 import SDKPosix
+import Synchronization
 import Testing
 
 #if canImport(Glibc)
@@ -148,6 +149,56 @@ import Glibc
         try await Task.sleep(nanoseconds: 200_000_000)
         #expect((ids + [again]).allSatisfy { recorder.callbacks($0).count == 1 })
         #expect(daemon.logText.contains("removing stale socket"))
+        await host.shutdown()
+        #expect(await daemon.stop() == 0)
+    }
+
+    /// A daemon that stops answering (SIGSTOP here; a wedged loop alike) cannot hold the app: a request past its
+    /// deadline ends `timedOut` (the client's own backstop, a second after the deadline the daemon let pass), a
+    /// cancel ends the request at once as an embedded host's does, and `status()` returns nil after
+    /// `reconnectTimeout`, or at once when its Task is cancelled. Before, all of them waited for the daemon, for
+    /// ever (an outside tester's finding). When it resumes, its late outcomes are dropped: still one each.
+    @Test func aStoppedDaemonCannotHoldADeadlineACancelOrStatus() async throws {
+        let daemon = try await DaemonProcess()
+        defer { daemon.remove() }
+        let host = try await ExtensionHost.connect(socketPath: daemon.socket, reconnectTimeout: 1)
+        let (echo, recorder) = try recordedExtension(host, "com.example.echo")
+        #expect(try await echo.perform([ExtensionItem(title: "warm")]) == [ExtensionItem(title: "warm")])
+        /// The daemon's scheduler state ("T" while stopped).
+        func state() -> Substring? {
+            guard let stat = readSmallFile("/proc/\(daemon.pid)/stat"), let close = stat.lastIndex(of: ")") else { return nil }
+            return stat[stat.index(close, offsetBy: 2)...].prefix(1)
+        }
+        daemon.signal(SIGSTOP)
+        #expect(await eventually { state() == "T" })
+        let timed = echo.beginRequest(withInputItems: [ExtensionItem(title: "timed")], deadline: .milliseconds(300))
+        let cancelled = echo.beginRequest(withInputItems: [ExtensionItem(title: "cancelled")])
+        echo.cancelRequest(cancelled)
+        #expect(await recorder.wait(for: cancelled, timeout: 20) == .cancelled(.cancelledByHost))
+        #expect(await recorder.wait(for: timed, timeout: 20) == .interrupted(.timedOut))
+        /// `status()` from a Task (cancelled at once with `cancelling`): whether it returned within 20 s, and what.
+        /// Bounded, so that a client that waits for ever fails this test rather than hanging the suite.
+        func status(cancelling: Bool = false) async -> (returned: Bool, status: HostStatus?) {
+            let answer = Mutex<(Bool, HostStatus?)>((false, nil))
+            let asking = Task {
+                let status = await host.status()
+                answer.withLock { $0 = (true, status) }
+            }
+            if cancelling { asking.cancel() }
+            _ = await eventually(timeout: 20) { answer.withLock { $0.0 } }
+            return answer.withLock { $0 }
+        }
+        let (returned, report) = await status()
+        #expect(returned && report == nil)
+        let (returnedCancelled, reportCancelled) = await status(cancelling: true)
+        #expect(returnedCancelled && reportCancelled == nil)
+        #expect(state() == "T", "the daemon ran meanwhile: the outcomes may have been its own")
+        daemon.signal(SIGCONT)
+        // It serves again; what it owed for the two (its `cancelled` for each) was dropped.
+        #expect(try await echo.perform([ExtensionItem(title: "after")]) == [ExtensionItem(title: "after")])
+        #expect(await status().status != nil)
+        try await Task.sleep(nanoseconds: 200_000_000)
+        #expect(recorder.callbacks(timed).count == 1 && recorder.callbacks(cancelled).count == 1)
         await host.shutdown()
         #expect(await daemon.stop() == 0)
     }

@@ -90,9 +90,18 @@ public final class ExtensionHost: Sendable {
 
     /// The host's status: per extension its requests and their outcomes, latency, slow requests, crash-loop state and
     /// workers; the same figures as `sdk-host status --json`. Through the daemon, the daemon's status (nil if it
-    /// cannot be reached).
+    /// cannot be reached, or does not answer within the client's `reconnectTimeout`). Cancelling the calling Task
+    /// returns nil at once.
     public func status() async -> HostStatus? {
-        await withCheckedContinuation { continuation in backend.status { continuation.resume(returning: $0) } }
+        let answer = AnswerOnce<HostStatus?>()
+        return await withTaskCancellationHandler {
+            await withCheckedContinuation { continuation in
+                answer.wait(continuation)
+                backend.status { answer.give($0) }
+            }
+        } onCancel: {
+            answer.give(nil)
+        }
     }
 
     /// Every crash report an embedded host keeps in memory (up to `crashReportLimit`, with their whole stderr
@@ -395,5 +404,32 @@ public final class Extension: Sendable {
             deliver: deliver, progress: progress)
         request.services = services
         host.backend.submit(request)
+    }
+}
+
+/// One answer to one waiter, whichever comes first: the backend's, or the cancelled Task's (nil). Later ones are
+/// dropped; one that comes before the waiter is kept for it.
+final class AnswerOnce<Value: Sendable>: Sendable {
+    private enum Slot {
+        case waiting(CheckedContinuation<Value, Never>?)
+        case given(Value)
+    }
+    private let slot = Mutex(Slot.waiting(nil))
+
+    func wait(_ continuation: CheckedContinuation<Value, Never>) {
+        let ready = slot.withLock { s -> Slot in
+            if case .waiting = s { s = .waiting(continuation) }
+            return s
+        }
+        if case .given(let value) = ready { continuation.resume(returning: value) }
+    }
+
+    func give(_ value: Value) {
+        let waiter = slot.withLock { s -> CheckedContinuation<Value, Never>? in
+            guard case .waiting(let continuation) = s else { return nil }
+            s = .given(value)
+            return continuation
+        }
+        waiter?.resume(returning: value)
     }
 }

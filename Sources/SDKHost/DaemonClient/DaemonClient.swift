@@ -29,6 +29,14 @@ final class DaemonClient: HostBackend, @unchecked Sendable {
     private var refusal: String?
     private var inFlight: [RequestID: SubmittedRequest] = [:]
     private var queued: [(request: SubmittedRequest, since: UInt64)] = []
+    /// Requests this client ended itself (a cancel, a deadline the daemon let pass) whose outcome the daemon still
+    /// owes: it is dropped without a warning when it comes. Emptied when the connection ends; at most
+    /// `maxOwed` (past that a late outcome is logged as for an unknown request, nothing worse).
+    private var owed: Set<RequestID> = []
+    private static let maxOwed = 4096
+    /// Each request with a deadline: the timer that ends it here if the daemon has not by then
+    /// (`deadlineBackstopSeconds` after its deadline).
+    private var deadlineTimers: [RequestID: TimerID] = [:]
     private var backoff = 0.02
     private var retryTimer: TimerID?
     private var readyWaiters: [(Result<Void, HostError>) -> Void] = []
@@ -105,6 +113,7 @@ final class DaemonClient: HostBackend, @unchecked Sendable {
 
     private func submitOnLoop(_ request: SubmittedRequest) {
         if shuttingDown { return request.deliver(.interrupted(.hostShutdown)) }
+        armDeadline(request)
         if ready {
             send(request)
         } else {
@@ -114,15 +123,45 @@ final class DaemonClient: HostBackend, @unchecked Sendable {
         }
     }
 
+    /// Ends the request here at once, as an embedded host does, and tells the daemon (whose `cancelled` is then
+    /// dropped): a daemon that does not answer (stopped, wedged) cannot hold the app's cancel.
     func cancel(_ id: RequestID) {
-        loop.executeInline {
-            if self.inFlight[id] != nil {
-                try? self.connection?.send(.cancel(id: id))  // the daemon answers with `cancelled`
-            } else if let index = self.queued.firstIndex(where: { $0.request.id == id }) {
-                let request = self.queued.remove(at: index).request
-                self.loop.runOutsideInlineTask { request.deliver(.cancelled(.cancelledByHost)) }
-            }
+        loop.executeInline { self.endHere(id, .cancelled(.cancelledByHost)) }
+    }
+
+    /// Ends request `id` in this client with `outcome`, if it has not ended: in flight, the daemon is told to cancel
+    /// it and its own outcome is dropped when it comes; queued, it is taken off the queue.
+    private func endHere(_ id: RequestID, _ outcome: RequestOutcome) {
+        if inFlight[id] != nil {
+            try? connection?.send(.cancel(id: id))
+            if owed.count >= Self.maxOwed { owed.removeAll() }
+            owed.insert(id)
+            finish(id, outcome)
+        } else if let index = queued.firstIndex(where: { $0.request.id == id }) {
+            let request = queued.remove(at: index).request
+            disarmDeadline(id)
+            loop.runOutsideInlineTask { request.deliver(outcome) }
         }
+    }
+
+    /// How long after a request's deadline this client ends it itself if the daemon has not: the daemon ends it at
+    /// the deadline (and counts it in its status); this is for a daemon that cannot (stopped, wedged).
+    static let deadlineBackstopSeconds = 1.0
+
+    private func armDeadline(_ request: SubmittedRequest) {
+        guard let deadline = request.deadline, deadline.isFinite else { return }
+        let after = max(deadline, 0) + Self.deadlineBackstopSeconds
+        let id = request.id
+        deadlineTimers[id] = loop.schedule(afterNanoseconds: after >= 1e9 ? .max : nanoseconds(after)) { [weak self] in
+            guard let self, self.deadlineTimers.removeValue(forKey: id) != nil else { return }
+            self.writeLog("request \(id): the daemon at \(self.socketPath) did not end it within "
+                + "\(Self.deadlineBackstopSeconds) s of its deadline; ended here")
+            self.endHere(id, .interrupted(.timedOut))
+        }
+    }
+
+    private func disarmDeadline(_ id: RequestID) {
+        if let timer = deadlineTimers.removeValue(forKey: id) { loop.cancelTimer(timer) }
     }
 
     func credit(_ id: RequestID, _ count: Int) {
@@ -173,17 +212,25 @@ final class DaemonClient: HostBackend, @unchecked Sendable {
         }
     }
 
-    /// Asks the daemon for its status report; `body` gets nil if the daemon cannot be reached.
+    /// Asks the daemon for its status report; `body` gets nil if the daemon cannot be reached, or does not answer
+    /// within `reconnectTimeout` (a stopped or wedged daemon).
     func report(_ body: @escaping @Sendable (PlistValue?) -> Void) {
         waitUntilReady { result in
             guard case .success = result else { return body(nil) }
             self.loop.execute {
                 self.statusSeq += 1
-                self.statusWaiters[self.statusSeq] = body
+                let seq = self.statusSeq
+                self.statusWaiters[seq] = body
                 do {
-                    try self.connection?.send(.status(seq: self.statusSeq))
+                    try self.connection?.send(.status(seq: seq))
                 } catch {
-                    self.statusWaiters.removeValue(forKey: self.statusSeq)?(nil)
+                    self.statusWaiters.removeValue(forKey: seq)?(nil)
+                    return
+                }
+                self.loop.schedule(afterNanoseconds: nanoseconds(self.reconnectTimeout)) { [weak self] in
+                    guard let self, let waiter = self.statusWaiters.removeValue(forKey: seq) else { return }
+                    self.writeLog("the daemon at \(self.socketPath) did not answer 'status' within \(self.reconnectTimeout) s")
+                    waiter(nil)
                 }
             }
         }
@@ -392,9 +439,11 @@ final class DaemonClient: HostBackend, @unchecked Sendable {
     private func finish(_ id: RequestID, _ outcome: RequestOutcome) {
         cancelHostCalls(id)
         guard let request = inFlight.removeValue(forKey: id) else {
-            writeLog("daemon \(socketPath): reply for unknown or finished request \(id); dropped")
+            // The outcome of one this client ended itself is expected; any other is the daemon's mistake.
+            if owed.remove(id) == nil { writeLog("daemon \(socketPath): reply for unknown or finished request \(id); dropped") }
             return
         }
+        disarmDeadline(id)
         pids.withLock { _ = $0.removeValue(forKey: id) }
         loop.runOutsideInlineTask { request.deliver(outcome) }
     }
@@ -402,6 +451,8 @@ final class DaemonClient: HostBackend, @unchecked Sendable {
     private func failInFlight(_ reason: InterruptionReason) {
         let lost = inFlight
         inFlight.removeAll()
+        owed.removeAll()  // the connection that owed them is gone
+        for id in lost.keys { disarmDeadline(id) }
         for id in Array(hostCalls.keys) { cancelHostCalls(id) }
         pids.withLock { $0.removeAll() }
         for request in lost.values { request.deliver(.interrupted(reason)) }
@@ -416,7 +467,10 @@ final class DaemonClient: HostBackend, @unchecked Sendable {
     private func failQueued(_ reason: InterruptionReason) {
         let lost = queued
         queued.removeAll()
-        for (request, _) in lost { request.deliver(.interrupted(reason)) }
+        for (request, _) in lost {
+            disarmDeadline(request.id)
+            request.deliver(.interrupted(reason))
+        }
     }
 
     private func failAll(_ reason: InterruptionReason) {
@@ -434,7 +488,10 @@ final class DaemonClient: HostBackend, @unchecked Sendable {
             let limit = nanoseconds(self.reconnectTimeout)
             let expired = self.queued.filter { now - $0.since >= limit }
             self.queued.removeAll { now - $0.since >= limit }
-            for (request, _) in expired { request.deliver(.interrupted(.disconnected)) }
+            for (request, _) in expired {
+                self.disarmDeadline(request.id)
+                request.deliver(.interrupted(.disconnected))
+            }
             if !self.queued.isEmpty { self.scheduleQueueExpiry() }
         }
     }
@@ -453,7 +510,7 @@ extension ExtensionHost {
     /// - Parameters:
     ///   - socketPath: The daemon's socket.
     ///   - reconnectTimeout: Seconds a request waits for a connection (and `connect` for the daemon's answer)
-    ///     before it is interrupted.
+    ///     before it is interrupted; and `status()` for the daemon's report before it returns nil.
     ///   - daemonUID: The uid the daemon must run as (checked with SO_PEERCRED at every connect); nil accepts this
     ///     process's own uid or root. The socket's folder must also belong to you or root and not be writable by
     ///     others.
