@@ -393,6 +393,34 @@ import Glibc
         #expect(logged == 0 && loggedErr.contains(skipped), "\(loggedErr)")
     }
 
+    /// The log does not call an unconfined worker (Sandbox none) sandboxed.
+    @Test func theLogSaysAnUnconfinedWorkerIsUnconfined() async throws {
+        let own = try TemporaryFolder()
+        for name in ["exts", "exts/Open"] { mkdir("\(own.path)/\(name)", 0o700) }
+        writeFile("\(own.path)/exts/Open/Info.plist", """
+            <?xml version="1.0" encoding="UTF-8"?>
+            <plist version="1.0"><dict>
+              <key>CFBundleIdentifier</key><string>com.example.open</string>
+              <key>NSExtension</key><dict>
+                <key>NSExtensionPointIdentifier</key><string>com.sdk-host.service</string>
+                <key>NSExtensionExecutable</key><string>Echo</string>
+                <key>SDKHostPolicy</key><dict><key>Sandbox</key><string>none</string></dict>
+              </dict>
+            </dict></plist>
+            """)
+        let config = "\(own.path)/sdk-host.plist"
+        writeFile(config, """
+            <plist version="1.0"><dict>
+              <key>ExtensionSearchPaths</key><array><string>exts</string></array>
+              <key>AllowedSandboxModes</key><array><string>strict</string><string>none</string></array>
+              <key>SocketPath</key><string>\(own.path)/none.sock</string>
+            </dict></plist>
+            """)
+        let (status, _, log) = try await run(["request", "com.example.open", "--embedded", "--config", config, "--log-level", "info"])
+        #expect(status == 0 && log.contains("(its launcher's child), unconfined (Sandbox none)") && !log.contains("), sandboxed"),
+                "\(log)")
+    }
+
     /// A peer's text (a reply title, a client's message type) reaches neither the terminal nor the log with its
     /// control characters live: no escape sequence, no forged line.
     @Test func peerTextIsShownEscapedOnTheTerminalAndInTheLog() async throws {

@@ -107,6 +107,21 @@ import Glibc
         }
     }
 
+    /// A worker told to make no leak checks (LeakCheckDelaySeconds 0) has no leak to report: forged reports count
+    /// nothing and reach neither the log nor `status` (an outside tester's worker got one into both).
+    @Test func aWorkerWithoutLeakChecksCannotReportALeak() async throws {
+        let unchecked = TemporaryExtension(identifier: "com.example.unchecked", executable: "Crasher",
+                                           policy: "<key>LeakCheckDelaySeconds</key><integer>0</integer>")
+        defer { unchecked.remove() }
+        try await withHost(extraSearchPaths: [unchecked.root]) { host, log in
+            let ext = try host.extension(identifier: unchecked.identifier)
+            #expect(try await ext.perform([ExtensionItem(title: "fakeleaks")]) == [ExtensionItem(title: "fakeleaks")])
+            #expect(try await ext.perform([ExtensionItem(title: "echo")]) == [ExtensionItem(title: "echo")])
+            #expect(await Self.leaks(host, unchecked.identifier) == 0)
+            #expect(!log.all.contains { $0.contains(": leak: request") })
+        }
+    }
+
     @Test func badLeakCheckDelaysAreClearErrors() {
         expectManifestErrors([
             ("<key>LeakCheckDelaySeconds</key><integer>-1</integer>", "LeakCheckDelaySeconds"),

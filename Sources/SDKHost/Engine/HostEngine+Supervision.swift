@@ -195,7 +195,10 @@ extension HostEngine {
     /// the worker was sent (a lying worker can inflate its own count no further), never for one in flight;
     /// logged (the first few per worker, then every hundredth) and, in the daemon, written beside crash reports.
     func leakReported(_ id: RequestID, alive: [String], afterMs: Int64, by worker: WorkerProcess) {
-        guard !worker.inFlight.contains(id), worker.leaksReported < worker.requestsSent else {
+        // A worker told to make no leak checks (LeakCheckDelaySeconds 0: SDKHOST_LEAK_CHECK_MS=0) has none to report.
+        guard Int64(worker.policy.leakCheckDelaySeconds * 1000) > 0, !worker.inFlight.contains(id),
+            worker.leaksReported < worker.requestsSent
+        else {
             log(.debug, "\(worker.extensionID) pid \(worker.pid): leak report for \(id) ignored")
             return
         }

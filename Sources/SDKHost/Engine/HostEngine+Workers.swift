@@ -114,7 +114,8 @@ extension HostEngine {
             worker.sandboxReported = true
             let namespaced = layers.contains("pidNamespace")
             if let reportedPID, let direct = worker.adoptWorkerPID(reportedPID, signalDirectly: !namespaced) {
-                log(.info, "\(worker.extensionID): worker pid \(reportedPID) (its launcher's child), sandboxed")
+                log(.info, "\(worker.extensionID): worker pid \(reportedPID) (its launcher's child), "
+                    + (worker.policy.sandbox == .none ? "unconfined (Sandbox none)" : "sandboxed"))
                 // The launcher's worker is pid 2 of its namespace (pid 1 is the launcher's init): that is the id
                 // its runtime stores in the exit-notice word. Without a pid namespace (the launcher only its
                 // subreaping parent) it is the same pid inside and out.
@@ -280,10 +281,26 @@ extension HostEngine {
         let now = loop.now
         if worker.messageLines.allow(now: now) {
             log(level, message())
-        } else if case let dropped = worker.messageLines.takeDropped(now: now, force: false), dropped > 0 {
-            log(.warning, "\(worker.extensionID) pid \(worker.pid): \(dropped) more line(s) about its messages dropped "
-                + "(more than \(Int(OutputLines.linesPerSecond)) a second)")
+        } else if !reportDroppedMessageLines(worker, force: false), worker.messageDropTimer == nil {
+            // Counted within a second even if the flood stops here (a count given only at the next drop was
+            // never given for the last of a flood: 1 reported of 797 dropped).
+            worker.messageDropTimer = loop.schedule(afterNanoseconds: 1_000_000_000) { [weak self, weak worker] in
+                guard let self, let worker else { return }
+                worker.messageDropTimer = nil
+                self.reportDroppedMessageLines(worker, force: true)
+            }
         }
+    }
+
+    /// Logs how many lines `worker`'s messages had dropped since the last count, if a second has passed since it
+    /// (or `force`); whether it did.
+    @discardableResult
+    func reportDroppedMessageLines(_ worker: WorkerProcess, force: Bool) -> Bool {
+        let dropped = worker.messageLines.takeDropped(now: loop.now, force: force)
+        guard dropped > 0 else { return false }
+        log(.warning, "\(worker.extensionID) pid \(worker.pid): \(dropped) more line(s) about its messages dropped "
+            + "(more than \(Int(OutputLines.linesPerSecond)) a second)")
+        return true
     }
 
     // MARK: Failure and death
@@ -420,6 +437,9 @@ extension HostEngine {
         // Replies already written before the exit still count: a completed request is completed. Half a frame
         // left is a truncated frame, even when the exit notice came before the socket's end.
         worker.connection.drainLast()
+        if let timer = worker.messageDropTimer { loop.cancelTimer(timer) }
+        worker.messageDropTimer = nil
+        reportDroppedMessageLines(worker, force: true)
 
         let inFlight = Array(worker.inFlight).sorted { $0.uuidString < $1.uuidString }
         worker.inFlight.removeAll()

@@ -62,6 +62,8 @@ final class WorkerProcess {
     var stderrLines = OutputLines()
     /// The log lines its messages may cause (`HostEngine.logForWorker`).
     @exclusivity(unchecked) var messageLines = LineBudget()
+    /// Reports the count of those dropped a second after the first drop not yet counted.
+    @exclusivity(unchecked) var messageDropTimer: TimerID?
     /// The ping it has not answered yet, if any, and the time that counts against the worker (`AnswerClock`).
     @exclusivity(unchecked) var ping: AnswerClock?
     @exclusivity(unchecked) var pingSeq: Int64 = 0
