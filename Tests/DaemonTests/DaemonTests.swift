@@ -155,13 +155,15 @@ import Glibc
 
     /// A daemon that stops answering (SIGSTOP here; a wedged loop alike) cannot hold the app: a request past its
     /// deadline ends `timedOut` (the client's own backstop, a second after the deadline the daemon let pass), a
-    /// cancel ends the request at once as an embedded host's does, and `status()` returns nil after
-    /// `reconnectTimeout`, or at once when its Task is cancelled. Before, all of them waited for the daemon, for
-    /// ever (an outside tester's finding). When it resumes, its late outcomes are dropped: still one each.
+    /// cancel ends the request at once as an embedded host's does, `status()` returns nil after
+    /// `reconnectTimeout` (or at once when its Task is cancelled), and a request without a deadline ends
+    /// `disconnected` once the daemon has left a ping unanswered for `heartbeatTimeout`. Before, all of them
+    /// waited for the daemon, for ever (an outside tester's finding). When it resumes, its late outcomes are
+    /// dropped: still one each.
     @Test func aStoppedDaemonCannotHoldADeadlineACancelOrStatus() async throws {
         let daemon = try await DaemonProcess()
         defer { daemon.remove() }
-        let host = try await ExtensionHost.connect(socketPath: daemon.socket, reconnectTimeout: 1)
+        let host = try await ExtensionHost.connect(socketPath: daemon.socket, reconnectTimeout: 1, heartbeatTimeout: 2)
         let (echo, recorder) = try recordedExtension(host, "com.example.echo")
         #expect(try await echo.perform([ExtensionItem(title: "warm")]) == [ExtensionItem(title: "warm")])
         /// The daemon's scheduler state ("T" while stopped).
@@ -173,9 +175,11 @@ import Glibc
         #expect(await eventually { state() == "T" })
         let timed = echo.beginRequest(withInputItems: [ExtensionItem(title: "timed")], deadline: .milliseconds(300))
         let cancelled = echo.beginRequest(withInputItems: [ExtensionItem(title: "cancelled")])
+        let open = echo.beginRequest(withInputItems: [ExtensionItem(title: "no deadline")])
         echo.cancelRequest(cancelled)
         #expect(await recorder.wait(for: cancelled, timeout: 20) == .cancelled(.cancelledByHost))
         #expect(await recorder.wait(for: timed, timeout: 20) == .interrupted(.timedOut))
+        #expect(await recorder.wait(for: open, timeout: 20) == .interrupted(.disconnected))
         /// `status()` from a Task (cancelled at once with `cancelling`): whether it returned within 20 s, and what.
         /// Bounded, so that a client that waits for ever fails this test rather than hanging the suite.
         func status(cancelling: Bool = false) async -> (returned: Bool, status: HostStatus?) {
@@ -194,11 +198,12 @@ import Glibc
         #expect(returnedCancelled && reportCancelled == nil)
         #expect(state() == "T", "the daemon ran meanwhile: the outcomes may have been its own")
         daemon.signal(SIGCONT)
-        // It serves again; what it owed for the two (its `cancelled` for each) was dropped.
+        // It serves again (the client connects again); what it owed for the first two (its `cancelled` for each)
+        // was dropped, or went to the connection the client gave up.
         #expect(try await echo.perform([ExtensionItem(title: "after")]) == [ExtensionItem(title: "after")])
         #expect(await status().status != nil)
         try await Task.sleep(nanoseconds: 200_000_000)
-        #expect(recorder.callbacks(timed).count == 1 && recorder.callbacks(cancelled).count == 1)
+        #expect([timed, cancelled, open].allSatisfy { recorder.callbacks($0).count == 1 })
         await host.shutdown()
         #expect(await daemon.stop() == 0)
     }

@@ -18,6 +18,13 @@ final class DaemonClient: HostBackend, @unchecked Sendable {
     let limits = WireLimits()
     /// How long a request waits for a connection before it is interrupted (`disconnected`).
     let reconnectTimeout: Double
+    /// How long the daemon may leave a ping unanswered, while anything waits on it, before this client gives the
+    /// connection up as dead (a stopped or wedged daemon): its requests are interrupted (`disconnected`).
+    let heartbeatTimeout: Double
+    /// The ping the daemon has not answered yet: its seq and when it was sent.
+    private var unansweredPing: (seq: Int64, sentAt: UInt64)?
+    private var pingSeq: Int64 = 0
+    private var heartbeatTimer: TimerID?
     private let known = Mutex<(extensions: [ExtensionInfo], daemonPid: Int32, problems: [String: HostError])>(([], 0, [:]))
     /// Worker events from the daemon; the first stream subscribes (and every later connection does again).
     private var eventHub: EventHub!
@@ -56,13 +63,14 @@ final class DaemonClient: HostBackend, @unchecked Sendable {
     /// nil logs nothing.
     let logHandler: (@Sendable (LogLevel, String) -> Void)?
 
-    init(socketPath: String, reconnectTimeout: Double, daemonUID: uid_t? = nil, appName: String? = nil,
-         logHandler: (@Sendable (LogLevel, String) -> Void)? = nil) throws(HostError)
+    init(socketPath: String, reconnectTimeout: Double, heartbeatTimeout: Double = 30, daemonUID: uid_t? = nil,
+         appName: String? = nil, logHandler: (@Sendable (LogLevel, String) -> Void)? = nil) throws(HostError)
     {
         self.logHandler = logHandler
         self.appName = appName ?? currentExecutableName() ?? "app"
         self.socketPath = socketPath
         self.reconnectTimeout = reconnectTimeout
+        self.heartbeatTimeout = heartbeatTimeout.isFinite && heartbeatTimeout > 0 ? heartbeatTimeout : 30
         self.daemonUID = daemonUID
         do {
             loop = try EventLoop(name: "sdk-host-client", busyPollMicroseconds: HostConfiguration.defaultBusyPollMicroseconds)
@@ -310,8 +318,38 @@ final class DaemonClient: HostBackend, @unchecked Sendable {
         }
     }
 
+    /// Pings the daemon a few times per `heartbeatTimeout` while anything waits on it (a request, a status, a
+    /// prewarm); a ping unanswered for `heartbeatTimeout` ends the connection. An idle connection is not pinged.
+    private func scheduleHeartbeat() {
+        guard heartbeatTimer == nil else { return }
+        let every = max(heartbeatTimeout / 4, 0.05)
+        heartbeatTimer = loop.schedule(afterNanoseconds: nanoseconds(every)) { [weak self] in
+            guard let self else { return }
+            self.heartbeatTimer = nil
+            guard self.ready, let connection = self.connection else { return }
+            let now = monotonicNanoseconds()
+            if let ping = self.unansweredPing {
+                if now &- ping.sentAt >= nanoseconds(self.heartbeatTimeout) {
+                    self.writeLog("the daemon at \(self.socketPath) has not answered a ping for \(self.heartbeatTimeout) s; "
+                        + "giving the connection up")
+                    connection.close()
+                    self.disconnected(.broken("no answer to a ping for \(self.heartbeatTimeout) s"))
+                    return
+                }
+            } else if !self.inFlight.isEmpty || !self.statusWaiters.isEmpty || !self.prewarmWaiters.isEmpty {
+                self.pingSeq += 1
+                self.unansweredPing = (self.pingSeq, now)
+                try? connection.send(.ping(seq: self.pingSeq))
+            }
+            self.scheduleHeartbeat()
+        }
+    }
+
     private func disconnected(_ end: ConnectionEnd) {
         connection = nil
+        unansweredPing = nil
+        if let timer = heartbeatTimer { loop.cancelTimer(timer) }
+        heartbeatTimer = nil
         let wasReady = ready
         ready = false
         failInFlight(.disconnected)
@@ -334,6 +372,7 @@ final class DaemonClient: HostBackend, @unchecked Sendable {
             if ready { return }
             ready = true
             backoff = 0.02
+            scheduleHeartbeat()
             if subscribed { try? connection?.send(.subscribe) }
             let pending = queued
             queued = []
@@ -369,6 +408,8 @@ final class DaemonClient: HostBackend, @unchecked Sendable {
             statusWaiters.removeValue(forKey: seq)?(report)
         case .ping(let seq):
             try? connection?.send(.pong(seq: seq))
+        case .pong(let seq):
+            if unansweredPing?.seq == seq { unansweredPing = nil }
         case .hostCall(let id, let call, let service, let items):
             // A worker of one of this app's requests asks one of its services (only this app's requests' calls
             // come here: the daemon sends each to the connection that owns the request).
@@ -511,6 +552,10 @@ extension ExtensionHost {
     ///   - socketPath: The daemon's socket.
     ///   - reconnectTimeout: Seconds a request waits for a connection (and `connect` for the daemon's answer)
     ///     before it is interrupted; and `status()` for the daemon's report before it returns nil.
+    ///   - heartbeatTimeout: Seconds the daemon may leave a ping unanswered while a request, a status or a prewarm
+    ///     waits on it (the client pings it then, four times as often) before the client gives the connection up
+    ///     as dead (a stopped or wedged daemon): its requests are interrupted (`disconnected`) and the next one
+    ///     connects again.
     ///   - daemonUID: The uid the daemon must run as (checked with SO_PEERCRED at every connect); nil accepts this
     ///     process's own uid or root. The socket's folder must also belong to you or root and not be writable by
     ///     others.
@@ -520,12 +565,14 @@ extension ExtensionHost {
     ///     longer has); nil, the default, logs nothing. `HostConfiguration.standardErrorLog` writes them to stderr.
     /// - Throws: `HostError.Code.daemonUnavailable` if the daemon cannot be reached, refuses this user, cannot be
     ///   trusted (its folder or its uid), or does not answer.
-    public static func connect(socketPath: String, reconnectTimeout: Double = 5, daemonUID: uid_t? = nil,
-                               appName: String? = nil, logHandler: (@Sendable (LogLevel, String) -> Void)? = nil)
+    public static func connect(socketPath: String, reconnectTimeout: Double = 5, heartbeatTimeout: Double = 30,
+                               daemonUID: uid_t? = nil, appName: String? = nil,
+                               logHandler: (@Sendable (LogLevel, String) -> Void)? = nil)
         async throws(HostError) -> ExtensionHost
     {
-        let client = try DaemonClient(socketPath: socketPath, reconnectTimeout: reconnectTimeout, daemonUID: daemonUID,
-                                      appName: appName, logHandler: logHandler)
+        let client = try DaemonClient(socketPath: socketPath, reconnectTimeout: reconnectTimeout,
+                                      heartbeatTimeout: heartbeatTimeout, daemonUID: daemonUID, appName: appName,
+                                      logHandler: logHandler)
         let result = await withCheckedContinuation { (continuation: CheckedContinuation<Result<Void, HostError>, Never>) in
             client.waitUntilReady { continuation.resume(returning: $0) }
         }
