@@ -43,30 +43,25 @@ enum FramePeek {
             return at >= 8 && at < table ? at : nil
         }
         func reference(_ at: Int) -> Int { bigEndian(p, at, refSize) }
+        /// The count of the object at `at` (its marker's low nibble, or the integer object after the marker) and
+        /// where what it counts starts; nil past the objects, or for a negative count.
+        func counted(_ at: Int) -> (count: Int, start: Int)? {
+            let low = Int(p[at] & 0x0F)
+            guard low == 0x0F else { return (low, at + 1) }
+            guard at + 2 < table, p[at + 1] & 0xF0 == 0x10, p[at + 1] & 0x0F <= 3 else { return nil }
+            let width = 1 << Int(p[at + 1] & 0x0F)
+            guard at + 2 + width <= table else { return nil }
+            let count = bigEndian(p, at + 2, width)
+            return count >= 0 ? (count, at + 2 + width) : nil
+        }
         /// The bytes of the ASCII string object at `at`.
         func ascii(_ at: Int) -> UnsafeRawBufferPointer? {
-            guard p[at] & 0xF0 == 0x50 else { return nil }
-            var start = at + 1, length = Int(p[at] & 0x0F)
-            if length == 0x0F {
-                guard at + 2 < table, p[at + 1] & 0xF0 == 0x10, p[at + 1] & 0x0F <= 3 else { return nil }
-                let width = 1 << Int(p[at + 1] & 0x0F)
-                guard at + 2 + width <= table else { return nil }
-                length = bigEndian(p, at + 2, width)
-                start = at + 2 + width
-            }
-            guard length <= table - start else { return nil }
+            guard p[at] & 0xF0 == 0x50, let (length, start) = counted(at), length <= table - start else { return nil }
             return UnsafeRawBufferPointer(rebasing: p[start..<start + length])
         }
-        guard let dictionary = offset(top), p[dictionary] & 0xF0 == 0xD0 else { return nil }
-        var count = Int(p[dictionary] & 0x0F), refs = dictionary + 1
-        if count == 0x0F {
-            guard dictionary + 2 < table, p[dictionary + 1] & 0xF0 == 0x10, p[dictionary + 1] & 0x0F <= 3 else { return nil }
-            let width = 1 << Int(p[dictionary + 1] & 0x0F)
-            guard dictionary + 2 + width <= table else { return nil }
-            count = bigEndian(p, dictionary + 2, width)
-            refs = dictionary + 2 + width
-        }
-        guard count <= (table - refs) / (2 * refSize) else { return nil }
+        guard let dictionary = offset(top), p[dictionary] & 0xF0 == 0xD0, let (count, refs) = counted(dictionary),
+            count <= (table - refs) / (2 * refSize)
+        else { return nil }
         var type: MessageType?, id: RequestID?, seq: Int64?
         for i in 0..<count {
             guard let keyAt = offset(reference(refs + i * refSize)), let key = ascii(keyAt),

@@ -27,6 +27,24 @@ import Glibc
                 String(decoding: try readFile("\(folder)/err"), as: UTF8.self))
     }
 
+    /// Writes, in `folder` (made with its parent), the manifest of an extension `identifier` whose executable is
+    /// Echo, with `policy` as its SDKHostPolicy's keys.
+    func writeEchoManifest(in folder: String, identifier: String, policy: String = "") {
+        mkdir(String(folder[..<(folder.lastIndex(of: "/") ?? folder.endIndex)]), 0o700)
+        mkdir(folder, 0o700)
+        writeFile("\(folder)/Info.plist", """
+            <?xml version="1.0" encoding="UTF-8"?>
+            <plist version="1.0"><dict>
+              <key>CFBundleIdentifier</key><string>\(identifier)</string>
+              <key>NSExtension</key><dict>
+                <key>NSExtensionPointIdentifier</key><string>com.sdk-host.service</string>
+                <key>NSExtensionExecutable</key><string>Echo</string>
+                <key>SDKHostPolicy</key><dict>\(policy)</dict>
+              </dict>
+            </dict></plist>
+            """)
+    }
+
     /// sdk-host-simulate split over processes (one per job, each taking every J-th seed) reaches the same steps as
     /// one process running them all: the same trace digest and counts; a bad option is a usage error.
     @Test func theSimulationSplitOverProcessesReplaysTheSameSchedules() async throws {
@@ -308,18 +326,7 @@ import Glibc
     @Test func embeddedRequestUsesTheConfigsExtensionPathsAndSaysWhichHost() async throws {
         // An extension that exists only in this configuration's search path (the Echo executable, renamed).
         let own = try TemporaryFolder()
-        mkdir("\(own.path)/exts", 0o700)
-        mkdir("\(own.path)/exts/Only", 0o700)
-        writeFile("\(own.path)/exts/Only/Info.plist", """
-            <?xml version="1.0" encoding="UTF-8"?>
-            <plist version="1.0"><dict>
-              <key>CFBundleIdentifier</key><string>com.example.only-here</string>
-              <key>NSExtension</key><dict>
-                <key>NSExtensionPointIdentifier</key><string>com.sdk-host.service</string>
-                <key>NSExtensionExecutable</key><string>Echo</string>
-              </dict>
-            </dict></plist>
-            """)
+        writeEchoManifest(in: "\(own.path)/exts/Only", identifier: "com.example.only-here")
         let config = "\(own.path)/sdk-host.plist"
         writeFile(config, """
             <plist version="1.0"><dict>
@@ -359,17 +366,8 @@ import Glibc
     /// this one's. That line used to be lost: the command exited before the log's writer thread wrote it.
     @Test func anEmbeddedRequestSaysASkippedManifestOnlyWhenItsExtensionIsNotFound() async throws {
         let own = try TemporaryFolder()
-        for name in ["exts", "exts/Only", "exts/Broken"] { mkdir("\(own.path)/\(name)", 0o700) }
-        writeFile("\(own.path)/exts/Only/Info.plist", """
-            <?xml version="1.0" encoding="UTF-8"?>
-            <plist version="1.0"><dict>
-              <key>CFBundleIdentifier</key><string>com.example.only-here</string>
-              <key>NSExtension</key><dict>
-                <key>NSExtensionPointIdentifier</key><string>com.sdk-host.service</string>
-                <key>NSExtensionExecutable</key><string>Echo</string>
-              </dict>
-            </dict></plist>
-            """)
+        writeEchoManifest(in: "\(own.path)/exts/Only", identifier: "com.example.only-here")
+        mkdir("\(own.path)/exts/Broken", 0o700)
         writeFile("\(own.path)/exts/Broken/Info.plist", "<plist><dict><key>CFBundleIdentifier</key>\n")
         let config = "\(own.path)/sdk-host.plist"
         writeFile(config, """
@@ -396,18 +394,8 @@ import Glibc
     /// The log does not call an unconfined worker (Sandbox none) sandboxed.
     @Test func theLogSaysAnUnconfinedWorkerIsUnconfined() async throws {
         let own = try TemporaryFolder()
-        for name in ["exts", "exts/Open"] { mkdir("\(own.path)/\(name)", 0o700) }
-        writeFile("\(own.path)/exts/Open/Info.plist", """
-            <?xml version="1.0" encoding="UTF-8"?>
-            <plist version="1.0"><dict>
-              <key>CFBundleIdentifier</key><string>com.example.open</string>
-              <key>NSExtension</key><dict>
-                <key>NSExtensionPointIdentifier</key><string>com.sdk-host.service</string>
-                <key>NSExtensionExecutable</key><string>Echo</string>
-                <key>SDKHostPolicy</key><dict><key>Sandbox</key><string>none</string></dict>
-              </dict>
-            </dict></plist>
-            """)
+        writeEchoManifest(in: "\(own.path)/exts/Open", identifier: "com.example.open",
+                          policy: "<key>Sandbox</key><string>none</string>")
         let config = "\(own.path)/sdk-host.plist"
         writeFile(config, """
             <plist version="1.0"><dict>
