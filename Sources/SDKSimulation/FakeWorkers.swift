@@ -62,50 +62,16 @@ package final class FakeWorker: WorkerChild, @unchecked Sendable {
     /// The hello it has not answered yet, and what came after it: a runtime answers `hello` before it reads on,
     /// so a worker still starting takes nothing else in (it is seen read, for the late-begin check, as it comes).
     @exclusivity(unchecked) private var helloHeld = false
-    @exclusivity(unchecked) private var heldAfterHello: [Input] = []
-
-    /// What the worker acts on in a message from the host.
-    private enum Input {
-        case hello
-        case ping(seq: Int64)
-        case begin(id: RequestID, files: [FileAttachment])
-        case cancel(id: RequestID)
-        case other
-
-        init(_ incoming: SocketInbox.Incoming) {
-            switch incoming {
-            case .peeked(let frame):
-                switch frame.type {
-                case .hello: self = .hello
-                case .ping: self = frame.seq.map { .ping(seq: $0) } ?? .other
-                case .begin: self = frame.id.map { .begin(id: $0, files: []) } ?? .other
-                case .cancel: self = frame.id.map { .cancel(id: $0) } ?? .other
-                default: self = .other
-                }
-            case .decoded(let message):
-                switch message {
-                case .hello: self = .hello
-                case .ping(let seq): self = .ping(seq: seq)
-                case .begin(let id, let items, _, _): self = .begin(id: id, files: items.flatMap { $0.fileAttachments })
-                case .cancel(let id): self = .cancel(id: id)
-                default: self = .other
-                }
-            }
-        }
-    }
+    @exclusivity(unchecked) private var heldAfterHello: [Message] = []
 
     /// Where its descriptors live: the simulated kernel, or (nil) the real one.
     let kernel: SimulatedKernel?
-    /// The frames of the replies every worker sends again and again, shared by its launcher's workers (the
-    /// single-threaded simulation's); nil encodes each.
-    let templates: ReplyTemplates?
 
     package init(pid: pid_t, socket: Int32, stdoutWrite: Int32, stderrWrite: Int32, exitNotice: ExitNoticePage?,
-                 kernel: SimulatedKernel?, templates: ReplyTemplates? = nil) {
+                 kernel: SimulatedKernel?) {
         self.pid = pid
         self.exitNotice = exitNotice
         self.kernel = kernel
-        self.templates = templates
         exitDescriptor = kernel?.counter() ?? sdk_eventfd()
         self.socket = socket
         self.stdoutWrite = stdoutWrite
@@ -158,10 +124,6 @@ package final class FakeWorker: WorkerChild, @unchecked Sendable {
 
     package func send(_ message: Message) {
         guard alive else { return }
-        if let templates, let bytes = templates.frame(for: message) {
-            _ = bytes.withUnsafeBytes { try? sendNonBlocking(socket, $0, descriptors: []) }
-            return
-        }
         // As the runtime encodes (no dictionary built first).
         var bytes: [UInt8] = []
         var outgoing = OutgoingDescriptors()
@@ -194,30 +156,84 @@ package final class FakeWorker: WorkerChild, @unchecked Sendable {
     package func pump(identifier: String) -> Bool {
         guard alive else { return false }
         let endOfFile = inbox.readAll(from: socket)
-        while let incoming = inbox.next() {
-            let input = Input(incoming)
-            if case .begin(let id, _) = input { begins.append(id) }
+        while let message = inbox.nextMessage(scanningBegins: true) {
+            if case .begin(let id, _, _, _) = message { begins.append(id) }
             if helloHeld {
-                heldAfterHello.append(input)
+                heldAfterHello.append(message)
             } else {
-                take(input, identifier: identifier)
+                take(message, identifier: identifier)
             }
         }
         return endOfFile
     }
 
-    private func take(_ input: Input, identifier: String) {
-        switch input {
+    private func take(_ message: Message, identifier: String) {
+        switch message {
         case .hello:
             if holdsWelcome { helloHeld = true } else { send(.welcome(version: protocolVersion, identifier: identifier, pid: pid)) }
         case .ping(let seq): if answersPings { send(.pong(seq: seq)) }
-        case .begin(let id, let brought):
+        case .begin(let id, let items, _, _):
             if beganWhileRunning == nil, pending.contains(id) { beganWhileRunning = id }
             pending.append(id)
+            let brought = items.flatMap { $0.fileAttachments }
             if !brought.isEmpty { files[id] = brought }
         case .cancel(let id): cancelRequested.insert(id)
-        case .other: break
+        default: break
         }
+    }
+}
+
+/// Frames and descriptors read from a simulated peer's socket, as a runtime or the client library would take
+/// them: descriptors owned from the moment they arrive, each frame's claimed with it.
+struct SocketInbox {
+    private var reader = FrameReader()
+    private var incoming = IncomingDescriptors()
+    private var buffer = [UInt8](uninitializedCount: 16384)
+
+    /// Reads everything `socket` (non-blocking) holds, until EAGAIN. Returns whether the peer has gone (end of
+    /// file, or a reset: it closed with something of ours unread). A short read does not mean the socket is
+    /// empty: a read stops after the bytes that brought descriptors.
+    mutating func readAll(from socket: Int32) -> Bool {
+        // A simulated socket with nothing to read (no bytes, no end, no reset) is not read: most are idle at most
+        // steps, and a read that finds nothing cost as much as the step's own work.
+        if SimulatedKernel.isSimulated(socket), let kernel = SimulatedKernel.current, kernel.readiness(socket) & SDK_EPOLLIN == 0 {
+            // A closed descriptor also reads as idle: reading it would be the descriptor bug the read reports.
+            precondition(kernel.isOpen(socket), "recvmsg(\(socket)): simulated descriptor not open — a descriptor bug")
+            return false
+        }
+        var received: [Int32] = []
+        while true {
+            var truncated = false
+            let result = buffer.withUnsafeMutableBytes { raw in
+                Result { () throws(SystemError) in try receiveNonBlocking(socket, into: raw, descriptors: &received, truncated: &truncated) }
+            }
+            _ = incoming.adopt(&received, truncated: truncated)
+            switch result {
+            case .success(.bytes(let n)):
+                buffer.withUnsafeBytes { reader.append(UnsafeRawBufferPointer(rebasing: $0[0..<n])) }
+            case .success(.endOfFile), .failure:
+                return true
+            case .success(.wouldBlock):
+                return false
+            }
+        }
+    }
+
+    /// The next whole message read, or nil (none, or one that does not decode). With `scanningBegins`, a `begin`
+    /// that brings no files comes without its items: a fake worker records the id and would throw them away.
+    /// With `skippingStatusReports`, a status report is checked as a decode would check it and passed over
+    /// unbuilt: a client never looks inside one, and building it cost more than the rest of what it reads.
+    mutating func nextMessage(scanningBegins: Bool = false, skippingStatusReports: Bool = false) -> Message? {
+        let limits = reader.limits
+        while skippingStatusReports {
+            var peek = reader
+            let skipped = try? peek.withNextPayload { payload throws(WireError) in
+                ForwardScan.isStatusReport(payload, limits: limits)
+            }
+            guard skipped == true else { break }
+            reader = peek
+        }
+        return try? incoming.nextMessage(from: &reader, buildingBeginItems: !scanningBegins)
     }
 }
 
@@ -266,14 +282,9 @@ package final class SimLauncher: WorkerLauncher, @unchecked Sendable {
     /// (nil) the real one, for an engine on a loop thread of its own.
     let kernel: SimulatedKernel?
 
-    /// `templates`: its workers' reply frames (`FakeWorker.templates`), for a simulation whose one thread drives
-    /// every worker; nil encodes each.
-    package init(kernel: SimulatedKernel? = nil, templates: ReplyTemplates? = nil) {
+    package init(kernel: SimulatedKernel? = nil) {
         self.kernel = kernel
-        self.templates = templates
     }
-
-    private let templates: ReplyTemplates?
 
     package var workers: [FakeWorker] { state.withLock { $0.workers } }
     package func failNextSpawn() { state.withLock { $0.failNext = true } }
@@ -306,8 +317,7 @@ package final class SimLauncher: WorkerLauncher, @unchecked Sendable {
         }
         // The page alone, with no memfd: that would be the worker's descriptor 5, and this worker has no process.
         let page = ExitNoticePage.unshared()
-        let worker = FakeWorker(pid: pid, socket: sv[1], stdoutWrite: out[1], stderrWrite: err[1], exitNotice: page, kernel: kernel,
-                                templates: templates)
+        let worker = FakeWorker(pid: pid, socket: sv[1], stdoutWrite: out[1], stderrWrite: err[1], exitNotice: page, kernel: kernel)
         worker.holdsWelcome = slow
         state.withLock { $0.workers.append(worker) }
         return LaunchedWorker(child: worker, socket: FileDescriptor(adopting: sv[0]),

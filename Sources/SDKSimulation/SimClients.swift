@@ -86,54 +86,26 @@ package final class SimClient {
     func pump(toTheEnd: Bool = false) {
         guard isOpen, !ended, !slow || toTheEnd else { return }
         if inbox.readAll(from: socket) { ended = true }
-        while let incoming = inbox.next(skippingStatusReports: true) {
-            switch Input(incoming) {
-            case .outcome(let id):
+        while let message = inbox.nextMessage(skippingStatusReports: true) {
+            switch message {
+            case .complete(let id, _), .cancelled(let id, _), .interrupted(let id, _):
                 guard requests.contains(id) else {
                     note("an outcome for \(id), a request this client did not make")
                     continue
                 }
                 outcomes[id, default: 0] += 1
                 if outcomes[id]! > 1, !reused.contains(id) { note("request \(id) got \(outcomes[id]!) outcomes") }
-            case .partial(let id):
+            case .partial(let id, _):
                 if outcomes[id] != nil, !reused.contains(id) { note("a partial result of \(id) after its outcome") }
                 guard requests.contains(id) else {
                     note("a partial result of \(id), a request this client did not make")
                     continue
                 }
                 send(.credit(id: id, count: 1))
-            case .assigned(let id):
+            case .assigned(let id, _):
                 if outcomes[id] != nil, !reused.contains(id) { note("request \(id) assigned after its outcome") }
-            case .other:
+            default:
                 break
-            }
-        }
-    }
-
-    /// What a client acts on in a message from the daemon.
-    private enum Input {
-        case outcome(RequestID)
-        case partial(RequestID)
-        case assigned(RequestID)
-        case other
-
-        init(_ incoming: SocketInbox.Incoming) {
-            switch incoming {
-            case .peeked(let frame):
-                guard let id = frame.id else { self = .other; return }
-                switch frame.type {
-                case .complete, .cancelled, .interrupted: self = .outcome(id)
-                case .partial: self = .partial(id)
-                case .assigned: self = .assigned(id)
-                default: self = .other
-                }
-            case .decoded(let message):
-                switch message {
-                case .complete(let id, _), .cancelled(let id, _), .interrupted(let id, _): self = .outcome(id)
-                case .partial(let id, _): self = .partial(id)
-                case .assigned(let id, _): self = .assigned(id)
-                default: self = .other
-                }
             }
         }
     }

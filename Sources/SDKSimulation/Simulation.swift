@@ -217,7 +217,7 @@ package struct Simulation {
         SimulatedKernel.current = kernel
         defer { SimulatedKernel.current = nil }
         let clock = ManualClock()
-        let launcher = SimLauncher(kernel: kernel, templates: world.replyTemplates)
+        let launcher = SimLauncher(kernel: kernel)
         var configuration = world.hostConfiguration()
         configuration.clock = clock
         configuration.exitNoticeWatcher = launcher.notices

@@ -23,8 +23,6 @@ package struct SimulationWorld {
     let appFiles = SimFiles(bytes: SimFiles.appBytes), clientFiles = SimFiles(bytes: SimFiles.clientBytes)
     /// How many descriptors the process had open when the last schedule ended cleanly: the next one's count before.
     let descriptorBaseline = DescriptorBaseline()
-    /// The fake workers' reply frames, made once for all the schedules (which run one at a time).
-    let replyTemplates = ReplyTemplates()
 
     /// Writes the manifest under a new folder in `temporaryDirectory`.
     package init(executable: String, temporaryDirectory: String = "/tmp") throws(HostError) {

@@ -447,7 +447,7 @@ extension MessageType {
     }
 
     /// The type these ASCII bytes spell, if any.
-    package init?(ascii bytes: UnsafeRawBufferPointer) {
+    init?(ascii bytes: UnsafeRawBufferPointer) {
         switch bytes.count {
         case 4:
             if bytes.spells(MessageType.ping.staticName) { self = .ping; return }
