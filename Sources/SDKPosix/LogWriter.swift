@@ -22,6 +22,8 @@ public final class LogWriter: Sendable {
         var started = false
         /// The writer thread holds bytes it took and has not finished writing.
         var writing = false
+        /// A flush gave up on a reader that did not read: later ones do not wait again (exit() after fail()).
+        var stalled = false
     }
 
     private let fd: Int32
@@ -50,8 +52,11 @@ public final class LogWriter: Sendable {
         let (accepted, start, wake) = line.withUTF8 { bytes in
             state.withLock { s -> (Bool, Bool, Bool) in
                 guard s.pending.count + bytes.count <= capacity else {
+                    // Counted, and the writer woken to say so (with nothing pending it would not be).
                     s.dropped += 1
-                    return (false, false, false)
+                    let start = !s.started
+                    s.started = true
+                    return (false, start, s.pending.isEmpty && s.dropped == 1)
                 }
                 // Only the line that finds the buffer empty wakes the writer: with lines pending, the writer is
                 // awake or already woken, and it takes everything before it sleeps again.
@@ -81,11 +86,15 @@ public final class LogWriter: Sendable {
     @discardableResult
     public func flush(timeoutNanoseconds: UInt64) -> Bool {
         let deadline = monotonicNanoseconds() &+ timeoutNanoseconds
-        while state.withLock({ !$0.pending.isEmpty || $0.dropped > 0 || $0.writing }) {
-            guard monotonicNanoseconds() < deadline else { return false }
+        while true {
+            let (done, stalled) = state.withLock { ($0.pending.isEmpty && $0.dropped == 0 && !$0.writing, $0.stalled) }
+            if done { return true }
+            if stalled || monotonicNanoseconds() >= deadline {
+                state.withLock { $0.stalled = true }
+                return false
+            }
             usleep(1000)
         }
-        return true
     }
 
     private func startThread() {

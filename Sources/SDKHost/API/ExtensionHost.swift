@@ -93,6 +93,7 @@ public final class ExtensionHost: Sendable {
     /// cannot be reached, or does not answer within the client's `reconnectTimeout`). Cancelling the calling Task
     /// returns nil at once.
     public func status() async -> HostStatus? {
+        if Task.isCancelled { return nil }
         let answer = AnswerOnce<HostStatus?>()
         return await withTaskCancellationHandler {
             await withCheckedContinuation { continuation in

@@ -151,7 +151,8 @@ public struct HostConfiguration: Sendable {
     /// "sdk-host: level: message" lines to stderr (the daemon and the CLI use it).
     public var logHandler: (@Sendable (LogLevel, String) -> Void)?
     /// A `logHandler` that writes "sdk-host: level: message" lines to stderr, never blocking the host: when
-    /// stderr is not read, lines are dropped and counted.
+    /// stderr is not read, lines are dropped and counted. Lines still buffered when the process calls `exit()` are
+    /// written first, for at most 1 s.
     public static let standardErrorLog: @Sendable (LogLevel, String) -> Void = { level, message in
         LogWriter.standardError.write("sdk-host: \(level): \(message)\n")
     }

@@ -25,6 +25,7 @@ final class DaemonClient: HostBackend, @unchecked Sendable {
     private var unansweredPing: (seq: Int64, sentAt: UInt64)?
     private var pingSeq: Int64 = 0
     private var heartbeatTimer: TimerID?
+    private var queueExpiryTimer: TimerID?
     private let known = Mutex<(extensions: [ExtensionInfo], daemonPid: Int32, problems: [String: HostError])>(([], 0, [:]))
     /// Worker events from the daemon; the first stream subscribes (and every later connection does again).
     private var eventHub: EventHub!
@@ -47,7 +48,8 @@ final class DaemonClient: HostBackend, @unchecked Sendable {
     private var backoff = 0.02
     private var retryTimer: TimerID?
     private var readyWaiters: [(Result<Void, HostError>) -> Void] = []
-    private var statusWaiters: [Int64: (PlistValue?) -> Void] = [:]
+    /// Each status asked for: who takes the report, and the timer that gives up on it.
+    private var statusWaiters: [Int64: (answer: (PlistValue?) -> Void, timer: TimerID)] = [:]
     private var statusSeq: Int64 = 0
     private var prewarmWaiters: [RequestID: @Sendable (Result<pid_t, RequestFailure>) -> Void] = [:]
     /// The daemon's host calls running in the app, by request and the daemon's call number: what cancels each.
@@ -89,6 +91,8 @@ final class DaemonClient: HostBackend, @unchecked Sendable {
     /// Connects (or waits for the connection in progress) and calls `done` once the daemon has answered.
     func waitUntilReady(_ done: @escaping @Sendable (Result<Void, HostError>) -> Void) {
         let accepted = loop.execute {
+            // A stopping loop still runs what was queued: after the shutdown, nothing connects or answers.
+            if self.shuttingDown { return done(.failure(HostError(.daemonUnavailable, "the client was shut down"))) }
             if self.ready { return done(.success(())) }
             self.readyWaiters.append(done)
             self.connectNow()
@@ -158,12 +162,15 @@ final class DaemonClient: HostBackend, @unchecked Sendable {
 
     private func armDeadline(_ request: SubmittedRequest) {
         guard let deadline = request.deadline, deadline.isFinite else { return }
-        let after = max(deadline, 0) + Self.deadlineBackstopSeconds
         let id = request.id
-        deadlineTimers[id] = loop.schedule(afterNanoseconds: after >= 1e9 ? .max : nanoseconds(after)) { [weak self] in
+        // `nanoseconds` clamps as the engine's deadlines are clamped (a far deadline is never reached).
+        deadlineTimers[id] = loop.schedule(afterNanoseconds: nanoseconds(max(deadline, 0) + Self.deadlineBackstopSeconds)) {
+            [weak self] in
             guard let self, self.deadlineTimers.removeValue(forKey: id) != nil else { return }
-            self.writeLog("request \(id): the daemon at \(self.socketPath) did not end it within "
-                + "\(Self.deadlineBackstopSeconds) s of its deadline; ended here")
+            let sent = self.inFlight[id] != nil
+            self.writeLog("request \(id): " + (sent
+                ? "the daemon at \(self.socketPath) did not end it within \(Self.deadlineBackstopSeconds) s of its deadline"
+                : "its deadline passed while it waited for the daemon at \(self.socketPath)") + "; ended here")
             self.endHere(id, .interrupted(.timedOut))
         }
     }
@@ -187,6 +194,9 @@ final class DaemonClient: HostBackend, @unchecked Sendable {
             self.shuttingDown = true
             self.connection?.close()
             self.connection = nil
+            self.ready = false
+            if let timer = self.heartbeatTimer { self.loop.cancelTimer(timer) }
+            self.heartbeatTimer = nil
             self.failAll(.hostShutdown)
             self.eventHub.finishAll()
             self.loop.stop { completion() }
@@ -212,9 +222,11 @@ final class DaemonClient: HostBackend, @unchecked Sendable {
             guard case .success = result else { return done(.failure(.interrupted(.disconnected))) }
             let accepted = loop.execute {
                 let id = RequestID()
+                guard !self.shuttingDown else { return done(.failure(.interrupted(.hostShutdown))) }
                 guard let connection = self.connection, (try? connection.send(.prewarm(id: id, extensionID: extensionID))) != nil
                 else { return done(.failure(.interrupted(.disconnected))) }
                 self.prewarmWaiters[id] = done
+                self.scheduleHeartbeat()
             }
             if !accepted { done(.failure(.interrupted(.hostShutdown))) }
         }
@@ -225,22 +237,20 @@ final class DaemonClient: HostBackend, @unchecked Sendable {
     func report(_ body: @escaping @Sendable (PlistValue?) -> Void) {
         waitUntilReady { result in
             guard case .success = result else { return body(nil) }
-            self.loop.execute {
+            let accepted = self.loop.execute {
+                guard !self.shuttingDown, let connection = self.connection else { return body(nil) }
                 self.statusSeq += 1
                 let seq = self.statusSeq
-                self.statusWaiters[seq] = body
-                do {
-                    try self.connection?.send(.status(seq: seq))
-                } catch {
-                    self.statusWaiters.removeValue(forKey: seq)?(nil)
-                    return
-                }
-                self.loop.schedule(afterNanoseconds: nanoseconds(self.reconnectTimeout)) { [weak self] in
+                guard (try? connection.send(.status(seq: seq))) != nil else { return body(nil) }
+                let timer = self.loop.schedule(afterNanoseconds: nanoseconds(self.reconnectTimeout)) { [weak self] in
                     guard let self, let waiter = self.statusWaiters.removeValue(forKey: seq) else { return }
                     self.writeLog("the daemon at \(self.socketPath) did not answer 'status' within \(self.reconnectTimeout) s")
-                    waiter(nil)
+                    waiter.answer(nil)
                 }
+                self.statusWaiters[seq] = (body, timer)
+                self.scheduleHeartbeat()
             }
+            if !accepted { body(nil) }
         }
     }
 
@@ -321,29 +331,37 @@ final class DaemonClient: HostBackend, @unchecked Sendable {
     /// Pings the daemon a few times per `heartbeatTimeout` while anything waits on it (a request, a status, a
     /// prewarm); a ping unanswered for `heartbeatTimeout` ends the connection. An idle connection is not pinged.
     private func scheduleHeartbeat() {
-        guard heartbeatTimer == nil else { return }
+        guard heartbeatTimer == nil, ready, waitsOnTheDaemon else { return }
         let every = max(heartbeatTimeout / 4, 0.05)
         heartbeatTimer = loop.schedule(afterNanoseconds: nanoseconds(every)) { [weak self] in
             guard let self else { return }
             self.heartbeatTimer = nil
             guard self.ready, let connection = self.connection else { return }
-            let now = monotonicNanoseconds()
-            if let ping = self.unansweredPing {
-                if now &- ping.sentAt >= nanoseconds(self.heartbeatTimeout) {
+            if let ping = self.unansweredPing, monotonicNanoseconds() &- ping.sentAt >= nanoseconds(self.heartbeatTimeout) {
+                // What came while this process was not running (stopped, starved) is read first: a pong queued
+                // behind a large reply is the daemon's answer, late only on this side.
+                connection.drain()
+                guard self.connection === connection else { return }  // it ended while read
+                if self.unansweredPing?.seq == ping.seq {
                     self.writeLog("the daemon at \(self.socketPath) has not answered a ping for \(self.heartbeatTimeout) s; "
                         + "giving the connection up")
                     connection.close()
                     self.disconnected(.broken("no answer to a ping for \(self.heartbeatTimeout) s"))
                     return
                 }
-            } else if !self.inFlight.isEmpty || !self.statusWaiters.isEmpty || !self.prewarmWaiters.isEmpty {
+            }
+            if self.unansweredPing == nil, self.waitsOnTheDaemon {
                 self.pingSeq += 1
-                self.unansweredPing = (self.pingSeq, now)
+                self.unansweredPing = (self.pingSeq, monotonicNanoseconds())
                 try? connection.send(.ping(seq: self.pingSeq))
             }
             self.scheduleHeartbeat()
         }
     }
+
+    /// Whether anything waits on the daemon (a request, a status, a prewarm): the heartbeat runs only then, so an
+    /// idle connection neither pings nor wakes the loop.
+    private var waitsOnTheDaemon: Bool { !inFlight.isEmpty || !statusWaiters.isEmpty || !prewarmWaiters.isEmpty }
 
     private func disconnected(_ end: ConnectionEnd) {
         connection = nil
@@ -405,7 +423,10 @@ final class DaemonClient: HostBackend, @unchecked Sendable {
         case .event(let plist):
             if let event = WorkerEvent(plist: plist) { eventHub.publish(event) }
         case .statusReport(let seq, let report):
-            statusWaiters.removeValue(forKey: seq)?(report)
+            if let waiter = statusWaiters.removeValue(forKey: seq) {
+                loop.cancelTimer(waiter.timer)
+                waiter.answer(report)
+            }
         case .ping(let seq):
             try? connection?.send(.pong(seq: seq))
         case .pong(let seq):
@@ -447,6 +468,7 @@ final class DaemonClient: HostBackend, @unchecked Sendable {
 
     private func send(_ request: SubmittedRequest) {
         inFlight[request.id] = request
+        scheduleHeartbeat()
         let deadlineMs = request.deadline.flatMap(Self.milliseconds)
         do {
             try connection?.send(.begin(id: request.id, items: request.items, extensionID: request.extensionID,
@@ -499,7 +521,10 @@ final class DaemonClient: HostBackend, @unchecked Sendable {
         for request in lost.values { request.deliver(.interrupted(reason)) }
         let waiters = statusWaiters
         statusWaiters.removeAll()
-        for waiter in waiters.values { waiter(nil) }
+        for waiter in waiters.values {
+            loop.cancelTimer(waiter.timer)
+            waiter.answer(nil)
+        }
         let prewarms = prewarmWaiters
         prewarmWaiters.removeAll()
         for waiter in prewarms.values { waiter(.failure(.interrupted(reason))) }
@@ -522,9 +547,12 @@ final class DaemonClient: HostBackend, @unchecked Sendable {
         for waiter in waiters { waiter(.failure(HostError(.daemonUnavailable, "the client was shut down"))) }
     }
 
-    /// Requests that waited `reconnectTimeout` for a connection are interrupted, so none waits forever.
+    /// Requests that waited `reconnectTimeout` for a connection are interrupted, so none waits forever. One timer
+    /// at a time, whatever empties and fills the queue meanwhile.
     private func scheduleQueueExpiry() {
-        loop.schedule(afterNanoseconds: nanoseconds(reconnectTimeout / 4)) { [unowned self] in
+        guard queueExpiryTimer == nil else { return }
+        queueExpiryTimer = loop.schedule(afterNanoseconds: nanoseconds(reconnectTimeout / 4)) { [unowned self] in
+            self.queueExpiryTimer = nil
             let now = monotonicNanoseconds()
             let limit = nanoseconds(self.reconnectTimeout)
             let expired = self.queued.filter { now - $0.since >= limit }
