@@ -257,8 +257,7 @@ import Synchronization
 import SDKPosix
 
 extension RequestCommand {
-    /// The last lines of stderr of the worker that had request `id` in flight when it died, from the embedded
-    /// host's crash reports (read before it shuts down).
+    /// An item as one line of the outcome's report.
     static func describe(_ item: ExtensionItem) -> String {
         // One line per item, whatever the worker put in it: its strings are escaped newlines and all.
         ("title=\(item.title.map { "\"\($0)\"" } ?? "nil")"

@@ -130,7 +130,7 @@ final class DaemonClient: HostBackend, @unchecked Sendable {
             send(request)
         } else {
             queued.append((request, monotonicNanoseconds()))
-            if queued.count == 1 { scheduleQueueExpiry() }
+            scheduleQueueExpiry()  // one timer at a time: a no-op while one runs
             if connection == nil && retryTimer == nil { connectNow() }
         }
     }

@@ -32,7 +32,7 @@ extension HostEngine {
     /// A begin that could not be queued (over the frame limit): the request is interrupted.
     func beginNotSent(_ id: RequestID, to worker: WorkerProcess, _ error: WireError) {
         worker.inFlight.remove(id)
-        if !endedButOwed.isEmpty { endedButOwed.remove(id) }
+        noLongerOwed(id)
         finish(id, .interrupted(.protocolViolation(error.requestNotSent)))
     }
 
@@ -193,7 +193,7 @@ extension HostEngine {
 
     func settle(_ id: RequestID, on worker: WorkerProcess) -> Bool {
         if worker.inFlight.remove(id) != nil {
-            if !endedButOwed.isEmpty { endedButOwed.remove(id) }
+            noLongerOwed(id)
             worker.recentlyFinished.insert(id)
             if !worker.streamOutstanding.isEmpty { worker.streamOutstanding[id] = nil }
             if !worker.cancelTimers.isEmpty, let timer = worker.cancelTimers.removeValue(forKey: id) { loop.cancelTimer(timer) }
@@ -443,7 +443,7 @@ extension HostEngine {
 
         let inFlight = Array(worker.inFlight).sorted { $0.uuidString < $1.uuidString }
         worker.inFlight.removeAll()
-        if !endedButOwed.isEmpty { for id in inFlight { endedButOwed.remove(id) } }
+        for id in inFlight { noLongerOwed(id) }
         // At least a second: a manifest's IdleTimeoutSeconds may be 0.1 (with 64 warm workers, an extension that
         // exits at once would be restarted hundreds of times a second, every exit clean).
         let idle = max(nanoseconds(worker.idleTimeoutOverride ?? worker.policy.idleTimeoutSeconds), 1_000_000_000)

@@ -340,6 +340,12 @@ package final class HostEngine: @unchecked Sendable {
     /// Ended requests a worker still owes an answer (none once every worker has ended).
     package var owedRequestCount: Int { endedButOwed.count }
 
+    /// No worker runs `id` any more (it answered, its begin was never sent, or its worker ended): no answer is owed
+    /// for it. The set is almost always empty, and a hash of the id is skipped then.
+    func noLongerOwed(_ id: RequestID) {
+        if !endedButOwed.isEmpty { endedButOwed.remove(id) }
+    }
+
     /// Whether `id` names a request the engine holds, or one that has ended but that a worker still runs (loop
     /// thread). A new request may take an id only when it is not: a worker sent a begin for an id it still runs
     /// would take the old one's late answer for the new one's.
