@@ -315,9 +315,11 @@ final class ClientSession: @unchecked Sendable {
 
 /// A client request's host services: each call goes to the client that owns the request, under a number of the
 /// daemon's for that client, and comes back through `handle`. `@unchecked Sendable`: used on the engine's loop
-/// thread only (the engine starts and cancels calls there).
+/// thread only (the engine starts and cancels calls there). It holds its session for as long as the request holds
+/// it (a client that goes abandons its requests): not weakly, as a weak reference would slow every retain and
+/// release of the session for its whole life; a gone client's session is closed, and answers `appGone`.
 final class ClientServiceLink: HostServiceProvider, @unchecked Sendable {
-    private weak var session: ClientSession?
+    private let session: ClientSession
     private let clientID: RequestID
 
     init(session: ClientSession, clientID: RequestID) {
@@ -328,7 +330,7 @@ final class ClientServiceLink: HostServiceProvider, @unchecked Sendable {
     func start(_ call: HostServiceCall, done: @escaping @Sendable (Result<[ExtensionItem], ExtensionError>) -> Void)
         -> @Sendable () -> Void
     {
-        guard let session, session.connection.isOpen else {
+        guard session.connection.isOpen else {
             done(.failure(.appGone))
             return {}
         }
@@ -341,9 +343,9 @@ final class ClientServiceLink: HostServiceProvider, @unchecked Sendable {
             return {}
         }
         session.calls[number] = (clientID, done)
-        let clientID = clientID
-        return { [weak session] in
-            guard let session, session.calls.removeValue(forKey: number) != nil else { return }
+        let clientID = clientID, session = session
+        return {
+            guard session.calls.removeValue(forKey: number) != nil else { return }
             session.send(.hostCallCancel(id: clientID, call: number))
         }
     }

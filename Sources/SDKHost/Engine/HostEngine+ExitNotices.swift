@@ -14,9 +14,10 @@ extension HostEngine {
     func watchExitNotice(_ worker: WorkerProcess) {
         guard let page = worker.exitNotice, worker.exitWatched, !worker.lifecycle.phase.isOver, !worker.exitNoticeWatched else { return }
         let pid = worker.pid
-        worker.exitNoticeWatched = exitNotices.watch(page) { [weak self] notice in
-            guard let self else { return }
-            self.loop.executeInline(asLoop: true) { [weak self] in self?.exitNoticed(pid: pid, notice) }
+        // The watcher's thread may outlive the engine: it touches only the loop, which runs the task only while it
+        // accepts tasks, and so while the engine is alive (a stopped loop drops it).
+        worker.exitNoticeWatched = exitNotices.watch(page) { [loop, unowned self] notice in
+            loop.executeInline(asLoop: true) { [unowned self] in self.exitNoticed(pid: pid, notice) }
         }
     }
 

@@ -60,12 +60,13 @@ extension HostEngine {
         // does not provide; the daemon's client that has gone) is handled at once, here: it may come before
         // `start` returns, so the call is recorded first.
         record.hostCalls[call] = {}
-        let cancel = services.start(HostServiceCall(service: service, requestID: id, items: items)) { [weak self] result in
-            guard let self else { return }
-            if self.loop.inLoop && !self.loop.runningInline {
+        let cancel = services.start(HostServiceCall(service: service, requestID: id, items: items)) { [loop, unowned self] result in
+            // Answered on any thread, at any time, maybe after the engine has gone: only the loop is touched until
+            // it runs the answer, which it does only while it accepts tasks (and so while the engine is alive).
+            if loop.inLoop && !loop.runningInline {
                 self.hostCallAnswered(id, call, result)
             } else {
-                _ = self.loop.execute { self.hostCallAnswered(id, call, result) }
+                _ = loop.execute { [unowned self] in self.hostCallAnswered(id, call, result) }
             }
         }
         if record.hostCalls[call] != nil { record.hostCalls[call] = cancel }

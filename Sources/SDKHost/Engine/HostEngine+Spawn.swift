@@ -156,8 +156,8 @@ extension HostEngine {
 
     /// Reaps a worker whose exit descriptor is not in the epoll set: checks every 10 ms.
     func pollForExit(_ worker: WorkerProcess) {
-        worker.reapPollTimer = loop.schedule(afterNanoseconds: 10_000_000) { [unowned self, weak worker] in
-            guard let worker, !worker.lifecycle.phase.isOver else { return }
+        worker.reapPollTimer = loop.schedule(afterNanoseconds: 10_000_000) { [unowned self, worker] in
+            guard !worker.lifecycle.phase.isOver else { return }
             worker.reapPollTimer = nil
             self.processExited(worker)
             if !worker.lifecycle.phase.isOver { self.pollForExit(worker) }

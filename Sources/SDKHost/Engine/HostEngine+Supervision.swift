@@ -78,7 +78,7 @@ extension HostEngine {
         let key = manifest.identifier
         if supervisor.isQuarantined(key, now: loop.now) { return }
         guard loop.onLoopThread else {
-            loop.execute { [weak self] in self?.topUpWarmWorkers(manifest) }
+            loop.execute { [unowned self] in self.topUpWarmWorkers(manifest) }
             return
         }
         var live = workers.liveCount(in: key)
@@ -138,8 +138,9 @@ extension HostEngine {
         } else if workers.liveCount(in: key) < manifest.policy.maxWorkers {
             guard capacityAllows(pool: key, app: app) else { return done(.failure(.interrupted(.overloaded))) }
             guard loop.onLoopThread else {
-                let queued = loop.execute { [weak self] in
-                    guard let self else { return done(.failure(.interrupted(.hostShutdown))) }
+                // Run only while the loop accepts tasks, and so while the engine is alive; a stopped loop's
+                // refusal answers below.
+                let queued = loop.execute { [unowned self] in
                     self.prewarmOnLoop(extensionID, app: app, done: done)
                 }
                 if !queued { done(.failure(.interrupted(.hostShutdown))) }

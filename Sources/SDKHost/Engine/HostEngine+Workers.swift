@@ -4,8 +4,14 @@
 // A worker ends one way: its exit descriptor fires (or, if it could not be watched, a poll sees it exit), it is
 // reaped (`waitid(P_PIDFD)`), the descriptor is unregistered whatever the reap returned, its last replies are
 // read, and what was still in flight is interrupted. It is marked dead before its last replies are read, so a
-// queued request can never be handed to it. Timers that refer to a worker hold it weakly and are cancelled when
-// it dies, so a dead worker and its buffers are released at once.
+// queued request can never be handed to it. Timers that refer to a worker hold it and are cancelled when it
+// dies (`workerEnded`; the kill-again timer at its reap), so a dead worker and its buffers are released at once.
+//
+// No weak reference to the engine, a worker or a connection, anywhere: the first one gives its object a side
+// table for life, and every retain and release of it after that takes the runtime's slow path (a tenth of the
+// simulation's time went there). The engine is alive while its loop accepts tasks (`keepAliveUntilStopped`),
+// so what the loop runs holds it unowned; a timer or a task that refers to a worker holds it strongly, for at
+// most as long as the timer is armed, and checks its phase when it runs.
 
 #if canImport(Glibc)
 import SDKWire
@@ -64,9 +70,7 @@ extension HostEngine {
             if worker.lifecycle.phase.isOver { return }
             settlePid(worker)
             // After this turn's writes (the requests queued for it go out first).
-            loop.runBeforeSleeping { [weak self, weak worker] in
-                if let self, let worker { self.watchExitNotice(worker) }
-            }
+            loop.runBeforeSleeping { [unowned self, worker] in self.watchExitNotice(worker) }
             emit(.ready, worker)
             // Requests sent before the handshake kept their items in case it never came; it has.
             for id in worker.inFlight { requests[id]?.items = [] }
@@ -219,8 +223,7 @@ extension HostEngine {
         else { return }
         let idle = worker.idleTimeoutOverride ?? worker.policy.idleTimeoutSeconds
         worker.idleTimer = loop.schedule(afterNanoseconds: nanoseconds(idle)) {
-            [unowned self, weak worker] in
-            guard let worker else { return }
+            [unowned self, worker] in
             worker.idleTimer = nil
             if worker.inFlight.isEmpty, self.mayRetireIdle(worker) { self.retire(worker, grace: 2, because: "idle") }
         }
@@ -284,8 +287,7 @@ extension HostEngine {
         } else if !reportDroppedMessageLines(worker, force: false), worker.messageDropTimer == nil {
             // Counted within a second even if the flood stops here (a count given only at the next drop was
             // never given for the last of a flood: 1 reported of 797 dropped).
-            worker.messageDropTimer = loop.schedule(afterNanoseconds: 1_000_000_000) { [weak self, weak worker] in
-                guard let self, let worker else { return }
+            worker.messageDropTimer = loop.schedule(afterNanoseconds: 1_000_000_000) { [unowned self, worker] in
                 worker.messageDropTimer = nil
                 self.reportDroppedMessageLines(worker, force: true)
             }
@@ -348,8 +350,7 @@ extension HostEngine {
     /// have stopped. Without it such a worker is never reaped.
     func killAgainUntilReaped(_ worker: WorkerProcess, again: Bool = false) {
         guard worker.awaitsReap, worker.killAgainTimer == nil else { return }
-        worker.killAgainTimer = loop.schedule(afterNanoseconds: 3_000_000_000) { [unowned self, weak worker] in
-            guard let worker else { return }
+        worker.killAgainTimer = loop.schedule(afterNanoseconds: 3_000_000_000) { [unowned self, worker] in
             worker.killAgainTimer = nil
             guard worker.awaitsReap else { return }
             // Said once: a process stuck in the kernel may take many rounds.
@@ -379,8 +380,8 @@ extension HostEngine {
     func socketBroken(_ worker: WorkerProcess) {
         worker.connection.close()
         guard !worker.lifecycle.phase.isOver, worker.exitTimer == nil else { return }
-        worker.exitTimer = loop.schedule(afterNanoseconds: 2_000_000_000) { [unowned self, weak worker] in
-            guard let worker, !worker.lifecycle.phase.isOver else { return }
+        worker.exitTimer = loop.schedule(afterNanoseconds: 2_000_000_000) { [unowned self, worker] in
+            guard !worker.lifecycle.phase.isOver else { return }
             worker.exitTimer = nil
             self.killLingering(worker, worker.lifecycle.retired ? .hostShutdown : .protocolViolation("closed its connection"))
         }
@@ -552,8 +553,8 @@ extension HostEngine {
         }
         worker.connection.close()
         if let timer = worker.exitTimer { loop.cancelTimer(timer) }
-        worker.exitTimer = loop.schedule(afterNanoseconds: nanoseconds(grace)) { [unowned self, weak worker] in
-            guard let worker, !worker.lifecycle.phase.isOver else { return }
+        worker.exitTimer = loop.schedule(afterNanoseconds: nanoseconds(grace)) { [unowned self, worker] in
+            guard !worker.lifecycle.phase.isOver else { return }
             worker.exitTimer = nil
             self.killLingering(worker, .hostShutdown)
         }

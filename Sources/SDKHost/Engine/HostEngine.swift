@@ -228,7 +228,7 @@ package final class HostEngine: @unchecked Sendable {
             // Running inline on another thread (an app's, the exit-notice watcher's): the request waits for the
             // loop thread to spawn its worker (see spawnWorker).
             guard loop.onLoopThread else {
-                loop.execute { [weak self] in self?.drainWaiting(key) }
+                loop.execute { [unowned self] in self.drainWaiting(key) }
                 return .none
             }
             do {
@@ -391,8 +391,7 @@ package final class HostEngine: @unchecked Sendable {
     /// `starvationLimit` since the cancel.
     func armCancelGrace(_ worker: WorkerProcess, _ id: RequestID, clock: AnswerClock, check: StarvationCheck?, after delay: UInt64) {
         let grace = nanoseconds(configuration.cancelGracePeriodSeconds)
-        worker.cancelTimers[id] = loop.schedule(afterNanoseconds: delay) { [unowned self, weak worker] in
-            guard let worker else { return }
+        worker.cancelTimers[id] = loop.schedule(afterNanoseconds: delay) { [unowned self, worker] in
             worker.cancelTimers[id] = nil
             guard worker.inFlight.contains(id), !worker.lifecycle.phase.isOver else { return }
             var clock = clock

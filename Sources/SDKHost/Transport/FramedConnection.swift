@@ -468,10 +468,12 @@ package final class FramedConnection {
     private func outputOverLimit(_ limit: Int) {
         if outputStalledSince == nil { outputStalledSince = loop.now }
         if pendingOutputBytes > limit + reader.limits.maxFrameBytes {
-            // Deferred: `send` may be running inside the owner's own handler.
+            // Deferred: `send` may be running inside the owner's own handler. Held to the end of the turn (not
+            // weakly: a weak reference slows every retain of this connection for life); a connection closed by
+            // then has no `onEnd` left, and ends no second time.
             let unread = pendingOutputBytes
-            loop.runBeforeSleeping { [weak self] in
-                self?.end(.notReading("the peer does not read: \(unread) bytes of output unread"))
+            loop.runBeforeSleeping { [self] in
+                self.end(.notReading("the peer does not read: \(unread) bytes of output unread"))
             }
             return
         }
@@ -608,8 +610,8 @@ package final class FramedConnection {
             let unread = unreadDescriptors
             if unread > limit {
                 // Deferred like the output limit: a flush may run inside the owner's own handler.
-                loop.runBeforeSleeping { [weak self] in
-                    self?.end(.notReading("the peer leaves \(unread) descriptors unread (at most \(limit))"))
+                loop.runBeforeSleeping { [self] in
+                    self.end(.notReading("the peer leaves \(unread) descriptors unread (at most \(limit))"))
                 }
                 return
             }
