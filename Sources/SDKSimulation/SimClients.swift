@@ -172,7 +172,7 @@ package final class SimClients {
             if !allowed { client.misbehaved = true }
             trace.append("client \(client.number) connects" + (allowed ? "" : " from a uid not allowed"))
             // Admitted in the loop's turn, as the listener's accept is.
-            let fd = pair[0], credentials = PeerCredentials(pid: 700_000 + pid_t(opened), uid: allowed ? getuid() : 4242, gid: getgid())
+            let fd = pair[0], credentials = PeerCredentials(pid: 700_000 + pid_t(opened), uid: allowed ? ThisProcess.uid : 4242, gid: ThisProcess.gid)
             daemon.engine.loop.execute { daemon.admit(FileDescriptor(adopting: fd), credentials: credentials) }
             // Most say `connect` at once, as the client library does.
             if rng.next() % 10 != 0 {

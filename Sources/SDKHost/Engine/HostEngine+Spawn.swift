@@ -110,7 +110,7 @@ extension HostEngine {
         // Under a launcher this is the launcher's pid, which its 'sandboxed' report replaces with the worker's own
         // (logged then): the log said "started worker pid 3314", then "worker pid 3317 exited".
         log(.info, "\(manifest.identifier): started " + (launcherPath == nil ? "worker" : "launcher") + " pid \(worker.pid)")
-        send(.hello(version: protocolVersion, identifier: manifest.identifier, hostPid: getpid(), idleTimeoutMs: idleMs),
+        send(.hello(version: protocolVersion, identifier: manifest.identifier, hostPid: ThisProcess.id, idleTimeoutMs: idleMs),
              to: worker)
         if heartbeatTimer == nil { scheduleHeartbeat() }
         return worker
