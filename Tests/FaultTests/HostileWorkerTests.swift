@@ -28,6 +28,27 @@ extension FaultTests {
                 #expect(lines.allSatisfy { !$0.contains("\u{1B}") && !$0.contains("\r") && !$0.contains("\n") })
                 #expect(lines.contains { $0.contains("sdk-host: error: forged by the extension \\x1b[2J\\x0d") })
                 #expect(log.contains("line(s) dropped"))
+                // Every line: logged, or counted within about a second of its drop although the worker lives on and
+                // prints nothing more (the count was given only at its next line or its end).
+                let unit = Array("sdk-host: error: forged by the extension \u{1B}[2J\r\n".utf8).count + 200 + 1
+                let expected = 64 * 2 * (((1 << 20) + unit - 1) / unit)  // as Crasher's flood: two lines a unit
+                let drop = " line(s) dropped (more than"
+                func accounted() -> (logged: Int, counted: Int) {
+                    let stdout = log.all.filter { $0.contains("com.example.crasher[") && $0.contains("stdout: ") }
+                    let counts = stdout.compactMap { line -> Int? in
+                        guard let range = line.firstRange(of: drop) else { return nil }
+                        return Int(line[..<range.lowerBound].split(separator: " ").last ?? "")
+                    }
+                    return (stdout.count - counts.count, counts.reduce(0, +))
+                }
+                #expect(await eventually(timeout: 15) { accounted().logged + accounted().counted == expected },
+                        "\(accounted()) logged and counted, of \(expected)")
+                let pid = lines.first.flatMap { line in
+                    line.firstRange(of: "com.example.crasher[").flatMap { start in
+                        pid_t(line[start.upperBound...].prefix { $0.isNumber })
+                    }
+                }
+                #expect(pid.map { kill($0, 0) == 0 } == true, "the worker (pid \(pid.map(String.init) ?? "?")) still runs")
             }
         }
 

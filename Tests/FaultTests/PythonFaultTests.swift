@@ -121,5 +121,45 @@ extension FaultTests {
                     "\(unknown) + \(errors) logged, \(dropped()) counted as dropped, of 10,000")
             await host.shutdown()
         }
+
+        /// Output lines dropped after a count are counted within a second, although the worker lives on and prints
+        /// nothing more: the count was given only at a drop a second after the last count, or at the worker's end
+        /// (30 s idle here). Two bursts 0.3 s apart on stdout and on stderr: the second's drops come just after a count.
+        @Test func outputDroppedAfterACountIsCountedWhileTheWorkerLives() async throws {
+            let folder = try TemporaryFolder()
+            writeRawPythonExtension(in: folder.path, name: "Bursty", identifier: "com.example.bursty", interpreter: defaultPython!,
+                                    loop: #"""
+                import time
+                while True:
+                    m = receive()
+                    if answered(m):
+                        pass
+                    elif m["type"] == "begin":
+                        for burst in range(2):
+                            for stream in (sys.stdout, sys.stderr):
+                                for i in range(300): stream.write("burst %d line %d\n" % (burst, i))
+                                stream.flush()
+                            time.sleep(0.3)
+                        send({"type": "complete", "id": m["id"], "items": m["items"]})
+                """#)
+            let (host, log) = try makeHost(extraSearchPaths: [folder.path])
+            let ext = try host.extension(identifier: "com.example.bursty")
+            #expect(try await ext.perform([ExtensionItem(title: "go")]) == [ExtensionItem(title: "go")])
+            func accounted(_ stream: String) -> (logged: Int, counted: Int) {
+                let lines = log.all.filter { $0.contains("com.example.bursty[") && $0.contains("\(stream): ") }
+                let counts = lines.compactMap { line -> Int? in
+                    guard let range = line.firstRange(of: " line(s) dropped (more than") else { return nil }
+                    return Int(line[..<range.lowerBound].split(separator: " ").last ?? "")
+                }
+                return (lines.count - counts.count, counts.reduce(0, +))
+            }
+            for stream in ["stdout", "stderr"] {
+                #expect(await eventually(timeout: 10) { accounted(stream).logged + accounted(stream).counted == 600 },
+                        "\(stream): \(accounted(stream)) logged and counted, of 600")
+                #expect(accounted(stream).counted > 0, "\(stream): some were dropped")
+            }
+            #expect(!log.all.contains { $0.contains("com.example.bursty") && $0.contains("exited") }, "the worker lives on")
+            await host.shutdown()
+        }
     }
 }

@@ -236,7 +236,7 @@ extension HostEngine {
         let fd = stderr ? worker.stderrFD : worker.stdoutFD
         guard stderr ? worker.stderrOpen : worker.stdoutOpen else { return }
         // Made only for a line that is logged: most reads log nothing, and the label was ~0.5% of a simulation.
-        func label() -> String { "\(worker.extensionID)[\(worker.pid)] \(stderr ? "stderr" : "stdout")" }
+        func label() -> String { outputLabel(worker, stderr: stderr) }
         let logs = configuration.logLevel <= .info
         let emit: (String) -> Void = { [unowned self] line in self.log(.info, "\(label()): \(line)") }
         for _ in 0..<maxReads {
@@ -275,7 +275,31 @@ extension HostEngine {
     private func reportDroppedOutput(_ worker: WorkerProcess, label: @autoclosure () -> String, stderr: Bool, atEnd: Bool = false) {
         let now = loop.now
         let dropped = stderr ? worker.stderrLines.takeDropped(now: now, force: atEnd) : worker.stdoutLines.takeDropped(now: now, force: atEnd)
-        if dropped > 0 { log(.warning, "\(label()): \(dropped) line(s) dropped (more than \(Int(OutputLines.linesPerSecond)) a second)") }
+        if dropped > 0 {
+            log(.warning, "\(label()): \(dropped) line(s) dropped (more than \(Int(OutputLines.linesPerSecond)) a second)")
+        } else if (stderr ? worker.stderrLines.uncounted : worker.stdoutLines.uncounted) > 0 {
+            countDropsSoon(worker)
+        }
+    }
+
+    /// What a worker's output lines are logged under.
+    func outputLabel(_ worker: WorkerProcess, stderr: Bool) -> String {
+        "\(worker.extensionID)[\(worker.pid)] \(stderr ? "stderr" : "stdout")"
+    }
+
+    /// Counts, a second from now, what `worker`'s budgets have dropped and not counted: a count is otherwise given
+    /// only at a drop a second after the last one, and the last of a flood that stops (of messages, stdout or
+    /// stderr) waited for the worker's next line or its end. One timer for the three; cancelled at its end, where
+    /// each is counted in full (its pipes at their end of file).
+    func countDropsSoon(_ worker: WorkerProcess) {
+        guard worker.dropCountTimer == nil, !worker.lifecycle.phase.isOver else { return }
+        worker.dropCountTimer = loop.schedule(afterNanoseconds: 1_000_000_000) { [unowned self, worker] in
+            worker.dropCountTimer = nil
+            self.reportDroppedMessageLines(worker, force: true)
+            for stderr in [false, true] {
+                self.reportDroppedOutput(worker, label: self.outputLabel(worker, stderr: stderr), stderr: stderr, atEnd: true)
+            }
+        }
     }
 
     /// Logs a line that a worker's message caused, within the worker's budget (`LineBudget`): a worker that sends
@@ -284,13 +308,10 @@ extension HostEngine {
         let now = loop.now
         if worker.messageLines.allow(now: now) {
             log(level, message())
-        } else if !reportDroppedMessageLines(worker, force: false), worker.messageDropTimer == nil {
+        } else if !reportDroppedMessageLines(worker, force: false) {
             // Counted within a second even if the flood stops here (a count given only at the next drop was
             // never given for the last of a flood: 1 reported of 797 dropped).
-            worker.messageDropTimer = loop.schedule(afterNanoseconds: 1_000_000_000) { [unowned self, worker] in
-                worker.messageDropTimer = nil
-                self.reportDroppedMessageLines(worker, force: true)
-            }
+            countDropsSoon(worker)
         }
     }
 
@@ -438,8 +459,8 @@ extension HostEngine {
         // Replies already written before the exit still count: a completed request is completed. Half a frame
         // left is a truncated frame, even when the exit notice came before the socket's end.
         worker.connection.drainLast()
-        if let timer = worker.messageDropTimer { loop.cancelTimer(timer) }
-        worker.messageDropTimer = nil
+        if let timer = worker.dropCountTimer { loop.cancelTimer(timer) }
+        worker.dropCountTimer = nil
         reportDroppedMessageLines(worker, force: true)
 
         let inFlight = Array(worker.inFlight).sorted { $0.uuidString < $1.uuidString }

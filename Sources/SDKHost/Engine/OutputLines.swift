@@ -32,6 +32,9 @@ struct OutputLines {
     /// Takes the count of dropped lines for a summary line, at most once a second unless `force` (at the end).
     mutating func takeDropped(now: UInt64, force: Bool = false) -> Int { budget.takeDropped(now: now, force: force) }
 
+    /// Lines dropped and not counted yet.
+    var uncounted: Int { budget.dropped }
+
     private mutating func finishLine(now: UInt64, emit: (String) -> Void) {
         defer { partial.removeAll(keepingCapacity: partial.count <= Self.maxLineBytes) }
         guard budget.allow(now: now) else { return }

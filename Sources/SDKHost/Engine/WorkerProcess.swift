@@ -62,8 +62,9 @@ final class WorkerProcess {
     var stderrLines = OutputLines()
     /// The log lines its messages may cause (`HostEngine.logForWorker`).
     @exclusivity(unchecked) var messageLines = LineBudget()
-    /// Reports the count of those dropped a second after the first drop not yet counted.
-    @exclusivity(unchecked) var messageDropTimer: TimerID?
+    /// Reports what its three budgets (messages, stdout, stderr) dropped and have not counted, a second after the
+    /// first such drop (`HostEngine.countDropsSoon`).
+    @exclusivity(unchecked) var dropCountTimer: TimerID?
     /// The ping it has not answered yet, if any, and the time that counts against the worker (`AnswerClock`).
     @exclusivity(unchecked) var ping: AnswerClock?
     @exclusivity(unchecked) var pingSeq: Int64 = 0
