@@ -401,6 +401,24 @@ int sdk_random_16(void *out) {
     return 0;
 }
 
+/* This process's pid, read once and again in a forked child (glibc no longer caches it: a getpid per spawn, twice,
+   was a system call each). The child's handler runs before fork returns there, so no thread sees the parent's. */
+static pid_t cached_pid;
+static pthread_once_t cached_pid_once = PTHREAD_ONCE_INIT;
+
+static void cached_pid_forget(void) { __atomic_store_n(&cached_pid, 0, __ATOMIC_RELAXED); }
+
+static void cached_pid_register(void) { pthread_atfork(NULL, NULL, cached_pid_forget); }
+
+pid_t sdk_process_id(void) {
+    pid_t pid = __atomic_load_n(&cached_pid, __ATOMIC_RELAXED);
+    if (pid != 0) return pid;
+    pthread_once(&cached_pid_once, cached_pid_register);
+    pid = getpid();
+    __atomic_store_n(&cached_pid, pid, __ATOMIC_RELAXED);
+    return pid;
+}
+
 int sdk_seal_readonly(int fd) {
     return fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_WRITE | F_SEAL_SEAL);
 }

@@ -299,7 +299,7 @@ final class ClientSession: @unchecked Sendable {
     }
 
     /// Root and the daemon's own uid see every app's workers, events and reports.
-    var seesEverything: Bool { credentials.uid == 0 || credentials.uid == ThisProcess.uid }
+    var seesEverything: Bool { credentials.uid == 0 || credentials.uid == getuid() }
 
     /// Whether this client may see what belongs to `app` ("uid/name"; nil for a shared pool).
     func maySee(app: String?) -> Bool {

@@ -46,14 +46,10 @@ public func monotonicNanoseconds() -> UInt64 {
     return UInt64(ts.tv_sec) * 1_000_000_000 + UInt64(ts.tv_nsec)
 }
 
-/// This process's id and users, read once: every spawn sends the one and asks the other, a daemon asks its uid of
-/// each client's call, and each read was a system call (glibc no longer caches the pid). The host never forks (it
-/// spawns) and never changes its user.
+/// This process's id, read once (and again in a forked child): every spawn sends it twice, and each getpid was a
+/// system call (glibc no longer caches the pid).
 package enum ThisProcess {
-    package static let id: pid_t = getpid()
-    package static let effectiveUID: uid_t = geteuid()
-    package static let uid: uid_t = getuid()
-    package static let gid: gid_t = getgid()
+    @inline(__always) package static var id: pid_t { sdk_process_id() }
 }
 
 /// Puts a descriptor in non-blocking mode (a status flag of the open file, not a descriptor flag).

@@ -120,6 +120,8 @@ package final class SimClients {
     package private(set) var clients: [SimClient] = []
     private var opened = 0
     static let maxOpen = 4
+    /// The simulating process's user, read once (a getuid and a getgid per client were most of its system calls).
+    static let uid = getuid(), gid = getgid()
     /// The files the clients' begins bring.
     package let files: SimFiles
 
@@ -172,7 +174,7 @@ package final class SimClients {
             if !allowed { client.misbehaved = true }
             trace.append("client \(client.number) connects" + (allowed ? "" : " from a uid not allowed"))
             // Admitted in the loop's turn, as the listener's accept is.
-            let fd = pair[0], credentials = PeerCredentials(pid: 700_000 + pid_t(opened), uid: allowed ? ThisProcess.uid : 4242, gid: ThisProcess.gid)
+            let fd = pair[0], credentials = PeerCredentials(pid: 700_000 + pid_t(opened), uid: allowed ? Self.uid : 4242, gid: Self.gid)
             daemon.engine.loop.execute { daemon.admit(FileDescriptor(adopting: fd), credentials: credentials) }
             // Most say `connect` at once, as the client library does.
             if rng.next() % 10 != 0 {

@@ -10,6 +10,7 @@ import SDKHost
 import SDKPosix
 import Synchronization
 import Testing
+import Dispatch
 
 #if canImport(Glibc)
 import Glibc
@@ -110,6 +111,42 @@ import Glibc
             #expect(await eventually(timeout: 10) { log.cancelled.count == 4 }, "\(log.cancelled)")
             #expect(log.finished.isEmpty)
         }
+    }
+
+    /// A handler may answer after its cancel ("after it, `done` may still run"), and so after the host has shut
+    /// down and the app has dropped it: the answer is dropped, and touches nothing of the gone engine. (Made to skip
+    /// a side table, the answer's closure once held the engine unowned and read it there: the process trapped.)
+    @Test func anAnswerThatComesAfterTheHostIsGoneIsDropped() async throws {
+        await warmUpOnce()
+        let log = ServiceLog()
+        weak var gone: HostEngine?
+        do {
+            let (host, _) = try makeHost()
+            gone = host.engine
+            let (renderer, recorder) = try recordedExtension(host, "com.example.renderer")
+            // Ignores its Task's cancellation: answers only when the log is released.
+            try renderer.registerService("document.part") { call in
+                let name = call.items.first?.title ?? ""
+                log.started(name)
+                await withCheckedContinuation { (done: CheckedContinuation<Void, Never>) in
+                    DispatchQueue.global().async {
+                        while !log.released { usleep(5_000) }
+                        done.resume()
+                    }
+                }
+                log.finished(name)
+                return [ExtensionItem(text: "late")]
+            }
+            let request = renderer.beginRequest(withInputItems: [ExtensionItem(title: "hold:2")])
+            #expect(await eventually(timeout: 30) { log.started.count == 2 }, "\(log.started)")
+            await host.shutdown()
+            #expect(await recorder.wait(for: request) == .interrupted(.hostShutdown))
+        }
+        #expect(await eventually(timeout: 10) { gone == nil }, "the engine is still referenced after shutdown")
+        log.release()
+        #expect(await eventually(timeout: 10) { log.finished.count == 2 }, "\(log.finished)")
+        // The answers have gone to `done` by now, or go within a few ms: give them the time to do harm.
+        try await Task.sleep(nanoseconds: 300_000_000)
     }
 
     @Test func aWorkerThatCrashesMidCallCancelsTheCall() async throws {

@@ -164,6 +164,8 @@ int sdk_random_bytes(void *buffer, size_t length);
 /// Fills `out` with 16 random bytes from a per-thread pool that one getrandom call refills every 16 calls (emptied
 /// in a forked child). 0, or -1 with errno.
 int sdk_random_16(void *out);
+/// This process's pid: read once, and again after a fork (in the child).
+pid_t sdk_process_id(void);
 /// Seals a memfd against writing, growing and shrinking, and against further seal changes. 0 or -1 with errno.
 int sdk_seal_readonly(int fd);
 /// The seals of `fd` (F_GET_SEALS), or -1 with errno (EINVAL: not a memfd).

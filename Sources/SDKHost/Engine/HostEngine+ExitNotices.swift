@@ -14,10 +14,14 @@ extension HostEngine {
     func watchExitNotice(_ worker: WorkerProcess) {
         guard let page = worker.exitNotice, worker.exitWatched, !worker.lifecycle.phase.isOver, !worker.exitNoticeWatched else { return }
         let pid = worker.pid
-        // The watcher's thread may outlive the engine: it touches only the loop, which runs the task only while it
-        // accepts tasks, and so while the engine is alive (a stopped loop drops it).
-        worker.exitNoticeWatched = exitNotices.watch(page) { [loop, unowned self] notice in
-            loop.executeInline(asLoop: true) { [unowned self] in self.exitNoticed(pid: pid, notice) }
+        // The watcher's thread may call back after the engine has gone (it calls outside its lock, after an
+        // `unwatch` may have returned). It touches only the loop and `noticed`, made here while the engine is alive;
+        // the loop runs `noticed` only while it accepts tasks, and so while the engine is alive (a stopped loop drops
+        // it). An unowned reference read on the watcher's thread, even to copy it into the task, would trap once the
+        // engine is gone.
+        let noticed: @Sendable (ExitNoticeWatcher.Notice) -> Void = { [unowned self] notice in self.exitNoticed(pid: pid, notice) }
+        worker.exitNoticeWatched = exitNotices.watch(page) { [loop] notice in
+            loop.executeInline(asLoop: true) { noticed(notice) }
         }
     }
 

@@ -12,6 +12,7 @@ import SDKWire
 import Glibc
 #endif
 import SDKPosix
+import Synchronization
 
 extension HostEngine {
     func hostCall(_ id: RequestID, _ call: Int64, _ service: String, _ items: [ExtensionItem], from worker: WorkerProcess) {
@@ -60,16 +61,24 @@ extension HostEngine {
         // does not provide; the daemon's client that has gone) is handled at once, here: it may come before
         // `start` returns, so the call is recorded first.
         record.hostCalls[call] = {}
-        let cancel = services.start(HostServiceCall(service: service, requestID: id, items: items)) { [loop, unowned self] result in
-            // Answered on any thread, at any time, maybe after the engine has gone: only the loop is touched until
-            // it runs the answer, which it does only while it accepts tasks (and so while the engine is alive).
+        let gate = HostCallGate(loop: loop) { [unowned self] result in self.hostCallAnswered(id, call, result) }
+        let cancel = services.start(HostServiceCall(service: service, requestID: id, items: items)) { result in
+            // Answered on any thread, at any time, maybe after the engine has gone: only the gate is touched, and
+            // through it the loop, which runs the answer only while it accepts tasks (and so while the engine is
+            // alive). Once the call has ended, the gate is shut and holds nothing.
+            guard let (loop, answer) = gate.take() else { return }
             if loop.inLoop && !loop.runningInline {
-                self.hostCallAnswered(id, call, result)
+                answer(result)
             } else {
-                _ = loop.execute { [unowned self] in self.hostCallAnswered(id, call, result) }
+                _ = loop.execute { answer(result) }
             }
         }
-        if record.hostCalls[call] != nil { record.hostCalls[call] = cancel }
+        if record.hostCalls[call] != nil {
+            record.hostCalls[call] = {
+                gate.shut()
+                cancel()
+            }
+        }
     }
 
     /// The app answered call `call` of request `id` (loop thread): to the worker, if the call is still waited for.
@@ -131,4 +140,29 @@ extension HostEngine {
         record.hostCalls = [:]
         for (_, cancel) in calls.sorted(by: { $0.key < $1.key }) { cancel() }
     }
+}
+
+/// Where an app's answer to a host call goes: the engine's loop and its handler for the answer, made on the loop
+/// while the engine is alive, until the first answer or the call's end (cancelled, its request ended, the host
+/// shut down), whichever comes first. After that it holds nothing: an answer that comes later, on any thread and
+/// maybe after the engine and its loop are gone, touches neither (an unowned reference to a gone engine read there
+/// would trap, a strong one to the loop would keep its descriptors open for as long as the app keeps `done`).
+final class HostCallGate: Sendable {
+    typealias Answer = @Sendable (Result<[ExtensionItem], ExtensionError>) -> Void
+    private let state: Mutex<(loop: EventLoop, answer: Answer)?>
+
+    init(loop: EventLoop, answer: @escaping Answer) {
+        state = Mutex((loop, answer))
+    }
+
+    /// The loop and the handler, once; nil after the first take or after `shut`.
+    func take() -> (loop: EventLoop, answer: Answer)? {
+        state.withLock { state in
+            defer { state = nil }
+            return state
+        }
+    }
+
+    /// Ends the call: a later answer is dropped.
+    func shut() { _ = take() }
 }

@@ -290,7 +290,7 @@ extension HostEngine {
     /// Counts, a second from now, what `worker`'s budgets have dropped and not counted: a count is otherwise given
     /// only at a drop a second after the last one, and the last of a flood that stops (of messages, stdout or
     /// stderr) waited for the worker's next line or its end. One timer for the three; cancelled at its end, where
-    /// each is counted in full (its pipes at their end of file).
+    /// each is counted in full (its pipes at their end of file, or where they are closed without one).
     func countDropsSoon(_ worker: WorkerProcess) {
         guard worker.dropCountTimer == nil, !worker.lifecycle.phase.isOver else { return }
         worker.dropCountTimer = loop.schedule(afterNanoseconds: 1_000_000_000) { [unowned self, worker] in
@@ -510,11 +510,15 @@ extension HostEngine {
         worker.connection.close()
         drainPipe(worker, stderr: true, maxReads: .max)
         drainPipe(worker, stderr: false, maxReads: .max)
+        // A pipe not at its end of file (a crash seen through its exit notice, before the kernel closed its files;
+        // a child that kept it) is closed here: what its budget dropped is counted now, or never.
         if worker.stderrOpen {
+            reportDroppedOutput(worker, label: outputLabel(worker, stderr: true), stderr: true, atEnd: true)
             loop.unregister(worker.stderrFD)
             worker.closeStderr()
         }
         if worker.stdoutOpen {
+            reportDroppedOutput(worker, label: outputLabel(worker, stderr: false), stderr: false, atEnd: true)
             loop.unregister(worker.stdoutFD)
             worker.closeStdout()
         }

@@ -88,7 +88,7 @@ package enum SandboxProfile {
         }
         // A root host's bestEffort worker runs as WorkerUser: its folder is made its own here, so that it stays
         // writable wherever the worker gets no root (the launcher, in a user namespace by then, could not chown it).
-        if let temporary, ThisProcess.effectiveUID == 0, policy.sandbox == .bestEffort {
+        if let temporary, geteuid() == 0, policy.sandbox == .bestEffort {
             _ = chown(temporary, worker.uid, worker.gid)
         }
         var env = environment.filter { !$0.hasPrefix("TMPDIR=") }
