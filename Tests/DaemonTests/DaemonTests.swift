@@ -225,6 +225,37 @@ import Glibc
     /// `status()` and a prewarm asked while the host shuts down get their answer (nil, a failure): a stopping
     /// loop still ran them, after the shutdown had answered every waiter, and they waited for ever (a reviewer's
     /// finding).
+    /// An app drops its host (no shutdown awaited) while the client retries its connection to a daemon that has
+    /// gone. The retry timer held the client unowned and was not cancelled at shutdown: fired in the loop's last
+    /// turn, after the shutdown task had let the client go, it aborted the app ("Attempted to read an unowned
+    /// reference"). Found from outside. A handler that blocks the loop (against `callsHandlersOnHostLoop`'s
+    /// contract, here only to hold the timing) makes a retry fall due while the host is dropped.
+    @Test func aClientDroppedWhileItRetriesItsConnectionEndsCleanly() async throws {
+        let daemon = try await DaemonProcess()
+        defer { daemon.remove() }
+        let outcomes = Mutex<[String]>([])
+        let blocking = Atomic<Bool>(false)
+        do {
+            let host = try await ExtensionHost.connect(socketPath: daemon.socket, reconnectTimeout: 30)
+            let echo = try host.extension(identifier: "com.example.echo")
+            #expect(try await echo.perform([ExtensionItem(title: "warm")]) == [ExtensionItem(title: "warm")])
+            #expect(await daemon.stop() != nil, "the daemon did not stop")
+            echo.callsHandlersOnHostLoop = true
+            echo.requestCompletionHandler = { _, _ in outcomes.withLock { $0.append("completed") } }
+            echo.requestCancellationHandler = { _, _ in outcomes.withLock { $0.append("cancelled") } }
+            echo.requestInterruptionHandler = { _, reason in
+                outcomes.withLock { $0.append("\(reason)") }
+                blocking.store(true, ordering: .relaxed)
+                usleep(1_500_000)
+            }
+            echo.beginRequest(withInputItems: [ExtensionItem(title: "queued")], deadline: .milliseconds(300))
+            #expect(await eventually(timeout: 20) { blocking.load(ordering: .relaxed) }, "the request never ended")
+        }
+        // The host and its extension are dropped here, while the loop is held in the handler: retries fall due.
+        try await Task.sleep(nanoseconds: 3_000_000_000)
+        #expect(outcomes.withLock { $0 }.count == 1, "\(outcomes.withLock { $0 })")
+    }
+
     @Test func statusDuringShutdownReturns() async throws {
         let daemon = try await DaemonProcess()
         defer { daemon.remove() }

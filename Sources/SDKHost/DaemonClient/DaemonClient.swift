@@ -55,6 +55,10 @@ final class DaemonClient: HostBackend, @unchecked Sendable {
     /// The daemon's host calls running in the app, by request and the daemon's call number: what cancels each.
     private var hostCalls: [RequestID: [Int64: @Sendable () -> Void]] = [:]
     private var shuttingDown = false
+    /// The client itself, from its shutdown until its loop has stopped: what the loop still runs meanwhile (a timer
+    /// due in its last turn) holds it unowned. Without it, an app that dropped its host while a reconnect was due
+    /// aborted ("Attempted to read an unowned reference"): the shutdown task had let the client go.
+    private var keepAliveUntilStopped: DaemonClient?
     /// The app name sent in `connect`: with the peer's uid, it picks this app's own workers in the daemon.
     let appName: String
 
@@ -192,14 +196,22 @@ final class DaemonClient: HostBackend, @unchecked Sendable {
         let accepted = loop.execute {
             guard !self.shuttingDown else { return completion() }
             self.shuttingDown = true
+            self.keepAliveUntilStopped = self
             self.connection?.close()
             self.connection = nil
             self.ready = false
-            if let timer = self.heartbeatTimer { self.loop.cancelTimer(timer) }
+            for timer in [self.heartbeatTimer, self.retryTimer, self.queueExpiryTimer].compactMap({ $0 }) {
+                self.loop.cancelTimer(timer)
+            }
             self.heartbeatTimer = nil
+            self.retryTimer = nil
+            self.queueExpiryTimer = nil
             self.failAll(.hostShutdown)
             self.eventHub.finishAll()
-            self.loop.stop { completion() }
+            self.loop.stop { [self] in
+                keepAliveUntilStopped = nil
+                completion()
+            }
         }
         if !accepted { completion() }
     }
