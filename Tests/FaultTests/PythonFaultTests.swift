@@ -125,7 +125,8 @@ extension FaultTests {
         /// Output lines dropped after a count are counted within a second, although the worker lives on and prints
         /// nothing more: the count was given only at a drop a second after the last count, or at the worker's end
         /// (30 s idle here). Two bursts 0.3 s apart on stdout and on stderr: the second's drops come just after a count.
-        @Test func outputDroppedAfterACountIsCountedWhileTheWorkerLives() async throws {
+        @Test(.enabled(if: defaultPython != nil))
+        func outputDroppedAfterACountIsCountedWhileTheWorkerLives() async throws {
             let folder = try TemporaryFolder()
             writeRawPythonExtension(in: folder.path, name: "Bursty", identifier: "com.example.bursty", interpreter: defaultPython!,
                                     loop: #"""
