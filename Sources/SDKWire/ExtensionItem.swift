@@ -4,6 +4,15 @@
 import CSDKShim
 import Synchronization
 
+/// 128 bits from the system's generator, through the shim's per-thread pool: one getrandom call per 16 draws (the
+/// generator makes one per 64 bits). Request ids and the host's ping numbers draw from it.
+package func randomWords() -> (UInt64, UInt64) {
+    var words: (UInt64, UInt64) = (0, 0)
+    if withUnsafeMutableBytes(of: &words, { sdk_random_16($0.baseAddress) }) == 0 { return words }
+    var g = SystemRandomNumberGenerator()
+    return (g.next(), g.next())
+}
+
 /// Identifies one request. Random 128 bits, written as a UUID string on the wire.
 public struct RequestID: Hashable, Sendable, CustomStringConvertible {
     /// The high and low 64 bits.
@@ -11,16 +20,9 @@ public struct RequestID: Hashable, Sendable, CustomStringConvertible {
 
     /// A new random (version 4) identifier.
     public init() {
-        // From the shim's per-thread pool: one getrandom call per 16 ids (the generator makes one per 64 bits), as
-        // a request id is made on every beginRequest.
-        var words: (UInt64, UInt64) = (0, 0)
-        let filled = withUnsafeMutableBytes(of: &words) { sdk_random_16($0.baseAddress) == 0 }
-        if filled {
-            self.init(high: words.0, low: words.1)
-        } else {
-            var g = SystemRandomNumberGenerator()
-            self.init(high: g.next(), low: g.next())
-        }
+        // A request id is made on every beginRequest: from the pool, not a getrandom call each.
+        let (high, low) = randomWords()
+        self.init(high: high, low: low)
     }
 
     /// A new identifier distinct from every other this process made this way, without a system call: a random

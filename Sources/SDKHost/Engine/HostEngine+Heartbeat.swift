@@ -8,7 +8,6 @@ import Glibc
 #endif
 import SDKPosix
 import SDKWire
-import CSDKShim
 
 extension HostEngine {
     func scheduleHeartbeat() {
@@ -52,20 +51,13 @@ extension HostEngine {
                 // from the system's generator: a seeded one's outputs give away the ones after them; through the
                 // shim's per-thread pool, one getrandom call per 16 pings rather than one each). Negative, so
                 // every ping is the same size on the wire.
-                let seq = Int64(bitPattern: Self.randomWord() | 1 << 63)
+                let seq = Int64(bitPattern: randomWords().0 | 1 << 63)
                 send(.ping(seq: seq), to: worker)
                 worker.pingSeq = seq
                 worker.ping = AnswerClock(sentAt: now, connection: worker.connection)
             }
         }
         if any && !shuttingDown { scheduleHeartbeat() }
-    }
-
-    /// 64 bits from the system's generator.
-    static func randomWord() -> UInt64 {
-        var words: (UInt64, UInt64) = (0, 0)
-        if withUnsafeMutableBytes(of: &words, { sdk_random_16($0.baseAddress) }) == 0 { return words.0 ^ words.1 }
-        return UInt64.random(in: 0...UInt64.max)
     }
 
     /// Whether a worker past its heartbeat timeout is runnable but has had almost no CPU since: the machine (or

@@ -295,10 +295,16 @@ extension HostEngine {
         guard worker.dropCountTimer == nil, !worker.lifecycle.phase.isOver else { return }
         worker.dropCountTimer = loop.schedule(afterNanoseconds: 1_000_000_000) { [unowned self, worker] in
             worker.dropCountTimer = nil
-            self.reportDroppedMessageLines(worker, force: true)
-            for stderr in [false, true] {
-                self.reportDroppedOutput(worker, label: self.outputLabel(worker, stderr: stderr), stderr: stderr, atEnd: true)
-            }
+            self.countDropped(worker)
+        }
+    }
+
+    /// Logs what `worker`'s three budgets dropped and have not counted, now (a pipe already at its end of file has
+    /// nothing left to count).
+    func countDropped(_ worker: WorkerProcess) {
+        reportDroppedMessageLines(worker, force: true)
+        for stderr in [false, true] {
+            reportDroppedOutput(worker, label: outputLabel(worker, stderr: stderr), stderr: stderr, atEnd: true)
         }
     }
 
@@ -461,7 +467,6 @@ extension HostEngine {
         worker.connection.drainLast()
         if let timer = worker.dropCountTimer { loop.cancelTimer(timer) }
         worker.dropCountTimer = nil
-        reportDroppedMessageLines(worker, force: true)
 
         let inFlight = Array(worker.inFlight).sorted { $0.uuidString < $1.uuidString }
         worker.inFlight.removeAll()
@@ -510,15 +515,15 @@ extension HostEngine {
         worker.connection.close()
         drainPipe(worker, stderr: true, maxReads: .max)
         drainPipe(worker, stderr: false, maxReads: .max)
-        // A pipe not at its end of file (a crash seen through its exit notice, before the kernel closed its files;
-        // a child that kept it) is closed here: what its budget dropped is counted now, or never.
+        // Every budget counted in full: its messages, read to the end above, and its pipes, including one not at
+        // its end of file (a crash seen through its exit notice, before the kernel closed its files; a child that
+        // kept it), which is closed here: what it dropped is counted now, or never.
+        countDropped(worker)
         if worker.stderrOpen {
-            reportDroppedOutput(worker, label: outputLabel(worker, stderr: true), stderr: true, atEnd: true)
             loop.unregister(worker.stderrFD)
             worker.closeStderr()
         }
         if worker.stdoutOpen {
-            reportDroppedOutput(worker, label: outputLabel(worker, stderr: false), stderr: false, atEnd: true)
             loop.unregister(worker.stdoutFD)
             worker.closeStdout()
         }
