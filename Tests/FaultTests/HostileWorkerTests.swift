@@ -32,14 +32,10 @@ extension FaultTests {
                 // prints nothing more (the count was given only at its next line or its end).
                 let unit = Array("sdk-host: error: forged by the extension \u{1B}[2J\r\n".utf8).count + 200 + 1
                 let expected = 64 * 2 * (((1 << 20) + unit - 1) / unit)  // as Crasher's flood: two lines a unit
-                let drop = " line(s) dropped (more than"
                 func accounted() -> (logged: Int, counted: Int) {
                     let stdout = log.all.filter { $0.contains("com.example.crasher[") && $0.contains("stdout: ") }
-                    let counts = stdout.compactMap { line -> Int? in
-                        guard let range = line.firstRange(of: drop) else { return nil }
-                        return Int(line[..<range.lowerBound].split(separator: " ").last ?? "")
-                    }
-                    return (stdout.count - counts.count, counts.reduce(0, +))
+                    let counts = droppedCounts(in: stdout, marker: " line(s) dropped (more than")
+                    return (stdout.count - counts.countLines, counts.total)
                 }
                 #expect(await eventually(timeout: 15) { accounted().logged + accounted().counted == expected },
                         "\(accounted()) logged and counted, of \(expected)")

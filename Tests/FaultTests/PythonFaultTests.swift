@@ -112,10 +112,8 @@ extension FaultTests {
             // Every one of them: logged, or counted within a second of its drop. The count was given only when a
             // drop came a second after the last count: a flood that stopped left the rest of it uncounted.
             func dropped() -> Int {
-                log.all.filter { $0.contains("com.example.chatty") }.compactMap { line -> Int? in
-                    guard let range = line.firstRange(of: " more line(s) about its messages dropped") else { return nil }
-                    return Int(line[..<range.lowerBound].split(separator: " ").last ?? "")
-                }.reduce(0, +)
+                droppedCounts(in: log.all.filter { $0.contains("com.example.chatty") },
+                              marker: " more line(s) about its messages dropped").total
             }
             #expect(await eventually(timeout: 20) { unknown + errors + dropped() == 10_000 },
                     "\(unknown) + \(errors) logged, \(dropped()) counted as dropped, of 10,000")
@@ -148,11 +146,8 @@ extension FaultTests {
             #expect(try await ext.perform([ExtensionItem(title: "go")]) == [ExtensionItem(title: "go")])
             func accounted(_ stream: String) -> (logged: Int, counted: Int) {
                 let lines = log.all.filter { $0.contains("com.example.bursty[") && $0.contains("\(stream): ") }
-                let counts = lines.compactMap { line -> Int? in
-                    guard let range = line.firstRange(of: " line(s) dropped (more than") else { return nil }
-                    return Int(line[..<range.lowerBound].split(separator: " ").last ?? "")
-                }
-                return (lines.count - counts.count, counts.reduce(0, +))
+                let counts = droppedCounts(in: lines, marker: " line(s) dropped (more than")
+                return (lines.count - counts.countLines, counts.total)
             }
             for stream in ["stdout", "stderr"] {
                 #expect(await eventually(timeout: 10) { accounted(stream).logged + accounted(stream).counted == 600 },

@@ -522,6 +522,17 @@ public final class ServiceLog: Sendable {
     public var finished: [String] { state.withLock { $0.finished } }
 }
 
+/// What a host's log counted as dropped in `lines`: the sum of the numbers just before `marker` (" line(s) dropped
+/// (more than" for output, " more line(s) about its messages dropped" for messages), and how many lines are such
+/// counts rather than logged lines.
+public func droppedCounts(in lines: [String], marker: String) -> (total: Int, countLines: Int) {
+    let counts = lines.compactMap { line -> Int? in
+        guard let range = line.firstRange(of: marker) else { return nil }
+        return Int(line[..<range.lowerBound].split(separator: " ").last ?? "")
+    }
+    return (counts.reduce(0, +), counts.count)
+}
+
 /// A `document.part` service: answers part `name` with "<NAME>", or (for names starting "hold", "crash" and
 /// "cap") waits until its Task is cancelled or the log is released.
 public func partService(_ log: ServiceLog) -> HostServiceHandler {
